@@ -16,7 +16,13 @@ pub fn assert_close(a: f64, b: f64, tol: f64, what: &str) {
 /// Element-wise [`assert_close`] over two slices of equal length.
 #[track_caller]
 pub fn assert_all_close(a: &[f64], b: &[f64], tol: f64, what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: length {} vs expected {}", a.len(), b.len());
+    assert_eq!(
+        a.len(),
+        b.len(),
+        "{what}: length {} vs expected {}",
+        a.len(),
+        b.len()
+    );
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         assert_close(*x, *y, tol, &format!("{what}[{i}]"));
     }

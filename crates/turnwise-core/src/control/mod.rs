@@ -1,1 +1,95 @@
-//! (module under construction: see lib.rs for its role)
+//! Rollout-control rules that need no model (spec §6).
+//!
+//! These are the pure decisions the rollout engine asks for while it samples: which tree nodes to
+//! fork (AT2PO entropy-guided expansion, Tree-GRPO random expansion, §6.1), when to cut a
+//! reasoning span short (T2PO token-level thinking intervention, §6.2), whether to resample a turn
+//! (T2PO turn-level dynamical sampling, §6.3), which prompt groups survive DAPO dynamic sampling
+//! (§6.4) and which past turns a per-step prompt shows (T2PO/GiGPO memory window, §1.3).
+//!
+//! Everything here works on plain data (slices of `f64`, token ids, node indices), allocates
+//! little, and can be driven token by token. Randomness comes from the small deterministic
+//! [`SplitMix64`] generator so that a seeded run is reproducible without extra dependencies.
+
+pub mod dynamic_sampling;
+pub mod memory;
+pub mod rng;
+pub mod tds;
+pub mod tree_expansion;
+pub mod tti;
+
+pub use dynamic_sampling::{
+    AccumulatorStatus, DapoMetric, DynamicSamplingAccumulator, GroupFilter, filter_groups,
+    filter_groups_verl_agent, keep_group, population_std,
+};
+pub use memory::MemoryWindow;
+pub use rng::SplitMix64;
+pub use tds::{TdsRule, TdsSettings, TdsTracker, turn_gap, turn_score};
+pub use tree_expansion::{
+    ExpansionMode, ExpansionTree, LeafBalance, NodeId, TreeExpansionSettings, TreeNode,
+};
+pub use tti::{OnlineSignal, RunningMinMax, TokenStats, TtiController, TtiSettings, TtiStep};
+
+/// Errors raised by the rollout-control rules.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ControlError {
+    /// A node index does not belong to the tree it was used with.
+    #[error("tree node {id} does not exist (the tree has {len} nodes)")]
+    UnknownNode {
+        /// The offending index.
+        id: usize,
+        /// Number of nodes in the tree.
+        len: usize,
+    },
+    /// A structural operation was asked of a node in the wrong state.
+    #[error("invalid tree operation on node {id}: {reason}")]
+    InvalidTreeOp {
+        /// The node concerned.
+        id: usize,
+        /// What was wrong.
+        reason: &'static str,
+    },
+    /// The leaf budget could not be met (no leaf to duplicate, or the only leaf is the root).
+    #[error("cannot bring the tree to {target} leaves: {reason} (it has {have})")]
+    LeafBudget {
+        /// The requested number of leaves N.
+        target: usize,
+        /// Leaves present when the operation gave up.
+        have: usize,
+        /// Why.
+        reason: &'static str,
+    },
+    /// DAPO dynamic sampling generated more batches than allowed without enough kept prompts.
+    #[error(
+        "dynamic sampling generated {num_gen_batches} batches (max_num_gen_batches = \
+         {max_num_gen_batches}) but kept only {kept_prompts} of {needed_prompts} prompts; the data \
+         may be too difficult or too easy (every group has identical rewards)"
+    )]
+    TooManyGenBatches {
+        /// Generation batches used so far.
+        num_gen_batches: usize,
+        /// The configured limit.
+        max_num_gen_batches: i64,
+        /// Prompts kept so far.
+        kept_prompts: usize,
+        /// Prompts needed (`train_batch_size`).
+        needed_prompts: usize,
+    },
+    /// Two parallel inputs have different lengths.
+    #[error("length mismatch: {what} has {got} entries, expected {expected}")]
+    LengthMismatch {
+        /// Which input.
+        what: &'static str,
+        /// Its length.
+        got: usize,
+        /// The length it should have.
+        expected: usize,
+    },
+    /// A setting is out of its valid range.
+    #[error("invalid setting {name}: {reason}")]
+    InvalidSetting {
+        /// Setting name as written in the config.
+        name: &'static str,
+        /// Why it is invalid.
+        reason: &'static str,
+    },
+}

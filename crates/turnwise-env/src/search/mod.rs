@@ -1,6 +1,10 @@
 //! Search over a corpus: the [`Retriever`] trait shared by in-process indexes (BM25, dense,
 //! hybrid) and the HTTP client of a retrieval server.
 
+pub mod bm25;
+pub mod bm25_mem;
+pub mod format;
+
 use serde::{Deserialize, Serialize};
 
 /// One corpus document in Search-R1's format: `contents` is `"Title"\ntext`.

@@ -1,0 +1,470 @@
+//! §3.7 GiGPO step advantages \[CODE GIGPO `compute_gigpo_outcome_advantage`\] and the T2PO fusion
+//! \[PAPER t2po.md §4.4, App. B.4\].
+//!
+//! One training sample per (trajectory, step); here a step is an agent turn of the rollout, so
+//! `step_rewards` and `anchors` have one entry per turn and every turn's tokens get that step's
+//! advantage:
+//!
+//! 1. Episode term (eq. 3): episode reward `s = Σ_k r_k`, normalized in the prompt group, with
+//!    mean/std over all step samples (`cross_steps`, default) or over trajectories;
+//!    `mean_std_norm` `(s − mean)/(std_u + ε)` or `mean_norm` `s − mean`; singleton: mean 0, std 1.
+//! 2. Step returns (eq. 5): `R_k = Σ_{j≥k} γ^{j−k} r_j`.
+//! 3. Anchor groups (eq. 6): identical anchors, or greedy clustering by
+//!    `SequenceMatcher(None, anchor, representative).ratio() ≥ thresh`.
+//! 4. Step term (eq. 7): same normalization of `R_k` within an anchor group; singleton → 0.
+//! 5. Joint (eq. 8): `A = A_episode + w · A_step`.
+//!
+//! T2PO paper variant (`episode_term = "discounted_return"`, §9 item 9): the episode term
+//! normalizes the discounted return `R(τ^k_i)` over the rollouts of the group that reach step k.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::difflib::sequence_ratio;
+use super::input::{check_len, validate_common};
+use super::kernels::{
+    GroupNorm, Singleton, StdKind, discounted_suffix_sums, group_indices, normalize_by_key,
+};
+use super::output::turn_constant;
+use super::{AdvantageBatch, AdvantageError, AdvantageOutput, Estimator};
+
+/// GiGPO normalization mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GigpoNorm {
+    /// `(x − mean) / (std_u + ε)`.
+    #[default]
+    MeanStdNorm,
+    /// `x − mean`.
+    MeanNorm,
+}
+
+/// What the episode (outcome) term normalizes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EpisodeTerm {
+    /// GiGPO code: the undiscounted episode reward `Σ_k r_k` (recommended, \[REC\]).
+    #[default]
+    EpisodeReward,
+    /// T2PO paper: the discounted return at step k, normalized over the rollouts reaching k.
+    DiscountedReturn,
+}
+
+macro_rules! gigpo_settings {
+    ($(#[$meta:meta])* $name:ident, $est:literal, sim = $sim:expr, thresh = $thresh:expr) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(default, deny_unknown_fields)]
+        pub struct $name {
+            /// Step discount γ (0.95).
+            pub gamma: f64,
+            /// Weight ω / `step_advantage_w` of the step term (1.0).
+            pub step_advantage_w: f64,
+            /// Normalization mode.
+            pub mode: GigpoNorm,
+            /// ε added to the std (1e-6).
+            pub epsilon: f64,
+            /// Episode mean/std over all step samples (`compute_mean_std_cross_steps`, true)
+            /// or over trajectories.
+            pub cross_steps: bool,
+            /// Cluster anchors by similarity instead of identity.
+            pub enable_similarity: bool,
+            /// Similarity threshold in (0, 1).
+            pub similarity_thresh: f64,
+            /// Episode term variant.
+            pub episode_term: EpisodeTerm,
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self {
+                    gamma: 0.95,
+                    step_advantage_w: 1.0,
+                    mode: GigpoNorm::MeanStdNorm,
+                    epsilon: 1e-6,
+                    cross_steps: true,
+                    enable_similarity: $sim,
+                    similarity_thresh: $thresh,
+                    episode_term: EpisodeTerm::EpisodeReward,
+                }
+            }
+        }
+
+        impl Estimator for $name {
+            fn name(&self) -> &'static str {
+                $est
+            }
+
+            fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError> {
+                let s = GigpoSettings {
+                    gamma: self.gamma,
+                    step_advantage_w: self.step_advantage_w,
+                    mode: self.mode,
+                    epsilon: self.epsilon,
+                    cross_steps: self.cross_steps,
+                    similarity: self.enable_similarity.then_some(self.similarity_thresh),
+                    episode_term: self.episode_term,
+                };
+                gigpo_estimate($est, batch, &s)
+            }
+        }
+    };
+}
+
+gigpo_settings!(
+    /// Settings of `gigpo` (verl-agent defaults: exact anchors, threshold 0.95 when enabled).
+    GigpoConfig, "gigpo", sim = false, thresh = 0.95
+);
+gigpo_settings!(
+    /// Settings of `t2po` (T2PO search scripts: GiGPO with similarity grouping at 0.9, γ 0.95,
+    /// `mean_std_norm`, ω = 1).
+    T2poConfig, "t2po", sim = true, thresh = 0.9
+);
+
+struct GigpoSettings {
+    gamma: f64,
+    step_advantage_w: f64,
+    mode: GigpoNorm,
+    epsilon: f64,
+    cross_steps: bool,
+    similarity: Option<f64>,
+    episode_term: EpisodeTerm,
+}
+
+impl GigpoSettings {
+    fn norm(&self, singleton: Singleton) -> GroupNorm {
+        GroupNorm {
+            std: match self.mode {
+                GigpoNorm::MeanStdNorm => Some(StdKind::Unbiased),
+                GigpoNorm::MeanNorm => None,
+            },
+            epsilon: self.epsilon,
+            singleton,
+        }
+    }
+}
+
+/// Anchor-state clusters of one prompt group (eq. 6), as cluster ids in first-appearance order.
+/// `similarity = None`: identical anchors; `Some(thresh)`: each anchor joins the first cluster
+/// whose representative (first member) `r` has `ratio(anchor, r) ≥ thresh`.
+pub fn anchor_clusters(anchors: &[&str], similarity: Option<f64>) -> Vec<usize> {
+    match similarity {
+        None => {
+            let mut ids: HashMap<&str, usize> = HashMap::new();
+            anchors
+                .iter()
+                .map(|a| {
+                    let next = ids.len();
+                    *ids.entry(a).or_insert(next)
+                })
+                .collect()
+        }
+        Some(thresh) => {
+            let mut reps: Vec<&str> = Vec::new();
+            anchors
+                .iter()
+                .map(
+                    |&a| match reps.iter().position(|r| sequence_ratio(a, r) >= thresh) {
+                        Some(c) => c,
+                        None => {
+                            reps.push(a);
+                            reps.len() - 1
+                        }
+                    },
+                )
+                .collect()
+        }
+    }
+}
+
+fn gigpo_estimate(
+    name: &'static str,
+    batch: &AdvantageBatch,
+    s: &GigpoSettings,
+) -> Result<AdvantageOutput, AdvantageError> {
+    validate_common(name, batch)?;
+    if let Some(t) = s.similarity
+        && !(t > 0.0 && t < 1.0)
+    {
+        return Err(AdvantageError::InvalidConfig {
+            estimator: name.to_string(),
+            message: format!("similarity_thresh must be in (0, 1) when similarity is on, got {t}"),
+        });
+    }
+    for (i, r) in batch.rollouts.iter().enumerate() {
+        check_len(name, i, "step_rewards", r.step_rewards.len(), r.num_turns)?;
+        check_len(name, i, "anchors", r.anchors.len(), r.num_turns)?;
+        if let Some(v) = &r.step_scores {
+            check_len(name, i, "step_scores", v.len(), r.num_turns)?;
+        }
+    }
+    // Episode score of step sample (i, k): `step_scores[k]`, default Σ_j r_j.
+    let score = |i: usize, k: usize| -> f64 {
+        let r = &batch.rollouts[i];
+        match &r.step_scores {
+            Some(v) => v[k],
+            None => r.step_rewards.iter().sum(),
+        }
+    };
+    // Step samples in trajectory-major order (verl-agent gathers them that way).
+    let mut owner = Vec::new();
+    let mut step = Vec::new();
+    let mut returns = Vec::new();
+    for (i, r) in batch.rollouts.iter().enumerate() {
+        for (k, ret) in discounted_suffix_sums(&r.step_rewards, s.gamma)
+            .into_iter()
+            .enumerate()
+        {
+            owner.push(i);
+            step.push(k);
+            returns.push(ret);
+        }
+    }
+    let group = |j: usize| batch.rollouts[owner[j]].group;
+    let n = owner.len();
+
+    // Episode term.
+    let ep_norm = s.norm(Singleton::MeanZeroStdOne);
+    let episode: Vec<f64> = match (s.episode_term, s.cross_steps) {
+        (EpisodeTerm::EpisodeReward, true) => {
+            let scores: Vec<f64> = (0..n).map(|j| score(owner[j], step[j])).collect();
+            let keys: Vec<usize> = (0..n).map(group).collect();
+            normalize_by_key(&scores, &keys, |x| ep_norm.apply(x))
+        }
+        (EpisodeTerm::EpisodeReward, false) => {
+            // Statistics over one score per trajectory (VERL-agent keeps the first sample it
+            // meets of every trajectory); every sample is then normalized with its own score.
+            let firsts: Vec<usize> = (0..n).filter(|&j| step[j] == 0).collect();
+            let keys: Vec<usize> = firsts.iter().map(|&j| group(j)).collect();
+            let mut stats = HashMap::new();
+            for (g, idx) in group_indices(&keys) {
+                let pool: Vec<f64> = idx.iter().map(|&f| score(owner[firsts[f]], 0)).collect();
+                stats.insert(g, ep_norm.stats(&pool));
+            }
+            (0..n)
+                .map(|j| ep_norm.normalize_with(score(owner[j], step[j]), stats[&group(j)]))
+                .collect()
+        }
+        (EpisodeTerm::DiscountedReturn, _) => {
+            let keys: Vec<(usize, usize)> = (0..n).map(|j| (group(j), step[j])).collect();
+            normalize_by_key(&returns, &keys, |x| ep_norm.apply(x))
+        }
+    };
+
+    // Step term: anchor clusters inside every prompt group.
+    let mut cluster = vec![0usize; n];
+    let groups: Vec<usize> = (0..n).map(group).collect();
+    for idx in group_indices(&groups).into_values() {
+        let anchors: Vec<&str> = idx
+            .iter()
+            .map(|&j| batch.rollouts[owner[j]].anchors[step[j]].as_str())
+            .collect();
+        for (&j, c) in idx.iter().zip(anchor_clusters(&anchors, s.similarity)) {
+            cluster[j] = c;
+        }
+    }
+    let keys: Vec<(usize, usize)> = (0..n).map(|j| (groups[j], cluster[j])).collect();
+    let st_norm = s.norm(Singleton::Zero);
+    let step_adv = normalize_by_key(&returns, &keys, |x| st_norm.apply(x));
+
+    let mut per_turn: Vec<Vec<f64>> = batch
+        .rollouts
+        .iter()
+        .map(|r| vec![0.0; r.num_turns])
+        .collect();
+    for j in 0..n {
+        per_turn[owner[j]][step[j]] = episode[j] + s.step_advantage_w * step_adv[j];
+    }
+    Ok(AdvantageOutput {
+        estimator: name.to_string(),
+        rollouts: batch
+            .rollouts
+            .iter()
+            .zip(per_turn)
+            .map(|(r, t)| turn_constant(&r.turn_id, t))
+            .collect(),
+        trees: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+// The spec vectors (§3.7) contain 1/√2 − O(ε) written as 0.707106; keep them literal.
+#[allow(clippy::approx_constant)]
+mod tests {
+    use super::*;
+    use crate::advantage::Rollout;
+    use crate::test_util::{TOL, assert_all_close};
+
+    const INFO1: &str = "doc: Paris is capital of France";
+
+    fn example() -> AdvantageBatch {
+        let a = Rollout::new(0, vec![0, 0, -1, 1, -1, 2], 1.0).with_steps(
+            vec![0.0, 0.0, 1.0],
+            vec!["Q".into(), INFO1.into(), "doc: Eiffel tower 1889".into()],
+        );
+        let b = Rollout::new(0, vec![0, -1, 1, 1], 0.0)
+            .with_steps(vec![0.0, 0.0], vec!["Q".into(), format!("{INFO1}.")]);
+        AdvantageBatch::new(vec![a, b])
+    }
+
+    fn flat(out: &AdvantageOutput) -> Vec<f64> {
+        out.rollouts.iter().flat_map(|r| r.turns.clone()).collect()
+    }
+
+    #[test]
+    fn spec_3_7_exact_anchors() {
+        let anchors = [
+            "Q",
+            INFO1,
+            "doc: Eiffel tower 1889",
+            "Q",
+            "doc: Paris is capital of France.",
+        ];
+        assert_eq!(anchor_clusters(&anchors, None), vec![0, 1, 2, 0, 3]);
+        let out = GigpoConfig::default().estimate(&example()).unwrap();
+        assert_all_close(
+            &flat(&out),
+            &[1.437401, 0.730295, 0.730295, -1.802549, -1.095443],
+            TOL,
+            "joint (exact)",
+        );
+        // tokens: step advantages broadcast over each turn, observations 0
+        let (x, y) = (1.437401, 0.730295);
+        assert_all_close(
+            &out.rollouts[0].tokens,
+            &[x, x, 0.0, y, 0.0, y],
+            TOL,
+            "tokens",
+        );
+    }
+
+    #[test]
+    fn spec_3_7_step_and_episode_terms() {
+        // ω = 0 leaves the episode term; the step term is the difference to the joint value.
+        let ep = GigpoConfig {
+            step_advantage_w: 0.0,
+            ..GigpoConfig::default()
+        };
+        let e = flat(&ep.estimate(&example()).unwrap());
+        assert_all_close(
+            &e,
+            &[0.730295, 0.730295, 0.730295, -1.095443, -1.095443],
+            TOL,
+            "episode",
+        );
+        let joint = flat(&GigpoConfig::default().estimate(&example()).unwrap());
+        let step: Vec<f64> = joint.iter().zip(&e).map(|(j, e)| j - e).collect();
+        assert_all_close(
+            &step,
+            &[0.707106, 0.0, 0.0, -0.707106, 0.0],
+            TOL,
+            "step (exact)",
+        );
+        let per_traj = GigpoConfig {
+            step_advantage_w: 0.0,
+            cross_steps: false,
+            ..GigpoConfig::default()
+        };
+        let e = flat(&per_traj.estimate(&example()).unwrap());
+        assert_all_close(
+            &e,
+            &[0.707106, 0.707106, 0.707106, -0.707106, -0.707106],
+            TOL,
+            "per-traj",
+        );
+    }
+
+    #[test]
+    fn spec_3_7_similarity_anchors() {
+        let anchors = [
+            "Q",
+            INFO1,
+            "doc: Eiffel tower 1889",
+            "Q",
+            "doc: Paris is capital of France.",
+        ];
+        assert_eq!(anchor_clusters(&anchors, Some(0.9)), vec![0, 1, 2, 0, 1]);
+        let out = T2poConfig::default().estimate(&example()).unwrap();
+        assert_all_close(
+            &flat(&out),
+            &[1.437401, 1.437401, 0.730295, -1.802549, -1.802549],
+            TOL,
+            "joint (similarity 0.9)",
+        );
+    }
+
+    #[test]
+    fn t2po_paper_episode_term() {
+        // Discounted returns per step: step 0 {0.9025, 0} → ±0.707106; step 1 {0.95, 0} →
+        // ±0.707106; step 2 {1.0} singleton → 1.0 / (1 + ε).
+        let cfg = T2poConfig {
+            step_advantage_w: 0.0,
+            episode_term: EpisodeTerm::DiscountedReturn,
+            ..T2poConfig::default()
+        };
+        let e = flat(&cfg.estimate(&example()).unwrap());
+        assert_all_close(
+            &e,
+            &[0.707106, 0.707106, 1.0, -0.707106, -0.707106],
+            TOL,
+            "paper",
+        );
+    }
+
+    #[test]
+    fn per_step_scores_override_episode_reward() {
+        // Step 1 of trajectory b was invalid: only that sample's episode score drops by 0.1.
+        let mut batch = example();
+        batch.rollouts[1].step_scores = Some(vec![0.0, -0.1]);
+        let cfg = GigpoConfig {
+            step_advantage_w: 0.0,
+            ..GigpoConfig::default()
+        };
+        let e = flat(&cfg.estimate(&batch).unwrap());
+        let s = [1.0, 1.0, 1.0, 0.0, -0.1];
+        let m = s.iter().sum::<f64>() / 5.0;
+        let sd = (s.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / 4.0).sqrt();
+        let exp: Vec<f64> = s.iter().map(|x| (x - m) / (sd + 1e-6)).collect();
+        assert_all_close(&e, &exp, 1e-12, "penalized episode term");
+    }
+
+    #[test]
+    fn mean_norm_mode() {
+        let cfg = GigpoConfig {
+            mode: GigpoNorm::MeanNorm,
+            ..GigpoConfig::default()
+        };
+        // episode: s − 0.6; step (exact): group {0.9025, 0} centered ±0.45125, others 0.
+        let j = flat(&cfg.estimate(&example()).unwrap());
+        assert_all_close(
+            &j,
+            &[0.4 + 0.45125, 0.4, 0.4, -0.6 - 0.45125, -0.6],
+            TOL,
+            "mean_norm",
+        );
+    }
+
+    #[test]
+    fn inputs_checked() {
+        let mut batch = example();
+        batch.rollouts[1].anchors.pop();
+        let err = GigpoConfig::default().estimate(&batch).unwrap_err();
+        assert!(matches!(
+            err,
+            AdvantageError::LengthMismatch {
+                rollout: 1,
+                field: "anchors",
+                ..
+            }
+        ));
+        let cfg = T2poConfig {
+            similarity_thresh: 1.0,
+            ..T2poConfig::default()
+        };
+        assert!(matches!(
+            cfg.estimate(&example()),
+            Err(AdvantageError::InvalidConfig { .. })
+        ));
+    }
+}

@@ -1,0 +1,254 @@
+//! The estimator registry: one shared signature, looked up by name (verl `core_algos` style).
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    A2tgpoConfig, AdvantageBatch, AdvantageError, AdvantageOutput, At2poConfig, DrGrpoConfig,
+    GaeConfig, GigpoConfig, GrpoConfig, IgpoConfig, MtGrpoCodeConfig, MtGrpoConfig, RlooConfig,
+    T2poConfig, TreeGrpoConfig,
+};
+
+/// An advantage estimator: its settings, run over a batch.
+///
+/// Every per-estimator settings struct implements it, and so does [`AdvantageConfig`].
+pub trait Estimator {
+    /// Registry name (e.g. `"grpo"`).
+    fn name(&self) -> &'static str;
+
+    /// Computes the advantages of `batch`.
+    fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError>;
+}
+
+/// Settings of any registered estimator, tagged by its name, e.g. in a preset TOML:
+///
+/// ```toml
+/// [advantage]
+/// estimator = "a2tgpo"
+/// gamma = 1.0
+/// clip_beta = 0.3
+/// ```
+///
+/// Missing fields take the spec defaults; unknown fields are errors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "estimator", rename_all = "snake_case")]
+pub enum AdvantageConfig {
+    /// §3.1 GRPO.
+    Grpo(GrpoConfig),
+    /// §3.1 Dr.GRPO.
+    DrGrpo(DrGrpoConfig),
+    /// §3.1 RLOO.
+    Rloo(RlooConfig),
+    /// §3.2 MT-GRPO over K turns.
+    MtGrpo(MtGrpoConfig),
+    /// §3.2 two-turn MT-GRPO code variant.
+    MtGrpoCode(MtGrpoCodeConfig),
+    /// §3.3 GAE.
+    Gae(GaeConfig),
+    /// §3.4 IGPO.
+    Igpo(IgpoConfig),
+    /// §3.5 A2TGPO.
+    A2tgpo(A2tgpoConfig),
+    /// §3.6 AT2PO tree values.
+    At2po(At2poConfig),
+    /// §3.8 Tree-GRPO.
+    TreeGrpo(TreeGrpoConfig),
+    /// §3.7 GiGPO.
+    Gigpo(GigpoConfig),
+    /// §3.7 T2PO (GiGPO with T2PO defaults).
+    T2po(T2poConfig),
+}
+
+/// Registered estimator names, with the spec section of each.
+pub const ESTIMATORS: &[(&str, &str)] = &[
+    ("grpo", "§3.1 GRPO: (s − mean) / (std + ε) per prompt group"),
+    ("dr_grpo", "§3.1 Dr.GRPO: s − mean"),
+    ("rloo", "§3.1 RLOO: leave-one-out baseline"),
+    (
+        "mt_grpo",
+        "§3.2 MT-GRPO: per-turn groups, summed future turn advantages",
+    ),
+    ("mt_grpo_code", "§3.2 two-turn MT-GRPO (TRL/verifiers code)"),
+    ("gae", "§3.3 GAE with critic values (PPO, MT-PPO, ST-PPO)"),
+    (
+        "igpo",
+        "§3.4 IGPO: information-gain turn rewards (paper or code form)",
+    ),
+    (
+        "a2tgpo",
+        "§3.5 A2TGPO: turn-group IG normalization + variance rescaling + clip scale",
+    ),
+    ("at2po", "§3.6 AT2PO: tree node values and turn-wise credit"),
+    ("tree_grpo", "§3.8 Tree-GRPO: inter- and intra-tree GRPO"),
+    (
+        "gigpo",
+        "§3.7 GiGPO: episode + anchor-state step advantages",
+    ),
+    ("t2po", "§3.7 T2PO: GiGPO fusion with similarity anchors"),
+];
+
+impl AdvantageConfig {
+    /// The default settings of the estimator called `name`.
+    pub fn default_for(name: &str) -> Result<Self, AdvantageError> {
+        Self::from_settings(name, serde_json::Value::Object(Default::default()))
+    }
+
+    /// Settings of estimator `name` from a JSON object of its fields (missing fields take the
+    /// defaults; an `estimator` field, if present, must equal `name`). A TOML table converts to
+    /// this through serde.
+    pub fn from_settings(name: &str, settings: serde_json::Value) -> Result<Self, AdvantageError> {
+        if !ESTIMATORS.iter().any(|(n, _)| *n == name) {
+            return Err(unknown(name));
+        }
+        let mut map = match settings {
+            serde_json::Value::Object(m) => m,
+            serde_json::Value::Null => Default::default(),
+            other => {
+                return Err(AdvantageError::InvalidConfig {
+                    estimator: name.to_string(),
+                    message: format!("settings must be a table/object, got {other}"),
+                });
+            }
+        };
+        match map.get("estimator") {
+            Some(serde_json::Value::String(s)) if s == name => {}
+            None => {}
+            Some(other) => {
+                return Err(AdvantageError::InvalidConfig {
+                    estimator: name.to_string(),
+                    message: format!("settings name estimator {other}"),
+                });
+            }
+        }
+        map.insert(
+            "estimator".into(),
+            serde_json::Value::String(name.to_string()),
+        );
+        serde_json::from_value(serde_json::Value::Object(map)).map_err(|e| {
+            AdvantageError::InvalidConfig {
+                estimator: name.to_string(),
+                message: e.to_string(),
+            }
+        })
+    }
+
+    fn inner(&self) -> &dyn Estimator {
+        match self {
+            AdvantageConfig::Grpo(c) => c,
+            AdvantageConfig::DrGrpo(c) => c,
+            AdvantageConfig::Rloo(c) => c,
+            AdvantageConfig::MtGrpo(c) => c,
+            AdvantageConfig::MtGrpoCode(c) => c,
+            AdvantageConfig::Gae(c) => c,
+            AdvantageConfig::Igpo(c) => c,
+            AdvantageConfig::A2tgpo(c) => c,
+            AdvantageConfig::At2po(c) => c,
+            AdvantageConfig::TreeGrpo(c) => c,
+            AdvantageConfig::Gigpo(c) => c,
+            AdvantageConfig::T2po(c) => c,
+        }
+    }
+}
+
+impl Estimator for AdvantageConfig {
+    fn name(&self) -> &'static str {
+        self.inner().name()
+    }
+
+    fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError> {
+        self.inner().estimate(batch)
+    }
+}
+
+fn unknown(name: &str) -> AdvantageError {
+    AdvantageError::UnknownEstimator {
+        name: name.to_string(),
+        known: ESTIMATORS
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+/// Runs the estimator described by `cfg` on `batch` (the one shared signature).
+pub fn estimate(
+    batch: &AdvantageBatch,
+    cfg: &AdvantageConfig,
+) -> Result<AdvantageOutput, AdvantageError> {
+    cfg.estimate(batch)
+}
+
+/// Runs estimator `name` with its default settings.
+pub fn estimate_by_name(
+    batch: &AdvantageBatch,
+    name: &str,
+) -> Result<AdvantageOutput, AdvantageError> {
+    AdvantageConfig::default_for(name)?.estimate(batch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::advantage::Rollout;
+    use crate::advantage::kernels::StdKind;
+
+    #[test]
+    fn every_name_resolves_and_round_trips() {
+        for (name, _) in ESTIMATORS {
+            let cfg = AdvantageConfig::default_for(name).unwrap();
+            assert_eq!(cfg.name(), *name);
+            let json = serde_json::to_value(&cfg).unwrap();
+            assert_eq!(json["estimator"], *name);
+            let back: AdvantageConfig = serde_json::from_value(json).unwrap();
+            assert_eq!(back, cfg);
+        }
+    }
+
+    #[test]
+    fn settings_override_defaults() {
+        let cfg = AdvantageConfig::from_settings(
+            "grpo",
+            serde_json::json!({"std": "population", "epsilon": 1e-4}),
+        )
+        .unwrap();
+        assert_eq!(
+            cfg,
+            AdvantageConfig::Grpo(GrpoConfig {
+                std: StdKind::Population,
+                epsilon: 1e-4
+            })
+        );
+        let tagged: AdvantageConfig =
+            serde_json::from_str(r#"{"estimator": "tree_grpo", "mode": "tree_2norm"}"#).unwrap();
+        assert_eq!(tagged.name(), "tree_grpo");
+    }
+
+    #[test]
+    fn unknown_name_and_fields_are_errors() {
+        let err = AdvantageConfig::default_for("ppo2").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("`ppo2`") && msg.contains("a2tgpo"), "{msg}");
+        let err =
+            AdvantageConfig::from_settings("gae", serde_json::json!({"lambda": 0.9})).unwrap_err();
+        assert!(
+            matches!(err, AdvantageError::InvalidConfig { ref estimator, .. } if estimator == "gae")
+        );
+        assert!(err.to_string().contains("lambda"), "{err}");
+        let err: Result<AdvantageConfig, _> =
+            serde_json::from_str(r#"{"estimator": "grpo", "gamma": 1.0}"#);
+        assert!(err.is_err());
+    }
+
+    #[test]
+    fn estimate_by_name_dispatches() {
+        let batch = AdvantageBatch::new(vec![
+            Rollout::new(0, vec![0], 1.0),
+            Rollout::new(0, vec![0], 0.0),
+        ]);
+        let out = estimate_by_name(&batch, "dr_grpo").unwrap();
+        assert_eq!(out.estimator, "dr_grpo");
+        assert_eq!(out.rollouts[0].tokens, vec![0.5]);
+        let out = estimate(&batch, &AdvantageConfig::Rloo(RlooConfig {})).unwrap();
+        assert_eq!(out.rollouts[1].tokens, vec![-1.0]);
+    }
+}

@@ -1,0 +1,866 @@
+//! HTTP retrieval server speaking Search-R1's protocol, serving any [`Retriever`].
+//!
+//! # Protocol
+//!
+//! `POST /retrieve` with a JSON body
+//!
+//! ```json
+//! {"queries": ["who wrote hamlet", "capital of france"], "topk": 3, "return_scores": true}
+//! ```
+//!
+//! answers `200` with one list per query, in query order, best hit first:
+//!
+//! ```json
+//! {"result": [[{"document": {"id": "12", "contents": "\"Hamlet\"\n..."}, "score": 7.1}], [...]]}
+//! ```
+//!
+//! With `"return_scores": false` (the default, as in Search-R1's `retrieval_server.py`), each
+//! per-query list holds the bare documents instead: `{"result": [[{"id": "12", "contents": "..."}]]}`.
+//! This mirrors Search-R1 exactly: its endpoint appends `{"document": doc, "score": s}` pairs when
+//! scores are requested and the `doc` dicts themselves otherwise.
+//!
+//! `topk` may be omitted (or `null`), in which case [`ServerConfig::default_topk`] is used.
+//! Unlike Search-R1, where a falsy `topk` (0) silently falls back to the default, an explicit
+//! `0` is rejected: it is almost always a caller bug.
+//!
+//! `GET /health` answers `{"status": "ok"}`.
+//!
+//! # Errors
+//!
+//! Every error is JSON: `{"error": {"status": 422, "field": "topk", "message": "..."}}`
+//! (`field` is `null` when no single field is at fault).
+//!
+//! | Case | Status |
+//! |---|---|
+//! | body is not valid JSON, or not a JSON object | 400 |
+//! | missing field, wrong type, empty `queries`, `topk` 0 or above [`ServerConfig::max_topk`], too many queries, query too long | 422 |
+//! | body larger than [`ServerConfig::max_body_bytes`] | 413 |
+//! | the retriever rejects a query ([`RetrievalError::BadQuery`]) | 422 |
+//! | the retriever fails otherwise | 500 |
+//! | too many requests already waiting for a retrieval slot | 503 |
+//! | unknown path | 404 |
+//!
+//! # Concurrency
+//!
+//! Retrieval runs on tokio's blocking pool (`spawn_blocking`), at most
+//! [`ServerConfig::max_in_flight`] retrievals at once; further requests wait for a slot.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use turnwise_env::search::{Hit, RetrievalError, Retriever};
+//! use turnwise_env::server::{BackgroundServer, ServerConfig};
+//!
+//! struct Empty;
+//! impl Retriever for Empty {
+//!     fn retrieve(&self, q: &[String], _k: usize) -> Result<Vec<Vec<Hit>>, RetrievalError> {
+//!         Ok(vec![Vec::new(); q.len()])
+//!     }
+//! }
+//!
+//! let server = BackgroundServer::start(Arc::new(Empty), ServerConfig::default()).unwrap();
+//! println!("serving on http://{}", server.local_addr());
+//! server.shutdown().unwrap();
+//! ```
+
+use std::future::Future;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::sync::{Semaphore, oneshot};
+
+use crate::search::{Document, Hit, RetrievalError, Retriever};
+
+/// Settings of a [`RetrievalServer`]: address, request limits, defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// Address to bind. Defaults to `127.0.0.1:8000`; use port 0 for an ephemeral port. Binding
+    /// anything but a loopback address exposes the corpus to the network: only do it on purpose.
+    pub addr: SocketAddr,
+    /// Largest accepted request body in bytes (larger bodies get 413). Default 1 MiB.
+    pub max_body_bytes: usize,
+    /// Most queries in one request. Default 512.
+    pub max_queries: usize,
+    /// Largest accepted `topk`. Default 100.
+    pub max_topk: usize,
+    /// `topk` used when the request omits it. Default 3 (Search-R1's `--topk`).
+    pub default_topk: usize,
+    /// Longest accepted query, in characters. Default 4096.
+    pub max_query_chars: usize,
+    /// Most retrievals running at once on the blocking pool. Default 64.
+    pub max_in_flight: usize,
+    /// Most requests waiting for a retrieval slot before new ones get 503. Default 4096.
+    pub max_queued: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 8000)),
+            max_body_bytes: 1 << 20,
+            max_queries: 512,
+            max_topk: 100,
+            default_topk: 3,
+            max_query_chars: 4096,
+            max_in_flight: 64,
+            max_queued: 4096,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The default settings bound to `addr` (e.g. `127.0.0.1:0` in tests).
+    pub fn with_addr(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            ..Self::default()
+        }
+    }
+
+    fn validate(&self) -> Result<(), ServerError> {
+        let bad = |field: &'static str, message: String| ServerError::Config { field, message };
+        if self.max_body_bytes == 0 {
+            return Err(bad("max_body_bytes", "must be at least 1".into()));
+        }
+        if self.max_queries == 0 {
+            return Err(bad("max_queries", "must be at least 1".into()));
+        }
+        if self.max_topk == 0 {
+            return Err(bad("max_topk", "must be at least 1".into()));
+        }
+        if self.default_topk == 0 || self.default_topk > self.max_topk {
+            return Err(bad(
+                "default_topk",
+                format!(
+                    "must be in 1..={} (max_topk), got {}",
+                    self.max_topk, self.default_topk
+                ),
+            ));
+        }
+        if self.max_in_flight == 0 {
+            return Err(bad("max_in_flight", "must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Error starting or stopping a retrieval server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A [`ServerConfig`] field has an unusable value.
+    #[error("invalid server config: {field} {message}")]
+    Config {
+        /// The offending field.
+        field: &'static str,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The address could not be bound.
+    #[error("cannot bind retrieval server to {addr}: {source}")]
+    Bind {
+        /// Requested address.
+        addr: SocketAddr,
+        /// Underlying I/O error.
+        source: std::io::Error,
+    },
+    /// The server stopped with an I/O error.
+    #[error("retrieval server on {addr} failed: {source}")]
+    Serve {
+        /// Bound address.
+        addr: SocketAddr,
+        /// Underlying I/O error.
+        source: std::io::Error,
+    },
+    /// The runtime or server thread could not be started or panicked.
+    #[error("retrieval server runtime on {addr}: {message}")]
+    Runtime {
+        /// Requested or bound address.
+        addr: SocketAddr,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// Shared state of the axum handlers.
+struct AppState {
+    retriever: Arc<dyn Retriever>,
+    config: ServerConfig,
+    slots: Semaphore,
+    waiting: AtomicUsize,
+}
+
+/// Decrements the waiting-request counter when a request stops waiting (served or cancelled).
+struct WaitGuard<'a>(&'a AtomicUsize);
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A JSON error response: `{"error": {"status", "field", "message"}}`.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    field: Option<String>,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, field: Option<&str>, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            field: field.map(str::to_owned),
+            message: message.into(),
+        }
+    }
+
+    fn invalid(field: &str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, Some(field), message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({
+            "error": {
+                "status": self.status.as_u16(),
+                "field": self.field,
+                "message": self.message,
+            }
+        });
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+/// A validated `/retrieve` request.
+#[derive(Debug)]
+struct RetrieveRequest {
+    queries: Vec<String>,
+    topk: usize,
+    return_scores: bool,
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Parses and validates a `/retrieve` body, naming the offending field on failure.
+fn parse_request(body: &[u8], config: &ServerConfig) -> Result<RetrieveRequest, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            None,
+            format!("request body is not valid JSON: {e}"),
+        )
+    })?;
+    let Value::Object(obj) = value else {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            None,
+            format!(
+                "request body must be a JSON object with \"queries\", got {}",
+                json_type(&value)
+            ),
+        ));
+    };
+
+    let queries = match obj.get("queries") {
+        None => return Err(ApiError::invalid("queries", "missing required field")),
+        Some(Value::Array(items)) => {
+            if items.is_empty() {
+                return Err(ApiError::invalid("queries", "must not be empty"));
+            }
+            if items.len() > config.max_queries {
+                return Err(ApiError::invalid(
+                    "queries",
+                    format!(
+                        "too many queries: {} (limit {})",
+                        items.len(),
+                        config.max_queries
+                    ),
+                ));
+            }
+            let mut queries = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                let field = format!("queries[{i}]");
+                let Value::String(q) = item else {
+                    return Err(ApiError::invalid(
+                        &field,
+                        format!("must be a string, got {}", json_type(item)),
+                    ));
+                };
+                let chars = q.chars().count();
+                if chars > config.max_query_chars {
+                    return Err(ApiError::invalid(
+                        &field,
+                        format!(
+                            "query too long: {chars} characters (limit {})",
+                            config.max_query_chars
+                        ),
+                    ));
+                }
+                queries.push(q.clone());
+            }
+            queries
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "queries",
+                format!("must be an array of strings, got {}", json_type(other)),
+            ));
+        }
+    };
+
+    let topk = match obj.get("topk") {
+        None | Some(Value::Null) => config.default_topk,
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(0) => return Err(ApiError::invalid("topk", "must be at least 1, got 0")),
+            Some(k) if k as usize > config.max_topk || k > usize::MAX as u64 => {
+                return Err(ApiError::invalid(
+                    "topk",
+                    format!("must be at most {}, got {k}", config.max_topk),
+                ));
+            }
+            Some(k) => k as usize,
+            None => {
+                return Err(ApiError::invalid(
+                    "topk",
+                    format!(
+                        "must be a positive integer in 1..={}, got {n}",
+                        config.max_topk
+                    ),
+                ));
+            }
+        },
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "topk",
+                format!("must be a positive integer, got {}", json_type(other)),
+            ));
+        }
+    };
+
+    let return_scores = match obj.get("return_scores") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "return_scores",
+                format!("must be a boolean, got {}", json_type(other)),
+            ));
+        }
+    };
+
+    Ok(RetrieveRequest {
+        queries,
+        topk,
+        return_scores,
+    })
+}
+
+/// One entry of a `return_scores: true` answer.
+#[derive(Serialize)]
+struct ScoredDocument {
+    document: Document,
+    score: f32,
+}
+
+async fn retrieve_handler(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let body = body.map_err(|rejection| {
+        let status = rejection.status();
+        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            format!(
+                "request body exceeds the limit of {} bytes",
+                state.config.max_body_bytes
+            )
+        } else {
+            format!("cannot read request body: {}", rejection.body_text())
+        };
+        tracing::warn!(%status, %message, "rejected /retrieve request");
+        ApiError::new(status, None, message)
+    })?;
+    let request = parse_request(&body, &state.config).inspect_err(|e| {
+        tracing::warn!(status = %e.status, field = ?e.field, message = %e.message,
+            "rejected /retrieve request");
+    })?;
+
+    let _permit = match state.slots.try_acquire() {
+        Ok(permit) => permit,
+        Err(_) => {
+            let waiting = state.waiting.fetch_add(1, Ordering::SeqCst);
+            let _guard = WaitGuard(&state.waiting);
+            if waiting >= state.config.max_queued {
+                tracing::warn!(waiting, "retrieval server overloaded");
+                return Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    None,
+                    format!("retrieval server overloaded: {waiting} requests already waiting"),
+                ));
+            }
+            state.slots.acquire().await.map_err(|_| {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    None,
+                    "retrieval server is shutting down",
+                )
+            })?
+        }
+    };
+
+    let n_queries = request.queries.len();
+    let topk = request.topk;
+    let retriever = Arc::clone(&state.retriever);
+    let RetrieveRequest {
+        queries,
+        return_scores,
+        ..
+    } = request;
+    let hits = tokio::task::spawn_blocking(move || retriever.retrieve(&queries, topk))
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "retriever panicked");
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                None,
+                format!("retriever panicked: {e}"),
+            )
+        })?
+        .map_err(|e| {
+            let status = match e {
+                RetrievalError::BadQuery { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            tracing::warn!(%status, error = %e, "retrieval failed");
+            let field = matches!(e, RetrievalError::BadQuery { .. }).then_some("queries");
+            ApiError::new(status, field, e.to_string())
+        })?;
+    if hits.len() != n_queries {
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            None,
+            format!(
+                "retriever returned {} result lists for {n_queries} queries",
+                hits.len()
+            ),
+        ));
+    }
+
+    let result = if return_scores {
+        let lists: Vec<Vec<ScoredDocument>> = hits
+            .into_iter()
+            .map(|list| {
+                list.into_iter()
+                    .take(topk)
+                    .map(|Hit { document, score }| ScoredDocument { document, score })
+                    .collect()
+            })
+            .collect();
+        json!({ "result": lists })
+    } else {
+        let lists: Vec<Vec<Document>> = hits
+            .into_iter()
+            .map(|list| list.into_iter().take(topk).map(|h| h.document).collect())
+            .collect();
+        json!({ "result": lists })
+    };
+    tracing::debug!(
+        queries = n_queries,
+        topk,
+        return_scores,
+        elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+        "served /retrieve"
+    );
+    Ok(axum::Json(result).into_response())
+}
+
+async fn health_handler() -> axum::Json<Value> {
+    axum::Json(json!({"status": "ok"}))
+}
+
+async fn not_found_handler(uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        None,
+        format!("no route for {uri}; use POST /retrieve or GET /health"),
+    )
+}
+
+/// The retrieval server's routes, for embedding in another axum application.
+pub struct RetrievalServer;
+
+impl RetrievalServer {
+    /// Builds the router (`POST /retrieve`, `GET /health`) serving `retriever` under `config`'s
+    /// limits. `config.addr` is ignored here; see [`serve`] and [`BackgroundServer`].
+    pub fn router(retriever: Arc<dyn Retriever>, config: ServerConfig) -> Router {
+        let limit = config.max_body_bytes;
+        let state = Arc::new(AppState {
+            retriever,
+            slots: Semaphore::new(config.max_in_flight),
+            waiting: AtomicUsize::new(0),
+            config,
+        });
+        Router::new()
+            .route("/retrieve", post(retrieve_handler))
+            .route("/health", get(health_handler))
+            .fallback(not_found_handler)
+            .layer(DefaultBodyLimit::max(limit))
+            .with_state(state)
+    }
+}
+
+/// Binds `config.addr` and returns the listener with its actual address (port 0 resolved).
+async fn bind(config: &ServerConfig) -> Result<(tokio::net::TcpListener, SocketAddr), ServerError> {
+    config.validate()?;
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: config.addr,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| ServerError::Bind {
+        addr: config.addr,
+        source,
+    })?;
+    Ok((listener, addr))
+}
+
+/// Serves `retriever` on `config.addr` from inside a tokio runtime until `shutdown` resolves,
+/// then finishes in-flight requests and returns. `on_bound` receives the bound address (useful
+/// with port 0).
+pub async fn serve(
+    retriever: Arc<dyn Retriever>,
+    config: ServerConfig,
+    on_bound: impl FnOnce(SocketAddr),
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    let (listener, addr) = bind(&config).await?;
+    if !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "retrieval server bound to a non-loopback address");
+    }
+    tracing::info!(%addr, "retrieval server listening");
+    on_bound(addr);
+    let app = RetrievalServer::router(retriever, config);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|source| ServerError::Serve { addr, source })?;
+    tracing::info!(%addr, "retrieval server stopped");
+    Ok(())
+}
+
+/// A retrieval server running on its own thread and tokio runtime, for synchronous callers
+/// (the rollout engine, tests). Dropping it shuts the server down and waits for it.
+pub struct BackgroundServer {
+    addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<(), ServerError>>>,
+}
+
+impl BackgroundServer {
+    /// Binds `config.addr`, starts serving `retriever` in the background and returns once the
+    /// socket is bound (so requests to [`Self::local_addr`] succeed immediately).
+    pub fn start(retriever: Arc<dyn Retriever>, config: ServerConfig) -> Result<Self, ServerError> {
+        config.validate()?;
+        let requested = config.addr;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("turnwise-retrieval")
+            .enable_all()
+            .build()
+            .map_err(|e| ServerError::Runtime {
+                addr: requested,
+                message: format!("cannot build tokio runtime: {e}"),
+            })?;
+        let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+        let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("turnwise-retrieval-server".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let bound_err_tx = bound_tx.clone();
+                    let result = serve(
+                        retriever,
+                        config,
+                        move |addr| {
+                            let _ = bound_tx.send(Ok(addr));
+                        },
+                        async move {
+                            let _ = shutdown_rx.await;
+                        },
+                    )
+                    .await;
+                    if let Err(ServerError::Bind { addr, source }) = &result {
+                        let _ = bound_err_tx.send(Err(ServerError::Bind {
+                            addr: *addr,
+                            source: std::io::Error::new(source.kind(), source.to_string()),
+                        }));
+                    }
+                    result
+                })
+            })
+            .map_err(|e| ServerError::Runtime {
+                addr: requested,
+                message: format!("cannot spawn server thread: {e}"),
+            })?;
+        match bound_rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(Ok(addr)) => Ok(Self {
+                addr,
+                shutdown: Some(shutdown_tx),
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                // The thread ended (or hung) without binding: report its own error if it has one.
+                drop(shutdown_tx);
+                match thread.join() {
+                    Ok(Err(e)) => Err(e),
+                    _ => Err(ServerError::Runtime {
+                        addr: requested,
+                        message: "server thread did not report a bound address".into(),
+                    }),
+                }
+            }
+        }
+    }
+
+    /// The bound address (with the actual port when the config asked for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ip:port`, the base URL a client should use.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting connections, lets in-flight requests finish, and waits for the server
+    /// thread. Returns the server's error if it failed while running.
+    pub fn shutdown(mut self) -> Result<(), ServerError> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<(), ServerError> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        match self.thread.take() {
+            Some(thread) => thread.join().map_err(|_| ServerError::Runtime {
+                addr: self.addr,
+                message: "server thread panicked".into(),
+            })?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for BackgroundServer {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            tracing::error!(error = %e, "retrieval server shutdown failed");
+        }
+    }
+}
+
+impl std::fmt::Debug for BackgroundServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackgroundServer")
+            .field("addr", &self.addr)
+            .field("running", &self.thread.is_some())
+            .finish()
+    }
+}
+
+/// A small in-memory retriever scoring documents by query-term overlap (count of distinct
+/// lowercase alphanumeric query terms found in the document, ties broken by document order).
+///
+/// Not a search engine: it exists so the server, client and environments can be exercised and
+/// demonstrated without building an index.
+#[derive(Debug, Clone, Default)]
+pub struct TermOverlapRetriever {
+    docs: Vec<(Document, std::collections::HashSet<String>)>,
+}
+
+impl TermOverlapRetriever {
+    /// Indexes `docs` (kept in order; earlier documents win ties).
+    pub fn new(docs: Vec<Document>) -> Self {
+        let docs = docs
+            .into_iter()
+            .map(|d| {
+                let terms = terms(&d.contents).collect();
+                (d, terms)
+            })
+            .collect();
+        Self { docs }
+    }
+}
+
+fn terms(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|t| !t.is_empty())
+        .map(str::to_lowercase)
+}
+
+impl Retriever for TermOverlapRetriever {
+    fn retrieve(&self, queries: &[String], k: usize) -> Result<Vec<Vec<Hit>>, RetrievalError> {
+        queries
+            .iter()
+            .map(|q| {
+                let query_terms: std::collections::HashSet<String> = terms(q).collect();
+                if query_terms.is_empty() {
+                    return Err(RetrievalError::BadQuery {
+                        query: q.clone(),
+                        message: "query has no searchable terms".into(),
+                    });
+                }
+                let mut scored: Vec<(usize, usize)> = self
+                    .docs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (_, t))| (i, query_terms.iter().filter(|q| t.contains(*q)).count()))
+                    .filter(|&(_, s)| s > 0)
+                    .collect();
+                scored.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+                Ok(scored
+                    .into_iter()
+                    .take(k)
+                    .map(|(i, s)| Hit {
+                        document: self.docs[i].0.clone(),
+                        score: s as f32,
+                    })
+                    .collect())
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> ServerConfig {
+        ServerConfig {
+            max_queries: 3,
+            max_topk: 10,
+            max_query_chars: 20,
+            ..ServerConfig::default()
+        }
+    }
+
+    fn err(body: &str) -> ApiError {
+        parse_request(body.as_bytes(), &cfg()).unwrap_err()
+    }
+
+    #[test]
+    fn parses_defaults_like_search_r1() {
+        let r = parse_request(br#"{"queries": ["a b"]}"#, &cfg()).unwrap();
+        assert_eq!(r.queries, vec!["a b".to_string()]);
+        assert_eq!(r.topk, 3);
+        assert!(!r.return_scores);
+        let r = parse_request(
+            br#"{"queries": ["x"], "topk": null, "return_scores": true}"#,
+            &cfg(),
+        )
+        .unwrap();
+        assert_eq!(r.topk, 3);
+        assert!(r.return_scores);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        assert_eq!(err("{").status, StatusCode::BAD_REQUEST);
+        assert_eq!(err("[1]").status, StatusCode::BAD_REQUEST);
+        let e = err(r#"{"topk": 3}"#);
+        assert_eq!(
+            (e.status, e.field.as_deref()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some("queries"))
+        );
+        assert_eq!(err(r#"{"queries": "a"}"#).field.as_deref(), Some("queries"));
+        assert_eq!(err(r#"{"queries": []}"#).field.as_deref(), Some("queries"));
+        assert_eq!(
+            err(r#"{"queries": ["a", 3]}"#).field.as_deref(),
+            Some("queries[1]")
+        );
+        assert_eq!(
+            err(r#"{"queries": ["a","b","c","d"]}"#).field.as_deref(),
+            Some("queries")
+        );
+        assert_eq!(
+            err(r#"{"queries": ["aaaaaaaaaaaaaaaaaaaaaaaaa"]}"#)
+                .field
+                .as_deref(),
+            Some("queries[0]")
+        );
+        for topk in ["0", "11", "-1", "2.5", "\"3\"", "true"] {
+            let e = err(&format!(r#"{{"queries": ["a"], "topk": {topk}}}"#));
+            assert_eq!(e.field.as_deref(), Some("topk"), "topk {topk}");
+        }
+        let e = err(r#"{"queries": ["a"], "return_scores": "yes"}"#);
+        assert_eq!(e.field.as_deref(), Some("return_scores"));
+    }
+
+    #[test]
+    fn config_validation() {
+        let c = ServerConfig {
+            default_topk: 200,
+            ..ServerConfig::default()
+        };
+        assert!(matches!(
+            c.validate(),
+            Err(ServerError::Config {
+                field: "default_topk",
+                ..
+            })
+        ));
+        assert!(ServerConfig::default().validate().is_ok());
+        assert!(ServerConfig::default().addr.ip().is_loopback());
+    }
+
+    #[test]
+    fn term_overlap_ranks_by_shared_terms() {
+        let r = TermOverlapRetriever::new(vec![
+            Document {
+                id: "0".into(),
+                contents: "\"Paris\"\nParis is the capital of France".into(),
+            },
+            Document {
+                id: "1".into(),
+                contents: "\"Berlin\"\nBerlin is the capital of Germany".into(),
+            },
+        ]);
+        let hits = r
+            .retrieve(&["capital of Germany".to_string()], 5)
+            .unwrap()
+            .remove(0);
+        assert_eq!(hits.len(), 2);
+        assert_eq!(hits[0].document.id, "1");
+        assert_eq!(hits[0].score, 3.0);
+        assert!(r.retrieve(&["?!".to_string()], 1).is_err());
+    }
+}

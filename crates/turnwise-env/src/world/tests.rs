@@ -1,0 +1,370 @@
+use std::collections::HashSet;
+
+use super::oracle::{AgentFormat, NoiseEvent, Oracle, OracleConfig, OracleNoise};
+use super::*;
+use crate::corpus::{read_corpus, read_qa, split_contents};
+use crate::search::Retriever;
+use crate::search::bm25::{Bm25BuildOptions, Bm25Index};
+use crate::search::bm25_mem::InMemoryBm25;
+
+fn small_config(seed: u64) -> WorldConfig {
+    WorldConfig {
+        seed,
+        countries: 8,
+        cities: 30,
+        companies: 25,
+        persons: 80,
+        distractors: 20,
+        questions: QuestionConfig {
+            train: 200,
+            validation: 60,
+            test: 60,
+            hop_weights: [1.0, 1.0, 1.0, 1.0],
+        },
+        ..WorldConfig::default()
+    }
+}
+
+#[test]
+fn generation_is_deterministic_from_the_seed() {
+    let a = World::generate(&small_config(3)).unwrap();
+    let b = World::generate(&small_config(3)).unwrap();
+    assert_eq!(a, b);
+    let c = World::generate(&small_config(4)).unwrap();
+    assert_ne!(a.entities, c.entities);
+    // Asking for more questions leaves the entities unchanged.
+    let mut more = small_config(3);
+    more.questions.train = 500;
+    assert_eq!(World::generate(&more).unwrap().entities, a.entities);
+    // Pinned output: a change here means worlds built from the same seed changed across versions.
+    let d = World::generate(&WorldConfig::default()).unwrap();
+    let pinned: Vec<&str> = d.entities.iter().take(3).map(|e| e.name.as_str()).collect();
+    assert_eq!(pinned, PINNED_NAMES, "{pinned:?}");
+    assert_eq!(d.questions[0].text, PINNED_QUESTION);
+}
+
+const PINNED_NAMES: [&str; 3] = ["Vinost", "Pivel", "Rakmun"];
+const PINNED_QUESTION: &str = "Which company does Rada Cradovel work for?";
+
+#[test]
+fn entities_relations_and_passages_are_well_formed() {
+    let w = World::generate(&WorldConfig::default()).unwrap();
+    assert_eq!(w.entities.len(), 750);
+    let names: HashSet<&str> = w.entities.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names.len(), 750, "names are unique");
+    for e in &w.entities {
+        let wanted: &[Relation] = match e.kind {
+            EntityKind::Country => &[Relation::Capital],
+            EntityKind::City => &[Relation::InCountry],
+            EntityKind::Company => &[Relation::FoundedBy, Relation::BasedIn],
+            EntityKind::Person => &[Relation::BornIn, Relation::WorksFor],
+        };
+        for &r in wanted {
+            let o = e.get(r).unwrap_or_else(|| panic!("{} lacks {r:?}", e.name));
+            assert_eq!(w.entities[o].kind, r.object_kind());
+        }
+        match e.kind {
+            EntityKind::Company => {
+                let suffix = e.name.rsplit(' ').next().unwrap();
+                assert!(COMPANY_SUFFIXES.contains(&suffix), "{}", e.name);
+            }
+            EntityKind::Person => assert_eq!(e.name.split(' ').count(), 2),
+            _ => assert_eq!(e.name.split(' ').count(), 1),
+        }
+        if e.kind == EntityKind::Country {
+            let capital = e.get(Relation::Capital).unwrap();
+            assert_eq!(w.entities[capital].get(Relation::InCountry), Some(e.id));
+        }
+        // 2-3 sentences, the name in each, every fact readable back from the passage.
+        let p = w.passage(e.id);
+        let sentences: Vec<&str> = p.split(". ").collect();
+        assert!((2..=3).contains(&sentences.len()), "{p}");
+        assert!(sentences.iter().all(|s| s.contains(&e.name)), "{p}");
+        for &(r, o) in &e.facts {
+            assert_eq!(
+                r.parse(&p, &e.name),
+                Some(w.entities[o].name.as_str()),
+                "{p}"
+            );
+        }
+    }
+    let docs = w.documents();
+    assert_eq!(docs.len(), 750);
+    assert_eq!(split_contents(&docs[42].contents).0, w.entities[42].name);
+}
+
+#[test]
+fn splits_hold_out_subjects_and_chains_follow_relations() {
+    let w = World::generate(&small_config(11)).unwrap();
+    let train_subjects: HashSet<EntityId> =
+        w.questions_in(Split::Train).map(|q| q.subject).collect();
+    let val: HashSet<EntityId> = w
+        .questions_in(Split::Validation)
+        .map(|q| q.subject)
+        .collect();
+    let test: HashSet<EntityId> = w.questions_in(Split::Test).map(|q| q.subject).collect();
+    assert!(train_subjects.is_disjoint(&val) && train_subjects.is_disjoint(&test));
+    assert!(val.is_disjoint(&test));
+    assert_eq!(w.questions_in(Split::Train).count(), 200);
+    assert_eq!(w.questions_in(Split::Validation).count(), 60);
+    assert_eq!(w.questions_in(Split::Test).count(), 60);
+    // About 20 % of each kind is held out.
+    for kind in EntityKind::ALL {
+        let ids = w.ids_of(kind);
+        let held = ids
+            .iter()
+            .filter(|&&i| w.subject_split[i] != Split::Train)
+            .count();
+        let expected = (ids.len() as f64 * 0.2).round() as usize;
+        assert_eq!(held, expected, "{kind:?}");
+    }
+    let mut hops_seen = [0usize; 4];
+    for q in &w.questions {
+        hops_seen[q.hops() - 1] += 1;
+        assert_eq!(w.subject_split[q.subject], q.split);
+        assert!(q.text.contains(&q.subject_name));
+        let mut at = q.subject;
+        for (i, &r) in q.relations.iter().enumerate() {
+            at = w.entities[at].get(r).unwrap();
+            assert_eq!(q.chain[i], at);
+            assert_eq!(q.chain_names[i], w.entities[at].name);
+        }
+        assert_eq!(q.golden_answers[0], w.entities[at].name);
+        assert_eq!(&q.golden_answers[1..], w.entities[at].aliases.as_slice());
+    }
+    assert!(hops_seen.iter().all(|&n| n > 30), "{hops_seen:?}");
+    // Questions of a split and hop count are distinct until their pool of (template, subject)
+    // pairs runs out.
+    for split in Split::ALL {
+        for hops in 1..=4 {
+            let pool: usize = TEMPLATES
+                .iter()
+                .filter(|t| t.hops() == hops)
+                .map(|t| {
+                    w.ids_of(t.subject_kind())
+                        .iter()
+                        .filter(|&&i| w.subject_split[i] == split)
+                        .count()
+                })
+                .sum();
+            let qs: Vec<&str> = w
+                .questions_in(split)
+                .filter(|q| q.hops() == hops)
+                .map(|q| q.text.as_str())
+                .collect();
+            let distinct: HashSet<&str> = qs.iter().copied().collect();
+            assert_eq!(distinct.len(), qs.len().min(pool), "{split:?} {hops}");
+        }
+    }
+    // Every template is well-typed: consecutive relations chain.
+    for t in TEMPLATES {
+        for pair in t.relations.windows(2) {
+            assert_eq!(pair[0].object_kind(), pair[1].subject_kind(), "{}", t.id);
+        }
+        assert!(t.text.contains("{s}"));
+    }
+}
+
+#[test]
+fn export_writes_search_r1_corpus_and_qa_files() {
+    let w = World::generate(&small_config(5)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    w.write_search_r1(dir.path()).unwrap();
+    let corpus = read_corpus(dir.path().join("corpus.jsonl")).unwrap();
+    assert_eq!(corpus, w.documents());
+    assert_eq!(corpus.len(), w.entities.len() + 20);
+    let test = read_qa(dir.path().join("test.jsonl")).unwrap();
+    assert_eq!(test.len(), 60);
+    let q0 = w.questions_in(Split::Test).next().unwrap();
+    assert_eq!(test[0], q0.to_qa());
+    assert_eq!(test[0].metadata["hops"], q0.hops());
+    let back: World =
+        serde_json::from_slice(&std::fs::read(dir.path().join("world.json")).unwrap()).unwrap();
+    assert_eq!(back, w);
+}
+
+#[test]
+fn config_errors_name_the_field() {
+    let c = WorldConfig {
+        cities: 3,
+        ..WorldConfig::default()
+    };
+    let msg = World::generate(&c).unwrap_err().to_string();
+    assert!(msg.contains("cities"), "{msg}");
+    let mut c = WorldConfig::default();
+    c.questions.hop_weights = [0.0; 4];
+    assert!(
+        World::generate(&c)
+            .unwrap_err()
+            .to_string()
+            .contains("hop_weights")
+    );
+    let c = WorldConfig {
+        syllables: 3,
+        ..WorldConfig::default()
+    };
+    assert!(matches!(
+        World::generate(&c),
+        Err(WorldError::NameSpace { .. })
+    ));
+}
+
+/// For every entity, searching its exact name returns its own passage first (the property the
+/// quickstart world relies on), with BM25 on disk, also with distractors and confusable names.
+#[test]
+fn exact_name_query_returns_own_passage_first() {
+    let mut configs = vec![WorldConfig::default()];
+    configs.push(WorldConfig {
+        seed: 9,
+        confusability: 0.5,
+        distractors: 300,
+        ..WorldConfig::default()
+    });
+    for config in configs {
+        let w = World::generate(&config).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let index =
+            Bm25Index::build(dir.path(), &w.documents(), &Bm25BuildOptions::default()).unwrap();
+        let queries: Vec<String> = w.entities.iter().map(|e| e.name.clone()).collect();
+        let results = index.retrieve(&queries, 3).unwrap();
+        let mem = InMemoryBm25::new(w.documents());
+        let mem_results = mem.retrieve(&queries, 3).unwrap();
+        for (e, (hits, mem_hits)) in w.entities.iter().zip(results.iter().zip(&mem_results)) {
+            assert_eq!(
+                hits[0].document.id,
+                e.id.to_string(),
+                "{}: {hits:?}",
+                e.name
+            );
+            assert_eq!(mem_hits[0].document.id, e.id.to_string(), "{}", e.name);
+        }
+        if config.confusability > 0.0 {
+            // Confusability really produced shared surnames.
+            let surnames: Vec<&str> = w
+                .entities
+                .iter()
+                .filter(|e| e.kind == EntityKind::Person)
+                .map(|e| e.name.split(' ').nth(1).unwrap())
+                .collect();
+            let distinct: HashSet<&&str> = surnames.iter().collect();
+            assert!(
+                distinct.len() < surnames.len() * 3 / 4,
+                "{}",
+                distinct.len()
+            );
+        }
+    }
+}
+
+#[test]
+fn oracle_without_noise_answers_everything_and_noise_lowers_em() {
+    let w = World::generate(&small_config(21)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let index = Bm25Index::build(dir.path(), &w.documents(), &Bm25BuildOptions::default()).unwrap();
+    let em = |config: OracleConfig| {
+        let oracle = Oracle::new(&w, &index, config);
+        let mut correct = 0;
+        let mut transcripts = Vec::new();
+        for q in &w.questions {
+            let t = oracle.answer(q).unwrap();
+            correct += usize::from(t.exact_match(&q.golden_answers));
+            transcripts.push(t);
+        }
+        (correct as f64 / w.questions.len() as f64, transcripts)
+    };
+    for format in [AgentFormat::SearchR1, AgentFormat::Boxed, AgentFormat::T2po] {
+        let (score, ts) = em(OracleConfig {
+            format,
+            ..OracleConfig::default()
+        });
+        assert_eq!(score, 1.0, "{format:?}");
+        for (t, q) in ts.iter().zip(&w.questions) {
+            assert_eq!(t.searches(), q.hops());
+            assert!(t.noise.is_none());
+        }
+        let text = ts.last().unwrap().render();
+        match format {
+            AgentFormat::SearchR1 => {
+                assert!(text.starts_with("<think>I need to search for "), "{text}");
+                assert!(
+                    text.contains("</search>\n\n<information>Doc 1(Title: \""),
+                    "{text}"
+                );
+                assert!(text.contains("</think>\n<answer>"), "{text}");
+                assert!(text.ends_with("</answer>"));
+            }
+            AgentFormat::Boxed => {
+                assert!(text.contains("</search> <result>\nDoc 1(Title: "), "{text}");
+                assert!(text.ends_with(&format!(
+                    "<answer>\\boxed{{{}}}</answer>",
+                    ts.last().unwrap().answer
+                )));
+            }
+            AgentFormat::T2po => {
+                assert!(text.contains("</think><action><search>"), "{text}");
+                assert!(text.ends_with("</answer></action>"), "{text}");
+            }
+        }
+        let segs = ts[0].segments();
+        assert_eq!(segs.iter().filter(|s| s.1).count(), ts[0].turns.len());
+        assert!(!segs.last().unwrap().0.is_empty() && segs.last().unwrap().1);
+    }
+
+    // The in-memory BM25 works as a retriever too.
+    let mem = InMemoryBm25::new(w.documents());
+    let oracle = Oracle::new(&w, &mem, OracleConfig::default());
+    assert!(
+        w.questions
+            .iter()
+            .take(50)
+            .all(|q| oracle.answer(q).unwrap().exact_match(&q.golden_answers))
+    );
+
+    // Each kind of noise alone lowers EM, and the error is recorded.
+    let kinds = [
+        OracleNoise {
+            wrong_query: 0.5,
+            ..OracleNoise::none()
+        },
+        OracleNoise {
+            premature_answer: 0.5,
+            ..OracleNoise::none()
+        },
+        OracleNoise {
+            skip_search: 0.5,
+            ..OracleNoise::none()
+        },
+        OracleNoise {
+            wrong_answer: 0.5,
+            ..OracleNoise::none()
+        },
+    ];
+    for noise in kinds {
+        let (score, ts) = em(OracleConfig {
+            noise,
+            seed: 1,
+            ..OracleConfig::default()
+        });
+        let noisy = ts.iter().filter(|t| t.noise.is_some()).count() as f64 / ts.len() as f64;
+        assert!(noisy > 0.25, "{noise:?}: {noisy}");
+        assert!(score < 0.85, "{noise:?}: EM {score}");
+        assert!(score > 0.3, "{noise:?}: EM {score}");
+        for (t, q) in ts.iter().zip(&w.questions) {
+            match t.noise {
+                Some(NoiseEvent::PrematureAnswer { hop }) => assert_eq!(t.searches(), hop),
+                Some(NoiseEvent::SkippedSearch { .. }) => assert_eq!(t.searches() + 1, q.hops()),
+                Some(NoiseEvent::WrongQuery { .. } | NoiseEvent::WrongAnswer) => {
+                    assert_eq!(t.searches(), q.hops())
+                }
+                None => assert!(t.exact_match(&q.golden_answers)),
+            }
+        }
+    }
+    // The noise is reproducible from the seed.
+    let cfg = OracleConfig {
+        noise: OracleNoise::uniform(0.4),
+        seed: 5,
+        ..OracleConfig::default()
+    };
+    assert_eq!(em(cfg.clone()).1, em(cfg).1);
+}

@@ -1,0 +1,1292 @@
+//! Policy-gradient losses and their registry (spec §5.1–§5.6).
+//!
+//! All losses share one shape (verl `compute_policy_loss_*`): a ratio `r` (token, sequence or
+//! turn level), clip bounds `[lo, hi]`, and
+//!
+//! ```text
+//! l1 = −A·r ;  l2 = −A·clip(r, lo, hi) ;  l_clip = max(l1, l2)                  (§5.1)
+//! dual clip (token losses only): loss_t = min(l_clip, −A·c) if A < 0 else l_clip
+//! loss = scale · Σ_{i,t} W_i·m_{i,t}·loss_t                                      (§5.7, §5.6)
+//! ```
+//!
+//! | name | ratio `r` | bounds (defaults) | dual clip | aggregation (default) | clip-bias §5.6 |
+//! |---|---|---|---|---|---|
+//! | `vanilla` | token `w = exp(clamp(logr, ±20))` | 1 − 0.2, 1 + 0.2 | c = 3 | token-mean | option |
+//! | `dapo` (`decoupled_clip`) | token | 1 − 0.2, 1 + 0.28 (§5.2) | c = 3 | token-mean | option |
+//! | `gspo` | sequence, stop-gradient form (§5.3) | 1 − 3e-4, 1 + 4e-4 | no | seq-mean-token-mean (forced) | option |
+//! | `turn` | turn, plain form (ST-PPO eq. 3, §5.4) | 1 − 0.2, 1 + 0.2 | no | seq-mean-token-mean | option |
+//! | `gspo_turn` | turn, stop-gradient form (ATPO eq. 4–5) | 1 − 3e-3, 1 + 4e-3 | no | seq-mean-token-mean (forced) | option |
+//! | `a2tgpo` | turn, stop-gradient form | 1 − c·3e-3, 1 + c·4e-3 (§5.5) | no | seq-mean-token-mean | option |
+//! | `s_ppo` | token | 1 ∓ 0.2 | c = 3 | token-mean | on (token ratio) |
+//! | `st_ppo` | turn, plain form | 1 ∓ 0.2 | no | seq-mean-token-mean | on (turn ratio) |
+//! | `s_grpo` | token | 1 ∓ 0.2 | c = 3 | token-mean | on (token ratio) |
+//!
+//! Every default can be overridden in [`PolicyLossConfig`] (except the forced aggregations).
+//! Segment (sequence/turn) ratios are geometric means of token ratios over the segment's loss
+//! tokens, clamped at ≤ 10 in log space:
+//!
+//! ```text
+//! log s_k = (1/|y_k|) Σ_{t∈k} logr_t
+//! plain form:          log s_{k,t} = log s_k                              (gradient spread over the turn)
+//! stop-gradient form:  log s_{k,t} = logp_t − sg[logp_t] + sg[log s_k]   (value s_k, ∂/∂logp_t = s_k)
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use candle_core::{DType, Device, Tensor, Var};
+use serde::{Deserialize, Serialize};
+
+use super::agg::{AggDenominators, AggOptions, LossAggMode, agg_row_weights, weighted_sum};
+use super::clip_bias::{
+    ClipBiasConfig, ClipBiasScope, ClipBiasSpace, clip_bias, clip_bias_grad_norm,
+};
+use super::turns::{TurnRule, TurnSegments, turn_kl_entropy};
+use super::{LossError, Result, check_finite_values, finite_rows, finite_scalar, masked_mean_rows};
+
+/// Which turn/sequence ratio form a segment-level loss uses (§5.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RatioForm {
+    /// `s_k` used directly: every token of the turn gets `s_k · mean_turn(A)/|y_k|`-style gradient
+    /// (ST-PPO eq. 3, Lemma 4.1).
+    Plain,
+    /// `logp − sg[logp] + sg[log s_k]`: token t gets `s_k · A_t` (GSPO / ATPO code).
+    StopGradient,
+}
+
+/// The level at which a loss takes its importance ratio.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RatioLevel {
+    Token,
+    Sequence,
+    Turn,
+}
+
+/// The registered policy losses (§5, §10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PolicyLossKind {
+    /// Token PPO clip + dual clip (§5.1).
+    Vanilla,
+    /// DAPO decoupled clip, ε_high = 0.28 (§5.2).
+    Dapo,
+    /// GSPO sequence ratio, stop-gradient token form (§5.3).
+    Gspo,
+    /// Plain turn ratio (ST-PPO eq. 3, Turn-PPO) (§5.4).
+    Turn,
+    /// Stop-gradient turn ratio (ATPO `gspo_turn`) (§5.4).
+    GspoTurn,
+    /// Turn ratio with A2TGPO's adaptive per-turn bounds (§5.5).
+    A2tgpo,
+    /// Token PPO with clipping-bias correction (§5.6).
+    SPpo,
+    /// Plain turn-ratio PPO with turn-ratio clipping-bias correction (§5.6).
+    StPpo,
+    /// GRPO token loss with clipping-bias correction (§5.6).
+    SGrpo,
+}
+
+/// Every name the registry answers to (`decoupled_clip` is an alias of `dapo`).
+pub const POLICY_LOSS_NAMES: &[&str] = &[
+    "vanilla",
+    "dapo",
+    "decoupled_clip",
+    "gspo",
+    "turn",
+    "gspo_turn",
+    "a2tgpo",
+    "s_ppo",
+    "st_ppo",
+    "s_grpo",
+];
+
+impl PolicyLossKind {
+    /// All kinds.
+    pub const ALL: [Self; 9] = [
+        Self::Vanilla,
+        Self::Dapo,
+        Self::Gspo,
+        Self::Turn,
+        Self::GspoTurn,
+        Self::A2tgpo,
+        Self::SPpo,
+        Self::StPpo,
+        Self::SGrpo,
+    ];
+
+    /// The registry name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Vanilla => "vanilla",
+            Self::Dapo => "dapo",
+            Self::Gspo => "gspo",
+            Self::Turn => "turn",
+            Self::GspoTurn => "gspo_turn",
+            Self::A2tgpo => "a2tgpo",
+            Self::SPpo => "s_ppo",
+            Self::StPpo => "st_ppo",
+            Self::SGrpo => "s_grpo",
+        }
+    }
+
+    fn level(self) -> RatioLevel {
+        match self {
+            Self::Vanilla | Self::Dapo | Self::SPpo | Self::SGrpo => RatioLevel::Token,
+            Self::Gspo => RatioLevel::Sequence,
+            Self::Turn | Self::GspoTurn | Self::A2tgpo | Self::StPpo => RatioLevel::Turn,
+        }
+    }
+
+    /// Default `(ε_low, ε_high)` (§5.1–§5.5, §8).
+    pub fn default_clip(self) -> (f64, f64) {
+        match self {
+            Self::Vanilla | Self::SPpo | Self::SGrpo | Self::Turn | Self::StPpo => (0.2, 0.2),
+            Self::Dapo => (0.2, 0.28),
+            Self::Gspo => (3e-4, 4e-4),
+            // [DIFF] §5.5: A2TGPO App. B.4 vs B.5; [REC] 3e-3 / 4e-3 as in the AT2PO code.
+            Self::GspoTurn | Self::A2tgpo => (3e-3, 4e-3),
+        }
+    }
+
+    /// Whether the dual clip (§5.1) applies: token-ratio losses only (GSPO/ATPO have none).
+    pub fn has_dual_clip(self) -> bool {
+        self.level() == RatioLevel::Token
+    }
+
+    /// Default aggregation (§5.7 "which mode each method uses").
+    pub fn default_agg(self) -> LossAggMode {
+        match self.level() {
+            RatioLevel::Token => LossAggMode::TokenMean,
+            RatioLevel::Sequence | RatioLevel::Turn => LossAggMode::SeqMeanTokenMean,
+        }
+    }
+
+    /// Aggregation hard-coded by the reference code (GSPO, ATPO `gspo_turn`).
+    pub fn forced_agg(self) -> Option<LossAggMode> {
+        match self {
+            Self::Gspo | Self::GspoTurn => Some(LossAggMode::SeqMeanTokenMean),
+            _ => None,
+        }
+    }
+
+    /// Default ratio form of segment losses (\[REC\] §5.4: plain for ST-PPO, sg for ATPO/A2TGPO).
+    pub fn default_ratio_form(self) -> RatioForm {
+        match self {
+            Self::Turn | Self::StPpo => RatioForm::Plain,
+            _ => RatioForm::StopGradient,
+        }
+    }
+
+    /// Whether the clipping-bias correction is part of the method (§5.6).
+    pub fn implies_clip_bias(self) -> bool {
+        matches!(self, Self::SPpo | Self::StPpo | Self::SGrpo)
+    }
+}
+
+impl fmt::Display for PolicyLossKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for PolicyLossKind {
+    type Err = LossError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        if s == "decoupled_clip" {
+            return Ok(Self::Dapo);
+        }
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| LossError::UnknownPolicyLoss {
+                name: s.to_string(),
+                known: POLICY_LOSS_NAMES.join(", "),
+            })
+    }
+}
+
+/// Configuration of a policy loss (verl `actor.policy_loss` + clip keys). Unset options take the
+/// per-loss defaults of [`PolicyLossKind`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyLossConfig {
+    /// Registry name (see [`POLICY_LOSS_NAMES`]); default `vanilla`.
+    pub policy_loss: String,
+    /// Symmetric ε used for both sides when `clip_ratio_low`/`clip_ratio_high` are unset.
+    pub clip_ratio: Option<f64>,
+    /// ε_low (lower bound 1 − ε_low).
+    pub clip_ratio_low: Option<f64>,
+    /// ε_high (upper bound 1 + ε_high).
+    pub clip_ratio_high: Option<f64>,
+    /// Dual-clip constant c (> 1) for token losses; default 3.0; `null` disables the dual clip.
+    pub clip_ratio_c: Option<f64>,
+    /// Aggregation; unset = per-loss default; GSPO and `gspo_turn` force seq-mean-token-mean.
+    pub loss_agg_mode: Option<LossAggMode>,
+    /// K of `seq-mean-token-sum-norm`; unset = mask width.
+    pub loss_scale_factor: Option<f64>,
+    /// Ratio form of sequence/turn losses; unset = per-loss default (ignored by token losses).
+    pub ratio_form: Option<RatioForm>,
+    /// Clipping-bias correction (§5.6); on by default for `s_ppo`, `st_ppo`, `s_grpo`, where this
+    /// only tunes it; setting it turns it on for any other loss.
+    pub clip_bias: Option<ClipBiasConfig>,
+    /// Clamp of the token log-ratio for token losses (verl: 20).
+    pub log_ratio_clamp: f64,
+}
+
+impl Default for PolicyLossConfig {
+    fn default() -> Self {
+        Self {
+            policy_loss: "vanilla".to_string(),
+            clip_ratio: None,
+            clip_ratio_low: None,
+            clip_ratio_high: None,
+            clip_ratio_c: Some(3.0),
+            loss_agg_mode: None,
+            loss_scale_factor: None,
+            ratio_form: None,
+            clip_bias: None,
+            log_ratio_clamp: 20.0,
+        }
+    }
+}
+
+/// A [`PolicyLossConfig`] with every default filled in for one loss kind.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResolvedPolicyLoss {
+    /// The loss.
+    pub kind: PolicyLossKind,
+    /// ε_low.
+    pub clip_low: f64,
+    /// ε_high.
+    pub clip_high: f64,
+    /// Dual-clip constant (token losses only).
+    pub clip_ratio_c: Option<f64>,
+    /// Aggregation mode.
+    pub agg_mode: LossAggMode,
+    /// K of `seq-mean-token-sum-norm`.
+    pub loss_scale_factor: Option<f64>,
+    /// Ratio form (segment losses).
+    pub ratio_form: RatioForm,
+    /// Clipping-bias correction, when on.
+    pub clip_bias: Option<ClipBiasConfig>,
+    /// Token log-ratio clamp.
+    pub log_ratio_clamp: f64,
+}
+
+impl PolicyLossConfig {
+    /// A default config for the named loss.
+    pub fn named(name: &str) -> Self {
+        Self {
+            policy_loss: name.to_string(),
+            ..Self::default()
+        }
+    }
+
+    /// Resolves the config for the loss named in `policy_loss`.
+    pub fn resolve(&self) -> Result<ResolvedPolicyLoss> {
+        self.resolve_as(self.policy_loss.parse()?)
+    }
+
+    /// Resolves the config for `kind` (ignoring `policy_loss`), validating every value.
+    pub fn resolve_as(&self, kind: PolicyLossKind) -> Result<ResolvedPolicyLoss> {
+        let (d_low, d_high) = kind.default_clip();
+        let clip_low = self.clip_ratio_low.or(self.clip_ratio).unwrap_or(d_low);
+        let clip_high = self.clip_ratio_high.or(self.clip_ratio).unwrap_or(d_high);
+        if !(clip_low.is_finite() && (0.0..1.0).contains(&clip_low)) {
+            return Err(LossError::InvalidConfig(format!(
+                "{kind}: clip_ratio_low must be in [0, 1), got {clip_low}"
+            )));
+        }
+        if !(clip_high.is_finite() && clip_high >= 0.0) {
+            return Err(LossError::InvalidConfig(format!(
+                "{kind}: clip_ratio_high must be finite and ≥ 0, got {clip_high}"
+            )));
+        }
+        let clip_ratio_c = if kind.has_dual_clip() {
+            self.clip_ratio_c
+        } else {
+            None
+        };
+        if let Some(c) = clip_ratio_c
+            && !(c > 1.0 && c.is_finite())
+        {
+            return Err(LossError::InvalidConfig(format!(
+                "{kind}: clip_ratio_c must be finite and > 1, got {c}"
+            )));
+        }
+        let agg_mode = match (kind.forced_agg(), self.loss_agg_mode) {
+            (Some(forced), Some(asked)) if forced != asked => {
+                return Err(LossError::InvalidConfig(format!(
+                    "{kind} forces loss_agg_mode {forced} (reference code), but {asked} was configured"
+                )));
+            }
+            (Some(forced), _) => forced,
+            (None, asked) => asked.unwrap_or(kind.default_agg()),
+        };
+        if !(self.log_ratio_clamp.is_finite() && self.log_ratio_clamp > 0.0) {
+            return Err(LossError::InvalidConfig(format!(
+                "log_ratio_clamp must be > 0, got {}",
+                self.log_ratio_clamp
+            )));
+        }
+        let clip_bias = match (kind.implies_clip_bias(), self.clip_bias) {
+            (_, Some(c)) => Some(c),
+            (true, None) => Some(ClipBiasConfig::default()),
+            (false, None) => None,
+        };
+        if let Some(c) = &clip_bias {
+            c.validate()?;
+        }
+        Ok(ResolvedPolicyLoss {
+            kind,
+            clip_low,
+            clip_high,
+            clip_ratio_c,
+            agg_mode,
+            loss_scale_factor: self.loss_scale_factor,
+            ratio_form: self.ratio_form.unwrap_or(kind.default_ratio_form()),
+            clip_bias,
+            log_ratio_clamp: self.log_ratio_clamp,
+        })
+    }
+}
+
+/// The tensors of one mini-batch (or micro-batch) for a policy loss. All are [B, L].
+#[derive(Debug, Clone, Copy)]
+pub struct PolicyLossInput<'a> {
+    /// Current-policy log-probs of the sampled tokens (differentiable).
+    pub logp: &'a Tensor,
+    /// Behaviour (old) log-probs; treated as constants.
+    pub old_logp: &'a Tensor,
+    /// Per-token advantages; constants.
+    pub advantages: &'a Tensor,
+    /// 1 = trained token, 0 = prompt/observation/padding.
+    pub loss_mask: &'a Tensor,
+    /// Explicit agent-turn index per token (−1 on observations), any numeric dtype (§1.2);
+    /// `None` = mask runs.
+    pub turn_id: Option<&'a Tensor>,
+    /// Per-token A2TGPO clip scale `c` (constant; see [`adaptive_clip_scale`]); required by
+    /// `a2tgpo`, ignored by the others.
+    pub clip_scale: Option<&'a Tensor>,
+    /// Mini-batch totals when this is one micro-batch of a mini-batch.
+    pub denominators: Option<AggDenominators>,
+    /// Model parameters for the §5.6 `grad`-space clipping-bias norm (one extra backward).
+    pub params: Option<&'a [Var]>,
+    /// A mini-batch clip-bias scale computed beforehand over the whole mini-batch (use when this
+    /// call sees one micro-batch only); replaces the scale computed here (`minibatch` scope).
+    pub clip_bias_scale: Option<f64>,
+}
+
+impl<'a> PolicyLossInput<'a> {
+    /// The four mandatory tensors.
+    pub fn new(
+        logp: &'a Tensor,
+        old_logp: &'a Tensor,
+        advantages: &'a Tensor,
+        loss_mask: &'a Tensor,
+    ) -> Self {
+        Self {
+            logp,
+            old_logp,
+            advantages,
+            loss_mask,
+            turn_id: None,
+            clip_scale: None,
+            denominators: None,
+            params: None,
+            clip_bias_scale: None,
+        }
+    }
+
+    /// Adds explicit turn ids.
+    pub fn with_turn_id(mut self, turn_id: &'a Tensor) -> Self {
+        self.turn_id = Some(turn_id);
+        self
+    }
+
+    /// Adds A2TGPO per-token clip scales.
+    pub fn with_clip_scale(mut self, clip_scale: &'a Tensor) -> Self {
+        self.clip_scale = Some(clip_scale);
+        self
+    }
+
+    /// Adds the parameters for the `grad`-space clipping-bias norm (§5.6).
+    pub fn with_params(mut self, params: &'a [Var]) -> Self {
+        self.params = Some(params);
+        self
+    }
+
+    /// Uses a precomputed mini-batch clip-bias scale (§5.6, micro-batching).
+    pub fn with_clip_bias_scale(mut self, scale: f64) -> Self {
+        self.clip_bias_scale = Some(scale);
+        self
+    }
+
+    /// Adds mini-batch denominators (micro-batching).
+    pub fn with_denominators(mut self, denominators: AggDenominators) -> Self {
+        self.denominators = Some(denominators);
+        self
+    }
+}
+
+/// Plain-number diagnostics of a policy loss (§7), named as verl names them in [`Self::to_map`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyLossMetrics {
+    /// The loss kind.
+    pub loss_name: &'static str,
+    /// Value of the (scaled) policy loss.
+    pub pg_loss: f64,
+    /// `actor/pg_clipfrac`: masked mean of `l2 > l1`.
+    pub pg_clipfrac: f64,
+    /// `actor/pg_clipfrac_lower`: masked mean of dual clip active (A < 0); 0 without dual clip.
+    pub pg_clipfrac_lower: f64,
+    /// `actor/ppo_kl`: masked mean of `−logr` (k1 of old‖new).
+    pub ppo_kl: f64,
+    /// Clipping-bias norm ‖C‖₂ (§5.6) with the loss's own ratio and bounds (logged always).
+    pub clip_bias_norm: f64,
+    /// ‖∇_θ S‖₂ of the clipped-token surrogate when the `grad` space is configured.
+    pub clip_bias_grad_norm: Option<f64>,
+    /// Scale applied to the loss (1 without correction; mean sample scale for `per_sample`).
+    pub clip_bias_scale: f64,
+    /// Number of loss tokens in the clipped set of §5.6.
+    pub clip_bias_num_clipped: usize,
+    /// Turn rule used for turn ratios and turn diagnostics.
+    pub turn_rule: TurnRule,
+    /// Number of turns with ≥ 1 loss token.
+    pub num_turns: usize,
+    /// `actor/turn_kl_entropy` (§7); `None` when no sample could be scored.
+    pub turn_kl_entropy: Option<f64>,
+    /// `actor/single_turn_count`: samples with ≤ 1 turn.
+    pub single_turn_count: usize,
+}
+
+impl PolicyLossMetrics {
+    /// Metrics keyed by their logged names (`actor/pg_clipfrac`, …).
+    pub fn to_map(&self) -> BTreeMap<String, f64> {
+        let mut m = BTreeMap::new();
+        m.insert("actor/pg_loss".to_string(), self.pg_loss);
+        m.insert("actor/pg_clipfrac".to_string(), self.pg_clipfrac);
+        m.insert(
+            "actor/pg_clipfrac_lower".to_string(),
+            self.pg_clipfrac_lower,
+        );
+        m.insert("actor/ppo_kl".to_string(), self.ppo_kl);
+        m.insert("actor/clip_bias_norm".to_string(), self.clip_bias_norm);
+        m.insert("actor/clip_bias_scale".to_string(), self.clip_bias_scale);
+        if let Some(g) = self.clip_bias_grad_norm {
+            m.insert("actor/clip_bias_grad_norm".to_string(), g);
+        }
+        m.insert(
+            "actor/clip_bias_num_clipped".to_string(),
+            self.clip_bias_num_clipped as f64,
+        );
+        m.insert("actor/num_turns".to_string(), self.num_turns as f64);
+        m.insert(
+            "actor/turn_rule_explicit".to_string(),
+            f64::from(u8::from(self.turn_rule == TurnRule::ExplicitTurnId)),
+        );
+        if let Some(h) = self.turn_kl_entropy {
+            m.insert("actor/turn_kl_entropy".to_string(), h);
+        }
+        m.insert(
+            "actor/single_turn_count".to_string(),
+            self.single_turn_count as f64,
+        );
+        m
+    }
+}
+
+/// Result of a policy loss.
+#[derive(Debug, Clone)]
+pub struct PolicyLossOutput {
+    /// Scalar loss (differentiable w.r.t. `logp`), clip-bias scale included.
+    pub loss: Tensor,
+    /// Per-token losses [B, L] before aggregation and scaling (differentiable).
+    pub per_token_loss: Tensor,
+    /// The ratio that was clipped, per token (token `w` or segment `s_{i,t}` value), detached.
+    pub ratio: Tensor,
+    /// Diagnostics.
+    pub metrics: PolicyLossMetrics,
+}
+
+/// The common signature of registered policy losses (verl `core_algos` style).
+pub type PolicyLossFn = fn(&PolicyLossInput<'_>, &PolicyLossConfig) -> Result<PolicyLossOutput>;
+
+/// Looks a policy loss up by name; unknown names give [`LossError::UnknownPolicyLoss`].
+pub fn get_policy_loss_fn(name: &str) -> Result<PolicyLossFn> {
+    Ok(match name.parse::<PolicyLossKind>()? {
+        PolicyLossKind::Vanilla => vanilla,
+        PolicyLossKind::Dapo => dapo,
+        PolicyLossKind::Gspo => gspo,
+        PolicyLossKind::Turn => turn,
+        PolicyLossKind::GspoTurn => gspo_turn,
+        PolicyLossKind::A2tgpo => a2tgpo,
+        PolicyLossKind::SPpo => s_ppo,
+        PolicyLossKind::StPpo => st_ppo,
+        PolicyLossKind::SGrpo => s_grpo,
+    })
+}
+
+/// Runs the loss named in `cfg.policy_loss`.
+pub fn compute_policy_loss(
+    input: &PolicyLossInput<'_>,
+    cfg: &PolicyLossConfig,
+) -> Result<PolicyLossOutput> {
+    get_policy_loss_fn(&cfg.policy_loss)?(input, cfg)
+}
+
+/// `vanilla`: token PPO clip + dual clip (§5.1). `cfg.policy_loss` is ignored.
+pub fn vanilla(input: &PolicyLossInput<'_>, cfg: &PolicyLossConfig) -> Result<PolicyLossOutput> {
+    run(PolicyLossKind::Vanilla, input, cfg)
+}
+
+/// `dapo`: decoupled clip ε_low = 0.2, ε_high = 0.28 (§5.2). `cfg.policy_loss` is ignored.
+pub fn dapo(input: &PolicyLossInput<'_>, cfg: &PolicyLossConfig) -> Result<PolicyLossOutput> {
+    run(PolicyLossKind::Dapo, input, cfg)
+}
+
+/// `gspo`: sequence ratio, stop-gradient token form, no dual clip (§5.3).
+pub fn gspo(input: &PolicyLossInput<'_>, cfg: &PolicyLossConfig) -> Result<PolicyLossOutput> {
+    run(PolicyLossKind::Gspo, input, cfg)
+}
+
+/// `turn`: plain turn ratio (ST-PPO eq. 3) (§5.4).
+pub fn turn(input: &PolicyLossInput<'_>, cfg: &PolicyLossConfig) -> Result<PolicyLossOutput> {
+    run(PolicyLossKind::Turn, input, cfg)
+}
+
+/// `gspo_turn`: stop-gradient turn ratio (ATPO eq. 4–5) (§5.4).
+pub fn gspo_turn(input: &PolicyLossInput<'_>, cfg: &PolicyLossConfig) -> Result<PolicyLossOutput> {
+    run(PolicyLossKind::GspoTurn, input, cfg)
+}
+
+/// `a2tgpo`: turn ratio with adaptive per-turn bounds `[1 − c·ε_low, 1 + c·ε_high]` (§5.5, eq. 10–12).
+pub fn a2tgpo(input: &PolicyLossInput<'_>, cfg: &PolicyLossConfig) -> Result<PolicyLossOutput> {
+    run(PolicyLossKind::A2tgpo, input, cfg)
+}
+
+/// `s_ppo`: token PPO scaled by 1/‖C_token‖₂ (§5.6).
+pub fn s_ppo(input: &PolicyLossInput<'_>, cfg: &PolicyLossConfig) -> Result<PolicyLossOutput> {
+    run(PolicyLossKind::SPpo, input, cfg)
+}
+
+/// `st_ppo`: plain turn-ratio PPO scaled by 1/‖C_turn‖₂ (§5.6).
+pub fn st_ppo(input: &PolicyLossInput<'_>, cfg: &PolicyLossConfig) -> Result<PolicyLossOutput> {
+    run(PolicyLossKind::StPpo, input, cfg)
+}
+
+/// `s_grpo`: GRPO token loss scaled by 1/‖C_GRPO‖₂ (§5.6).
+pub fn s_grpo(input: &PolicyLossInput<'_>, cfg: &PolicyLossConfig) -> Result<PolicyLossOutput> {
+    run(PolicyLossKind::SGrpo, input, cfg)
+}
+
+/// A2TGPO clip scale `c = 1 + β(2σ(îg) − 1)` (§5.5 eq. 10); β = 0.3 in the paper.
+pub fn adaptive_clip_scale(ig_hat: f64, beta: f64) -> f64 {
+    // 2σ(x) − 1 = tanh(x / 2)
+    1.0 + beta * (ig_hat / 2.0).tanh()
+}
+
+/// Tensor form of [`adaptive_clip_scale`] (detached: `c` is a constant, §5.5).
+pub fn adaptive_clip_scale_tensor(ig_hat: &Tensor, beta: f64) -> Result<Tensor> {
+    Ok(ig_hat
+        .detach()
+        .affine(0.5, 0.0)?
+        .tanh()?
+        .affine(beta, 1.0)?)
+}
+
+/// A2TGPO clip bounds `[1 − c·ε_low, 1 + c·ε_high]` (§5.5 eq. 11).
+pub fn adaptive_clip_bounds(c: f64, clip_low: f64, clip_high: f64) -> (f64, f64) {
+    (1.0 - c * clip_low, 1.0 + c * clip_high)
+}
+
+fn rows_of(t: &Tensor) -> Result<Vec<Vec<f64>>> {
+    Ok(t.to_dtype(DType::F64)?.to_vec2::<f64>()?)
+}
+
+/// Segment ratio `s_{i,t}` (§5.3, §5.4) for the segments of `seg`, in `form`, clamped ≤ 10 in log
+/// space. Differentiable w.r.t. `logp`.
+fn segment_ratio(
+    logp: &Tensor,
+    old_logp: &Tensor,
+    mask: &Tensor,
+    seg: &TurnSegments,
+    form: RatioForm,
+    device: &Device,
+) -> Result<Tensor> {
+    let (b, l) = (seg.batch, seg.len);
+    let dummy = seg.turns.len(); // non-loss tokens go to a throw-away segment
+    let idx: Vec<u32> = seg
+        .token_turn
+        .iter()
+        .map(|o| o.unwrap_or(dummy) as u32)
+        .collect();
+    let idx = Tensor::from_vec(idx, b * l, device)?;
+    let mut counts: Vec<f64> = seg.turns.iter().map(|t| t.positions.len() as f64).collect();
+    counts.push(1.0);
+    let counts = Tensor::from_vec(counts, dummy + 1, device)?.to_dtype(logp.dtype())?;
+    // log s_k = (1/|y_k|) Σ_{t∈k} logr_t
+    let logr = logp.sub(old_logp)?.mul(mask)?.flatten_all()?;
+    let sums = Tensor::zeros(dummy + 1, logp.dtype(), device)?.index_add(&idx, &logr, 0)?;
+    let log_s = sums.div(&counts)?.index_select(&idx, 0)?.reshape((b, l))?;
+    let log_s = match form {
+        RatioForm::Plain => log_s,
+        // log s_{k,t} = logp_t − sg[logp_t] + sg[log s_k]
+        RatioForm::StopGradient => logp.sub(&logp.detach())?.add(&log_s.detach())?,
+    };
+    Ok(log_s.minimum(10.0)?.exp()?)
+}
+
+/// The shared body of every policy loss (§5.1–§5.6), read top to bottom.
+fn run(
+    kind: PolicyLossKind,
+    input: &PolicyLossInput<'_>,
+    cfg: &PolicyLossConfig,
+) -> Result<PolicyLossOutput> {
+    let r = cfg.resolve_as(kind)?;
+    let name = kind.name();
+    let device = input.logp.device().clone();
+    let dtype = input.logp.dtype();
+
+    // --- Inputs: shapes, NaN/inf, constants detached and cast to logp's dtype.
+    let logp_rows = finite_rows(name, "logp", input.logp, None)?;
+    let dims = (logp_rows.len(), logp_rows.first().map_or(0, Vec::len));
+    let old_rows = finite_rows(name, "old_logp", input.old_logp, Some(dims))?;
+    let adv_rows = finite_rows(name, "advantages", input.advantages, Some(dims))?;
+    let mask_rows = finite_rows(name, "loss_mask", input.loss_mask, Some(dims))?;
+    let turn_rows = match input.turn_id {
+        Some(t) => Some(finite_rows(name, "turn_id", t, Some(dims))?),
+        None => None,
+    };
+    let logp = input.logp;
+    let old = input.old_logp.detach().to_dtype(dtype)?;
+    let adv = input.advantages.detach().to_dtype(dtype)?;
+    let mask = input.loss_mask.detach().to_dtype(dtype)?;
+    let logr_rows: Vec<Vec<f64>> = logp_rows
+        .iter()
+        .zip(&old_rows)
+        .map(|(p, o)| p.iter().zip(o).map(|(p, o)| p - o).collect())
+        .collect();
+    let turns = TurnSegments::from_rows(name, &mask_rows, turn_rows.as_deref())?;
+
+    // --- Ratio r: token (§5.1), sequence (§5.3) or turn (§5.4).
+    let ratio = match kind.level() {
+        RatioLevel::Token => {
+            // w = exp(clamp(logp − old_logp, ±20))
+            let c = r.log_ratio_clamp;
+            logp.sub(&old)?.clamp(-c, c)?.exp()?
+        }
+        RatioLevel::Sequence => {
+            let seq = TurnSegments::whole_sequences(&mask_rows);
+            segment_ratio(logp, &old, &mask, &seq, r.ratio_form, &device)?
+        }
+        RatioLevel::Turn => segment_ratio(logp, &old, &mask, &turns, r.ratio_form, &device)?,
+    };
+
+    // --- Clip bounds [lo, hi]: constants, or A2TGPO's [1 − c·ε_low, 1 + c·ε_high] (§5.5).
+    let (lo, hi) = if kind == PolicyLossKind::A2tgpo {
+        let c = input.clip_scale.ok_or_else(|| LossError::MissingInput {
+            loss: name.to_string(),
+            input: "clip_scale".to_string(),
+            why: "A2TGPO needs the per-token adaptive clip scale c = 1 + β(2σ(îg) − 1)".to_string(),
+        })?;
+        let c_rows = finite_rows(name, "clip_scale", c, Some(dims))?;
+        if c_rows.iter().flatten().any(|&v| v < 0.0) {
+            return Err(LossError::InvalidInput {
+                loss: name.to_string(),
+                msg: "clip_scale must be ≥ 0".to_string(),
+            });
+        }
+        let c = c.detach().to_dtype(dtype)?;
+        (c.affine(-r.clip_low, 1.0)?, c.affine(r.clip_high, 1.0)?)
+    } else {
+        let ones = mask.ones_like()?;
+        (
+            ones.affine(0.0, 1.0 - r.clip_low)?,
+            ones.affine(0.0, 1.0 + r.clip_high)?,
+        )
+    };
+
+    // --- PPO clip: l1 = −A·r, l2 = −A·clip(r, lo, hi), l_clip = max(l1, l2) (§5.1).
+    let neg_adv = adv.neg()?;
+    let l1 = neg_adv.mul(&ratio)?;
+    let l2 = neg_adv.mul(&ratio.maximum(&lo)?.minimum(&hi)?)?;
+    let l_clip = l1.maximum(&l2)?;
+
+    // --- Dual clip: for A < 0, loss_t = min(l_clip, −A·c) (§5.1, token losses only).
+    let (loss_mat, l3) = match r.clip_ratio_c {
+        Some(c) => {
+            let l3 = neg_adv.affine(c, 0.0)?;
+            let dual = l_clip.minimum(&l3)?;
+            (adv.lt(0.0)?.where_cond(&dual, &l_clip)?, Some(l3))
+        }
+        None => (l_clip.clone(), None),
+    };
+
+    // --- Diagnostics (§7) on detached values.
+    let (l1_rows, l2_rows, lc_rows) = (rows_of(&l1)?, rows_of(&l2)?, rows_of(&l_clip)?);
+    let indicator = |f: &dyn Fn(usize, usize) -> bool| -> Vec<Vec<f64>> {
+        (0..dims.0)
+            .map(|i| (0..dims.1).map(|t| f64::from(u8::from(f(i, t)))).collect())
+            .collect()
+    };
+    let pg_clipfrac = masked_mean_rows(
+        &indicator(&|i, t| l2_rows[i][t] > l1_rows[i][t]),
+        &mask_rows,
+    );
+    let pg_clipfrac_lower = match &l3 {
+        Some(l3) => {
+            let l3_rows = rows_of(l3)?;
+            masked_mean_rows(
+                &indicator(&|i, t| lc_rows[i][t] > l3_rows[i][t] && adv_rows[i][t] < 0.0),
+                &mask_rows,
+            )
+        }
+        None => 0.0,
+    };
+    let kl_rows: Vec<Vec<f64>> = logr_rows
+        .iter()
+        .map(|row| {
+            row.iter()
+                .map(|v| -v.clamp(-r.log_ratio_clamp, r.log_ratio_clamp))
+                .collect()
+        })
+        .collect();
+    let ppo_kl = masked_mean_rows(&kl_rows, &mask_rows);
+    let (turn_kl_entropy, single_turn_count) = turn_kl_entropy(&logr_rows, &turns);
+
+    // --- Clipping-bias correction (§5.6): C from the clipped ratio, scale = 1/‖C‖₂ (constant).
+    let ratio_rows = rows_of(&ratio)?;
+    let cb_cfg = r.clip_bias.unwrap_or_default();
+    let cb = clip_bias(
+        &ratio_rows,
+        &adv_rows,
+        &mask_rows,
+        &rows_of(&lo)?,
+        &rows_of(&hi)?,
+        &cb_cfg,
+    );
+
+    // --- Aggregate (§5.7) with the per-sequence weights, times the clip-bias scale.
+    let agg_opts = AggOptions {
+        norm_constant: r.loss_scale_factor,
+        denominators: input.denominators,
+    };
+    let mut weights = agg_row_weights(&mask_rows, r.agg_mode, &agg_opts)?;
+    let grad_norm = match r.clip_bias {
+        Some(c) if c.norm_space == ClipBiasSpace::Grad => {
+            let params = input.params.ok_or_else(|| LossError::MissingInput {
+                loss: name.to_string(),
+                input: "params".to_string(),
+                why: "clip_bias.norm_space = grad needs the model parameters".to_string(),
+            })?;
+            let g = clip_bias_grad_norm(&ratio, &ratio_rows, &cb, params)?;
+            check_finite_values(name, "clip_bias_grad_norm", std::iter::once(g))?;
+            Some(g)
+        }
+        _ => None,
+    };
+    let (scale, reported_scale) = match r.clip_bias {
+        None => (1.0, 1.0),
+        Some(c) if c.norm_scope == ClipBiasScope::Minibatch => {
+            let s = match (input.clip_bias_scale, grad_norm) {
+                (Some(s), _) => s,
+                (None, Some(g)) => c.scale_of(g),
+                (None, None) => cb.scale,
+            };
+            check_finite_values(name, "clip_bias_scale", std::iter::once(s))?;
+            (s, s)
+        }
+        Some(_) => {
+            for (w, s) in weights.iter_mut().zip(&cb.sample_scales) {
+                *w *= s;
+            }
+            let n = cb.sample_scales.len().max(1) as f64;
+            (1.0, cb.sample_scales.iter().sum::<f64>() / n)
+        }
+    };
+    let loss = weighted_sum(&loss_mat, &mask, &weights, &device)?.affine(scale, 0.0)?;
+    let pg_loss = finite_scalar(name, "loss", &loss)?;
+
+    Ok(PolicyLossOutput {
+        loss,
+        per_token_loss: loss_mat,
+        ratio: ratio.detach(),
+        metrics: PolicyLossMetrics {
+            loss_name: name,
+            pg_loss,
+            pg_clipfrac,
+            pg_clipfrac_lower,
+            ppo_kl,
+            clip_bias_norm: cb.norm,
+            clip_bias_grad_norm: grad_norm,
+            clip_bias_scale: reported_scale,
+            clip_bias_num_clipped: cb.n_clipped,
+            turn_rule: turns.rule,
+            num_turns: turns.turns.len(),
+            turn_kl_entropy,
+            single_turn_count,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loss::test_util::{assert_close, grad_rows, rows, scalar, t2, var2};
+
+    const MASK: [f64; 7] = [1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0];
+    const LOGR: [f64; 7] = [0.10, -0.05, 0.02, 0.0, 0.0, 0.01, 0.00];
+
+    /// The §5.1 trajectory: old_logp = −1, logp = old + logr, A = 0.5.
+    fn spec_traj() -> (Tensor, Tensor, Tensor, Tensor) {
+        let old = [-1.0; 7];
+        let logp: Vec<f64> = LOGR.iter().map(|r| r - 1.0).collect();
+        (t2(&[&logp]), t2(&[&old]), t2(&[&[0.5; 7]]), t2(&[&MASK]))
+    }
+
+    fn masked(row: &[f64]) -> Vec<f64> {
+        row.iter()
+            .zip(MASK)
+            .filter(|(_, m)| *m > 0.0)
+            .map(|(v, _)| *v)
+            .collect()
+    }
+
+    fn cfg(name: &str) -> PolicyLossConfig {
+        PolicyLossConfig::named(name)
+    }
+
+    /// One token with A and w = exp(logr).
+    fn one(a: f64, w: f64, name: &str, c: &PolicyLossConfig) -> PolicyLossOutput {
+        let (lp, old, adv, m) = (t2(&[&[w.ln()]]), t2(&[&[0.0]]), t2(&[&[a]]), t2(&[&[1.0]]));
+        get_policy_loss_fn(name).unwrap()(&PolicyLossInput::new(&lp, &old, &adv, &m), c).unwrap()
+    }
+
+    #[test]
+    fn spec_5_1_dual_clip_scalar_cases() {
+        // A = −1, w = 4: l1 = 4, l2 = 1.2, l_clip = 4, dual → 3.0.
+        let o = one(-1.0, 4.0, "vanilla", &cfg("vanilla"));
+        assert!((scalar(&o.loss) - 3.0).abs() < 1e-6);
+        assert_eq!(o.metrics.pg_clipfrac, 0.0); // l2 = 1.2 < l1 = 4: PPO clip not active
+        assert_eq!(o.metrics.pg_clipfrac_lower, 1.0);
+        // A = −1, w = 1.5: 1.5, no clip, dual not active.
+        let o = one(-1.0, 1.5, "vanilla", &cfg("vanilla"));
+        assert!((scalar(&o.loss) - 1.5).abs() < 1e-6);
+        assert_eq!(o.metrics.pg_clipfrac_lower, 0.0);
+        // A = +1, w = 1.5: clipped to 1.2.
+        let o = one(1.0, 1.5, "vanilla", &cfg("vanilla"));
+        assert!((scalar(&o.loss) + 1.2).abs() < 1e-6);
+        assert_eq!(o.metrics.pg_clipfrac, 1.0);
+        // The dual clip can be turned off.
+        let no_dual = PolicyLossConfig {
+            clip_ratio_c: None,
+            ..cfg("vanilla")
+        };
+        assert!((scalar(&one(-1.0, 4.0, "vanilla", &no_dual).loss) - 4.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn dual_clip_gradients() {
+        // Dual clip active (A = −1, w = 4): constant loss 3 → zero gradient; inactive (w = 1.5):
+        // ∂(−A·w)/∂logp = −A·w = 1.5; PPO-clipped (A = +1, w = 1.5): zero gradient.
+        for (a, w, want) in [(-1.0, 4.0f64, 0.0), (-1.0, 1.5, 1.5), (1.0, 1.5, 0.0)] {
+            let v = var2(&[&[w.ln()]]);
+            let (old, adv, m) = (t2(&[&[0.0]]), t2(&[&[a]]), t2(&[&[1.0]]));
+            let o = vanilla(
+                &PolicyLossInput::new(v.as_tensor(), &old, &adv, &m),
+                &cfg("vanilla"),
+            )
+            .unwrap();
+            assert!(
+                (grad_rows(&o.loss, &v)[0][0] - want).abs() < 1e-9,
+                "{a} {w}"
+            );
+        }
+    }
+
+    #[test]
+    fn spec_5_1_trajectory_token_mean() {
+        let (lp, old, adv, m) = spec_traj();
+        let o = vanilla(&PolicyLossInput::new(&lp, &old, &adv, &m), &cfg("vanilla")).unwrap();
+        let per_tok = masked(&rows(&o.per_token_loss)[0]);
+        assert_close(
+            &per_tok,
+            &[-0.552585, -0.475615, -0.510101, -0.505025, -0.5],
+            1e-6,
+        );
+        assert!((scalar(&o.loss) + 0.508665).abs() < 1e-6);
+        assert!((o.metrics.pg_loss + 0.508665).abs() < 1e-6);
+        assert_eq!(o.metrics.pg_clipfrac, 0.0);
+        assert!((o.metrics.ppo_kl + 0.016).abs() < 1e-9); // −mean(logr) = −0.08/5
+    }
+
+    #[test]
+    fn spec_5_2_decoupled_clip() {
+        // A = +1, w = 1.25: −1.25 with ε_high = 0.28 vs −1.2 with symmetric 0.2.
+        assert!((scalar(&one(1.0, 1.25, "dapo", &cfg("dapo")).loss) + 1.25).abs() < 1e-6);
+        assert!((scalar(&one(1.0, 1.25, "decoupled_clip", &cfg("dapo")).loss) + 1.25).abs() < 1e-6);
+        assert!((scalar(&one(1.0, 1.25, "vanilla", &cfg("vanilla")).loss) + 1.2).abs() < 1e-6);
+        let explicit = PolicyLossConfig {
+            clip_ratio_high: Some(0.28),
+            ..cfg("vanilla")
+        };
+        assert!((scalar(&one(1.0, 1.25, "vanilla", &explicit).loss) + 1.25).abs() < 1e-6);
+    }
+
+    #[test]
+    fn spec_5_3_gspo_ratio_value_and_gradient() {
+        let (lp, old, adv, m) = spec_traj();
+        let o = gspo(&PolicyLossInput::new(&lp, &old, &adv, &m), &cfg("gspo")).unwrap();
+        let s = masked(&rows(&o.ratio)[0]);
+        assert_close(&s, &[1.016129; 5], 1e-6);
+        // s > 1 + 4e-4 → clipped: −0.5 · 1.0004 on every token, seq-mean-token-mean.
+        assert!((scalar(&o.loss) + 0.5 * 1.0004).abs() < 1e-6);
+        assert_eq!(o.metrics.pg_clipfrac, 1.0);
+        // Unclipped (ε = 0.2): value s_i and ∂loss/∂logp_t = −A·s_i/|y| (seq-mean-token-mean).
+        let v = Var::from_tensor(&lp).unwrap();
+        let wide = PolicyLossConfig {
+            clip_ratio: Some(0.2),
+            ..cfg("gspo")
+        };
+        let o = gspo(&PolicyLossInput::new(v.as_tensor(), &old, &adv, &m), &wide).unwrap();
+        assert!((scalar(&o.loss) + 0.5 * 1.016129).abs() < 1e-6);
+        let g = grad_rows(&o.loss, &v);
+        assert_close(&masked(&g[0]), &[-0.5 * 1.016129 / 5.0; 5], 1e-6);
+        assert_eq!(g[0][3], 0.0);
+    }
+
+    #[test]
+    fn spec_5_4_turn_ratios_and_clipped_loss() {
+        let (lp, old, adv, m) = spec_traj();
+        let input = PolicyLossInput::new(&lp, &old, &adv, &m);
+        for name in ["gspo_turn", "turn"] {
+            let c = PolicyLossConfig {
+                clip_ratio_low: Some(3e-3),
+                clip_ratio_high: Some(4e-3),
+                ..cfg(name)
+            };
+            let o = compute_policy_loss(&input, &c).unwrap();
+            let s = masked(&rows(&o.ratio)[0]);
+            assert_close(
+                &s,
+                &[1.023608, 1.023608, 1.023608, 1.005013, 1.005013],
+                1e-6,
+            );
+            assert_close(&masked(&rows(&o.per_token_loss)[0]), &[-0.502; 5], 1e-6);
+            assert!((scalar(&o.loss) + 0.502).abs() < 1e-6, "{name}");
+            assert_eq!(o.metrics.pg_clipfrac, 1.0);
+            assert_eq!(o.metrics.num_turns, 2);
+            assert_eq!(o.metrics.turn_rule, TurnRule::MaskRuns);
+            assert!((o.metrics.turn_kl_entropy.unwrap() - 0.905272).abs() < 1e-6);
+        }
+    }
+
+    /// §5.4 gradient vector: plain form spreads mean(A) over the turn, sg form keeps A_t.
+    #[test]
+    fn spec_5_4_plain_vs_stop_gradient_gradients() {
+        let old = t2(&[&[-1.0, -2.0, -0.5]]);
+        let adv = t2(&[&[1.0, 0.2, -0.4]]);
+        let m = t2(&[&[1.0, 1.0, 1.0]]);
+        let cases = [
+            (RatioForm::Plain, [-0.271148, -0.271148, -0.271148]),
+            (RatioForm::StopGradient, [-1.016806, -0.203361, 0.406723]),
+        ];
+        for (form, want) in cases {
+            let v = var2(&[&[-0.9, -2.1, -0.45]]);
+            let c = PolicyLossConfig {
+                ratio_form: Some(form),
+                loss_agg_mode: Some(LossAggMode::SeqMeanTokenSum),
+                ..cfg("turn")
+            };
+            let o = turn(&PolicyLossInput::new(v.as_tensor(), &old, &adv, &m), &c).unwrap();
+            assert_close(&rows(&o.ratio)[0], &[1.016806; 3], 1e-6);
+            assert_close(&grad_rows(&o.loss, &v)[0], &want, 1e-6);
+        }
+    }
+
+    #[test]
+    fn zero_token_turns_are_skipped_with_explicit_turn_id() {
+        let (lp, old, adv, m) = spec_traj();
+        // Turn 1 lies on the observation (no loss token); turns 0 and 2 carry the loss tokens.
+        let ids = t2(&[&[0.0, 0.0, 0.0, 1.0, 1.0, 2.0, 2.0]]);
+        let c = cfg("gspo_turn");
+        let explicit = gspo_turn(
+            &PolicyLossInput::new(&lp, &old, &adv, &m).with_turn_id(&ids),
+            &c,
+        )
+        .unwrap();
+        let runs = gspo_turn(&PolicyLossInput::new(&lp, &old, &adv, &m), &c).unwrap();
+        assert_eq!(explicit.metrics.num_turns, 2);
+        assert_eq!(explicit.metrics.turn_rule, TurnRule::ExplicitTurnId);
+        assert!((scalar(&explicit.loss) - scalar(&runs.loss)).abs() < 1e-12);
+        // One id over both runs → one turn with the GSPO sequence ratio.
+        let one_id = t2(&[&[4.0, 4.0, 4.0, -1.0, -1.0, 4.0, 4.0]]);
+        let o = gspo_turn(
+            &PolicyLossInput::new(&lp, &old, &adv, &m).with_turn_id(&one_id),
+            &c,
+        )
+        .unwrap();
+        assert_close(&masked(&rows(&o.ratio)[0]), &[1.016129; 5], 1e-6);
+    }
+
+    #[test]
+    fn spec_5_5_adaptive_bounds() {
+        let cases = [
+            (-2.0, 0.771522, (0.997685, 1.003086)),
+            (0.0, 1.0, (0.997, 1.004)),
+            (2.0, 1.228478, (0.996315, 1.004914)),
+        ];
+        for (ig, c_want, (lo, hi)) in cases {
+            let c = adaptive_clip_scale(ig, 0.3);
+            assert!((c - c_want).abs() < 1e-6);
+            let (l, h) = adaptive_clip_bounds(c, 3e-3, 4e-3);
+            assert!((l - lo).abs() < 1e-6 && (h - hi).abs() < 1e-6);
+        }
+        let ct = adaptive_clip_scale_tensor(&t2(&[&[-2.0, 0.0, 2.0]]), 0.3).unwrap();
+        assert_close(&rows(&ct)[0], &[0.771522, 1.0, 1.228478], 1e-6);
+    }
+
+    /// §5.5 on the §3.5 example: c per turn from îg (final turns îg = 0 → c = 1).
+    #[test]
+    fn spec_5_5_clip_scales_of_section_3_5_example() {
+        let cases: [(&[f64], &[f64]); 3] = [
+            (&[0.980569, 0.999992, 0.0], &[1.136333, 1.138634, 1.0]),
+            (&[-1.372797, 0.0], &[0.821301, 1.0]),
+            (
+                &[0.392228, -0.999992, 0.0, 0.0],
+                &[1.058091, 0.861366, 1.0, 1.0],
+            ),
+        ];
+        for (ig, want) in cases {
+            let c: Vec<f64> = ig.iter().map(|&x| adaptive_clip_scale(x, 0.3)).collect();
+            assert_close(&c, want, 1e-6);
+        }
+    }
+
+    #[test]
+    fn a2tgpo_uses_per_token_bounds() {
+        let (lp, old, adv, m) = spec_traj();
+        let c1 = t2(&[&[1.0; 7]]);
+        let input = PolicyLossInput::new(&lp, &old, &adv, &m);
+        // c = 1 everywhere → the gspo_turn loss −0.502.
+        let o = a2tgpo(&input.with_clip_scale(&c1), &cfg("a2tgpo")).unwrap();
+        assert!((scalar(&o.loss) + 0.502).abs() < 1e-6);
+        // îg = 2 on the second turn widens its upper bound to 1.004914 (ratio 1.005013 still clipped).
+        let c2 = t2(&[&[1.0, 1.0, 1.0, 1.0, 1.0, 1.228478, 1.228478]]);
+        let o = a2tgpo(&input.with_clip_scale(&c2), &cfg("a2tgpo")).unwrap();
+        let want = (3.0 * -0.502 + 2.0 * (-0.5 * 1.004914)) / 5.0;
+        assert!((scalar(&o.loss) - want).abs() < 1e-6);
+        // β large enough that the second turn is inside its bound → its loss is −0.5·s.
+        let c3 = t2(&[&[1.0, 1.0, 1.0, 1.0, 1.0, 1.3, 1.3]]);
+        let o = a2tgpo(&input.with_clip_scale(&c3), &cfg("a2tgpo")).unwrap();
+        assert!((scalar(&o.loss) - (3.0 * -0.502 + 2.0 * (-0.5 * 1.005013)) / 5.0).abs() < 1e-6);
+        let err = a2tgpo(&input, &cfg("a2tgpo")).unwrap_err();
+        assert!(matches!(err, LossError::MissingInput { ref input, .. } if input == "clip_scale"));
+    }
+
+    #[test]
+    fn spec_5_6_s_ppo_scales_the_loss() {
+        let old = t2(&[&[0.0; 7]]);
+        let lp = t2(&[&[0.3, 0.0, -0.1, 0.0, 0.0, -0.4, 0.05]]);
+        let adv = t2(&[&[1.0, 1.0, 1.0, 0.0, 0.0, -1.0, -1.0]]);
+        let m = t2(&[&MASK]);
+        let input = PolicyLossInput::new(&lp, &old, &adv, &m);
+        let base = vanilla(&input, &cfg("vanilla")).unwrap();
+        for name in ["s_ppo", "s_grpo"] {
+            let o = compute_policy_loss(&input, &cfg(name)).unwrap();
+            assert!((o.metrics.clip_bias_norm - 0.301426).abs() < 1e-6);
+            assert!((o.metrics.clip_bias_scale - 3.317559).abs() < 1e-6);
+            assert_eq!(o.metrics.clip_bias_num_clipped, 2);
+            assert!((scalar(&o.loss) - 3.317559 * scalar(&base.loss)).abs() < 1e-5);
+        }
+        // The diagnostic norm is logged even without the correction; the scale stays 1.
+        assert!((base.metrics.clip_bias_norm - 0.301426).abs() < 1e-6);
+        assert_eq!(base.metrics.clip_bias_scale, 1.0);
+        // On-policy (w ≡ 1): nothing clipped → guard gives scale 1.
+        let o = s_ppo(&PolicyLossInput::new(&old, &old, &adv, &m), &cfg("s_ppo")).unwrap();
+        assert_eq!(
+            (o.metrics.clip_bias_scale, o.metrics.clip_bias_num_clipped),
+            (1.0, 0)
+        );
+    }
+
+    #[test]
+    fn grad_space_norm_and_precomputed_scale() {
+        // Parameters θ with logp = k·θ: ‖∇_θ S‖ = k·‖C_token‖ (∂S/∂logp_t = c_{i,t}).
+        let old = t2(&[&[0.0; 7]]);
+        let adv = t2(&[&[1.0, 1.0, 1.0, 0.0, 0.0, -1.0, -1.0]]);
+        let m = t2(&[&MASK]);
+        let c = PolicyLossConfig {
+            clip_bias: Some(ClipBiasConfig {
+                norm_space: ClipBiasSpace::Grad,
+                ..ClipBiasConfig::default()
+            }),
+            ..cfg("s_ppo")
+        };
+        for k in [1.0, 2.0] {
+            let theta = var2(&[&[0.3 / k, 0.0, -0.1 / k, 0.0, 0.0, -0.4 / k, 0.05 / k]]);
+            let lp = theta.as_tensor().affine(k, 0.0).unwrap();
+            let params = [theta.clone()];
+            let input = PolicyLossInput::new(&lp, &old, &adv, &m).with_params(&params);
+            let o = s_ppo(&input, &c).unwrap();
+            let g = o.metrics.clip_bias_grad_norm.unwrap();
+            assert!((g - k * 0.301426).abs() < 1e-6, "{k}: {g}");
+            assert!((o.metrics.clip_bias_scale - 1.0 / g).abs() < 1e-9);
+        }
+        let lp = t2(&[&[0.3, 0.0, -0.1, 0.0, 0.0, -0.4, 0.05]]);
+        let err = s_ppo(&PolicyLossInput::new(&lp, &old, &adv, &m), &c).unwrap_err();
+        assert!(matches!(err, LossError::MissingInput { ref input, .. } if input == "params"));
+        // A precomputed mini-batch scale replaces the local one.
+        let input = PolicyLossInput::new(&lp, &old, &adv, &m).with_clip_bias_scale(2.0);
+        let o = s_ppo(&input, &cfg("s_ppo")).unwrap();
+        let base = vanilla(&input, &cfg("vanilla")).unwrap();
+        assert_eq!(o.metrics.clip_bias_scale, 2.0);
+        assert!((scalar(&o.loss) - 2.0 * scalar(&base.loss)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn st_ppo_uses_turn_ratio_for_the_clipped_set() {
+        // Turn 1 ratio exp(0.3) > 1.2 with A ≥ 0 → its 3 tokens are clipped; turn 2 is not.
+        let old = t2(&[&[0.0; 7]]);
+        let lp = t2(&[&[0.3, 0.3, 0.3, 0.0, 0.0, 0.0, 0.0]]);
+        let adv = t2(&[&[1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0]]);
+        let m = t2(&[&MASK]);
+        let o = st_ppo(&PolicyLossInput::new(&lp, &old, &adv, &m), &cfg("st_ppo")).unwrap();
+        assert_eq!(o.metrics.clip_bias_num_clipped, 3);
+        let w = 0.3f64.exp();
+        let norm = (3.0 * (w / 5.0).powi(2)).sqrt();
+        assert!((o.metrics.clip_bias_norm - norm).abs() < 1e-9);
+        let plain = turn(&PolicyLossInput::new(&lp, &old, &adv, &m), &cfg("turn")).unwrap();
+        assert!((scalar(&o.loss) - scalar(&plain.loss) / norm).abs() < 1e-9);
+    }
+
+    #[test]
+    fn per_sample_clip_bias_scales_rows() {
+        let old = t2(&[&[0.0; 7], &[0.0; 7]]);
+        let lp = t2(&[&[0.3, 0.0, -0.1, 0.0, 0.0, -0.4, 0.05], &[0.0; 7]]);
+        let adv = t2(&[&[1.0, 1.0, 1.0, 0.0, 0.0, -1.0, -1.0], &[1.0; 7]]);
+        let m = t2(&[&MASK, &MASK]);
+        let c = PolicyLossConfig {
+            clip_bias: Some(ClipBiasConfig {
+                norm_scope: ClipBiasScope::PerSample,
+                ..ClipBiasConfig::default()
+            }),
+            loss_agg_mode: Some(LossAggMode::SeqMeanTokenMean),
+            ..cfg("vanilla")
+        };
+        let input = PolicyLossInput::new(&lp, &old, &adv, &m);
+        let o = vanilla(&input, &c).unwrap();
+        let per = rows(&o.per_token_loss);
+        let mean = |r: &[f64]| masked(r).iter().sum::<f64>() / 5.0;
+        let want = 0.5 * (3.317559 * mean(&per[0]) + mean(&per[1]));
+        assert!((scalar(&o.loss) - want).abs() < 1e-5);
+        assert!((o.metrics.clip_bias_scale - (3.317559 + 1.0) / 2.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn registry_names_and_unknown_error() {
+        for name in POLICY_LOSS_NAMES {
+            assert!(get_policy_loss_fn(name).is_ok(), "{name}");
+        }
+        let err = get_policy_loss_fn("ppo2").err().unwrap();
+        let msg = err.to_string();
+        assert!(msg.contains("ppo2") && msg.contains("gspo_turn"), "{msg}");
+        let (lp, old, adv, m) = spec_traj();
+        assert!(
+            compute_policy_loss(&PolicyLossInput::new(&lp, &old, &adv, &m), &cfg("nope")).is_err()
+        );
+    }
+
+    #[test]
+    fn config_serde_defaults_and_validation() {
+        let c: PolicyLossConfig = serde_json::from_str(
+            r#"{"policy_loss":"st_ppo","clip_ratio":0.1,"loss_agg_mode":"token-mean","clip_bias":{"max_scale":5.0}}"#,
+        )
+        .unwrap();
+        let r = c.resolve().unwrap();
+        assert_eq!(
+            (r.kind, r.clip_low, r.clip_high),
+            (PolicyLossKind::StPpo, 0.1, 0.1)
+        );
+        assert_eq!(r.agg_mode, LossAggMode::TokenMean);
+        assert_eq!(r.ratio_form, RatioForm::Plain);
+        assert_eq!(r.clip_bias.unwrap().max_scale, Some(5.0));
+        assert!(serde_json::from_str::<PolicyLossConfig>(r#"{"clip_ratoi":0.2}"#).is_err());
+        let g = cfg("gspo").resolve().unwrap();
+        assert_eq!(
+            (g.clip_low, g.clip_high, g.clip_ratio_c),
+            (3e-4, 4e-4, None)
+        );
+        assert_eq!(g.agg_mode, LossAggMode::SeqMeanTokenMean);
+        let bad = PolicyLossConfig {
+            loss_agg_mode: Some(LossAggMode::TokenMean),
+            ..cfg("gspo")
+        };
+        assert!(matches!(bad.resolve(), Err(LossError::InvalidConfig(_))));
+        let bad_c = PolicyLossConfig {
+            clip_ratio_c: Some(0.5),
+            ..cfg("vanilla")
+        };
+        assert!(bad_c.resolve().is_err());
+        assert_eq!(
+            cfg("a2tgpo").resolve().unwrap().ratio_form,
+            RatioForm::StopGradient
+        );
+        assert!(cfg("s_grpo").resolve().unwrap().clip_bias.is_some());
+        let no_dual: PolicyLossConfig = serde_json::from_str(r#"{"clip_ratio_c":null}"#).unwrap();
+        assert_eq!(no_dual.resolve().unwrap().clip_ratio_c, None);
+        let js = serde_json::to_string(&c).unwrap();
+        assert_eq!(serde_json::from_str::<PolicyLossConfig>(&js).unwrap(), c);
+        assert!(cfg("dapo").resolve().unwrap().clip_bias.is_none());
+    }
+
+    #[test]
+    fn non_finite_inputs_are_named() {
+        let (lp, _, adv, m) = spec_traj();
+        let old = t2(&[&[-1.0, f64::NAN, -1.0, -1.0, -1.0, -1.0, -1.0]]);
+        let err = vanilla(&PolicyLossInput::new(&lp, &old, &adv, &m), &cfg("vanilla")).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("vanilla") && msg.contains("old_logp"), "{msg}");
+        let inf_adv = t2(&[&[f64::INFINITY; 7]]);
+        let err = gspo_turn(
+            &PolicyLossInput::new(&lp, &lp, &inf_adv, &m),
+            &cfg("gspo_turn"),
+        )
+        .unwrap_err();
+        assert!(matches!(err, LossError::NonFinite { ref tensor, .. } if tensor == "advantages"));
+        let short = t2(&[&[0.0; 3]]);
+        let err = vanilla(
+            &PolicyLossInput::new(&lp, &short, &adv, &m),
+            &cfg("vanilla"),
+        )
+        .unwrap_err();
+        assert!(matches!(err, LossError::Shape { .. }));
+    }
+
+    #[test]
+    fn f32_inputs_and_mixed_mask_dtype_work() {
+        let (lp, old, adv, m) = spec_traj();
+        let lp32 = lp.to_dtype(DType::F32).unwrap();
+        let old32 = old.to_dtype(DType::F32).unwrap();
+        let m32 = m.to_dtype(DType::F32).unwrap();
+        let o = vanilla(
+            &PolicyLossInput::new(&lp32, &old32, &adv, &m32),
+            &cfg("vanilla"),
+        )
+        .unwrap();
+        assert_eq!(o.loss.dtype(), DType::F32);
+        assert!((scalar(&o.loss) + 0.508665).abs() < 1e-5);
+        let metrics = o.metrics.to_map();
+        for k in [
+            "actor/pg_clipfrac",
+            "actor/pg_clipfrac_lower",
+            "actor/ppo_kl",
+            "actor/clip_bias_norm",
+        ] {
+            assert!(metrics.contains_key(k), "{k}");
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! The transformer: configuration, weights, the model itself and its key/value cache.
+
+pub mod cache;
+pub mod config;
+pub mod transformer;
+pub mod weights;
+
+pub use cache::KvCache;
+pub use config::{Architecture, ModelConfig};
+pub use transformer::Transformer;
+
+#[cfg(test)]
+pub(crate) mod tests;

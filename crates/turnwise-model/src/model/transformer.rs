@@ -1,0 +1,500 @@
+//! The decoder-only transformer (Qwen2 / Qwen3 / Llama), built only from differentiable ops.
+//!
+//! RMSNorm is composed from `sqr`, `mean`, `sqrt`, `div`; softmax is
+//! [`candle_nn::ops::softmax`]; RoPE is rotate-half. So every weight receives a gradient when
+//! the model is built from `Var`s (see `weights::init_varmap` and
+//! [`Transformer::from_varmap`]), and the same struct built from detached tensors
+//! ([`Transformer::detached_from_varmap`]) samples without recording a graph.
+
+use std::collections::HashMap;
+
+use candle_core::{D, DType, Device, Tensor};
+use candle_nn::VarMap;
+
+use crate::error::{ModelError, Result};
+use crate::model::cache::KvCache;
+use crate::model::config::ModelConfig;
+
+/// Additive attention bias for masked keys. Finite so that no row ever becomes NaN.
+const MASKED: f64 = -1e9;
+
+/// A dense layer `y = x Wᵀ + b` with Hugging Face weight layout `[out, in]`.
+#[derive(Debug, Clone)]
+struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let (in_dim, lead) = match dims.split_last() {
+            Some((last, lead)) => (*last, lead.to_vec()),
+            None => {
+                return Err(ModelError::invalid_input(
+                    "x",
+                    "scalar input to a linear layer",
+                ));
+            }
+        };
+        let rows: usize = lead.iter().product();
+        let out_dim = self.weight.dim(0)?;
+        let y = x.reshape((rows, in_dim))?.matmul(&self.weight.t()?)?;
+        let y = match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        };
+        let mut out_shape = lead;
+        out_shape.push(out_dim);
+        Ok(y.reshape(out_shape)?)
+    }
+}
+
+/// RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) * w`, composed from basic ops
+/// (computed in f32 for half-precision inputs).
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    let dtype = x.dtype();
+    let xf = match dtype {
+        DType::F16 | DType::BF16 => x.to_dtype(DType::F32)?,
+        _ => x.clone(),
+    };
+    let ms = xf.sqr()?.mean_keepdim(D::Minus1)?;
+    let y = xf.broadcast_div(&(ms + eps)?.sqrt()?)?;
+    Ok(y.to_dtype(dtype)?.broadcast_mul(weight)?)
+}
+
+/// `cat(-x2, x1)` over the last dimension.
+fn rotate_half(x: &Tensor) -> Result<Tensor> {
+    let d = x.dim(D::Minus1)?;
+    let x1 = x.narrow(D::Minus1, 0, d / 2)?;
+    let x2 = x.narrow(D::Minus1, d / 2, d - d / 2)?;
+    Ok(Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?)
+}
+
+/// Rotary embedding (rotate-half form) of `x: [B, H, T, D]` with `cos, sin: [B, 1, T, D]`.
+pub fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    Ok((x.broadcast_mul(cos)? + rotate_half(x)?.broadcast_mul(sin)?)?)
+}
+
+#[derive(Debug, Clone)]
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+    eps: f64,
+}
+
+impl Attention {
+    fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        bias: &Tensor,
+        cache: Option<&mut Option<(Tensor, Tensor)>>,
+    ) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        let split = |y: Tensor, heads: usize| -> Result<Tensor> {
+            Ok(y.reshape((b, t, heads, self.head_dim))?.transpose(1, 2)?)
+        };
+        let mut q = split(self.q_proj.forward(x)?, self.num_heads)?;
+        let mut k = split(self.k_proj.forward(x)?, self.num_kv_heads)?;
+        let v = split(self.v_proj.forward(x)?, self.num_kv_heads)?;
+        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+            q = rms_norm(&q, qn, self.eps)?;
+            k = rms_norm(&k, kn, self.eps)?;
+        }
+        let q = apply_rope(&q, cos, sin)?.contiguous()?;
+        let k = apply_rope(&k, cos, sin)?.contiguous()?;
+        let v = v.contiguous()?;
+        let (k, v) = match cache {
+            Some(slot) => {
+                let (k, v) = match slot.take() {
+                    Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
+                    None => (k, v),
+                };
+                *slot = Some((k.clone(), v.clone()));
+                (k, v)
+            }
+            None => (k, v),
+        };
+        let groups = self.num_heads / self.num_kv_heads;
+        let k = repeat_kv(&k, groups)?;
+        let v = repeat_kv(&v, groups)?;
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?.broadcast_add(bias)?;
+        let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
+        let out = probs.matmul(&v)?; // [B, H, T, D]
+        let out = out
+            .transpose(1, 2)?
+            .reshape((b, t, self.num_heads * self.head_dim))?;
+        self.o_proj.forward(&out)
+    }
+}
+
+/// Repeats each key/value head `groups` times along the head axis: `[B, KV, T, D]` →
+/// `[B, KV·groups, T, D]`, query head `h` reading key head `h / groups`.
+fn repeat_kv(x: &Tensor, groups: usize) -> Result<Tensor> {
+    if groups == 1 {
+        return Ok(x.clone());
+    }
+    let (b, kv, t, d) = x.dims4()?;
+    let parts = vec![x; groups];
+    Ok(Tensor::cat(&parts, 2)?.reshape((b, kv * groups, t, d))?)
+}
+
+#[derive(Debug, Clone)]
+struct Mlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let g = self.gate.forward(x)?;
+        let act = (&g * candle_nn::ops::sigmoid(&g)?)?; // SiLU from basic ops
+        let h = (act * self.up.forward(x)?)?;
+        self.down.forward(&h)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Layer {
+    input_norm: Tensor,
+    attn: Attention,
+    post_norm: Tensor,
+    mlp: Mlp,
+}
+
+/// A decoder-only transformer with Hugging Face parameter names.
+///
+/// The struct only holds tensors: it is as trainable as the tensors it was built from.
+#[derive(Debug, Clone)]
+pub struct Transformer {
+    config: ModelConfig,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Option<Tensor>,
+    inv_freq: Vec<f64>,
+}
+
+impl Transformer {
+    /// Builds the model from named tensors (Hugging Face names), checking that every tensor the
+    /// config needs is present with the right shape. Extra tensors are ignored. `source_desc`
+    /// names where the tensors came from, for error messages.
+    pub fn from_tensors(
+        config: &ModelConfig,
+        tensors: &HashMap<String, Tensor>,
+        source_desc: &str,
+    ) -> Result<Self> {
+        config.validate()?;
+        let shapes: HashMap<String, Vec<usize>> = config.parameter_shapes().into_iter().collect();
+        let get = |name: &str| -> Result<Tensor> {
+            let t = tensors.get(name).ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+                source_desc: source_desc.to_string(),
+            })?;
+            let expected = &shapes[name];
+            if t.dims() != expected.as_slice() {
+                return Err(ModelError::ShapeMismatch {
+                    name: name.to_string(),
+                    expected: expected.clone(),
+                    found: t.dims().to_vec(),
+                });
+            }
+            Ok(t.clone())
+        };
+        let linear = |prefix: &str, bias: bool| -> Result<Linear> {
+            Ok(Linear {
+                weight: get(&format!("{prefix}.weight"))?,
+                bias: if bias {
+                    Some(get(&format!("{prefix}.bias"))?)
+                } else {
+                    None
+                },
+            })
+        };
+        let embed = get("model.embed_tokens.weight")?;
+        let dtype = embed.dtype();
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let ab = config.attention_bias;
+            let attn = Attention {
+                q_proj: linear(&format!("{p}.self_attn.q_proj"), ab)?,
+                k_proj: linear(&format!("{p}.self_attn.k_proj"), ab)?,
+                v_proj: linear(&format!("{p}.self_attn.v_proj"), ab)?,
+                o_proj: linear(&format!("{p}.self_attn.o_proj"), false)?,
+                q_norm: if config.qk_norm {
+                    Some(get(&format!("{p}.self_attn.q_norm.weight"))?)
+                } else {
+                    None
+                },
+                k_norm: if config.qk_norm {
+                    Some(get(&format!("{p}.self_attn.k_norm.weight"))?)
+                } else {
+                    None
+                },
+                num_heads: config.num_attention_heads,
+                num_kv_heads: config.num_key_value_heads,
+                head_dim: config.head_dim,
+                eps: config.rms_norm_eps,
+            };
+            layers.push(Layer {
+                input_norm: get(&format!("{p}.input_layernorm.weight"))?,
+                attn,
+                post_norm: get(&format!("{p}.post_attention_layernorm.weight"))?,
+                mlp: Mlp {
+                    gate: linear(&format!("{p}.mlp.gate_proj"), false)?,
+                    up: linear(&format!("{p}.mlp.up_proj"), false)?,
+                    down: linear(&format!("{p}.mlp.down_proj"), false)?,
+                },
+            });
+        }
+        let lm_head = if config.tie_word_embeddings {
+            None
+        } else {
+            Some(get("lm_head.weight")?)
+        };
+        let model = Self {
+            config: config.clone(),
+            norm: get("model.norm.weight")?,
+            embed,
+            layers,
+            lm_head,
+            inv_freq: (0..config.head_dim / 2)
+                .map(|i| {
+                    1.0 / config
+                        .rope_theta
+                        .powf(2.0 * i as f64 / config.head_dim as f64)
+                })
+                .collect(),
+        };
+        for (name, t) in tensors {
+            if shapes.contains_key(name) && t.dtype() != dtype {
+                return Err(ModelError::invalid_input(
+                    name.clone(),
+                    format!(
+                        "dtype {:?} differs from the embedding's {:?}",
+                        t.dtype(),
+                        dtype
+                    ),
+                ));
+            }
+        }
+        Ok(model)
+    }
+
+    /// Builds a trainable model whose tensors are the `Var`s of `varmap` (gradients flow to them).
+    pub fn from_varmap(config: &ModelConfig, varmap: &VarMap) -> Result<Self> {
+        Self::from_tensors(config, &varmap_tensors(varmap, false), "the VarMap")
+    }
+
+    /// Builds a graph-free view of `varmap` for sampling: the tensors share storage with the
+    /// `Var`s (no copy, in-place optimizer updates stay visible) but record no graph.
+    pub fn detached_from_varmap(config: &ModelConfig, varmap: &VarMap) -> Result<Self> {
+        Self::from_tensors(config, &varmap_tensors(varmap, true), "the VarMap")
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        self.embed.device()
+    }
+
+    /// The weights' dtype.
+    pub fn dtype(&self) -> DType {
+        self.embed.dtype()
+    }
+
+    /// Whether a forward pass records an autograd graph (built from `Var`s or from tensors
+    /// that are themselves results of tracked ops).
+    pub fn tracks_gradients(&self) -> bool {
+        self.embed.track_op()
+    }
+
+    /// Logits `[B, T, V]` for token ids `ids: [B, T]`.
+    ///
+    /// * `positions: [B, T]` — rotary position of every token, per row (for a left-padded row,
+    ///   its first real token has position 0); any integer or float dtype.
+    /// * `key_mask: [B, T_total]` — 1 for real tokens, 0 for padding, over the cached tokens
+    ///   followed by the new ones (`T_total = cache.seq_len() + T`); any dtype.
+    /// * `cache` — the caller's [`KvCache`]; the new keys and values are appended to it.
+    pub fn forward(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        key_mask: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        let h = self.forward_hidden(ids, positions, key_mask, cache)?;
+        self.logits(&h)
+    }
+
+    /// Final hidden states `[B, T, hidden]` (after the last norm); see [`Transformer::forward`].
+    pub fn forward_hidden(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        key_mask: &Tensor,
+        mut cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        let (b, t) = ids.dims2().map_err(|_| {
+            ModelError::invalid_input("ids", format!("expected [B, T], got {:?}", ids.dims()))
+        })?;
+        if positions.dims() != [b, t] {
+            return Err(ModelError::invalid_input(
+                "positions",
+                format!("expected [{b}, {t}], got {:?}", positions.dims()),
+            ));
+        }
+        let past = match cache.as_deref() {
+            Some(c) => {
+                if c.num_layers() != self.layers.len() {
+                    return Err(ModelError::invalid_input(
+                        "cache",
+                        format!(
+                            "built for {} layers, model has {}",
+                            c.num_layers(),
+                            self.layers.len()
+                        ),
+                    ));
+                }
+                if let Some(cb) = c.batch_size()
+                    && cb != b
+                {
+                    return Err(ModelError::invalid_input(
+                        "cache",
+                        format!("holds {cb} rows, ids has {b}"),
+                    ));
+                }
+                c.seq_len()
+            }
+            None => 0,
+        };
+        let total = past + t;
+        if key_mask.dims() != [b, total] {
+            return Err(ModelError::invalid_input(
+                "key_mask",
+                format!(
+                    "expected [B, cached + T] = [{b}, {total}], got {:?}",
+                    key_mask.dims()
+                ),
+            ));
+        }
+        let device = self.device().clone();
+        let dtype = self.dtype();
+        let (cos, sin) = self.rope_tables(positions, &device, dtype)?;
+        let bias = attention_bias(key_mask, past, t, &device, dtype)?;
+
+        let ids_flat = ids.flatten_all()?.to_dtype(DType::U32)?;
+        let mut x =
+            self.embed
+                .index_select(&ids_flat, 0)?
+                .reshape((b, t, self.config.hidden_size))?;
+        let eps = self.config.rms_norm_eps;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let slot = cache.as_deref_mut().map(|c| c.slot_mut(i));
+            let h = rms_norm(&x, &layer.input_norm, eps)?;
+            let a = layer.attn.forward(&h, &cos, &sin, &bias, slot)?;
+            x = (x + a)?;
+            let h = rms_norm(&x, &layer.post_norm, eps)?;
+            x = (&x + layer.mlp.forward(&h)?)?;
+        }
+        rms_norm(&x, &self.norm, eps)
+    }
+
+    /// Projects hidden states `[.., hidden]` to vocabulary logits `[.., V]`.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        let w = self.lm_head.as_ref().unwrap_or(&self.embed);
+        Linear {
+            weight: w.clone(),
+            bias: None,
+        }
+        .forward(hidden)
+    }
+
+    /// `cos, sin: [B, 1, T, head_dim]` for per-row positions.
+    fn rope_tables(
+        &self,
+        positions: &Tensor,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<(Tensor, Tensor)> {
+        let pos = positions.to_dtype(DType::F64)?.to_vec2::<f64>()?;
+        let (b, t) = (pos.len(), pos.first().map_or(0, Vec::len));
+        let d = self.config.head_dim;
+        let half = d / 2;
+        let mut cos = Vec::with_capacity(b * t * d);
+        let mut sin = Vec::with_capacity(b * t * d);
+        for row in &pos {
+            for &p in row {
+                // The two halves repeat the same frequencies (rotate-half layout).
+                for _ in 0..2 {
+                    for &f in &self.inv_freq[..half] {
+                        let a = p * f;
+                        cos.push(a.cos());
+                        sin.push(a.sin());
+                    }
+                }
+            }
+        }
+        let mk = |v: Vec<f64>| -> Result<Tensor> {
+            Ok(Tensor::from_vec(v, (b, 1, t, d), device)?.to_dtype(dtype)?)
+        };
+        Ok((mk(cos)?, mk(sin)?))
+    }
+}
+
+/// Additive attention bias `[B, 1, T, past + T]`: query `i` (absolute index `past + i`) sees key
+/// `j` when `j <= past + i` and key `j` is real; it always sees itself, so padded query rows stay
+/// finite.
+fn attention_bias(
+    key_mask: &Tensor,
+    past: usize,
+    t: usize,
+    device: &Device,
+    dtype: DType,
+) -> Result<Tensor> {
+    let km = key_mask.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+    let b = km.len();
+    let total = past + t;
+    let mut bias = Vec::with_capacity(b * t * total);
+    for row in &km {
+        for i in 0..t {
+            let qi = past + i;
+            for (j, &m) in row.iter().enumerate() {
+                let visible = j == qi || (j < qi && m != 0.0);
+                bias.push(if visible { 0.0 } else { MASKED as f32 });
+            }
+        }
+    }
+    Ok(Tensor::from_vec(bias, (b, 1, t, total), device)?.to_dtype(dtype)?)
+}
+
+/// The tensors of `varmap` by name, live (graph-tracked) or detached.
+pub fn varmap_tensors(varmap: &VarMap, detach: bool) -> HashMap<String, Tensor> {
+    let data = varmap.data().lock().unwrap_or_else(|e| e.into_inner());
+    data.iter()
+        .map(|(k, v)| {
+            let t = if detach {
+                v.as_detached_tensor()
+            } else {
+                v.as_tensor().clone()
+            };
+            (k.clone(), t)
+        })
+        .collect()
+}

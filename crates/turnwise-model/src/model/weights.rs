@@ -1,0 +1,214 @@
+//! Creating, loading and saving model weights with Hugging Face names.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::VarMap;
+
+use crate::error::{ModelError, Result};
+use crate::model::config::ModelConfig;
+use crate::rng::TurnRng;
+
+/// Whether a parameter is an RMSNorm weight (initialised to 1).
+fn is_norm(name: &str) -> bool {
+    name.ends_with("layernorm.weight") || name.ends_with("norm.weight")
+}
+
+/// A fresh `VarMap` holding every parameter of `config`, initialised from `seed`:
+/// projection and embedding weights ~ N(0, `initializer_range`²), biases 0, norm weights 1
+/// (the Hugging Face initialisation). Parameters are drawn in sorted-name order from one
+/// [`TurnRng`] stream, so the same seed gives the same weights on every machine.
+pub fn init_varmap(
+    config: &ModelConfig,
+    dtype: DType,
+    device: &Device,
+    seed: u64,
+) -> Result<VarMap> {
+    config.validate()?;
+    let mut rng = TurnRng::seed_from_u64(seed);
+    let mut tensors = HashMap::new();
+    for (name, shape) in config.parameter_shapes() {
+        let n: usize = shape.iter().product();
+        let values: Vec<f64> = if is_norm(&name) {
+            vec![1.0; n]
+        } else if name.ends_with(".bias") {
+            vec![0.0; n]
+        } else {
+            (0..n)
+                .map(|_| rng.normal() * config.initializer_range)
+                .collect()
+        };
+        let t = Tensor::from_vec(values, shape, device)?.to_dtype(dtype)?;
+        tensors.insert(name, t);
+    }
+    varmap_from_tensors(config, &tensors, "fresh initialisation")
+}
+
+/// A `VarMap` holding a copy of exactly the parameters `config` needs, taken from `tensors`
+/// (e.g. a loaded checkpoint), so that they can be trained. Errors name any missing tensor or
+/// shape mismatch.
+pub fn varmap_from_tensors(
+    config: &ModelConfig,
+    tensors: &HashMap<String, Tensor>,
+    source_desc: &str,
+) -> Result<VarMap> {
+    let varmap = VarMap::new();
+    {
+        let mut data = varmap.data().lock().unwrap_or_else(|e| e.into_inner());
+        for (name, shape) in config.parameter_shapes() {
+            let t = tensors
+                .get(&name)
+                .ok_or_else(|| ModelError::MissingTensor {
+                    name: name.clone(),
+                    source_desc: source_desc.to_string(),
+                })?;
+            if t.dims() != shape.as_slice() {
+                return Err(ModelError::ShapeMismatch {
+                    name,
+                    expected: shape,
+                    found: t.dims().to_vec(),
+                });
+            }
+            // `Var::from_tensor` copies, so the Var never aliases the caller's tensor.
+            let var = Var::from_tensor(&t.detach().contiguous()?)?;
+            data.insert(name, var);
+        }
+    }
+    Ok(varmap)
+}
+
+/// The `Var`s of a `VarMap`, sorted by name (a deterministic order for optimizers).
+pub fn sorted_vars(varmap: &VarMap) -> Vec<(String, Var)> {
+    let data = varmap.data().lock().unwrap_or_else(|e| e.into_inner());
+    let mut vars: Vec<(String, Var)> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    vars
+}
+
+/// Writes named tensors as one safetensors file.
+pub fn save_safetensors(tensors: &HashMap<String, Tensor>, path: impl AsRef<Path>) -> Result<()> {
+    let path = path.as_ref();
+    let contiguous: HashMap<String, Tensor> = tensors
+        .iter()
+        .map(|(k, t)| Ok((k.clone(), t.detach().contiguous()?)))
+        .collect::<Result<_>>()?;
+    candle_core::safetensors::save(&contiguous, path).map_err(|e| ModelError::Checkpoint {
+        path: path.to_path_buf(),
+        reason: format!("cannot write safetensors: {e}"),
+    })
+}
+
+/// Reads one safetensors file, converting floating-point tensors to `dtype`.
+pub fn load_safetensors(
+    path: impl AsRef<Path>,
+    dtype: DType,
+    device: &Device,
+) -> Result<HashMap<String, Tensor>> {
+    let path = path.as_ref();
+    if !path.exists() {
+        return Err(ModelError::io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::NotFound, "file not found"),
+        ));
+    }
+    let raw = candle_core::safetensors::load(path, device).map_err(|e| ModelError::Checkpoint {
+        path: path.to_path_buf(),
+        reason: format!("cannot read safetensors: {e}"),
+    })?;
+    raw.into_iter()
+        .map(|(k, t)| {
+            let t = if t.dtype().is_float() && t.dtype() != dtype {
+                t.to_dtype(dtype)?
+            } else {
+                t
+            };
+            Ok((k, t))
+        })
+        .collect()
+}
+
+/// Loads the weights of a Hugging Face model folder: `model.safetensors`, or the shards listed
+/// in `model.safetensors.index.json`.
+pub fn load_hf_weights(
+    dir: impl AsRef<Path>,
+    dtype: DType,
+    device: &Device,
+) -> Result<HashMap<String, Tensor>> {
+    let dir = dir.as_ref();
+    let single = dir.join("model.safetensors");
+    if single.exists() {
+        return load_safetensors(&single, dtype, device);
+    }
+    let index_path = dir.join("model.safetensors.index.json");
+    if !index_path.exists() {
+        return Err(ModelError::Checkpoint {
+            path: dir.to_path_buf(),
+            reason: "neither model.safetensors nor model.safetensors.index.json exists".into(),
+        });
+    }
+    let text = std::fs::read_to_string(&index_path).map_err(|e| ModelError::io(&index_path, e))?;
+    let index: serde_json::Value =
+        serde_json::from_str(&text).map_err(|source| ModelError::Json {
+            what: index_path.display().to_string(),
+            source,
+        })?;
+    let map = index
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| ModelError::Checkpoint {
+            path: index_path.clone(),
+            reason: "no `weight_map` object".into(),
+        })?;
+    let shards: BTreeSet<&str> = map.values().filter_map(|v| v.as_str()).collect();
+    let mut all = HashMap::new();
+    for shard in shards {
+        all.extend(load_safetensors(dir.join(shard), dtype, device)?);
+    }
+    for name in map.keys() {
+        if !all.contains_key(name) {
+            return Err(ModelError::MissingTensor {
+                name: name.clone(),
+                source_desc: format!("the shard that {} names", index_path.display()),
+            });
+        }
+    }
+    Ok(all)
+}
+
+/// Loads `config.json` and the weights of a Hugging Face model folder.
+pub fn load_hf(
+    dir: impl AsRef<Path>,
+    dtype: DType,
+    device: &Device,
+) -> Result<(ModelConfig, HashMap<String, Tensor>)> {
+    let dir = dir.as_ref();
+    let config = ModelConfig::from_hf_file(dir.join("config.json"))?;
+    let weights = load_hf_weights(dir, dtype, device)?;
+    Ok((config, weights))
+}
+
+/// Writes a Hugging Face model folder (`config.json` + `model.safetensors`) from a `VarMap`,
+/// loadable by [`load_hf`] and by `transformers`.
+pub fn export_hf(dir: impl AsRef<Path>, config: &ModelConfig, varmap: &VarMap) -> Result<()> {
+    let dir = dir.as_ref();
+    std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
+    let cfg_path = dir.join("config.json");
+    let tensors = crate::model::transformer::varmap_tensors(varmap, true);
+    let mut json = config.to_hf_json();
+    if let Some(embed) = tensors.get("model.embed_tokens.weight") {
+        let name = match embed.dtype() {
+            DType::F64 => "float64",
+            DType::BF16 => "bfloat16",
+            DType::F16 => "float16",
+            _ => "float32",
+        };
+        json["torch_dtype"] = serde_json::Value::String(name.into());
+    }
+    let text = serde_json::to_string_pretty(&json).map_err(|source| ModelError::Json {
+        what: cfg_path.display().to_string(),
+        source,
+    })?;
+    std::fs::write(&cfg_path, text).map_err(|e| ModelError::io(&cfg_path, e))?;
+    save_safetensors(&tensors, dir.join("model.safetensors"))
+}

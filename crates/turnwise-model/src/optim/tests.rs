@@ -1,0 +1,194 @@
+//! Optimizer tests on tiny models.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::*;
+use crate::logprobs::logprobs_and_entropy;
+use crate::model::weights::{init_varmap, sorted_vars};
+use crate::model::{ModelConfig, Transformer};
+
+/// Mean negative log-likelihood of a fixed 16-token sequence (next-token prediction).
+pub(crate) fn nll(model: &Transformer, seq: &[u32]) -> Tensor {
+    let dev = Device::Cpu;
+    let t = seq.len() - 1;
+    let ids = Tensor::from_vec(seq[..t].to_vec(), (1, t), &dev).unwrap();
+    let targets = Tensor::from_vec(seq[1..].to_vec(), (1, t), &dev).unwrap();
+    let pos = Tensor::arange(0u32, t as u32, &dev)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let mask = Tensor::ones((1, t), DType::U32, &dev).unwrap();
+    let (logp, _) = logprobs_and_entropy(model, &ids, &pos, &mask, &targets).unwrap();
+    logp.mean_all().unwrap().neg().unwrap()
+}
+
+pub(crate) const SEQ: [u32; 17] = [3, 41, 7, 7, 90, 12, 55, 3, 18, 64, 2, 77, 31, 9, 41, 60, 5];
+
+#[test]
+fn tiny_model_overfits_a_sequence() {
+    let cfg = ModelConfig::tiny_qwen2(96);
+    let vm = init_varmap(&cfg, DType::F32, &Device::Cpu, 0).unwrap();
+    let model = Transformer::from_varmap(&cfg, &vm).unwrap();
+    let mut opt = AdamW::new(sorted_vars(&vm), AdamWConfig::default()).unwrap();
+    let sched = LrSchedule {
+        peak_lr: 1e-2,
+        warmup_steps: 5,
+        total_steps: 50,
+        min_lr_ratio: 0.1,
+        decay: DecayShape::Cosine,
+    };
+    let first = nll(&model, &SEQ).to_scalar::<f32>().unwrap();
+    for step in 0..50 {
+        let loss = nll(&model, &SEQ);
+        let mut g = Gradients::from_grad_store(&loss.backward().unwrap(), opt.vars());
+        let norm = g.clip_global_norm(1.0).unwrap();
+        assert!(norm.is_finite());
+        opt.step(&g, sched.lr_at(step)).unwrap();
+    }
+    let last = nll(&model, &SEQ).to_scalar::<f32>().unwrap();
+    assert!(first > 4.0, "initial loss {first} should be near ln 96");
+    assert!(last < first / 20.0, "loss fell only from {first} to {last}");
+}
+
+#[test]
+fn accumulated_micro_batches_equal_the_full_batch_gradient() {
+    let cfg = ModelConfig::tiny_qwen2(96);
+    let vm = init_varmap(&cfg, DType::F64, &Device::Cpu, 1).unwrap();
+    let model = Transformer::from_varmap(&cfg, &vm).unwrap();
+    let vars = sorted_vars(&vm);
+    let a = &SEQ[..9];
+    let b = &SEQ[8..];
+    let full = ((nll(&model, a) + nll(&model, b)).unwrap() * 0.5).unwrap();
+    let full = Gradients::from_grad_store(&full.backward().unwrap(), &vars);
+    let mut acc = GradAccumulator::new();
+    acc.add(&nll(&model, a).backward().unwrap(), &vars, 0.5)
+        .unwrap();
+    acc.add(&nll(&model, b).backward().unwrap(), &vars, 0.5)
+        .unwrap();
+    assert_eq!(acc.micro_batches(), 2);
+    let sum = acc.take();
+    assert_eq!(sum.len(), full.len());
+    for (name, g) in full.iter() {
+        let d = (g - sum.get(name).unwrap())
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap();
+        assert!(d < 1e-12, "{name}: {d}");
+    }
+}
+
+#[test]
+fn clipping_returns_the_pre_clip_norm() {
+    let cfg = ModelConfig::tiny_qwen2(96);
+    let vm = init_varmap(&cfg, DType::F64, &Device::Cpu, 2).unwrap();
+    let model = Transformer::from_varmap(&cfg, &vm).unwrap();
+    let vars = sorted_vars(&vm);
+    let mut g = Gradients::from_grad_store(&nll(&model, &SEQ).backward().unwrap(), &vars);
+    let manual: f64 = g
+        .iter()
+        .map(|(_, t)| {
+            t.sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap()
+        })
+        .sum::<f64>()
+        .sqrt();
+    let max = manual / 4.0;
+    let pre = g.clip_global_norm(max).unwrap();
+    assert!((pre - manual).abs() < 1e-12);
+    assert!((g.global_norm().unwrap() - max).abs() < 1e-6 * max);
+    // Below the threshold nothing changes.
+    let before = g.global_norm().unwrap();
+    assert_eq!(g.clip_global_norm(10.0 * max).unwrap(), before);
+    assert_eq!(g.global_norm().unwrap(), before);
+}
+
+#[test]
+fn adamw_matches_the_reference_update_and_skips_decay_on_vectors() {
+    // One parameter matrix and one vector, one step, against the closed form.
+    let dev = Device::Cpu;
+    let w =
+        candle_core::Var::from_tensor(&Tensor::new(&[[1.0f64, -2.0], [0.5, 3.0]], &dev).unwrap())
+            .unwrap();
+    let b = candle_core::Var::from_tensor(&Tensor::new(&[1.0f64, 1.0], &dev).unwrap()).unwrap();
+    let vars = vec![("w".to_string(), w.clone()), ("b".to_string(), b.clone())];
+    let cfg = AdamWConfig {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.5,
+        decay_vectors: false,
+    };
+    let mut opt = AdamW::new(vars.clone(), cfg).unwrap();
+    let loss = ((w.as_tensor().sqr().unwrap().sum_all().unwrap())
+        + (b.as_tensor() * 3.0).unwrap().sum_all().unwrap())
+    .unwrap();
+    let g = Gradients::from_grad_store(&loss.backward().unwrap(), &vars);
+    let lr = 0.1;
+    opt.step(&g, lr).unwrap();
+    // First step: m̂ = g, v̂ = g², update = lr · g / (|g| + eps) ≈ lr · sign(g).
+    let w1 = w.as_tensor().to_vec2::<f64>().unwrap();
+    let w0 = [[1.0, -2.0], [0.5, 3.0]];
+    for i in 0..2 {
+        for j in 0..2 {
+            let p = w0[i][j];
+            let g = 2.0 * p;
+            let expect = p * (1.0 - lr * 0.5) - lr * g / (g.abs() + 1e-8);
+            assert!(
+                (w1[i][j] - expect).abs() < 1e-12,
+                "{i},{j}: {} vs {expect}",
+                w1[i][j]
+            );
+        }
+    }
+    let b1 = b.as_tensor().to_vec1::<f64>().unwrap();
+    let expect = 1.0 - lr * 3.0 / (3.0 + 1e-8); // no decay on vectors
+    assert!(b1.iter().all(|x| (x - expect).abs() < 1e-12), "{b1:?}");
+    assert_eq!(opt.step_count(), 1);
+}
+
+#[test]
+fn schedule_warms_up_and_decays_to_the_floor() {
+    let s = LrSchedule {
+        peak_lr: 1.0,
+        warmup_steps: 4,
+        total_steps: 14,
+        min_lr_ratio: 0.1,
+        decay: DecayShape::Cosine,
+    };
+    assert_eq!(s.lr_at(0), 0.25);
+    assert_eq!(s.lr_at(3), 1.0);
+    assert_eq!(s.lr_at(4), 1.0);
+    assert!((s.lr_at(9) - 0.55).abs() < 1e-12);
+    assert!((s.lr_at(14) - 0.1).abs() < 1e-12);
+    assert!((s.lr_at(1000) - 0.1).abs() < 1e-12);
+    let l = LrSchedule {
+        decay: DecayShape::Linear,
+        ..s.clone()
+    };
+    assert!((l.lr_at(9) - 0.55).abs() < 1e-12);
+    assert!((l.lr_at(6) - (1.0 - 0.9 * 0.2)).abs() < 1e-12);
+    let c = LrSchedule {
+        decay: DecayShape::Constant,
+        ..s.clone()
+    };
+    assert_eq!(c.lr_at(100), 1.0);
+    assert!(s.validate().is_ok());
+    assert!(
+        LrSchedule {
+            min_lr_ratio: 2.0,
+            ..s
+        }
+        .validate()
+        .is_err()
+    );
+}

