@@ -7,6 +7,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use turnwise::config::TrainConfig;
+use turnwise::pipeline::RunOptions;
 use turnwise_env::client::HttpRetriever;
 use turnwise_env::corpus::{read_corpus, wiki};
 use turnwise_env::search::Retriever;
@@ -30,6 +32,33 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// The main job: generate a multi-hop world, warm-start a small model on oracle
+    /// demonstrations, train it with A2TGPO, and evaluate before and after on held-out questions.
+    Quickstart {
+        /// Run directory.
+        #[arg(long, default_value = "runs/quickstart")]
+        out: PathBuf,
+        /// Extra `key=value` overrides (e.g. `--set run.steps=20`).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+    },
+    /// Train with a preset (see `turnwise presets`), a config file and overrides.
+    Train {
+        /// Preset name.
+        #[arg(long)]
+        preset: Option<String>,
+        /// A TOML config file applied over the preset.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// `key=value` overrides applied last (dotted keys, TOML values).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+        /// Run directory.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// List the presets and what each reproduces.
+    Presets,
     /// Generate a multi-hop world, index it, serve it over HTTP on 127.0.0.1 and let the oracle
     /// search agent answer its held-out questions through that server.
     Demo {
@@ -116,7 +145,40 @@ pub fn init_logging(quiet: bool) {
 
 /// Runs one subcommand.
 pub fn run(cli: Cli) -> Result<()> {
+    let quiet = cli.quiet;
     match cli.command {
+        Command::Quickstart { out, sets } => {
+            let mut all: Vec<String> = turnwise::pipeline::QUICKSTART_OVERRIDES
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            all.extend(sets);
+            let cfg = TrainConfig::resolve(Some("a2tgpo"), None, &all)?;
+            let summary = turnwise::pipeline::run(cfg, &RunOptions { dir: out, quiet })?;
+            print_summary(&summary);
+            Ok(())
+        }
+        Command::Train {
+            preset,
+            config,
+            sets,
+            out,
+        } => {
+            if preset.is_none() && config.is_none() {
+                bail!("give --preset NAME or --config FILE (see `turnwise presets`)");
+            }
+            let cfg = TrainConfig::resolve(preset.as_deref(), config.as_deref(), &sets)?;
+            let summary = turnwise::pipeline::run(cfg, &RunOptions { dir: out, quiet })?;
+            print_summary(&summary);
+            Ok(())
+        }
+        Command::Presets => {
+            for (name, _) in turnwise::config::presets::PRESETS {
+                let cfg = TrainConfig::resolve(Some(name), None, &[])?;
+                println!("{name:<10} {}", cfg.description);
+            }
+            Ok(())
+        }
         Command::Demo {
             seed,
             questions,
@@ -197,6 +259,24 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn print_summary(s: &turnwise::pipeline::RunSummary) {
+    let pct = |r: &Option<turnwise::trainer::eval::EvalResult>| {
+        r.as_ref()
+            .map(|r| format!("{:.1}% ± {:.1}", r.em * 100.0, r.em_se * 100.0))
+            .unwrap_or_else(|| "-".into())
+    };
+    println!(
+        "held-out EM greedy: {} -> {}; sampled: {} -> {} (warm start {:.0} s, RL {:.0} s, total {:.0} s)",
+        pct(&s.before_greedy),
+        pct(&s.after_greedy),
+        pct(&s.before_sampled),
+        pct(&s.after_sampled),
+        s.sft_seconds,
+        s.rl_seconds,
+        s.total_seconds
+    );
 }
 
 fn tokio_runtime() -> Result<tokio::runtime::Runtime> {

@@ -359,6 +359,7 @@ pub const TEMPLATES: &[Template] = &[
 
 /// How many questions of which hop counts to generate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct QuestionConfig {
     /// Training questions.
     pub train: usize,
@@ -385,6 +386,7 @@ impl Default for QuestionConfig {
 /// `notes/quickstart-recipe.md`: 30 countries, 150 cities, 120 companies, 450 persons from 32
 /// syllables, 20 % of subjects held out, a 50/50 mix of 1- and 2-hop questions.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct WorldConfig {
     /// Seed of every random choice.
     pub seed: u64,

@@ -1,0 +1,690 @@
+//! The training configuration: one TOML document made of a preset, an optional user file and
+//! `--set key=value` overrides, resolved into a [`TrainConfig`]. Unknown or ill-typed fields are
+//! errors that name the field (its dotted path).
+//!
+//! A method is a preset (`presets/*.toml`, embedded in the binary): it names its rollout
+//! strategy, reward, advantage estimator and loss, each a part other presets reuse
+//! (design.md, spec §10).
+
+pub mod presets;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use turnwise_core::advantage::AdvantageConfig;
+use turnwise_core::reward::RewardConfig;
+use turnwise_env::world::WorldConfig;
+use turnwise_model::loss::ActorLossConfig;
+
+/// Error resolving a configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A TOML document does not parse.
+    #[error("{source_name}: {message}")]
+    Parse {
+        /// Where the document came from (preset name or file path).
+        source_name: String,
+        /// The parser's message (with line and column).
+        message: String,
+    },
+    /// A `--set` override is malformed.
+    #[error("--set {arg:?}: {message}")]
+    Override {
+        /// The override as given.
+        arg: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A field is unknown, missing or has the wrong type.
+    #[error("config field `{field}`: {message}")]
+    Field {
+        /// Dotted path of the field.
+        field: String,
+        /// The deserializer's message.
+        message: String,
+    },
+    /// A value is out of range or inconsistent with another.
+    #[error("config field `{field}`: {message}")]
+    Invalid {
+        /// Dotted path of the field.
+        field: &'static str,
+        /// What is wrong and what is allowed.
+        message: String,
+    },
+    /// An unknown preset name.
+    #[error("unknown preset {name:?}; known presets: {known}")]
+    UnknownPreset {
+        /// The name asked for.
+        name: String,
+        /// Every preset name.
+        known: String,
+    },
+    /// A config file cannot be read.
+    #[error("cannot read {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// The agent's tag grammar, as named in configs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentFormatName {
+    /// Search-R1 `<think>/<search>/<information>/<answer>`.
+    SearchR1,
+    /// A2TGPO/AT2PO `<search>`/`<result>` with a `\boxed{}` answer.
+    Boxed,
+    /// T2PO `<think>…</think><action>…</action>`.
+    T2po,
+}
+
+/// Where the questions and the corpus come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TaskConfig {
+    /// The generated multi-hop world (spec: built-in task).
+    pub world: WorldConfig,
+    /// Agent format of prompts, demonstrations and the environment.
+    pub format: AgentFormatName,
+    /// Passages per search.
+    pub topk: usize,
+    /// Most agent turns per episode (spec §6.5 default 4).
+    pub max_turns: usize,
+    /// Bound on the words of an observation's passages (`None`: unbounded).
+    pub max_observation_words: Option<usize>,
+}
+
+impl Default for TaskConfig {
+    fn default() -> Self {
+        Self {
+            world: WorldConfig::default(),
+            format: AgentFormatName::SearchR1,
+            topk: 3,
+            max_turns: 4,
+            max_observation_words: None,
+        }
+    }
+}
+
+/// Tokenizer built from scratch for a fresh model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenizerKind {
+    /// One token per word or punctuation mark (learns fastest, quickstart-recipe.md).
+    WordLevel,
+    /// Byte-level BPE.
+    Bpe,
+}
+
+/// The policy model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSpec {
+    /// A Hugging Face folder (config.json, *.safetensors, tokenizer.json) to start from instead
+    /// of a fresh model.
+    pub init_from: Option<PathBuf>,
+    /// Tokenizer of a fresh model.
+    pub tokenizer: TokenizerKind,
+    /// Vocabulary bound of a fresh tokenizer.
+    pub vocab_size: usize,
+    /// Hidden size.
+    pub hidden_size: usize,
+    /// Decoder layers.
+    pub num_layers: usize,
+    /// Attention heads.
+    pub num_heads: usize,
+    /// Key/value heads (grouped-query attention).
+    pub num_kv_heads: usize,
+    /// Feed-forward size.
+    pub intermediate_size: usize,
+    /// Longest sequence.
+    pub max_position_embeddings: usize,
+}
+
+impl Default for ModelSpec {
+    fn default() -> Self {
+        // The 0.92 M-parameter model of quickstart-recipe.md.
+        Self {
+            init_from: None,
+            tokenizer: TokenizerKind::WordLevel,
+            vocab_size: 4096,
+            hidden_size: 128,
+            num_layers: 4,
+            num_heads: 4,
+            num_kv_heads: 2,
+            intermediate_size: 384,
+            max_position_embeddings: 512,
+        }
+    }
+}
+
+/// Supervised warm start on oracle demonstrations.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SftConfig {
+    /// Optimizer steps (0 skips the warm start).
+    pub steps: u64,
+    /// Demonstrations per step.
+    pub batch_size: usize,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Warm-up steps.
+    pub warmup_steps: u64,
+    /// Cosine floor as a fraction of the peak.
+    pub min_lr_ratio: f64,
+    /// Probability that a demonstration carries one error (oracle noise).
+    pub noise: f64,
+    /// A JSON-lines file of demonstrations (`{"prompt": ..., "segments": [[text, is_agent]...]}`)
+    /// instead of the oracle.
+    pub demonstrations: Option<PathBuf>,
+}
+
+impl Default for SftConfig {
+    fn default() -> Self {
+        Self {
+            steps: 1200,
+            batch_size: 16,
+            lr: 2e-3,
+            warmup_steps: 50,
+            min_lr_ratio: 0.1,
+            noise: 0.2,
+            demonstrations: None,
+        }
+    }
+}
+
+/// How rollouts are sampled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RolloutStrategy {
+    /// G independent chains per prompt.
+    Chain,
+    /// AT2PO entropy-guided tree search (§6.1).
+    Tree,
+    /// Tree-GRPO: random expansion of the same tree shape.
+    RandomTree,
+}
+
+/// Rollout settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RolloutConfig {
+    /// Chain or tree.
+    pub strategy: RolloutStrategy,
+    /// Prompts per training step.
+    pub prompts_per_step: usize,
+    /// Rollouts per prompt (G); for trees, the number of leaves wanted.
+    pub group_size: usize,
+    /// Sampling temperature.
+    pub temperature: f64,
+    /// Nucleus sampling mass.
+    pub top_p: f64,
+    /// Top-k cut (0: none).
+    pub top_k: usize,
+    /// Most tokens the policy generates in one turn.
+    pub max_turn_tokens: usize,
+    /// Most response tokens (agent + observation) of a trajectory.
+    pub max_response_tokens: usize,
+    /// Tree: initial chains M.
+    pub tree_initial_chains: usize,
+    /// Tree: expansion iterations L.
+    pub tree_iterations: usize,
+    /// Tree: forks per iteration K.
+    pub tree_forks: usize,
+    /// Tree: branching penalty weight of the node score (§6.1).
+    pub tree_branch_penalty: f64,
+    /// Compute information-gain probes (IGPO, A2TGPO).
+    pub info_gain: bool,
+    /// Drop groups whose rewards all equal (DAPO dynamic sampling, §6.4).
+    pub filter_zero_variance_groups: bool,
+    /// Train on tokens forced by the thinking intervention (default false: masked out).
+    pub train_on_forced: bool,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        Self {
+            strategy: RolloutStrategy::Chain,
+            prompts_per_step: 16,
+            group_size: 8,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            max_turn_tokens: 48,
+            max_response_tokens: 400,
+            tree_initial_chains: 2,
+            tree_iterations: 2,
+            tree_forks: 3,
+            tree_branch_penalty: 0.5,
+            info_gain: false,
+            filter_zero_variance_groups: true,
+            train_on_forced: false,
+        }
+    }
+}
+
+/// Optimizer and PPO-epoch settings of the RL phase.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OptimConfig {
+    /// Learning rate (constant after warm-up).
+    pub lr: f64,
+    /// Warm-up steps.
+    pub warmup_steps: u64,
+    /// AdamW β1.
+    pub beta1: f64,
+    /// AdamW β2.
+    pub beta2: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    /// Global gradient-norm bound.
+    pub grad_clip: f64,
+    /// Passes over each rollout batch.
+    pub ppo_epochs: usize,
+    /// Rollouts per optimizer step (0: the whole batch).
+    pub mini_batch_size: usize,
+    /// Rollouts per forward/backward (gradient accumulation within a mini-batch; 0: the
+    /// mini-batch).
+    pub micro_batch_size: usize,
+    /// Consecutive non-finite updates that stop the run.
+    pub max_bad_updates: usize,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        Self {
+            lr: 2e-4,
+            warmup_steps: 0,
+            beta1: 0.9,
+            beta2: 0.95,
+            weight_decay: 0.0,
+            grad_clip: 1.0,
+            ppo_epochs: 1,
+            mini_batch_size: 0,
+            micro_batch_size: 0,
+            max_bad_updates: 3,
+        }
+    }
+}
+
+/// The PPO critic.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CriticConfig {
+    /// Train a critic (needed by `gae`).
+    pub enabled: bool,
+    /// Critic learning rate.
+    pub lr: f64,
+    /// Value clip range (verl `cliprange_value`).
+    pub cliprange_value: f64,
+    /// Critic warm-up updates before the actor trains.
+    pub warmup_updates: u64,
+}
+
+impl Default for CriticConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            lr: 1e-3,
+            cliprange_value: 0.5,
+            warmup_updates: 0,
+        }
+    }
+}
+
+/// Evaluation settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EvalConfig {
+    /// Held-out questions evaluated (test split of the world).
+    pub questions: usize,
+    /// Evaluate every N RL steps (0: only before and after).
+    pub every: u64,
+    /// Greedy decoding.
+    pub greedy: bool,
+    /// Sampled decoding at the rollout temperature.
+    pub sampled: bool,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        Self {
+            questions: 300,
+            every: 0,
+            greedy: true,
+            sampled: true,
+        }
+    }
+}
+
+/// Run bookkeeping.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunConfig {
+    /// RL steps.
+    pub steps: u64,
+    /// Checkpoint every N steps (and at the end).
+    pub save_every: u64,
+    /// Keep the last K checkpoints.
+    pub keep_checkpoints: usize,
+    /// Trajectories saved per step to `samples/`.
+    pub samples_per_step: usize,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            steps: 40,
+            save_every: 10,
+            keep_checkpoints: 2,
+            samples_per_step: 4,
+        }
+    }
+}
+
+/// Everything a training run needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Preset name.
+    pub preset: String,
+    /// What the preset reproduces (paper, method).
+    pub description: String,
+    /// Seed of every random choice of the run.
+    pub seed: u64,
+    /// Questions, corpus and environment.
+    pub task: TaskConfig,
+    /// The policy model.
+    pub model: ModelSpec,
+    /// Supervised warm start.
+    pub sft: SftConfig,
+    /// Rollouts.
+    pub rollout: RolloutConfig,
+    /// The reward (by `name`, spec §2).
+    pub reward: RewardConfig,
+    /// The advantage estimator (by `estimator`, spec §3).
+    pub advantage: AdvantageConfig,
+    /// The actor objective (policy loss, KL, entropy; spec §5).
+    pub actor: ActorLossConfig,
+    /// Optimizer.
+    pub optim: OptimConfig,
+    /// Critic (PPO family).
+    pub critic: CriticConfig,
+    /// Evaluation.
+    pub eval: EvalConfig,
+    /// Run bookkeeping.
+    pub run: RunConfig,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            preset: "custom".into(),
+            description: String::new(),
+            seed: 0,
+            task: TaskConfig::default(),
+            model: ModelSpec::default(),
+            sft: SftConfig::default(),
+            rollout: RolloutConfig::default(),
+            reward: RewardConfig::from_name("em").expect("em is a reward"),
+            advantage: AdvantageConfig::default_for("grpo").expect("grpo is an estimator"),
+            actor: ActorLossConfig::default(),
+            optim: OptimConfig::default(),
+            critic: CriticConfig::default(),
+            eval: EvalConfig::default(),
+            run: RunConfig::default(),
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Resolves preset `preset` (if any), then `file` (if any), then each `key=value` of `sets`
+    /// (dotted keys, TOML values; a bare word is a string), and validates the result.
+    pub fn resolve(
+        preset: Option<&str>,
+        file: Option<&Path>,
+        sets: &[String],
+    ) -> Result<Self, ConfigError> {
+        let mut doc = toml::Table::new();
+        if let Some(name) = preset {
+            let text = presets::get(name)?;
+            merge(&mut doc, parse_table(text, &format!("preset {name}"))?);
+        }
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            merge(&mut doc, parse_table(&text, &path.display().to_string())?);
+        }
+        for arg in sets {
+            apply_override(&mut doc, arg)?;
+        }
+        Self::from_table(doc)
+    }
+
+    /// Deserializes a resolved TOML table, naming the offending field on error.
+    pub fn from_table(doc: toml::Table) -> Result<Self, ConfigError> {
+        let text = toml::to_string(&doc).map_err(|e| ConfigError::Parse {
+            source_name: "resolved config".into(),
+            message: e.to_string(),
+        })?;
+        let de = toml::Deserializer::parse(&text).map_err(|e| ConfigError::Parse {
+            source_name: "resolved config".into(),
+            message: e.to_string(),
+        })?;
+        let cfg: TrainConfig =
+            serde_path_to_error::deserialize(de).map_err(|e| ConfigError::Field {
+                field: e.path().to_string(),
+                message: first_line(&e.inner().to_string()),
+            })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The resolved config as TOML (what a run directory stores).
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("the config serializes to TOML")
+    }
+
+    /// Checks ranges and cross-field consistency.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |field, message: String| Err(ConfigError::Invalid { field, message });
+        let r = &self.rollout;
+        if r.prompts_per_step == 0 {
+            return bad("rollout.prompts_per_step", "must be at least 1".into());
+        }
+        if r.group_size == 0 {
+            return bad("rollout.group_size", "must be at least 1".into());
+        }
+        if !(r.temperature > 0.0 && r.temperature.is_finite()) {
+            return bad(
+                "rollout.temperature",
+                format!("must be positive for RL sampling, got {}", r.temperature),
+            );
+        }
+        if !(r.top_p > 0.0 && r.top_p <= 1.0) {
+            return bad(
+                "rollout.top_p",
+                format!("must be in (0, 1], got {}", r.top_p),
+            );
+        }
+        if r.max_turn_tokens == 0 || r.max_response_tokens < r.max_turn_tokens {
+            return bad(
+                "rollout.max_turn_tokens",
+                "must be at least 1 and at most rollout.max_response_tokens".into(),
+            );
+        }
+        if matches!(
+            r.strategy,
+            RolloutStrategy::Tree | RolloutStrategy::RandomTree
+        ) && (r.tree_initial_chains == 0 || r.tree_forks == 0)
+        {
+            return bad(
+                "rollout.tree_initial_chains",
+                "tree rollouts need at least one initial chain and one fork per iteration".into(),
+            );
+        }
+        if self.task.max_turns == 0 {
+            return bad("task.max_turns", "must be at least 1".into());
+        }
+        if self.task.topk == 0 {
+            return bad("task.topk", "must be at least 1".into());
+        }
+        let o = &self.optim;
+        if !(o.lr > 0.0 && o.lr.is_finite()) {
+            return bad("optim.lr", format!("must be positive, got {}", o.lr));
+        }
+        if o.ppo_epochs == 0 {
+            return bad("optim.ppo_epochs", "must be at least 1".into());
+        }
+        if !(o.grad_clip > 0.0) {
+            return bad(
+                "optim.grad_clip",
+                format!("must be positive, got {}", o.grad_clip),
+            );
+        }
+        if !(0.0..=1.0).contains(&self.sft.noise) {
+            return bad(
+                "sft.noise",
+                format!("must be in [0, 1], got {}", self.sft.noise),
+            );
+        }
+        if self.sft.steps > 0 && self.sft.batch_size == 0 {
+            return bad("sft.batch_size", "must be at least 1".into());
+        }
+        let m = &self.model;
+        if m.num_heads == 0 || m.num_kv_heads == 0 || m.num_heads % m.num_kv_heads != 0 {
+            return bad(
+                "model.num_kv_heads",
+                format!(
+                    "num_heads ({}) must be a positive multiple of num_kv_heads ({})",
+                    m.num_heads, m.num_kv_heads
+                ),
+            );
+        }
+        if m.hidden_size % m.num_heads != 0 {
+            return bad(
+                "model.hidden_size",
+                format!(
+                    "must be divisible by num_heads ({}), got {}",
+                    m.num_heads, m.hidden_size
+                ),
+            );
+        }
+        self.actor
+            .policy
+            .resolve()
+            .map_err(|e| ConfigError::Invalid {
+                field: "actor.policy",
+                message: e.to_string(),
+            })?;
+        self.reward.validate().map_err(|e| ConfigError::Invalid {
+            field: "reward",
+            message: e.to_string(),
+        })?;
+        let est = turnwise_core::advantage::Estimator::name(&self.advantage);
+        if est == "gae" && !self.critic.enabled {
+            return bad(
+                "critic.enabled",
+                "the gae estimator needs a critic: set critic.enabled = true".into(),
+            );
+        }
+        if matches!(est, "igpo" | "a2tgpo") && !r.info_gain {
+            return bad(
+                "rollout.info_gain",
+                format!(
+                    "the {est} estimator needs information-gain probes: set rollout.info_gain = true"
+                ),
+            );
+        }
+        if matches!(est, "at2po" | "tree_grpo") && r.strategy == RolloutStrategy::Chain {
+            return bad(
+                "rollout.strategy",
+                format!(
+                    "the {est} estimator needs tree rollouts (strategy = \"tree\" or \"random_tree\")"
+                ),
+            );
+        }
+        if self.actor.policy.policy_loss == "a2tgpo" && est != "a2tgpo" {
+            return bad(
+                "actor.policy.policy_loss",
+                "the a2tgpo loss needs the a2tgpo estimator's clip scales".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+fn first_line(s: &str) -> String {
+    s.lines()
+        .filter(|l| !l.trim().is_empty())
+        .last()
+        .unwrap_or(s)
+        .trim()
+        .to_string()
+}
+
+fn parse_table(text: &str, source_name: &str) -> Result<toml::Table, ConfigError> {
+    text.parse::<toml::Table>().map_err(|e| ConfigError::Parse {
+        source_name: source_name.to_string(),
+        message: e.to_string(),
+    })
+}
+
+/// Deep-merges `top` into `base` (tables merge key by key; other values replace).
+pub fn merge(base: &mut toml::Table, top: toml::Table) {
+    for (k, v) in top {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(t)) => merge(b, t),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
+/// Applies one `a.b.c=value` override. The value is parsed as TOML (`3`, `1e-4`, `true`,
+/// `"text"`, `[1, 2]`); anything that does not parse is taken as a string.
+pub fn apply_override(doc: &mut toml::Table, arg: &str) -> Result<(), ConfigError> {
+    let err = |message: &str| ConfigError::Override {
+        arg: arg.to_string(),
+        message: message.to_string(),
+    };
+    let (key, raw) = arg
+        .split_once('=')
+        .ok_or_else(|| err("expected key=value, e.g. optim.lr=1e-4"))?;
+    let key = key.trim();
+    if key.is_empty() || key.split('.').any(|p| p.trim().is_empty()) {
+        return Err(err("the key must be a dotted path like rollout.group_size"));
+    }
+    let raw = raw.trim();
+    let value = match format!("v = {raw}").parse::<toml::Table>() {
+        Ok(mut t) => t.remove("v").expect("parsed key"),
+        Err(_) => toml::Value::String(raw.to_string()),
+    };
+    let parts: Vec<&str> = key.split('.').map(str::trim).collect();
+    let mut table = doc;
+    for p in &parts[..parts.len() - 1] {
+        let entry = table
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        table = match entry {
+            toml::Value::Table(t) => t,
+            _ => return Err(err(&format!("`{p}` is a value, not a table"))),
+        };
+    }
+    // Switching the estimator or reward drops the previous one's settings.
+    let last = parts[parts.len() - 1];
+    if (last == "estimator" || last == "name") && table.get(last) != Some(&value) {
+        table.clear();
+    }
+    table.insert(last.to_string(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

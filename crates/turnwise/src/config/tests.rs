@@ -1,0 +1,124 @@
+use super::*;
+
+#[test]
+fn every_preset_resolves_and_validates() {
+    for name in presets::names() {
+        let cfg = TrainConfig::resolve(Some(name), None, &[])
+            .unwrap_or_else(|e| panic!("preset {name}: {e}"));
+        assert!(
+            !cfg.description.is_empty(),
+            "preset {name} has no description"
+        );
+    }
+}
+
+#[test]
+fn overrides_apply_with_toml_types() {
+    let cfg = TrainConfig::resolve(
+        Some("grpo"),
+        None,
+        &[
+            "rollout.group_size=4".into(),
+            "optim.lr=1e-4".into(),
+            "rollout.info_gain=false".into(),
+            "task.world.questions.hop_weights=[1.0, 0.0, 0.0, 0.0]".into(),
+            "model.init_from=/tmp/some model".into(),
+        ],
+    )
+    .unwrap();
+    assert_eq!(cfg.rollout.group_size, 4);
+    assert_eq!(cfg.optim.lr, 1e-4);
+    assert_eq!(cfg.task.world.questions.hop_weights, [1.0, 0.0, 0.0, 0.0]);
+    assert_eq!(
+        cfg.model.init_from.as_deref(),
+        Some(std::path::Path::new("/tmp/some model"))
+    );
+}
+
+#[test]
+fn unknown_fields_are_rejected_with_their_path() {
+    let e = TrainConfig::resolve(Some("grpo"), None, &["rollout.group_sise=4".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rollout") && e.contains("group_sise"), "{e}");
+    let e = TrainConfig::resolve(Some("a2tgpo"), None, &["advantage.clip_betta=0.1".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("advantage") && e.contains("clip_betta"), "{e}");
+}
+
+#[test]
+fn ill_typed_fields_are_rejected_with_their_path() {
+    let e = TrainConfig::resolve(Some("grpo"), None, &["rollout.group_size=\"eight\"".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rollout.group_size"), "{e}");
+    let e = TrainConfig::resolve(Some("grpo"), None, &["optim.lr=-1".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("optim.lr"), "{e}");
+}
+
+#[test]
+fn malformed_overrides_and_unknown_presets_are_explained() {
+    let e = TrainConfig::resolve(Some("grpo"), None, &["rollout.group_size".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("key=value"), "{e}");
+    let e = TrainConfig::resolve(Some("grpoo"), None, &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("unknown preset") && e.contains("a2tgpo"), "{e}");
+}
+
+#[test]
+fn switching_the_estimator_drops_the_old_settings() {
+    let cfg = TrainConfig::resolve(
+        Some("a2tgpo"),
+        None,
+        &["advantage.estimator=\"igpo\"".into()],
+    )
+    .unwrap();
+    assert_eq!(
+        turnwise_core::advantage::Estimator::name(&cfg.advantage),
+        "igpo"
+    );
+}
+
+#[test]
+fn inconsistent_settings_name_the_field_to_change() {
+    let e = TrainConfig::resolve(Some("a2tgpo"), None, &["rollout.info_gain=false".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rollout.info_gain"), "{e}");
+    let e = TrainConfig::resolve(Some("ppo"), None, &["critic.enabled=false".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("critic.enabled"), "{e}");
+}
+
+#[test]
+fn a_config_file_layers_between_preset_and_overrides() {
+    let dir = std::env::temp_dir().join(format!("turnwise-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("my.toml");
+    std::fs::write(&path, "seed = 7\n[rollout]\ngroup_size = 5\n").unwrap();
+    let cfg =
+        TrainConfig::resolve(Some("grpo"), Some(&path), &["rollout.group_size=6".into()]).unwrap();
+    assert_eq!(cfg.seed, 7);
+    assert_eq!(cfg.rollout.group_size, 6);
+    std::fs::write(&path, "seed = \n").unwrap();
+    let e = TrainConfig::resolve(Some("grpo"), Some(&path), &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("my.toml"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_resolved_config_round_trips_through_toml() {
+    let cfg = TrainConfig::resolve(Some("at2po"), None, &[]).unwrap();
+    let text = cfg.to_toml();
+    let back = TrainConfig::from_table(text.parse().unwrap()).unwrap();
+    assert_eq!(cfg, back);
+}

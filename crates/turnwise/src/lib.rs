@@ -1,0 +1,16 @@
+//! # turnwise
+//!
+//! Multi-turn reinforcement learning for LLM agents: the trainer and its command-line tool.
+//! The modules follow one training step down the pipeline:
+//!
+//! task ([`task`]) → environment (`turnwise_env`) → rollout ([`rollout`]) → reward
+//! (`turnwise_core::reward`) → advantage ([`trainer::advantage`] over `turnwise_core::advantage`)
+//! → loss and optimizer ([`update`] over `turnwise_model::loss`) → checkpoint and metrics
+//! ([`trainer`]). [`config`] resolves presets and overrides.
+
+pub mod config;
+pub mod pipeline;
+pub mod rollout;
+pub mod task;
+pub mod trainer;
+pub mod update;

@@ -1,0 +1,134 @@
+//! Evaluation on held-out questions: EM, F1, SubEM, format validity, tool calls, turns and
+//! tokens per answer, broken down by hop count; greedy or sampled.
+
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+use turnwise_core::reward::{em, squad_f1, sub_em};
+use turnwise_env::world::Split;
+
+use super::Trainer;
+use crate::rollout::{EpisodeSpec, run_chains};
+use crate::task::{WorldTask, prompt_text};
+
+/// Results of one evaluation.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct EvalResult {
+    /// Questions evaluated.
+    pub n: usize,
+    /// Exact match.
+    pub em: f64,
+    /// Standard error of `em` (binomial).
+    pub em_se: f64,
+    /// SQuAD F1.
+    pub f1: f64,
+    /// Substring EM.
+    pub sub_em: f64,
+    /// Fraction of episodes that ended with a parsable answer.
+    pub answered: f64,
+    /// Fraction of turns with a valid format.
+    pub format_ok: f64,
+    /// Mean searches per question.
+    pub tool_calls: f64,
+    /// Mean turns per question.
+    pub turns: f64,
+    /// Mean agent tokens per question.
+    pub agent_tokens: f64,
+    /// EM by hop count.
+    pub em_by_hops: BTreeMap<usize, (f64, usize)>,
+}
+
+impl EvalResult {
+    /// Metrics under `prefix` (e.g. `eval/greedy`).
+    pub fn to_metrics(&self, prefix: &str) -> BTreeMap<String, f64> {
+        let mut m = BTreeMap::new();
+        m.insert(format!("{prefix}/em"), self.em);
+        m.insert(format!("{prefix}/em_se"), self.em_se);
+        m.insert(format!("{prefix}/f1"), self.f1);
+        m.insert(format!("{prefix}/sub_em"), self.sub_em);
+        m.insert(format!("{prefix}/answered"), self.answered);
+        m.insert(format!("{prefix}/format_ok"), self.format_ok);
+        m.insert(format!("{prefix}/tool_calls"), self.tool_calls);
+        m.insert(format!("{prefix}/turns"), self.turns);
+        m.insert(format!("{prefix}/agent_tokens"), self.agent_tokens);
+        for (h, (e, _)) in &self.em_by_hops {
+            m.insert(format!("{prefix}/em/hop{h}"), *e);
+        }
+        m
+    }
+}
+
+impl Trainer {
+    /// Evaluates on the first `n` questions of each split in `splits`, greedy (`temperature`
+    /// 0) or sampled.
+    pub fn evaluate(
+        &self,
+        splits: &[Split],
+        n: usize,
+        temperature: f64,
+        seed: u64,
+    ) -> Result<EvalResult> {
+        let questions: Vec<_> = splits
+            .iter()
+            .flat_map(|&s| self.task.questions(s).into_iter().take(n))
+            .collect();
+        let mut specs = Vec::with_capacity(questions.len());
+        for (i, q) in questions.iter().enumerate() {
+            specs.push(EpisodeSpec {
+                id: format!("eval-{}", q.id),
+                prompt_uid: q.id.clone(),
+                prompt_ids: self.tokenizer.encode(&prompt_text(&q.text))?,
+                task: WorldTask::env_task(q),
+                seed: crate::rollout::turn_seed(seed, i),
+            });
+        }
+        let policy = self.rollout_policy();
+        let env = self.make_env();
+        let mut decoding = self.decoding(temperature);
+        decoding.max_response_tokens = self.config.rollout.max_response_tokens;
+        let mut episodes = Vec::new();
+        for chunk in specs.chunks(64) {
+            episodes.extend(run_chains(&policy, chunk.to_vec(), &env, &decoding)?);
+        }
+        let mut r = EvalResult {
+            n: episodes.len(),
+            ..EvalResult::default()
+        };
+        let mut turns_total = 0usize;
+        let mut fmt_ok = 0usize;
+        for (ep, q) in episodes.iter().zip(&questions) {
+            let answer = ep.answer.clone();
+            let golds = &q.golden_answers;
+            let (e, f, s) = match &answer {
+                Some(a) => (em(a, golds), squad_f1(a, golds), sub_em(a, golds)),
+                None => (0.0, 0.0, 0.0),
+            };
+            r.em += e;
+            r.f1 += f;
+            r.sub_em += s;
+            r.answered += f64::from(u8::from(answer.is_some()));
+            r.tool_calls += ep.trajectory.search_count() as f64;
+            r.turns += ep.trajectory.num_turns() as f64;
+            r.agent_tokens += ep.trajectory.agent_token_count() as f64;
+            turns_total += ep.trajectory.turns.len();
+            fmt_ok += ep.trajectory.turns.iter().filter(|t| t.format_ok).count();
+            let h = r.em_by_hops.entry(q.hops()).or_insert((0.0, 0));
+            h.0 += e;
+            h.1 += 1;
+        }
+        let n = r.n.max(1) as f64;
+        r.em /= n;
+        r.f1 /= n;
+        r.sub_em /= n;
+        r.answered /= n;
+        r.tool_calls /= n;
+        r.turns /= n;
+        r.agent_tokens /= n;
+        r.format_ok = fmt_ok as f64 / turns_total.max(1) as f64;
+        r.em_se = (r.em * (1.0 - r.em) / n).sqrt();
+        for v in r.em_by_hops.values_mut() {
+            v.0 /= v.1.max(1) as f64;
+        }
+        Ok(r)
+    }
+}

@@ -1,0 +1,580 @@
+//! The training loop: warm start, then rollout → reward → advantage → loss → optimizer, with
+//! evaluation, checkpoints and metrics.
+
+pub mod advantage;
+pub mod eval;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarMap;
+use turnwise_core::reward::{RewardInput, TurnText};
+use turnwise_env::env::Environment;
+use turnwise_env::world::Split;
+use turnwise_model::checkpoint::{TrainerState, load_checkpoint, save_checkpoint};
+use turnwise_model::model::transformer::varmap_tensors;
+use turnwise_model::model::weights::{init_varmap, sorted_vars};
+use turnwise_model::optim::{AdamW, AdamWConfig, DecayShape, LrSchedule};
+use turnwise_model::rng::TurnRng;
+use turnwise_model::tokenizer::TextTokenizer;
+use turnwise_model::{Architecture, ModelConfig, Transformer};
+
+use crate::config::TrainConfig;
+use crate::rollout::{Decoding, Episode, EpisodeSpec, Policy, run_chains};
+use crate::task::{WorldTask, encode_demo, prompt_text, stop_token_ids};
+use crate::update::{ActorUpdate, Row, actor_update, logprobs_no_grad, sft_step};
+
+/// The model, tokenizer and optimizer of a run, with its task.
+pub struct Trainer {
+    /// The resolved configuration.
+    pub config: TrainConfig,
+    /// The task.
+    pub task: WorldTask,
+    /// The tokenizer.
+    pub tokenizer: TextTokenizer,
+    /// Model configuration.
+    pub model_config: ModelConfig,
+    /// Trainable weights.
+    pub varmap: VarMap,
+    /// The policy with gradients.
+    pub policy: Transformer,
+    /// The same weights without a graph, for rollouts.
+    pub sampler: Transformer,
+    /// Frozen reference policy for the KL term.
+    pub reference: Option<Transformer>,
+    /// Optimizer of the RL phase (or of SFT while it runs).
+    pub optimizer: AdamW,
+    /// RL steps done.
+    pub step: u64,
+    /// Data and sampling randomness.
+    pub rng: TurnRng,
+    stop_ids: Vec<u32>,
+    consecutive_bad: usize,
+}
+
+/// What one RL step produced.
+pub struct StepOutput {
+    /// Metrics of the step.
+    pub metrics: BTreeMap<String, f64>,
+    /// The episodes (for samples).
+    pub episodes: Vec<Episode>,
+}
+
+/// Builds the model configuration of a fresh model.
+pub fn fresh_model_config(cfg: &TrainConfig, vocab_size: usize) -> ModelConfig {
+    let m = &cfg.model;
+    ModelConfig {
+        architecture: Architecture::Qwen2,
+        hidden_size: m.hidden_size,
+        intermediate_size: m.intermediate_size,
+        num_hidden_layers: m.num_layers,
+        num_attention_heads: m.num_heads,
+        num_key_value_heads: m.num_kv_heads,
+        head_dim: m.hidden_size / m.num_heads,
+        rope_theta: 10_000.0,
+        rms_norm_eps: 1e-6,
+        vocab_size,
+        tie_word_embeddings: true,
+        max_position_embeddings: m.max_position_embeddings,
+        attention_bias: true,
+        qk_norm: false,
+        initializer_range: 0.02,
+    }
+}
+
+fn adamw(cfg: &TrainConfig, weight_decay: f64) -> AdamWConfig {
+    AdamWConfig {
+        beta1: cfg.optim.beta1,
+        beta2: cfg.optim.beta2,
+        weight_decay,
+        ..AdamWConfig::default()
+    }
+}
+
+impl Trainer {
+    /// A fresh run: builds the task, trains a tokenizer and initialises a model (or loads
+    /// `model.init_from`).
+    pub fn new(config: TrainConfig) -> Result<Self> {
+        let task = WorldTask::build(&config.task)?;
+        let (tokenizer, model_config, varmap) = match &config.model.init_from {
+            Some(dir) => {
+                let (mc, tensors) =
+                    turnwise_model::model::weights::load_hf(dir, DType::F32, &Device::Cpu)
+                        .with_context(|| format!("loading the model in {}", dir.display()))?;
+                let vm = turnwise_model::model::weights::varmap_from_tensors(
+                    &mc,
+                    &tensors,
+                    &dir.display().to_string(),
+                )?;
+                let tok = TextTokenizer::from_file(dir.join("tokenizer.json"))
+                    .with_context(|| format!("loading {}/tokenizer.json", dir.display()))?;
+                (tok, mc, vm)
+            }
+            None => {
+                let demos = task.demonstrations(Split::Train, 0.0, config.seed)?;
+                let tok =
+                    task.train_tokenizer(config.model.tokenizer, config.model.vocab_size, &demos)?;
+                let mc = fresh_model_config(&config, tok.vocab_size());
+                let vm = init_varmap(&mc, DType::F32, &Device::Cpu, config.seed)?;
+                (tok, mc, vm)
+            }
+        };
+        Self::assemble(config, task, tokenizer, model_config, varmap, None, 0)
+    }
+
+    fn assemble(
+        config: TrainConfig,
+        task: WorldTask,
+        tokenizer: TextTokenizer,
+        model_config: ModelConfig,
+        varmap: VarMap,
+        optimizer: Option<AdamW>,
+        step: u64,
+    ) -> Result<Self> {
+        let policy = Transformer::from_varmap(&model_config, &varmap)?;
+        let sampler = Transformer::detached_from_varmap(&model_config, &varmap)?;
+        let optimizer = match optimizer {
+            Some(o) => o,
+            None => AdamW::new(
+                sorted_vars(&varmap),
+                adamw(&config, config.optim.weight_decay),
+            )?,
+        };
+        let stop_ids = stop_token_ids(&tokenizer, config.task.format);
+        let rng = TurnRng::seed_from_u64(config.seed ^ 0x7475_726e);
+        Ok(Self {
+            config,
+            task,
+            tokenizer,
+            model_config,
+            varmap,
+            policy,
+            sampler,
+            reference: None,
+            optimizer,
+            step,
+            rng,
+            stop_ids,
+            consecutive_bad: 0,
+        })
+    }
+
+    /// The rollout policy.
+    pub fn rollout_policy(&self) -> Policy<'_> {
+        Policy {
+            model: &self.sampler,
+            tokenizer: &self.tokenizer,
+            stop_ids: &self.stop_ids,
+        }
+    }
+
+    /// Supervised warm start on oracle demonstrations of the training split. `on_step` gets
+    /// `(step, loss, lr)` after every update.
+    pub fn warm_start(&mut self, on_step: &mut dyn FnMut(u64, f64, f64)) -> Result<()> {
+        let c = self.config.sft.clone();
+        if c.steps == 0 {
+            return Ok(());
+        }
+        let demos = match &c.demonstrations {
+            Some(path) => read_demonstrations(path)?,
+            None => self
+                .task
+                .demonstrations(Split::Train, c.noise, self.config.seed)?,
+        };
+        if demos.is_empty() {
+            bail!("no demonstrations to warm-start on");
+        }
+        let rows: Vec<Row> = demos
+            .iter()
+            .map(|d| {
+                let e = encode_demo(&self.tokenizer, d)?;
+                let p = self.tokenizer.encode(&d.prompt)?.len();
+                let resp = e.ids[p..].to_vec();
+                let mask = e.loss_mask[p..].to_vec();
+                let turn = mask.iter().map(|&m| if m > 0 { 0 } else { -1 }).collect();
+                Ok(Row::new(e.ids[..p].to_vec(), resp, mask, turn))
+            })
+            .collect::<Result<_>>()?;
+        let schedule = LrSchedule {
+            peak_lr: c.lr,
+            warmup_steps: c.warmup_steps,
+            total_steps: c.steps,
+            min_lr_ratio: c.min_lr_ratio,
+            decay: DecayShape::Cosine,
+        };
+        schedule.validate()?;
+        let mut opt = AdamW::new(sorted_vars(&self.varmap), adamw(&self.config, 0.1))?;
+        let mut rng = TurnRng::seed_from_u64(self.config.seed ^ 0x5f74);
+        let mut order: Vec<usize> = Vec::new();
+        for s in 0..c.steps {
+            let mut batch = Vec::with_capacity(c.batch_size);
+            while batch.len() < c.batch_size {
+                if order.is_empty() {
+                    order = (0..rows.len()).collect();
+                    shuffle(&mut order, &mut rng);
+                }
+                batch.push(&rows[order.pop().expect("non-empty")]);
+            }
+            let lr = schedule.lr_at(s);
+            match sft_step(&self.policy, &mut opt, &batch, lr, 1.0)? {
+                Some((loss, _)) => on_step(s + 1, loss, lr),
+                None => tracing::warn!(step = s + 1, "non-finite SFT loss: update skipped"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Freezes the current weights as the KL reference.
+    pub fn freeze_reference(&mut self) -> Result<()> {
+        let tensors = varmap_tensors(&self.varmap, true)
+            .into_iter()
+            .map(|(k, t)| Ok((k, t.copy()?)))
+            .collect::<Result<_>>()?;
+        self.reference = Some(Transformer::from_tensors(
+            &self.model_config,
+            &tensors,
+            "reference policy",
+        )?);
+        Ok(())
+    }
+
+    fn decoding(&self, temperature: f64) -> Decoding {
+        let r = &self.config.rollout;
+        Decoding {
+            temperature,
+            top_p: if temperature == 0.0 { 1.0 } else { r.top_p },
+            top_k: if temperature == 0.0 { 0 } else { r.top_k },
+            max_turn_tokens: r.max_turn_tokens,
+            max_response_tokens: r.max_response_tokens,
+        }
+    }
+
+    fn make_env(&self) -> impl Fn() -> Result<Box<dyn Environment>> + '_ {
+        move || Ok(Box::new(self.task.env()?) as Box<dyn Environment>)
+    }
+
+    /// One RL step.
+    pub fn rl_step(&mut self) -> Result<StepOutput> {
+        let t0 = Instant::now();
+        let cfg = self.config.clone();
+        let r = &cfg.rollout;
+        let train = self.task.questions(Split::Train);
+        if train.is_empty() {
+            bail!("the world has no training questions");
+        }
+        // Prompts of this step: a seeded sample without replacement.
+        let mut picks: Vec<usize> = (0..train.len()).collect();
+        shuffle(&mut picks, &mut self.rng);
+        picks.truncate(r.prompts_per_step.min(train.len()));
+        let questions: Vec<_> = picks.iter().map(|&i| train[i]).collect();
+        let base_seed = self.rng.next_u64();
+        let mut specs = Vec::new();
+        for (g, q) in questions.iter().enumerate() {
+            let prompt_ids = self.tokenizer.encode(&prompt_text(&q.text))?;
+            for k in 0..r.group_size {
+                specs.push(EpisodeSpec {
+                    id: format!("s{}-{}-{k}", self.step + 1, q.id),
+                    prompt_uid: format!("{g}:{}", q.id),
+                    prompt_ids: prompt_ids.clone(),
+                    task: WorldTask::env_task(q),
+                    seed: crate::rollout::turn_seed(base_seed, g * r.group_size + k),
+                });
+            }
+        }
+        let decoding = self.decoding(r.temperature);
+        let mut groups: Vec<usize> = (0..specs.len()).map(|i| i / r.group_size).collect();
+        let golds: Vec<Vec<String>> = specs.iter().map(|s| s.task.answers.clone()).collect();
+        let (mut episodes, tree_info) = match r.strategy {
+            crate::config::RolloutStrategy::Chain => {
+                let policy = self.rollout_policy();
+                let env = self.make_env();
+                (run_chains(&policy, specs, &env, &decoding)?, None)
+            }
+            _ => {
+                let policy = self.rollout_policy();
+                let env = self.make_env();
+                let out = crate::rollout::tree::run_trees(
+                    &policy,
+                    specs,
+                    r.group_size,
+                    &env,
+                    &decoding,
+                    r,
+                    base_seed,
+                )?;
+                groups = out.groups.clone();
+                (out.episodes, Some(out.trees))
+            }
+        };
+        let golds: Vec<Vec<String>> = match &tree_info {
+            None => golds,
+            Some(_) => groups
+                .iter()
+                .map(|&g| golds[g * r.group_size].clone())
+                .collect(),
+        };
+        let t_gen = t0.elapsed().as_secs_f64();
+
+        // Rewards.
+        let mut scores = Vec::with_capacity(episodes.len());
+        let mut turn_rewards = Vec::with_capacity(episodes.len());
+        let mut ems = Vec::with_capacity(episodes.len());
+        let mut format_ok = 0usize;
+        for (ep, gold) in episodes.iter_mut().zip(&golds) {
+            let response = ep.response_text();
+            let turns: Vec<TurnText<'_>> = ep
+                .turn_texts
+                .iter()
+                .map(|(g, o)| TurnText {
+                    generated: g,
+                    observation: o.as_deref(),
+                })
+                .collect();
+            let out = cfg
+                .reward
+                .score(&RewardInput::new(&response, gold).with_turns(&turns))
+                .with_context(|| format!("scoring {}", ep.trajectory.id))?;
+            format_ok += usize::from(out.format_ok);
+            ems.push(out.em);
+            scores.push(out.score);
+            ep.trajectory.outcome_reward = Some(out.score);
+            ep.trajectory.turn_rewards = out.turn_rewards.clone();
+            turn_rewards.push(out.turn_rewards);
+        }
+
+        // Information gain.
+        let t1 = Instant::now();
+        let info_gain = if r.info_gain {
+            let first: Vec<String> = golds
+                .iter()
+                .map(|g| g.first().cloned().unwrap_or_default())
+                .collect();
+            let res = crate::rollout::info_gain::probe(
+                &self.sampler,
+                &self.tokenizer,
+                cfg.task.format,
+                &episodes,
+                &first,
+            )?;
+            Some(res)
+        } else {
+            None
+        };
+        let t_ig = t1.elapsed().as_secs_f64();
+
+        // Advantages.
+        let adv = advantage::compute(
+            &cfg,
+            &episodes,
+            &groups,
+            &scores,
+            &turn_rewards,
+            info_gain.as_ref().map(|r| r.gains.as_slice()),
+            tree_info.as_ref(),
+        )?;
+        let mut rows = adv.rows;
+        let kept = adv.kept;
+
+        let mut metrics = BTreeMap::new();
+        let n = episodes.len() as f64;
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        metrics.insert("critic/score/mean".into(), mean(&scores));
+        metrics.insert(
+            "critic/score/max".into(),
+            scores.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        );
+        metrics.insert(
+            "critic/score/min".into(),
+            scores.iter().copied().fold(f64::INFINITY, f64::min),
+        );
+        metrics.insert("train/em".into(), mean(&ems));
+        metrics.insert("train/format_ok".into(), format_ok as f64 / n);
+        let lens: Vec<f64> = episodes
+            .iter()
+            .map(|e| e.trajectory.response_len() as f64)
+            .collect();
+        metrics.insert("response_length/mean".into(), mean(&lens));
+        let agent: Vec<f64> = episodes
+            .iter()
+            .map(|e| e.trajectory.agent_token_count() as f64)
+            .collect();
+        metrics.insert("response_length/agent_mean".into(), mean(&agent));
+        let turns: Vec<f64> = episodes
+            .iter()
+            .map(|e| e.trajectory.num_turns() as f64)
+            .collect();
+        metrics.insert("env/turns/mean".into(), mean(&turns));
+        let searches: Vec<f64> = episodes
+            .iter()
+            .map(|e| e.trajectory.search_count() as f64)
+            .collect();
+        metrics.insert("env/tool_calls/mean".into(), mean(&searches));
+        if let Some(ig) = &info_gain {
+            metrics.insert("info_gain/probes".into(), ig.probes as f64);
+            metrics.insert("info_gain/probe_failures".into(), ig.failures as f64);
+            let all: Vec<f64> = ig.gains.iter().flatten().copied().collect();
+            metrics.insert("info_gain/mean".into(), mean(&all));
+        }
+        metrics.insert("batch/kept_rollouts".into(), kept as f64);
+        for (k, v) in adv.metrics {
+            metrics.insert(k, v);
+        }
+
+        // Update.
+        let t2 = Instant::now();
+        if !rows.is_empty() {
+            let temperature = r.temperature;
+            let old = logprobs_no_grad(&self.sampler, &rows, temperature, 64)?;
+            let reference = match (&self.reference, cfg.actor.use_kl_loss) {
+                (Some(m), true) => Some(logprobs_no_grad(m, &rows, temperature, 64)?),
+                (None, true) => bail!("the KL term needs a reference model (freeze_reference)"),
+                _ => None,
+            };
+            let kind = cfg.actor.policy.resolve()?.kind;
+            let upd = ActorUpdate {
+                loss: &cfg.actor,
+                temperature,
+                epochs: cfg.optim.ppo_epochs,
+                mini_batch: cfg.optim.mini_batch_size,
+                micro_batch: cfg.optim.micro_batch_size,
+                lr: self.lr(),
+                grad_clip: cfg.optim.grad_clip,
+                use_clip_scale: kind.name() == "a2tgpo",
+                use_turn_id: true,
+            };
+            let mut rng = TurnRng::seed_from_u64(self.rng.next_u64());
+            let mut order = |n: usize| {
+                let mut v: Vec<usize> = (0..n).collect();
+                shuffle(&mut v, &mut rng);
+                v
+            };
+            rows.iter_mut().for_each(|_| {});
+            let stats = actor_update(
+                &self.policy,
+                &mut self.optimizer,
+                &rows,
+                &old,
+                reference.as_deref(),
+                &upd,
+                &mut order,
+            )?;
+            metrics.extend(stats.metrics);
+            metrics.insert("actor/skipped_updates".into(), stats.skipped as f64);
+            if stats.skipped > 0 && stats.applied == 0 {
+                self.consecutive_bad += 1;
+                if self.consecutive_bad >= cfg.optim.max_bad_updates {
+                    bail!(
+                        "{} consecutive steps had only non-finite losses or gradients; stopping \
+                         (lower optim.lr or check the reward)",
+                        self.consecutive_bad
+                    );
+                }
+            } else {
+                self.consecutive_bad = 0;
+            }
+        }
+        self.step += 1;
+        let t_upd = t2.elapsed().as_secs_f64();
+        metrics.insert("timing_s/gen".into(), t_gen);
+        metrics.insert("timing_s/info_gain".into(), t_ig);
+        metrics.insert("timing_s/update".into(), t_upd);
+        metrics.insert("timing_s/step".into(), t0.elapsed().as_secs_f64());
+        Ok(StepOutput { metrics, episodes })
+    }
+
+    fn lr(&self) -> f64 {
+        let o = &self.config.optim;
+        if o.warmup_steps > 0 && self.step < o.warmup_steps {
+            o.lr * (self.step + 1) as f64 / o.warmup_steps as f64
+        } else {
+            o.lr
+        }
+    }
+
+    /// Writes a checkpoint of the RL state into `dir` (weights, optimizer, RNG, step,
+    /// tokenizer).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let mut state = TrainerState::for_optimizer(&self.optimizer);
+        state.rng_states.insert("data".into(), self.rng.state());
+        state.extra = serde_json::json!({ "rl_step": self.step });
+        save_checkpoint(
+            dir,
+            &self.model_config,
+            &self.varmap,
+            &self.optimizer,
+            &state,
+        )
+        .with_context(|| format!("writing the checkpoint {}", dir.display()))?;
+        self.tokenizer
+            .save(dir.join("tokenizer.json"))
+            .context("saving the tokenizer")?;
+        if let Some(r) = &self.reference {
+            let _ = r;
+        }
+        Ok(())
+    }
+
+    /// Restores a trainer from a checkpoint written by [`Trainer::save`].
+    pub fn load(config: TrainConfig, dir: &Path, reference_dir: Option<&Path>) -> Result<Self> {
+        let task = WorldTask::build(&config.task)?;
+        let ck = load_checkpoint(dir, DType::F32, &Device::Cpu)
+            .with_context(|| format!("loading the checkpoint {}", dir.display()))?;
+        let tokenizer = TextTokenizer::from_file(dir.join("tokenizer.json"))?;
+        let step = ck.state.extra["rl_step"].as_u64().unwrap_or(0);
+        let mut t = Self::assemble(
+            config,
+            task,
+            tokenizer,
+            ck.config,
+            ck.varmap,
+            Some(ck.optimizer),
+            step,
+        )?;
+        if let Some(s) = ck.state.rng_states.get("data") {
+            t.rng = TurnRng::from_state(*s);
+        }
+        if let Some(rd) = reference_dir {
+            let (mc, tensors) =
+                turnwise_model::model::weights::load_hf(rd, DType::F32, &Device::Cpu)?;
+            t.reference = Some(Transformer::from_tensors(&mc, &tensors, "reference")?);
+        }
+        Ok(t)
+    }
+
+    /// Exports the current weights as a Hugging Face folder.
+    pub fn export(&self, dir: &Path) -> Result<()> {
+        turnwise_model::model::weights::export_hf(dir, &self.model_config, &self.varmap)?;
+        self.tokenizer.save(dir.join("tokenizer.json"))?;
+        Ok(())
+    }
+}
+
+/// Fisher-Yates shuffle with the run's generator.
+pub fn shuffle<T>(v: &mut [T], rng: &mut TurnRng) {
+    for i in (1..v.len()).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        v.swap(i, j);
+    }
+}
+
+/// Reads demonstrations from a JSON-lines file (`{"prompt", "segments": [[text, is_agent]]}`).
+pub fn read_demonstrations(path: &Path) -> Result<Vec<crate::task::Demonstration>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading demonstrations {}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .with_context(|| format!("{}:{}: not a demonstration", path.display(), i + 1))
+        })
+        .collect()
+}
+
+/// Mean of a tensor (helper for metrics).
+pub fn tensor_mean(t: &Tensor) -> Result<f64> {
+    Ok(f64::from(t.mean_all()?.to_scalar::<f32>()?))
+}

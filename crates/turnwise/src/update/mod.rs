@@ -1,0 +1,236 @@
+//! Loss → optimizer: supervised steps on demonstrations and PPO-style actor updates over
+//! rollout batches (mini-batches, micro-batch accumulation, a guard against non-finite
+//! updates).
+
+pub mod batch;
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Device, Tensor};
+use turnwise_model::Transformer;
+use turnwise_model::loss::actor::{ActorLossConfig, ActorLossInput, compute_actor_loss};
+use turnwise_model::loss::policy::PolicyLossInput;
+use turnwise_model::optim::{AdamW, GradAccumulator};
+
+pub use batch::{Packed, Row, pack, response_logprobs};
+
+/// Result of one optimizer update.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UpdateStats {
+    /// Metrics averaged over the mini-batches (verl names).
+    pub metrics: BTreeMap<String, f64>,
+    /// Updates skipped because the loss or gradient was not finite.
+    pub skipped: usize,
+    /// Updates applied.
+    pub applied: usize,
+}
+
+/// One supervised step: mean negative log-likelihood of the masked response tokens of `rows`.
+/// Returns `(loss, grad_norm)`; a non-finite loss or gradient skips the update and returns
+/// `None`.
+pub fn sft_step(
+    policy: &Transformer,
+    opt: &mut AdamW,
+    rows: &[&Row],
+    lr: f64,
+    grad_clip: f64,
+) -> Result<Option<(f64, f64)>> {
+    let packed = pack(rows, policy.device())?;
+    let (logp, _) = response_logprobs(policy, &packed, 1.0)?;
+    let n = packed.loss_mask.sum_all()?.to_scalar::<f32>()?.max(1.0);
+    let loss = (logp * &packed.loss_mask)?
+        .sum_all()?
+        .neg()?
+        .affine(1.0 / f64::from(n), 0.0)?;
+    let value = f64::from(loss.to_scalar::<f32>()?);
+    if !value.is_finite() {
+        return Ok(None);
+    }
+    let mut acc = GradAccumulator::new();
+    acc.add(&loss.backward()?, opt.vars(), 1.0)?;
+    let mut grads = acc.take();
+    let norm = grads.clip_global_norm(grad_clip)?;
+    if !norm.is_finite() {
+        return Ok(None);
+    }
+    opt.step(&grads, lr)?;
+    Ok(Some((value, norm)))
+}
+
+/// Log-probs of the response tokens of `rows` under `model` without a graph, in chunks.
+pub fn logprobs_no_grad(
+    model: &Transformer,
+    rows: &[Row],
+    temperature: f64,
+    chunk: usize,
+) -> Result<Vec<Vec<f32>>> {
+    let mut out = Vec::with_capacity(rows.len());
+    for c in rows.chunks(chunk.max(1)) {
+        let refs: Vec<&Row> = c.iter().collect();
+        let packed = pack(&refs, model.device())?;
+        let (lp, _) = response_logprobs(model, &packed, temperature)?;
+        let lp = lp.detach().to_vec2::<f32>()?;
+        for (r, v) in c.iter().zip(lp) {
+            out.push(v[..r.response.len()].to_vec());
+        }
+    }
+    Ok(out)
+}
+
+/// Settings of one actor update.
+pub struct ActorUpdate<'a> {
+    /// The objective.
+    pub loss: &'a ActorLossConfig,
+    /// Sampling temperature of the rollouts (log-probs are recomputed at it).
+    pub temperature: f64,
+    /// Passes over the batch.
+    pub epochs: usize,
+    /// Rows per optimizer step (0: all).
+    pub mini_batch: usize,
+    /// Rows per forward/backward (0: the mini-batch).
+    pub micro_batch: usize,
+    /// Learning rate.
+    pub lr: f64,
+    /// Gradient-norm bound.
+    pub grad_clip: f64,
+    /// Whether the loss reads clip scales (A2TGPO).
+    pub use_clip_scale: bool,
+    /// Whether the loss needs turn ids.
+    pub use_turn_id: bool,
+}
+
+fn tensor_rows(v: &[Vec<f32>], rows: &[&Row], width: usize, device: &Device) -> Result<Tensor> {
+    let mut flat = vec![0f32; rows.len() * width];
+    for (i, lp) in v.iter().enumerate() {
+        flat[i * width..i * width + lp.len()].copy_from_slice(lp);
+    }
+    Ok(Tensor::from_vec(flat, (rows.len(), width), device)?)
+}
+
+/// PPO epochs over `rows` with behaviour log-probs `old_logp` (and reference log-probs
+/// `ref_logp` when the KL term is on). `order` permutes rows per epoch (seeded by the caller).
+pub fn actor_update(
+    policy: &Transformer,
+    opt: &mut AdamW,
+    rows: &[Row],
+    old_logp: &[Vec<f32>],
+    ref_logp: Option<&[Vec<f32>]>,
+    cfg: &ActorUpdate<'_>,
+    order: &mut dyn FnMut(usize) -> Vec<usize>,
+) -> Result<UpdateStats> {
+    let mut stats = UpdateStats::default();
+    let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    let n = rows.len();
+    if n == 0 {
+        return Ok(stats);
+    }
+    let mini = if cfg.mini_batch == 0 {
+        n
+    } else {
+        cfg.mini_batch.min(n)
+    };
+    let micro = if cfg.micro_batch == 0 {
+        mini
+    } else {
+        cfg.micro_batch.min(mini)
+    };
+    let needs_entropy = cfg.loss.entropy_coeff != 0.0;
+    for _ in 0..cfg.epochs {
+        let perm = order(n);
+        for mb in perm.chunks(mini) {
+            let total_tokens: f64 = mb
+                .iter()
+                .map(|&i| rows[i].loss_mask.iter().map(|&m| f64::from(m)).sum::<f64>())
+                .sum();
+            let total_seqs = mb
+                .iter()
+                .filter(|&&i| rows[i].loss_mask.iter().any(|&m| m > 0))
+                .count() as f64;
+            let denominators = turnwise_model::loss::agg::AggDenominators {
+                tokens: total_tokens.max(1.0),
+                sequences: total_seqs.max(1.0),
+            };
+            let mut acc = GradAccumulator::new();
+            let mut bad = false;
+            for micro_idx in mb.chunks(micro) {
+                let refs: Vec<&Row> = micro_idx.iter().map(|&i| &rows[i]).collect();
+                let packed = pack(&refs, policy.device())?;
+                let l = packed.response_width;
+                let old: Vec<Vec<f32>> = micro_idx.iter().map(|&i| old_logp[i].clone()).collect();
+                let old_t = tensor_rows(&old, &refs, l, policy.device())?;
+                let ref_t = match ref_logp {
+                    Some(r) => {
+                        let v: Vec<Vec<f32>> = micro_idx.iter().map(|&i| r[i].clone()).collect();
+                        Some(tensor_rows(&v, &refs, l, policy.device())?)
+                    }
+                    None => None,
+                };
+                let (logp, entropy) = response_logprobs(policy, &packed, cfg.temperature)?;
+                let mut pin =
+                    PolicyLossInput::new(&logp, &old_t, &packed.advantages, &packed.loss_mask)
+                        .with_denominators(denominators);
+                if cfg.use_turn_id {
+                    pin = pin.with_turn_id(&packed.turn_id);
+                }
+                if cfg.use_clip_scale {
+                    pin = pin.with_clip_scale(&packed.clip_scale);
+                }
+                let input = ActorLossInput {
+                    policy: pin,
+                    ref_logp: ref_t.as_ref(),
+                    entropy: Some(&entropy),
+                };
+                let _ = needs_entropy;
+                let out = match compute_actor_loss(&input, cfg.loss) {
+                    Ok(o) => o,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "skipping a micro-batch whose loss failed");
+                        bad = true;
+                        break;
+                    }
+                };
+                let value = f64::from(out.loss.to_dtype(DType::F32)?.to_scalar::<f32>()?);
+                if !value.is_finite() {
+                    tracing::warn!(loss = value, "non-finite loss: skipping this update");
+                    bad = true;
+                    break;
+                }
+                for (k, v) in out.metrics.to_map() {
+                    let e = sums.entry(k).or_insert((0.0, 0));
+                    if v.is_finite() {
+                        e.0 += v;
+                        e.1 += 1;
+                    }
+                }
+                acc.add(&out.loss.backward()?, opt.vars(), 1.0)
+                    .context("accumulating gradients")?;
+            }
+            if bad {
+                stats.skipped += 1;
+                continue;
+            }
+            let mut grads = acc.take();
+            let norm = grads.clip_global_norm(cfg.grad_clip)?;
+            if !norm.is_finite() {
+                tracing::warn!(
+                    grad_norm = norm,
+                    "non-finite gradient: skipping this update"
+                );
+                stats.skipped += 1;
+                continue;
+            }
+            let e = sums.entry("actor/grad_norm".into()).or_insert((0.0, 0));
+            e.0 += norm;
+            e.1 += 1;
+            opt.step(&grads, cfg.lr)?;
+            stats.applied += 1;
+        }
+    }
+    stats.metrics = sums
+        .into_iter()
+        .map(|(k, (s, c))| (k, if c > 0 { s / c as f64 } else { f64::NAN }))
+        .collect();
+    stats.metrics.insert("actor/lr".into(), cfg.lr);
+    Ok(stats)
+}
