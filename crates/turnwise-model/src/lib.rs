@@ -61,6 +61,7 @@
 #[cfg(test)]
 mod bench;
 pub mod checkpoint;
+pub mod device;
 pub mod error;
 pub mod logprobs;
 pub mod loss;

@@ -56,6 +56,34 @@ pub enum Command {
         /// Run directory.
         #[arg(long)]
         out: PathBuf,
+        /// Replace an existing run directory.
+        #[arg(long)]
+        overwrite: bool,
+    },
+    /// Continue a killed run from its latest complete checkpoint.
+    Resume {
+        /// The run directory.
+        dir: PathBuf,
+    },
+    /// Rewrite the plots and report.md of a run from its metrics.
+    Report {
+        /// The run directory.
+        dir: PathBuf,
+    },
+    /// Evaluate the latest checkpoint of a run on a split of its world.
+    Eval {
+        /// The run directory.
+        #[arg(long)]
+        run: PathBuf,
+        /// train, validation or test.
+        #[arg(long, default_value = "test")]
+        split: String,
+        /// Questions.
+        #[arg(long, default_value_t = 300)]
+        questions: usize,
+        /// Sampling temperature (0 = greedy).
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f64,
     },
     /// List the presets and what each reproduces.
     Presets,
@@ -154,7 +182,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 .collect();
             all.extend(sets);
             let cfg = TrainConfig::resolve(Some("a2tgpo"), None, &all)?;
-            let summary = turnwise::pipeline::run(cfg, &RunOptions { dir: out, quiet })?;
+            let summary = turnwise::pipeline::run(cfg, &RunOptions { dir: out, quiet }, true)?;
             print_summary(&summary);
             Ok(())
         }
@@ -163,13 +191,47 @@ pub fn run(cli: Cli) -> Result<()> {
             config,
             sets,
             out,
+            overwrite,
         } => {
             if preset.is_none() && config.is_none() {
                 bail!("give --preset NAME or --config FILE (see `turnwise presets`)");
             }
             let cfg = TrainConfig::resolve(preset.as_deref(), config.as_deref(), &sets)?;
-            let summary = turnwise::pipeline::run(cfg, &RunOptions { dir: out, quiet })?;
+            let summary = turnwise::pipeline::run(cfg, &RunOptions { dir: out, quiet }, overwrite)?;
             print_summary(&summary);
+            Ok(())
+        }
+        Command::Resume { dir } => {
+            let summary = turnwise::pipeline::resume(&dir, quiet)?;
+            print_summary(&summary);
+            Ok(())
+        }
+        Command::Report { dir } => {
+            let run = turnwise::run::RunDir::open(&dir)?;
+            let path = turnwise::run::write_report(&run)?;
+            println!("wrote {}", path.display());
+            Ok(())
+        }
+        Command::Eval {
+            run,
+            split,
+            questions,
+            temperature,
+        } => {
+            let dir = turnwise::run::RunDir::open(&run)?;
+            let cfg = TrainConfig::from_table(dir.read_config()?.parse()?)?;
+            let ck = dir.latest_checkpoint()?.with_context(|| {
+                format!("{} has no complete checkpoint to evaluate", run.display())
+            })?;
+            let trainer = turnwise::trainer::Trainer::load(cfg, &ck.path, None)?;
+            let split = match split.as_str() {
+                "train" => Split::Train,
+                "validation" => Split::Validation,
+                "test" => Split::Test,
+                other => bail!("--split must be train, validation or test, got {other:?}"),
+            };
+            let r = trainer.evaluate(&[split], questions, temperature, 0)?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(())
         }
         Command::Presets => {

@@ -11,6 +11,7 @@
 pub mod config;
 pub mod pipeline;
 pub mod rollout;
+pub mod run;
 pub mod task;
 pub mod trainer;
 pub mod update;

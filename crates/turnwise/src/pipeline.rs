@@ -3,7 +3,6 @@
 //! settings (notes/quickstart-recipe.md).
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -11,6 +10,7 @@ use anyhow::{Context, Result};
 use turnwise_env::world::Split;
 
 use crate::config::TrainConfig;
+use crate::run::{MetricsWriter, Progress, RunDir, write_report};
 use crate::trainer::Trainer;
 use crate::trainer::eval::EvalResult;
 
@@ -56,39 +56,6 @@ pub struct RunSummary {
     pub total_seconds: f64,
 }
 
-/// Appends JSON lines and flushes each.
-pub struct MetricsLog {
-    file: std::fs::File,
-}
-
-impl MetricsLog {
-    /// Opens `path` for appending.
-    pub fn open(path: &Path) -> Result<Self> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        Ok(Self { file })
-    }
-
-    /// Writes one line `{"step", "phase", metrics...}`; non-finite values become null.
-    pub fn write(&mut self, step: u64, phase: &str, metrics: &BTreeMap<String, f64>) -> Result<()> {
-        let mut obj = serde_json::Map::new();
-        obj.insert("step".into(), step.into());
-        obj.insert("phase".into(), phase.into());
-        for (k, v) in metrics {
-            let val = serde_json::Number::from_f64(*v)
-                .map(serde_json::Value::Number)
-                .unwrap_or(serde_json::Value::Null);
-            obj.insert(k.clone(), val);
-        }
-        writeln!(self.file, "{}", serde_json::Value::Object(obj))?;
-        self.file.sync_data()?;
-        Ok(())
-    }
-}
-
 fn say(quiet: bool, msg: impl AsRef<str>) {
     if !quiet {
         println!("{}", msg.as_ref());
@@ -114,89 +81,193 @@ fn eval_line(name: &str, r: &EvalResult) -> String {
     )
 }
 
-/// Runs the whole pipeline of `cfg` in `opts.dir`.
-pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
+/// Runs the whole pipeline of `cfg` in a new run directory `opts.dir` (an existing run
+/// directory is replaced only when `overwrite`).
+pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSummary> {
+    let dir = RunDir::create(&opts.dir, overwrite)?;
+    dir.write_config(&cfg.to_toml())?;
     let t_start = Instant::now();
-    std::fs::create_dir_all(&opts.dir)
-        .with_context(|| format!("creating the run directory {}", opts.dir.display()))?;
-    std::fs::write(opts.dir.join("config.toml"), cfg.to_toml()).context("writing config.toml")?;
-    let mut log = MetricsLog::open(&opts.dir.join("metrics.jsonl"))?;
     let quiet = opts.quiet;
     say(quiet, format!("run directory: {}", opts.dir.display()));
+    let mut log = dir.metrics_writer()?;
     let mut trainer = Trainer::new(cfg.clone())?;
     say(
         quiet,
         format!(
-            "model: {} parameters, vocabulary {}",
+            "model: {} parameters, vocabulary {}; preset {}",
             trainer.model_config.num_parameters(),
-            trainer.tokenizer.vocab_size()
+            trainer.tokenizer.vocab_size(),
+            cfg.preset
         ),
     );
 
     // Warm start.
     let t_sft = Instant::now();
     let total = cfg.sft.steps;
-    let every = (total / 20).max(1);
-    let mut recent = Vec::new();
-    trainer.warm_start(&mut |step, loss, lr| {
-        recent.push(loss);
-        if step % every == 0 || step == total {
-            let mean = recent.iter().sum::<f64>() / recent.len() as f64;
-            recent.clear();
-            let m = BTreeMap::from([("sft/loss".to_string(), mean), ("sft/lr".to_string(), lr)]);
-            if let Err(e) = log.write(step, "sft", &m) {
-                tracing::error!(error = %e, "cannot write a metrics line");
+    if total > 0 {
+        let every = (total / 50).max(1);
+        let bar = Progress::new("warm start", total, quiet);
+        let mut recent = Vec::new();
+        let mut write_err = None;
+        trainer.warm_start(&mut |step, loss, lr| {
+            bar.set_position(step);
+            recent.push(loss);
+            if step % every == 0 || step == total {
+                let mean = recent.iter().sum::<f64>() / recent.len() as f64;
+                recent.clear();
+                bar.set_message(format!("loss {mean:.4}"));
+                let m =
+                    BTreeMap::from([("sft/loss".to_string(), mean), ("sft/lr".to_string(), lr)]);
+                if let Err(e) = log.write(step, "sft", &m) {
+                    write_err = Some(e);
+                }
             }
-            say(
-                quiet,
-                format!(
-                    "sft {step:>5}/{total} loss {mean:.4} lr {lr:.2e} ({:.0} s)",
-                    t_sft.elapsed().as_secs_f64()
-                ),
-            );
+        })?;
+        bar.finish(format!(
+            "{total} steps in {:.0} s",
+            t_sft.elapsed().as_secs_f64()
+        ));
+        if let Some(e) = write_err {
+            return Err(e.into());
         }
-    })?;
-    let sft_seconds = t_sft.elapsed().as_secs_f64();
-    if cfg.sft.steps > 0 {
-        trainer.export(&opts.dir.join("sft-model"))?;
     }
+    let sft_seconds = t_sft.elapsed().as_secs_f64();
+    // The warm-started weights: the KL reference, and what a resumed run reloads as reference.
+    trainer.export(&dir.root().join(REFERENCE_DIR))?;
     trainer.freeze_reference()?;
+    let (before_greedy, before_sampled) = evaluate(&trainer, &cfg, "before RL", &mut log, quiet)?;
+    rl_phase(
+        &mut trainer,
+        &cfg,
+        &dir,
+        &mut log,
+        quiet,
+        t_start,
+        sft_seconds,
+        before_greedy,
+        before_sampled,
+    )
+}
 
-    let heldout = [Split::Validation, Split::Test];
-    let evaluate = |t: &Trainer,
-                    when: &str,
-                    log: &mut MetricsLog|
-     -> Result<(Option<EvalResult>, Option<EvalResult>)> {
-        let mut g = None;
-        let mut s = None;
-        if cfg.eval.greedy {
-            let r = t.evaluate(&heldout, cfg.eval.questions, 0.0, cfg.seed ^ 0xe)?;
-            say(quiet, eval_line(&format!("{when} greedy"), &r));
-            log.write(t.step, "eval", &r.to_metrics("eval/greedy"))?;
-            g = Some(r);
-        }
-        if cfg.eval.sampled {
-            let r = t.evaluate(
-                &heldout,
-                cfg.eval.questions,
-                cfg.rollout.temperature,
-                cfg.seed ^ 0xf,
-            )?;
-            say(quiet, eval_line(&format!("{when} sampled"), &r));
-            log.write(t.step, "eval", &r.to_metrics("eval/sampled"))?;
-            s = Some(r);
-        }
-        Ok((g, s))
+/// Directory (inside the run) of the warm-started weights.
+pub const REFERENCE_DIR: &str = "warm-start-model";
+
+/// Continues a killed run from its latest complete checkpoint; a run killed before its first
+/// checkpoint starts over.
+pub fn resume(run_dir: &Path, quiet: bool) -> Result<RunSummary> {
+    let dir = RunDir::open(run_dir)?;
+    let text = dir.read_config()?;
+    let cfg = TrainConfig::from_table(
+        text.parse::<toml::Table>()
+            .with_context(|| format!("parsing {}", dir.config_path().display()))?,
+    )?;
+    let Some(ck) = dir.prepare_resume(&["train", "eval"])? else {
+        say(quiet, "no complete checkpoint: starting the run over");
+        return run(
+            cfg,
+            &RunOptions {
+                dir: run_dir.to_path_buf(),
+                quiet,
+            },
+            true,
+        );
     };
-    let (before_greedy, before_sampled) = evaluate(&trainer, "before RL", &mut log)?;
+    say(
+        quiet,
+        format!("resuming {} from step {}", run_dir.display(), ck.step),
+    );
+    let t_start = Instant::now();
+    let mut trainer = Trainer::load(cfg.clone(), &ck.path, Some(&dir.root().join(REFERENCE_DIR)))?;
+    if cfg.critic.enabled {
+        tracing::warn!("the critic restarts from the warm-started weights on resume");
+        trainer.freeze_reference()?;
+        trainer.reference = Some(turnwise_model::Transformer::from_tensors(
+            &trainer.model_config,
+            &turnwise_model::model::weights::load_hf(
+                dir.root().join(REFERENCE_DIR),
+                candle_core::DType::F32,
+                &candle_core::Device::Cpu,
+            )?
+            .1,
+            "reference",
+        )?);
+    }
+    let mut log = dir.metrics_writer()?;
+    let log_data = crate::run::read_metrics(dir.metrics_path())?;
+    let before = |prefix: &str| -> Option<EvalResult> {
+        log_data
+            .records
+            .iter()
+            .find(|r| r.phase == "eval" && r.step == 0 && r.get(&format!("{prefix}/em")).is_some())
+            .map(|r| EvalResult {
+                em: r.get(&format!("{prefix}/em")).unwrap_or(0.0),
+                em_se: r.get(&format!("{prefix}/em_se")).unwrap_or(0.0),
+                ..EvalResult::default()
+            })
+    };
+    let (bg, bs) = (before("eval/greedy"), before("eval/sampled"));
+    rl_phase(
+        &mut trainer,
+        &cfg,
+        &dir,
+        &mut log,
+        quiet,
+        t_start,
+        0.0,
+        bg,
+        bs,
+    )
+}
 
+fn evaluate(
+    t: &Trainer,
+    cfg: &TrainConfig,
+    when: &str,
+    log: &mut MetricsWriter,
+    quiet: bool,
+) -> Result<(Option<EvalResult>, Option<EvalResult>)> {
+    let heldout = [Split::Validation, Split::Test];
+    let mut g = None;
+    let mut s = None;
+    if cfg.eval.greedy {
+        let r = t.evaluate(&heldout, cfg.eval.questions, 0.0, cfg.seed ^ 0xe)?;
+        say(quiet, eval_line(&format!("{when} greedy"), &r));
+        log.write(t.step, "eval", &r.to_metrics("eval/greedy"))?;
+        g = Some(r);
+    }
+    if cfg.eval.sampled {
+        let r = t.evaluate(
+            &heldout,
+            cfg.eval.questions,
+            cfg.rollout.temperature,
+            cfg.seed ^ 0xf,
+        )?;
+        say(quiet, eval_line(&format!("{when} sampled"), &r));
+        log.write(t.step, "eval", &r.to_metrics("eval/sampled"))?;
+        s = Some(r);
+    }
+    Ok((g, s))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rl_phase(
+    trainer: &mut Trainer,
+    cfg: &TrainConfig,
+    dir: &RunDir,
+    log: &mut MetricsWriter,
+    quiet: bool,
+    t_start: Instant,
+    sft_seconds: f64,
+    before_greedy: Option<EvalResult>,
+    before_sampled: Option<EvalResult>,
+) -> Result<RunSummary> {
     let t_rl = Instant::now();
-    let ckpt_dir = opts.dir.join("checkpoints");
-    let samples_dir = opts.dir.join("samples");
-    std::fs::create_dir_all(&samples_dir)?;
-    for _ in 0..cfg.run.steps {
+    let bar = Progress::new("RL", cfg.run.steps, quiet);
+    bar.set_position(trainer.step);
+    while trainer.step < cfg.run.steps {
         let out = trainer.rl_step()?;
         let step = trainer.step;
+        bar.set_position(step);
         log.write(step, "train", &out.metrics)?;
         let traj: Vec<_> = out
             .episodes
@@ -204,40 +275,43 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
             .take(cfg.run.samples_per_step)
             .map(|e| e.trajectory.clone())
             .collect();
-        let path = samples_dir.join(format!("step-{step:05}.jsonl"));
-        let file =
-            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-        let mut w = std::io::BufWriter::new(file);
-        turnwise_core::trajectory::jsonl::write_jsonl(&mut w, &traj)?;
-        w.flush()?;
+        dir.write_samples(step, &traj)?;
         let g = |k: &str| out.metrics.get(k).copied().unwrap_or(f64::NAN);
-        say(
-            quiet,
-            format!(
-                "rl {step:>4}/{} score {:.3} em {:.3} kept {:>3} pg_loss {:+.4} clipfrac {:.3} entropy {:.3} grad {:.3} len {:.0} ({:.1} s: gen {:.1}, update {:.1})",
-                cfg.run.steps,
-                g("critic/score/mean"),
-                g("train/em"),
-                g("batch/kept_rollouts"),
-                g("actor/pg_loss"),
-                g("actor/pg_clipfrac"),
-                g("actor/entropy"),
-                g("actor/grad_norm"),
-                g("response_length/mean"),
-                g("timing_s/step"),
-                g("timing_s/gen"),
-                g("timing_s/update"),
-            ),
+        let line = format!(
+            "rl {step:>4}/{} score {:.3} em {:.3} kept {:>3} pg_loss {:+.4} clipfrac {:.3} entropy {:.3} grad {:.3} len {:.0} ({:.1} s: gen {:.1}, update {:.1})",
+            cfg.run.steps,
+            g("critic/score/mean"),
+            g("train/em"),
+            g("batch/kept_rollouts"),
+            g("actor/pg_loss"),
+            g("actor/pg_clipfrac"),
+            g("actor/entropy"),
+            g("actor/grad_norm"),
+            g("response_length/mean"),
+            g("timing_s/step"),
+            g("timing_s/gen"),
+            g("timing_s/update"),
         );
-        if cfg.run.save_every > 0 && step % cfg.run.save_every == 0 || step == cfg.run.steps {
-            trainer.save(&ckpt_dir.join(format!("step-{step:05}")))?;
+        bar.set_message(format!("em {:.3}", g("train/em")));
+        if !quiet {
+            bar.println(&line);
         }
-        if cfg.eval.every > 0 && step % cfg.eval.every == 0 && step != cfg.run.steps {
-            evaluate(&trainer, &format!("step {step}"), &mut log)?;
+        tracing::debug!("{line}");
+        if (cfg.run.save_every > 0 && step.is_multiple_of(cfg.run.save_every))
+            || step == cfg.run.steps
+        {
+            let path = dir.begin_checkpoint(step)?;
+            trainer.save(&path)?;
+            dir.mark_complete(step)?;
+            dir.prune_checkpoints(cfg.run.keep_checkpoints)?;
+        }
+        if cfg.eval.every > 0 && step.is_multiple_of(cfg.eval.every) && step != cfg.run.steps {
+            bar.suspend(|| evaluate(trainer, cfg, &format!("step {step}"), log, quiet))?;
         }
     }
+    bar.finish(format!("{} steps", cfg.run.steps));
     let rl_seconds = t_rl.elapsed().as_secs_f64();
-    let (after_greedy, after_sampled) = evaluate(&trainer, "after RL", &mut log)?;
+    let (after_greedy, after_sampled) = evaluate(trainer, cfg, "after RL", log, quiet)?;
     let summary = RunSummary {
         before_greedy,
         before_sampled,
@@ -248,8 +322,10 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions) -> Result<RunSummary> {
         total_seconds: t_start.elapsed().as_secs_f64(),
     };
     std::fs::write(
-        opts.dir.join("summary.json"),
+        dir.root().join("summary.json"),
         serde_json::to_string_pretty(&summary)?,
     )?;
+    let report = write_report(dir)?;
+    say(quiet, format!("report: {}", report.display()));
     Ok(summary)
 }

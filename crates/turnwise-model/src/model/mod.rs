@@ -2,11 +2,13 @@
 
 pub mod cache;
 pub mod config;
+pub mod critic;
 pub mod transformer;
 pub mod weights;
 
 pub use cache::KvCache;
 pub use config::{Architecture, ModelConfig};
+pub use critic::Critic;
 pub use transformer::Transformer;
 
 #[cfg(test)]

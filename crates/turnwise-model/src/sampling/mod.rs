@@ -10,14 +10,25 @@
 //!
 //! Use a model built with `Transformer::detached_from_varmap` (or from plain tensors): sampling
 //! on `Var`-backed weights records a useless autograd graph.
+//!
+//! [`generate`] is one turn of the multi-turn, continuously batched [`SamplingEngine`]
+//! ([`engine`]), which also appends environment tokens to paused sequences, forks them, forces
+//! tokens and reports each token's top-j confidence.
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
-use crate::model::{KvCache, Transformer};
+use crate::model::Transformer;
 use crate::rng::TurnRng;
 use crate::tokenizer::TextTokenizer;
+
+pub mod engine;
+
+pub use engine::{
+    DEFAULT_CONFIDENCE_TOP_J, EngineConfig, EngineStats, SamplingEngine, SeqId, SeqStatus,
+    Sequence, SequenceParams, StopReason, TokenHook, TokenOrigin, TurnEnd, top_j_confidence,
+};
 
 /// How tokens are drawn.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -132,15 +143,9 @@ pub fn generate_with_processor(
     seeds: &[u64],
     params: &SamplingParams,
     tokenizer: Option<&TextTokenizer>,
-    mut processor: Option<&mut dyn LogitsProcessor>,
+    processor: Option<&mut dyn LogitsProcessor>,
 ) -> Result<Vec<Completion>> {
     params.validate()?;
-    if model.tracks_gradients() {
-        tracing::warn!(
-            "sampling with a gradient-tracking model records a useless autograd graph (several \
-             times the memory, slower); build it with Transformer::detached_from_varmap"
-        );
-    }
     if prompts.len() != seeds.len() {
         return Err(ModelError::invalid_input(
             "seeds",
@@ -179,120 +184,44 @@ pub fn generate_with_processor(
     if prompts.is_empty() || params.max_new_tokens == 0 {
         return Ok(out);
     }
-    let device = model.device().clone();
-    let max_pos = model.config().max_position_embeddings;
-    let mut rngs: Vec<TurnRng> = seeds.iter().map(|&s| TurnRng::seed_from_u64(s)).collect();
-
-    // Prefill: left-pad to the longest prompt.
-    let width = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    let b = prompts.len();
-    let mut ids = Vec::with_capacity(b * width);
-    let mut pos = Vec::with_capacity(b * width);
-    let mut key_mask: Vec<Vec<u8>> = Vec::with_capacity(b);
-    let mut next_pos: Vec<usize> = Vec::with_capacity(b);
-    for p in prompts {
-        let pad = width - p.len();
-        ids.extend(std::iter::repeat_n(0u32, pad).chain(p.iter().copied()));
-        pos.extend(std::iter::repeat_n(0u32, pad).chain(0..p.len() as u32));
-        key_mask.push(
-            std::iter::repeat_n(0u8, pad)
-                .chain(std::iter::repeat_n(1, p.len()))
-                .collect(),
-        );
-        next_pos.push(p.len());
+    let mut engine = SamplingEngine::new(model, tokenizer, EngineConfig { max_batch_size: 0 });
+    let seq_params = SequenceParams {
+        sampling: params.clone(),
+        max_generated_tokens: None,
+        max_len: None,
+        confidence_top_j: 0,
+    };
+    for (p, &seed) in prompts.iter().zip(seeds) {
+        engine.add_sequence(p.clone(), seq_params.clone(), seed)?;
     }
-    let mut cache = KvCache::new(model.config().num_hidden_layers);
-    let ids_t = Tensor::from_vec(ids, (b, width), &device)?;
-    let pos_t = Tensor::from_vec(pos, (b, width), &device)?;
-    let hidden = model.forward_hidden(
-        &ids_t,
-        &pos_t,
-        &mask_tensor(&key_mask, &device)?,
-        Some(&mut cache),
-    )?;
-    let mut logits = model.logits(&hidden.narrow(1, width - 1, 1)?)?.squeeze(1)?;
-    // `active[r]` is the prompt index of cache row `r`.
-    let mut active: Vec<usize> = (0..b).collect();
-
-    loop {
-        let mut rows = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
-        let mut next_tokens = Vec::with_capacity(active.len());
-        let mut keep = Vec::with_capacity(active.len());
-        for (r, &i) in active.iter().enumerate() {
-            if let Some(p) = processor.as_deref_mut() {
-                p.process(i, &out[i].tokens, &mut rows[r]);
-                if !rows[r].iter().any(|x| x.is_finite()) {
-                    return Err(ModelError::invalid_input(
-                        "processor",
-                        format!("the logits processor forbade every token of prompt {i}"),
-                    ));
-                }
-            }
-            let draw = sample_row(&rows[r], params, &mut rngs[i]);
-            let tok = draw.token;
-            let c = &mut out[i];
-            c.tokens.push(tok);
-            c.logprobs.push(draw.logprob);
-            c.entropies.push(draw.entropy);
-            c.top_logprobs.push(draw.top);
-            next_pos[i] += 1;
-            let finish = if params.stop_token_ids.contains(&tok) {
-                Some(FinishReason::StopToken(tok))
-            } else if let Some(s) = stop_string_hit(tokenizer, &params.stop_strings, &c.tokens)? {
-                Some(FinishReason::StopString(s))
-            } else if c.tokens.len() >= params.max_new_tokens {
-                Some(FinishReason::Length)
-            } else if next_pos[i] >= max_pos {
-                Some(FinishReason::ContextFull)
-            } else {
-                None
-            };
-            match finish {
-                Some(f) => c.finish = f,
-                None => {
-                    keep.push(r);
-                    next_tokens.push(tok);
-                }
-            }
+    let mut adapter = processor.map(|inner| ProcessorHook { inner });
+    engine.run_until_stop(adapter.as_mut().map(|h| h as &mut dyn TokenHook))?;
+    for (i, c) in out.iter_mut().enumerate() {
+        let seq = engine.remove(SeqId(i as u64))?;
+        let start = seq.prompt_len;
+        c.tokens = seq.tokens[start..].to_vec();
+        c.logprobs = seq.logprobs[start..].to_vec();
+        c.entropies = seq.entropies[start..].to_vec();
+        c.top_logprobs = seq.top_logprobs[start..].to_vec();
+        if let SeqStatus::Paused(reason) = &seq.status {
+            c.finish = reason.finish_reason();
         }
-        if keep.is_empty() {
-            break;
-        }
-        if keep.len() < active.len() {
-            let idx = Tensor::from_vec(
-                keep.iter().map(|&r| r as u32).collect::<Vec<_>>(),
-                keep.len(),
-                &device,
-            )?;
-            cache.select_rows(&idx)?;
-            key_mask = keep
-                .iter()
-                .map(|&r| std::mem::take(&mut key_mask[r]))
-                .collect();
-            active = keep.iter().map(|&r| active[r]).collect();
-        }
-        for m in key_mask.iter_mut() {
-            m.push(1);
-        }
-        let n = active.len();
-        let ids_t = Tensor::from_vec(next_tokens, (n, 1), &device)?;
-        let pos_t = Tensor::from_vec(
-            active
-                .iter()
-                .map(|&i| (next_pos[i] - 1) as u32)
-                .collect::<Vec<_>>(),
-            (n, 1),
-            &device,
-        )?;
-        let hidden = model.forward_hidden(
-            &ids_t,
-            &pos_t,
-            &mask_tensor(&key_mask, &device)?,
-            Some(&mut cache),
-        )?;
-        logits = model.logits(&hidden)?.squeeze(1)?;
     }
     Ok(out)
+}
+
+/// Adapts a [`LogitsProcessor`] (indexed by prompt) to a [`TokenHook`] of an engine whose
+/// sequence ids are the prompt indices.
+struct ProcessorHook<'p> {
+    inner: &'p mut dyn LogitsProcessor,
+}
+
+impl TokenHook for ProcessorHook<'_> {
+    fn process(&mut self, seq: &Sequence, logits: &mut [f32]) -> Option<u32> {
+        self.inner
+            .process(seq.id.0 as usize, seq.turn_tokens(), logits);
+        None
+    }
 }
 
 fn mask_tensor(mask: &[Vec<u8>], device: &Device) -> Result<Tensor> {
@@ -336,29 +265,12 @@ pub struct TokenDraw {
 
 /// Draws one token from a row of logits (which must contain a finite entry).
 pub fn sample_row(logits: &[f32], params: &SamplingParams, rng: &mut TurnRng) -> TokenDraw {
-    let temp = if params.temperature > 0.0 {
-        params.temperature
-    } else {
-        1.0
-    };
-    let scaled: Vec<f64> = logits.iter().map(|&x| x as f64 / temp).collect();
-    let max = scaled.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    let lse = max + scaled.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
-    let logp: Vec<f64> = scaled.iter().map(|x| x - lse).collect();
-    let entropy = -logp
-        .iter()
-        .map(|&l| if l.is_finite() { l.exp() * l } else { 0.0 })
-        .sum::<f64>();
-    let sorted = || {
-        let mut order: Vec<usize> = (0..logp.len()).collect();
-        order.sort_by(|&a, &b| logp[b].total_cmp(&logp[a]).then(a.cmp(&b)));
-        order
-    };
+    let (logp, entropy) = log_softmax_entropy(logits, params.temperature);
     let mut order: Option<Vec<usize>> = None;
     let token = if params.temperature == 0.0 {
         argmax(&logp)
     } else {
-        let order = order.insert(sorted());
+        let order = order.insert(sorted_desc(&logp));
         let mut k = order.len();
         if params.top_k > 0 {
             k = k.min(params.top_k);
@@ -387,19 +299,77 @@ pub fn sample_row(logits: &[f32], params: &SamplingParams, rng: &mut TurnRng) ->
         }
         pick
     };
-    let top = if params.top_logprobs > 0 {
-        let order = order.get_or_insert_with(sorted);
-        order
-            .iter()
-            .take(params.top_logprobs)
-            .map(|&i| (i as u32, logp[i] as f32))
-            .collect()
-    } else {
-        Vec::new()
+    let top = match (&order, params.top_logprobs) {
+        (_, 0) => Vec::new(),
+        (Some(order), n) => top_pairs(&logp, order, n),
+        (None, n) => top_pairs(&logp, &top_n_desc(&logp, n), n),
     };
     TokenDraw {
         token: token as u32,
         logprob: logp[token] as f32,
+        entropy: entropy as f32,
+        top,
+    }
+}
+
+/// Log-softmax of `logits / temperature` (temperature 0 counts as 1) and its entropy, in f64.
+fn log_softmax_entropy(logits: &[f32], temperature: f64) -> (Vec<f64>, f64) {
+    let temp = if temperature > 0.0 { temperature } else { 1.0 };
+    let scaled: Vec<f64> = logits.iter().map(|&x| x as f64 / temp).collect();
+    let max = scaled.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let lse = max + scaled.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+    let logp: Vec<f64> = scaled.iter().map(|x| x - lse).collect();
+    let entropy = -logp
+        .iter()
+        .map(|&l| if l.is_finite() { l.exp() * l } else { 0.0 })
+        .sum::<f64>();
+    (logp, entropy)
+}
+
+/// Indices of `logp` from most to least likely (ties by index).
+fn sorted_desc(logp: &[f64]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..logp.len()).collect();
+    order.sort_by(|&a, &b| logp[b].total_cmp(&logp[a]).then(a.cmp(&b)));
+    order
+}
+
+/// Indices of the `n` most likely entries of `logp`, most likely first (ties by index), by
+/// partial selection: O(V) rather than a full sort.
+fn top_n_desc(logp: &[f64], n: usize) -> Vec<usize> {
+    let cmp = |a: &usize, b: &usize| logp[*b].total_cmp(&logp[*a]).then(a.cmp(b));
+    let mut idx: Vec<usize> = (0..logp.len()).collect();
+    if n < idx.len() {
+        idx.select_nth_unstable_by(n, cmp);
+        idx.truncate(n);
+    }
+    idx.sort_by(cmp);
+    idx
+}
+
+fn top_pairs(logp: &[f64], order: &[usize], n: usize) -> Vec<(u32, f32)> {
+    order
+        .iter()
+        .take(n)
+        .map(|&i| (i as u32, logp[i] as f32))
+        .collect()
+}
+
+/// The statistics [`sample_row`] would report for `token` (forced rather than drawn; no random
+/// number is used).
+pub fn forced_row(logits: &[f32], params: &SamplingParams, token: u32) -> TokenDraw {
+    let (logp, entropy) = log_softmax_entropy(logits, params.temperature);
+    let top = if params.top_logprobs > 0 {
+        top_pairs(
+            &logp,
+            &top_n_desc(&logp, params.top_logprobs),
+            params.top_logprobs,
+        )
+    } else {
+        Vec::new()
+    };
+    TokenDraw {
+        token,
+        logprob: logp[token as usize] as f32,
         entropy: entropy as f32,
         top,
     }

@@ -17,6 +17,10 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 use crate::error::{ModelError, Result};
 
+pub mod chat;
+
+pub use chat::{ChatMessage, ChatTemplate, check_incremental};
+
 /// End-of-text token.
 pub const END_OF_TEXT: &str = "<|endoftext|>";
 /// Start of a chat message.

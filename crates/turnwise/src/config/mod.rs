@@ -541,7 +541,7 @@ impl TrainConfig {
         if o.ppo_epochs == 0 {
             return bad("optim.ppo_epochs", "must be at least 1".into());
         }
-        if !(o.grad_clip > 0.0) {
+        if o.grad_clip.is_nan() || o.grad_clip <= 0.0 {
             return bad(
                 "optim.grad_clip",
                 format!("must be positive, got {}", o.grad_clip),
@@ -557,7 +557,7 @@ impl TrainConfig {
             return bad("sft.batch_size", "must be at least 1".into());
         }
         let m = &self.model;
-        if m.num_heads == 0 || m.num_kv_heads == 0 || m.num_heads % m.num_kv_heads != 0 {
+        if m.num_heads == 0 || m.num_kv_heads == 0 || !m.num_heads.is_multiple_of(m.num_kv_heads) {
             return bad(
                 "model.num_kv_heads",
                 format!(
@@ -566,7 +566,7 @@ impl TrainConfig {
                 ),
             );
         }
-        if m.hidden_size % m.num_heads != 0 {
+        if !m.hidden_size.is_multiple_of(m.num_heads) {
             return bad(
                 "model.hidden_size",
                 format!(
@@ -621,8 +621,7 @@ impl TrainConfig {
 
 fn first_line(s: &str) -> String {
     s.lines()
-        .filter(|l| !l.trim().is_empty())
-        .last()
+        .rfind(|l| !l.trim().is_empty())
         .unwrap_or(s)
         .trim()
         .to_string()

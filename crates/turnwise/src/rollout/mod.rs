@@ -211,10 +211,7 @@ impl EpisodeState {
             .tokenizer
             .decode(&completion.tokens, false)
             .context("decoding a turn")?;
-        let hit_length = matches!(
-            completion.finish,
-            StopReason::Length | StopReason::ContextFull
-        );
+        let context_full = completion.finish == StopReason::ContextFull;
         l.response.extend_from_slice(&completion.tokens);
         l.agent_end = l.response.len();
         l.last_logprobs = completion.logprobs.iter().map(|&x| f64::from(x)).collect();
@@ -299,10 +296,9 @@ impl EpisodeState {
             l.obs_spans.push(start..l.response.len());
             l.traj.segments.push(Segment::Env(EnvSegment { ids }));
         }
-        if hit_length && l.response.len() + 1 >= decoding.max_response_tokens {
-            l.traj.finish = FinishReason::Length;
-            l.done = true;
-        } else if l.response.len() + 1 >= decoding.max_response_tokens {
+        // Out of response room (a turn cut by the length limit, or an observation that filled
+        // the budget): the trajectory ends here.
+        if context_full || l.response.len() + 1 >= decoding.max_response_tokens {
             l.traj.finish = FinishReason::Length;
             l.done = true;
         }

@@ -16,6 +16,8 @@ pub struct AdvantageRows {
     pub rows: Vec<Row>,
     /// Episodes kept after group filtering.
     pub kept: usize,
+    /// Indices (into the episodes) of the kept rows, in row order.
+    pub kept_index: Vec<usize>,
     /// `critic/advantages/*` and friends.
     pub metrics: BTreeMap<String, f64>,
 }
@@ -73,6 +75,7 @@ pub fn rollout_of(
 }
 
 /// Computes advantages for `episodes` and builds their training rows.
+#[allow(clippy::too_many_arguments)]
 pub fn compute(
     cfg: &TrainConfig,
     episodes: &[Episode],
@@ -81,13 +84,11 @@ pub fn compute(
     turn_rewards: &[Vec<f64>],
     info_gain: Option<&[Vec<f64>]>,
     trees: Option<&TreeBatch>,
+    values: Option<&[Vec<f32>]>,
 ) -> Result<AdvantageRows> {
     let name = cfg.advantage.name();
-    if name == "gae" {
-        bail!(
-            "the gae estimator needs critic values; the critic is not wired into the trainer yet \
-             (use a group estimator such as grpo)"
-        );
+    if name == "gae" && values.is_none() {
+        bail!("the gae estimator needs critic values: set critic.enabled = true");
     }
     // DAPO dynamic sampling: drop groups whose scores all equal (they carry no signal for
     // group-normalised estimators).
@@ -117,19 +118,24 @@ pub fn compute(
         return Ok(AdvantageRows {
             rows: Vec::new(),
             kept: 0,
+            kept_index: Vec::new(),
             metrics,
         });
     }
     let mut rollouts: Vec<Rollout> = kept
         .iter()
         .map(|&i| {
-            rollout_of(
+            let r = rollout_of(
                 &episodes[i],
                 groups[i],
                 scores[i],
                 &turn_rewards[i],
                 info_gain.map(|g| g[i].as_slice()),
-            )
+            );
+            match values {
+                Some(v) => r.with_values(v[i].iter().map(|&x| f64::from(x)).collect()),
+                None => r,
+            }
         })
         .collect();
     let batch = match trees {
@@ -167,6 +173,9 @@ pub fn compute(
             );
         }
         row.advantages = adv.tokens.iter().map(|&a| a as f32).collect();
+        if let Some(ret) = &adv.returns {
+            row.returns = ret.iter().map(|&x| x as f32).collect();
+        }
         if let Some(c) = &adv.clip_scale {
             row.clip_scale = broadcast_turns(&ro.turn_id, c, 1.0)
                 .into_iter()
@@ -195,6 +204,7 @@ pub fn compute(
     Ok(AdvantageRows {
         rows,
         kept: kept.len(),
+        kept_index: kept,
         metrics,
     })
 }

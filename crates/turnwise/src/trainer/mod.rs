@@ -45,6 +45,8 @@ pub struct Trainer {
     pub sampler: Transformer,
     /// Frozen reference policy for the KL term.
     pub reference: Option<Transformer>,
+    /// The critic (PPO family).
+    pub critic: Option<crate::update::critic::CriticModel>,
     /// Optimizer of the RL phase (or of SFT while it runs).
     pub optimizer: AdamW,
     /// RL steps done.
@@ -154,6 +156,7 @@ impl Trainer {
             policy,
             sampler,
             reference: None,
+            critic: None,
             optimizer,
             step,
             rng,
@@ -227,8 +230,16 @@ impl Trainer {
         Ok(())
     }
 
-    /// Freezes the current weights as the KL reference.
+    /// Freezes the current weights as the KL reference and, for the PPO family, builds the
+    /// critic from them.
     pub fn freeze_reference(&mut self) -> Result<()> {
+        if self.config.critic.enabled && self.critic.is_none() {
+            self.critic = Some(crate::update::critic::CriticModel::from_policy(
+                &self.model_config,
+                &varmap_tensors(&self.varmap, true),
+                self.config.seed ^ 0xc41,
+            )?);
+        }
         let tensors = varmap_tensors(&self.varmap, true)
             .into_iter()
             .map(|(k, t)| Ok((k, t.copy()?)))
@@ -365,8 +376,28 @@ impl Trainer {
         };
         let t_ig = t1.elapsed().as_secs_f64();
 
+        // Critic values of the states before each response token.
+        let values = match &self.critic {
+            Some(c) => {
+                let probe_rows: Vec<Row> = episodes
+                    .iter()
+                    .map(|e| {
+                        let f = e.trajectory.flatten(true);
+                        Row::new(
+                            e.trajectory.prompt_ids.clone(),
+                            f.ids,
+                            f.loss_mask,
+                            f.turn_id,
+                        )
+                    })
+                    .collect();
+                Some(c.values(&probe_rows, 64)?)
+            }
+            None => None,
+        };
+
         // Advantages.
-        let adv = advantage::compute(
+        let mut adv = advantage::compute(
             &cfg,
             &episodes,
             &groups,
@@ -374,8 +405,9 @@ impl Trainer {
             &turn_rewards,
             info_gain.as_ref().map(|r| r.gains.as_slice()),
             tree_info.as_ref(),
+            values.as_deref(),
         )?;
-        let mut rows = adv.rows;
+        let mut rows = std::mem::take(&mut adv.rows);
         let kept = adv.kept;
 
         let mut metrics = BTreeMap::new();
@@ -462,6 +494,23 @@ impl Trainer {
                 &mut order,
             )?;
             metrics.extend(stats.metrics);
+            if let (Some(critic), Some(values)) = (self.critic.as_mut(), values.as_ref()) {
+                let old: Vec<Vec<f32>> =
+                    adv.kept_index.iter().map(|&i| values[i].clone()).collect();
+                let vcfg = turnwise_model::loss::value::ValueLossConfig {
+                    cliprange_value: cfg.critic.cliprange_value,
+                    ..Default::default()
+                };
+                let cm = critic.update(
+                    &rows,
+                    &old,
+                    &vcfg,
+                    cfg.critic.lr,
+                    cfg.optim.grad_clip,
+                    cfg.optim.mini_batch_size,
+                )?;
+                metrics.extend(cm);
+            }
             metrics.insert("actor/skipped_updates".into(), stats.skipped as f64);
             if stats.skipped > 0 && stats.applied == 0 {
                 self.consecutive_bad += 1;

@@ -3,6 +3,7 @@
 //! updates).
 
 pub mod batch;
+pub mod critic;
 
 use std::collections::BTreeMap;
 

@@ -1,0 +1,1210 @@
+//! A multi-turn, continuously batched sampling engine.
+//!
+//! [`SamplingEngine`] owns the key/value cache of a set of live sequences. Sequences join at any
+//! time ([`SamplingEngine::add_sequence`]): at the next [`SamplingEngine::step`] they are
+//! prefilled together (left-padded, per-row positions and key masks) and merged into the running
+//! batch, while the rows already there keep decoding. A row leaves the batch when its turn ends
+//! (a stop token, a stop string, a per-turn or per-trajectory token limit, the context length);
+//! it is then *paused*: its cache rows are moved into a compact per-sequence cache, so that the
+//! environment's observation can be appended ([`SamplingEngine::append_tokens`]) and the next
+//! turn started ([`SamplingEngine::resume`]) with a prefill of only the new tokens. A paused
+//! sequence forks cheaply into `k` sequences with their own seeds
+//! ([`SamplingEngine::fork`], [`SamplingEngine::fork_prefix`]): candle tensors are immutable, so
+//! the children share the parent's cache storage until they next join the batch.
+//!
+//! Every token records where it came from ([`TokenOrigin`]); every sampled or forced token records
+//! its log-probability, the entropy of the distribution it came from, its top-j confidence
+//! ([`top_j_confidence`], T2PO §6.2) and optionally the top log-probs. A [`TokenHook`] sees each
+//! sequence before its token is drawn: it may edit the logits or force a token (T2PO thinking
+//! intervention), which is then marked [`TokenOrigin::Forced`].
+//!
+//! Determinism: each sequence draws from its own [`TurnRng`], and the cache layout only adds
+//! masked columns whose attention weight is exactly zero, so a sequence's tokens do not depend on
+//! which other sequences share its batch, nor on whether its prefix came from the cache or from a
+//! fresh prefill (logits agree to float rounding, about 1e-6).
+//!
+//! The engine borrows the model: build it with `Transformer::detached_from_varmap` so rollouts
+//! see the latest optimizer step without copying weights and record no autograd graph.
+//!
+//! A search-agent loop:
+//!
+//! ```
+//! use candle_core::{DType, Device};
+//! use turnwise_model::model::weights::init_varmap;
+//! use turnwise_model::sampling::{
+//!     EngineConfig, SamplingEngine, SamplingParams, SequenceParams, StopReason,
+//! };
+//! use turnwise_model::{ModelConfig, Transformer};
+//!
+//! # fn main() -> turnwise_model::Result<()> {
+//! let cfg = ModelConfig::tiny_qwen2(64);
+//! let varmap = init_varmap(&cfg, DType::F32, &Device::Cpu, 0)?;
+//! let model = Transformer::detached_from_varmap(&cfg, &varmap)?;
+//! let mut engine = SamplingEngine::new(&model, None, EngineConfig::default());
+//! let params = SequenceParams {
+//!     sampling: SamplingParams { max_new_tokens: 8, stop_token_ids: vec![6], ..Default::default() },
+//!     max_generated_tokens: Some(20),
+//!     ..Default::default()
+//! };
+//! let ids: Vec<_> = (0..4u64)
+//!     .map(|seed| engine.add_sequence(vec![1, 2, 3], params.clone(), seed))
+//!     .collect::<Result<_, _>>()?;
+//! while !engine.is_idle() {
+//!     for end in engine.step(None)? {
+//!         // e.g. `</search>` (id 6): append the observation and continue from the cache.
+//!         if matches!(end.reason, StopReason::StopToken(6)) {
+//!             engine.append_tokens(end.id, &[7, 40, 41, 8])?;
+//!             engine.resume(end.id)?;
+//!         }
+//!     }
+//! }
+//! for id in ids {
+//!     let seq = engine.sequence(id).unwrap();
+//!     assert!(seq.num_generated() <= 20);
+//!     assert_eq!(seq.logprobs.len(), seq.tokens.len());
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::{BTreeMap, VecDeque};
+
+use candle_core::{DType, Tensor};
+use serde::{Deserialize, Serialize};
+
+use super::{FinishReason, SamplingParams, TokenDraw, forced_row, sample_row, stop_string_hit};
+use crate::error::{ModelError, Result};
+use crate::model::{KvCache, Transformer};
+use crate::rng::TurnRng;
+use crate::tokenizer::TextTokenizer;
+
+/// One layer's cached keys and values, `[rows, kv_heads, cols, head_dim]` each.
+type LayerKv = (Tensor, Tensor);
+
+/// A prefilled group: its cache layers, key masks and next-token logits.
+type Prefilled = (Vec<LayerKv>, Vec<Vec<u8>>, Vec<Vec<f32>>);
+
+/// Identifies a sequence of a [`SamplingEngine`] (allocated in increasing order from 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SeqId(pub u64);
+
+impl std::fmt::Display for SeqId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// The spec's recommended top-j for the confidence of T2PO (§6.2).
+pub const DEFAULT_CONFIDENCE_TOP_J: usize = 20;
+
+fn default_top_j() -> usize {
+    DEFAULT_CONFIDENCE_TOP_J
+}
+
+/// How one sequence is sampled.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SequenceParams {
+    /// Temperature, top-p, top-k, stop tokens and strings, top log-probs; `max_new_tokens` is
+    /// the per-turn limit.
+    pub sampling: SamplingParams,
+    /// Most tokens generated (sampled or forced) over the whole trajectory, all turns together
+    /// (`None`: no limit).
+    #[serde(default)]
+    pub max_generated_tokens: Option<usize>,
+    /// Most tokens in the sequence, prompt and appended tokens included (`None`: only the
+    /// model's `max_position_embeddings`).
+    #[serde(default)]
+    pub max_len: Option<usize>,
+    /// `j` of the top-j confidence reported for every generated token (`0`: not computed,
+    /// reported as 0).
+    #[serde(default = "default_top_j")]
+    pub confidence_top_j: usize,
+}
+
+impl Default for SequenceParams {
+    fn default() -> Self {
+        Self {
+            sampling: SamplingParams::default(),
+            max_generated_tokens: None,
+            max_len: None,
+            confidence_top_j: DEFAULT_CONFIDENCE_TOP_J,
+        }
+    }
+}
+
+impl From<SamplingParams> for SequenceParams {
+    fn from(sampling: SamplingParams) -> Self {
+        Self {
+            sampling,
+            ..Default::default()
+        }
+    }
+}
+
+impl SequenceParams {
+    /// Checks the values.
+    pub fn validate(&self) -> Result<()> {
+        self.sampling.validate()
+    }
+
+    /// The parameters handed to [`sample_row`]: enough top log-probs for the confidence.
+    fn draw_params(&self) -> SamplingParams {
+        let mut p = self.sampling.clone();
+        p.top_logprobs = p.top_logprobs.max(self.confidence_top_j);
+        p
+    }
+}
+
+/// Where a token of a sequence came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TokenOrigin {
+    /// Part of the prompt given to [`SamplingEngine::add_sequence`].
+    Prompt,
+    /// Drawn from the policy.
+    Sampled,
+    /// Forced by a [`TokenHook`] (not drawn from the policy).
+    Forced,
+    /// Appended by the caller between turns (an environment observation).
+    Appended,
+}
+
+/// Why a sequence's turn ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StopReason {
+    /// A stop token was generated (kept in the sequence).
+    StopToken(u32),
+    /// The turn's decoded text contains `stop_strings[i]`.
+    StopString(usize),
+    /// The turn generated `max_new_tokens` tokens.
+    TurnLimit,
+    /// The trajectory generated `max_generated_tokens` tokens.
+    TrajectoryLimit,
+    /// The sequence reached `max_len` tokens.
+    SequenceLimit,
+    /// The sequence reached the model's `max_position_embeddings`.
+    ContextFull,
+}
+
+impl StopReason {
+    /// The single-turn [`FinishReason`] this maps to (every limit but the context is `Length`).
+    pub fn finish_reason(&self) -> FinishReason {
+        match self {
+            Self::StopToken(t) => FinishReason::StopToken(*t),
+            Self::StopString(i) => FinishReason::StopString(*i),
+            Self::TurnLimit | Self::TrajectoryLimit | Self::SequenceLimit => FinishReason::Length,
+            Self::ContextFull => FinishReason::ContextFull,
+        }
+    }
+
+    /// Whether the sequence cannot generate any further (a trajectory or length limit).
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            Self::TrajectoryLimit | Self::SequenceLimit | Self::ContextFull
+        )
+    }
+}
+
+/// Where a sequence is in its life.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SeqStatus {
+    /// Queued: joins the batch at the next step with free room.
+    Waiting,
+    /// In the batch, generating.
+    Running,
+    /// Its last turn ended for this reason; it keeps its cache until removed.
+    Paused(StopReason),
+}
+
+/// A sequence: every token (prompt, generated, appended) with per-token records aligned to
+/// `tokens` (non-generated tokens have log-prob, entropy and confidence 0 and no top log-probs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sequence {
+    /// The sequence's id.
+    pub id: SeqId,
+    /// All tokens, in order.
+    pub tokens: Vec<u32>,
+    /// Where each token came from.
+    pub origins: Vec<TokenOrigin>,
+    /// Log-probability of each generated token under its (temperature-scaled, hook-edited)
+    /// distribution.
+    pub logprobs: Vec<f32>,
+    /// Entropy of the distribution each generated token came from.
+    pub entropies: Vec<f32>,
+    /// Top-j confidence ([`top_j_confidence`]) of that distribution.
+    pub confidences: Vec<f32>,
+    /// The `top_logprobs` most likely `(token, log-prob)` pairs of that distribution.
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
+    /// Length of the prompt.
+    pub prompt_len: usize,
+    /// Index of the first token of the current (or last) turn.
+    pub turn_start: usize,
+    /// Number of turns started.
+    pub turns: usize,
+    /// Where the sequence is.
+    pub status: SeqStatus,
+    /// How it is sampled.
+    pub params: SequenceParams,
+}
+
+impl Sequence {
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether the sequence has no tokens (never true for an engine's sequence).
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// The tokens of the current (or last) turn.
+    pub fn turn_tokens(&self) -> &[u32] {
+        &self.tokens[self.turn_start..]
+    }
+
+    /// Number of generated (sampled or forced) tokens over all turns.
+    pub fn num_generated(&self) -> usize {
+        self.origins
+            .iter()
+            .filter(|o| matches!(o, TokenOrigin::Sampled | TokenOrigin::Forced))
+            .count()
+    }
+
+    /// Number of forced tokens.
+    pub fn num_forced(&self) -> usize {
+        self.origins
+            .iter()
+            .filter(|o| **o == TokenOrigin::Forced)
+            .count()
+    }
+
+    fn push(&mut self, token: u32, origin: TokenOrigin, draw: Option<(&TokenDraw, f32)>) {
+        self.tokens.push(token);
+        self.origins.push(origin);
+        match draw {
+            Some((d, conf)) => {
+                self.logprobs.push(d.logprob);
+                self.entropies.push(d.entropy);
+                self.confidences.push(conf);
+                self.top_logprobs.push(d.top.clone());
+            }
+            None => {
+                self.logprobs.push(0.0);
+                self.entropies.push(0.0);
+                self.confidences.push(0.0);
+                self.top_logprobs.push(Vec::new());
+            }
+        }
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.tokens.truncate(len);
+        self.origins.truncate(len);
+        self.logprobs.truncate(len);
+        self.entropies.truncate(len);
+        self.confidences.truncate(len);
+        self.top_logprobs.truncate(len);
+        self.turn_start = self.turn_start.min(len);
+        self.prompt_len = self.prompt_len.min(len);
+    }
+}
+
+/// A turn that ended during a [`SamplingEngine::step`]: `tokens[start..end]` of sequence `id`
+/// were generated in it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnEnd {
+    /// The sequence.
+    pub id: SeqId,
+    /// Why the turn ended.
+    pub reason: StopReason,
+    /// Index of the turn's first token.
+    pub start: usize,
+    /// One past its last token (the sequence's length).
+    pub end: usize,
+}
+
+/// Sees every running sequence before its next token is drawn.
+pub trait TokenHook {
+    /// May edit `logits` (length `vocab_size`; `f32::NEG_INFINITY` forbids a token) and may
+    /// return a token to force instead of sampling (no random number is drawn then). The
+    /// reported statistics are those of the edited distribution.
+    fn process(&mut self, seq: &Sequence, logits: &mut [f32]) -> Option<u32>;
+}
+
+impl<F: FnMut(&Sequence, &mut [f32]) -> Option<u32>> TokenHook for F {
+    fn process(&mut self, seq: &Sequence, logits: &mut [f32]) -> Option<u32> {
+        self(seq, logits)
+    }
+}
+
+/// Top-j confidence (T2PO §6.2, DeepConf): `C = −(1/j) Σ_{i≤j} log p⁽ⁱ⁾` over the `j` largest
+/// log-probabilities in `top` (sorted, most likely first); only finite entries count, so a
+/// distribution with fewer than `j` allowed tokens averages over those. `0` when `j == 0` or
+/// nothing is finite. Larger means more peaked.
+pub fn top_j_confidence(top: &[(u32, f32)], j: usize) -> f32 {
+    let vals: Vec<f64> = top
+        .iter()
+        .take(j)
+        .map(|p| p.1 as f64)
+        .filter(|x| x.is_finite())
+        .collect();
+    if vals.is_empty() {
+        return 0.0;
+    }
+    (-vals.iter().sum::<f64>() / vals.len() as f64) as f32
+}
+
+/// Engine-wide settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineConfig {
+    /// Most sequences decoding at once (`0`: unlimited); the others wait in arrival order.
+    pub max_batch_size: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self { max_batch_size: 64 }
+    }
+}
+
+/// Running totals of the work an engine has done.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineStats {
+    /// Calls to [`SamplingEngine::step`] that ran the model.
+    pub steps: u64,
+    /// Real (non-padding) tokens run through the model by prefills.
+    pub prefill_tokens: u64,
+    /// Tokens run through the model one position per row (decoding).
+    pub decode_tokens: u64,
+    /// Tokens drawn from the policy.
+    pub sampled_tokens: u64,
+    /// Tokens forced by a hook.
+    pub forced_tokens: u64,
+}
+
+struct SeqState {
+    seq: Sequence,
+    rng: TurnRng,
+    draw: SamplingParams,
+    /// Compact cache `[1, kv, cached, d]` per layer of `tokens[..cached]` while not running.
+    cache: Option<Vec<LayerKv>>,
+    cached: usize,
+    /// Generated (sampled or forced) tokens over all turns.
+    generated: usize,
+}
+
+/// The running rows: row `r` is sequence `rows[r]`, its cache row `r` and key mask `mask[r]`,
+/// and `logits[r]` its next-token logits.
+#[derive(Default)]
+struct Batch {
+    rows: Vec<SeqId>,
+    layers: Option<Vec<LayerKv>>,
+    mask: Vec<Vec<u8>>,
+    logits: Vec<Vec<f32>>,
+}
+
+impl Batch {
+    fn width(&self) -> usize {
+        self.mask.first().map_or(0, Vec::len)
+    }
+}
+
+/// A continuously batched, multi-turn sampler over a caller-chosen model; see the module docs.
+pub struct SamplingEngine<'a> {
+    model: &'a Transformer,
+    tokenizer: Option<&'a TextTokenizer>,
+    config: EngineConfig,
+    seqs: BTreeMap<SeqId, SeqState>,
+    waiting: VecDeque<SeqId>,
+    batch: Batch,
+    next_id: u64,
+    poisoned: bool,
+    stats: EngineStats,
+}
+
+impl<'a> SamplingEngine<'a> {
+    /// An empty engine. `tokenizer` is needed only for stop strings.
+    pub fn new(
+        model: &'a Transformer,
+        tokenizer: Option<&'a TextTokenizer>,
+        config: EngineConfig,
+    ) -> Self {
+        if model.tracks_gradients() {
+            tracing::warn!(
+                "sampling with a gradient-tracking model records a useless autograd graph \
+                 (several times the memory, slower); build it with \
+                 Transformer::detached_from_varmap"
+            );
+        }
+        Self {
+            model,
+            tokenizer,
+            config,
+            seqs: BTreeMap::new(),
+            waiting: VecDeque::new(),
+            batch: Batch::default(),
+            next_id: 0,
+            poisoned: false,
+            stats: EngineStats::default(),
+        }
+    }
+
+    /// The model sampled from.
+    pub fn model(&self) -> &Transformer {
+        self.model
+    }
+
+    /// Queues a new sequence with prompt `prompt`, drawing from a generator seeded with `seed`.
+    pub fn add_sequence(
+        &mut self,
+        prompt: Vec<u32>,
+        params: SequenceParams,
+        seed: u64,
+    ) -> Result<SeqId> {
+        self.add_sequence_with_rng(prompt, params, TurnRng::seed_from_u64(seed))
+    }
+
+    /// [`SamplingEngine::add_sequence`] with an explicit generator state.
+    pub fn add_sequence_with_rng(
+        &mut self,
+        prompt: Vec<u32>,
+        params: SequenceParams,
+        rng: TurnRng,
+    ) -> Result<SeqId> {
+        params.validate()?;
+        if prompt.is_empty() {
+            return Err(ModelError::invalid_input("prompt", "is empty"));
+        }
+        self.check_ids("prompt", &prompt)?;
+        if !params.sampling.stop_strings.is_empty() && self.tokenizer.is_none() {
+            return Err(ModelError::invalid_input(
+                "tokenizer",
+                "stop strings need a tokenizer",
+            ));
+        }
+        let id = SeqId(self.next_id);
+        self.next_id += 1;
+        let n = prompt.len();
+        let seq = Sequence {
+            id,
+            origins: vec![TokenOrigin::Prompt; n],
+            logprobs: vec![0.0; n],
+            entropies: vec![0.0; n],
+            confidences: vec![0.0; n],
+            top_logprobs: vec![Vec::new(); n],
+            tokens: prompt,
+            prompt_len: n,
+            turn_start: n,
+            turns: 1,
+            status: SeqStatus::Waiting,
+            params,
+        };
+        self.seqs.insert(
+            id,
+            SeqState {
+                draw: seq.params.draw_params(),
+                seq,
+                rng,
+                cache: None,
+                cached: 0,
+                generated: 0,
+            },
+        );
+        self.waiting.push_back(id);
+        Ok(id)
+    }
+
+    /// Appends `tokens` (e.g. an environment observation) to a paused or waiting sequence,
+    /// marked [`TokenOrigin::Appended`]. Its cache is kept: only these tokens are prefilled when
+    /// it next runs.
+    pub fn append_tokens(&mut self, id: SeqId, tokens: &[u32]) -> Result<()> {
+        self.check_ids("tokens", tokens)?;
+        let st = self.state_mut(id)?;
+        if st.seq.status == SeqStatus::Running {
+            return Err(ModelError::invalid_input(
+                "id",
+                format!("sequence {id} is running; append once its turn ends"),
+            ));
+        }
+        for &t in tokens {
+            st.seq.push(t, TokenOrigin::Appended, None);
+        }
+        Ok(())
+    }
+
+    /// Starts a new turn of a paused sequence: it waits for room in the batch, then generates
+    /// until its next stop.
+    pub fn resume(&mut self, id: SeqId) -> Result<()> {
+        let st = self.state_mut(id)?;
+        if !matches!(st.seq.status, SeqStatus::Paused(_)) {
+            return Err(ModelError::invalid_input(
+                "id",
+                format!("sequence {id} is not paused ({:?})", st.seq.status),
+            ));
+        }
+        st.seq.status = SeqStatus::Waiting;
+        st.seq.turn_start = st.seq.tokens.len();
+        st.seq.turns += 1;
+        self.waiting.push_back(id);
+        Ok(())
+    }
+
+    /// Replaces the sampling parameters of a sequence that is not running.
+    pub fn set_params(&mut self, id: SeqId, params: SequenceParams) -> Result<()> {
+        params.validate()?;
+        if !params.sampling.stop_strings.is_empty() && self.tokenizer.is_none() {
+            return Err(ModelError::invalid_input(
+                "tokenizer",
+                "stop strings need a tokenizer",
+            ));
+        }
+        let st = self.state_mut(id)?;
+        if st.seq.status == SeqStatus::Running {
+            return Err(ModelError::invalid_input(
+                "id",
+                format!("sequence {id} is running"),
+            ));
+        }
+        st.draw = params.draw_params();
+        st.seq.params = params;
+        Ok(())
+    }
+
+    /// Forks a paused sequence into one child per seed: same tokens, records, status and
+    /// parameters, a shared (copy-on-join) cache, and a generator seeded from its seed.
+    pub fn fork(&mut self, id: SeqId, seeds: &[u64]) -> Result<Vec<SeqId>> {
+        let len = self.state(id)?.seq.tokens.len();
+        self.fork_prefix(id, len, seeds)
+    }
+
+    /// Forks the first `len` tokens of a paused sequence into one child per seed (e.g. to
+    /// re-sample its last turn: `len = seq.turn_start`). The children's status is the parent's.
+    pub fn fork_prefix(&mut self, id: SeqId, len: usize, seeds: &[u64]) -> Result<Vec<SeqId>> {
+        let parent = self.state(id)?;
+        if !matches!(parent.seq.status, SeqStatus::Paused(_)) {
+            return Err(ModelError::invalid_input(
+                "id",
+                format!(
+                    "sequence {id} must be paused to fork ({:?})",
+                    parent.seq.status
+                ),
+            ));
+        }
+        if len == 0 || len > parent.seq.tokens.len() {
+            return Err(ModelError::invalid_input(
+                "len",
+                format!(
+                    "prefix length {len} outside 1..={}",
+                    parent.seq.tokens.len()
+                ),
+            ));
+        }
+        let cached = parent.cached.min(len - 1);
+        let cache = match (&parent.cache, cached) {
+            (Some(layers), c) if c > 0 => Some(
+                layers
+                    .iter()
+                    .map(|(k, v)| Ok((k.narrow(2, 0, c)?, v.narrow(2, 0, c)?)))
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+            _ => None,
+        };
+        let mut seq = parent.seq.clone();
+        seq.truncate(len);
+        let generated = seq.num_generated();
+        let draw = parent.draw.clone();
+        let mut ids = Vec::with_capacity(seeds.len());
+        for &seed in seeds {
+            let child = SeqId(self.next_id);
+            self.next_id += 1;
+            let mut s = seq.clone();
+            s.id = child;
+            self.seqs.insert(
+                child,
+                SeqState {
+                    seq: s,
+                    rng: TurnRng::seed_from_u64(seed),
+                    draw: draw.clone(),
+                    cache: cache.clone(),
+                    cached: if cache.is_some() { cached } else { 0 },
+                    generated,
+                },
+            );
+            ids.push(child);
+        }
+        Ok(ids)
+    }
+
+    /// Removes a sequence (stopping it if running) and returns it.
+    pub fn remove(&mut self, id: SeqId) -> Result<Sequence> {
+        let status = self.state(id)?.seq.status.clone();
+        match status {
+            SeqStatus::Running => {
+                let r = self.row_of(id)?;
+                let keep: Vec<usize> = (0..self.batch.rows.len()).filter(|&x| x != r).collect();
+                self.keep_rows(&keep)?;
+            }
+            SeqStatus::Waiting => self.waiting.retain(|&w| w != id),
+            SeqStatus::Paused(_) => {}
+        }
+        Ok(self.seqs.remove(&id).map(|s| s.seq).expect("checked above"))
+    }
+
+    /// Drops the cache of a sequence that is not running (it is recomputed if it runs again).
+    pub fn drop_cache(&mut self, id: SeqId) -> Result<()> {
+        let st = self.state_mut(id)?;
+        if st.seq.status != SeqStatus::Running {
+            st.cache = None;
+            st.cached = 0;
+        }
+        Ok(())
+    }
+
+    /// The sequence `id`, if it exists.
+    pub fn sequence(&self, id: SeqId) -> Option<&Sequence> {
+        self.seqs.get(&id).map(|s| &s.seq)
+    }
+
+    /// The generator state of sequence `id`.
+    pub fn rng(&self, id: SeqId) -> Option<&TurnRng> {
+        self.seqs.get(&id).map(|s| &s.rng)
+    }
+
+    /// Number of leading tokens of a non-running sequence whose keys and values are cached.
+    pub fn cached_len(&self, id: SeqId) -> Option<usize> {
+        self.seqs.get(&id).map(|s| s.cached)
+    }
+
+    /// Every sequence id, in increasing order.
+    pub fn ids(&self) -> Vec<SeqId> {
+        self.seqs.keys().copied().collect()
+    }
+
+    /// Ids of the running sequences, in batch-row order.
+    pub fn running(&self) -> &[SeqId] {
+        &self.batch.rows
+    }
+
+    /// Number of sequences waiting to join the batch.
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Whether no sequence is running or waiting.
+    pub fn is_idle(&self) -> bool {
+        self.batch.rows.is_empty() && self.waiting.is_empty()
+    }
+
+    /// Work done so far.
+    pub fn stats(&self) -> EngineStats {
+        self.stats
+    }
+
+    /// Number of key/value columns of the running batch (real tokens plus padding).
+    pub fn batch_width(&self) -> usize {
+        self.batch.width()
+    }
+
+    /// One decoding step: admits waiting sequences while there is room (prefilling their
+    /// uncached tokens), draws one token for every running sequence (asking `hook` first),
+    /// moves the sequences whose turn ended out of the batch and runs the others' new tokens
+    /// through the model. Returns the turns that ended, in id order.
+    ///
+    /// After an error the engine refuses further steps.
+    pub fn step(&mut self, hook: Option<&mut dyn TokenHook>) -> Result<Vec<TurnEnd>> {
+        if self.poisoned {
+            return Err(ModelError::invalid_input(
+                "engine",
+                "a previous step failed; the engine's state is inconsistent",
+            ));
+        }
+        let r = self.step_inner(hook);
+        if r.is_err() {
+            self.poisoned = true;
+        }
+        r
+    }
+
+    /// Steps until no sequence is running or waiting; returns every turn that ended.
+    pub fn run_until_stop(&mut self, mut hook: Option<&mut dyn TokenHook>) -> Result<Vec<TurnEnd>> {
+        let mut ends = Vec::new();
+        while !self.is_idle() {
+            let h: Option<&mut dyn TokenHook> = match hook {
+                Some(ref mut h) => Some(&mut **h),
+                None => None,
+            };
+            ends.extend(self.step(h)?);
+        }
+        Ok(ends)
+    }
+
+    fn step_inner(&mut self, mut hook: Option<&mut dyn TokenHook>) -> Result<Vec<TurnEnd>> {
+        let mut ends = Vec::new();
+        self.admit(&mut ends)?;
+        if self.batch.rows.is_empty() {
+            ends.sort_by_key(|e| e.id);
+            return Ok(ends);
+        }
+        self.stats.steps += 1;
+        let max_pos = self.model.config().max_position_embeddings;
+        let vocab = self.model.config().vocab_size as u32;
+        let all_logits = std::mem::take(&mut self.batch.logits);
+        let mut keep = Vec::with_capacity(all_logits.len());
+        let mut stopped: Vec<(usize, StopReason)> = Vec::new();
+        for (r, mut logits) in all_logits.into_iter().enumerate() {
+            let id = self.batch.rows[r];
+            let st = self.seqs.get_mut(&id).expect("running row has a state");
+            let forced = match hook.as_deref_mut() {
+                Some(h) => h.process(&st.seq, &mut logits),
+                None => None,
+            };
+            if !logits.iter().any(|x| x.is_finite()) {
+                return Err(ModelError::invalid_input(
+                    "processor",
+                    format!(
+                        "the logits processor forbade every token of sequence {}",
+                        id.0
+                    ),
+                ));
+            }
+            let (draw, origin) = match forced {
+                Some(t) if t >= vocab => {
+                    return Err(ModelError::invalid_input(
+                        "hook",
+                        format!("forced token {t} >= vocab_size {vocab}"),
+                    ));
+                }
+                Some(t) => (forced_row(&logits, &st.draw, t), TokenOrigin::Forced),
+                None => (
+                    sample_row(&logits, &st.draw, &mut st.rng),
+                    TokenOrigin::Sampled,
+                ),
+            };
+            let j = st.seq.params.confidence_top_j;
+            let conf = top_j_confidence(&draw.top, j);
+            let mut draw = draw;
+            draw.top.truncate(st.seq.params.sampling.top_logprobs);
+            let tok = draw.token;
+            match origin {
+                TokenOrigin::Forced => self.stats.forced_tokens += 1,
+                _ => self.stats.sampled_tokens += 1,
+            }
+            st.seq.push(tok, origin, Some((&draw, conf)));
+            st.generated += 1;
+            let seq = &st.seq;
+            let p = &seq.params;
+            let reason = if p.sampling.stop_token_ids.contains(&tok) {
+                Some(StopReason::StopToken(tok))
+            } else if let Some(s) =
+                stop_string_hit(self.tokenizer, &p.sampling.stop_strings, seq.turn_tokens())?
+            {
+                Some(StopReason::StopString(s))
+            } else {
+                limit_reached(seq, st.generated, max_pos)
+            };
+            match reason {
+                Some(reason) => stopped.push((r, reason)),
+                None => keep.push(r),
+            }
+        }
+        // Turns that ended leave the batch with a compact copy of their cache rows.
+        for (r, reason) in stopped {
+            let id = self.batch.rows[r];
+            let cache = self.extract_row(r)?;
+            let st = self.seqs.get_mut(&id).expect("running row has a state");
+            st.cached = self.batch.mask[r].iter().filter(|&&m| m != 0).count();
+            debug_assert_eq!(st.cached + 1, st.seq.tokens.len());
+            st.cache = cache;
+            ends.push(TurnEnd {
+                id,
+                reason: reason.clone(),
+                start: st.seq.turn_start,
+                end: st.seq.tokens.len(),
+            });
+            st.seq.status = SeqStatus::Paused(reason);
+        }
+        self.keep_rows(&keep)?;
+        self.decode_running()?;
+        ends.sort_by_key(|e| e.id);
+        Ok(ends)
+    }
+
+    /// Moves waiting sequences into the batch while there is room, prefilling them together.
+    fn admit(&mut self, ends: &mut Vec<TurnEnd>) -> Result<()> {
+        let cap = match self.config.max_batch_size {
+            0 => usize::MAX,
+            n => n,
+        };
+        let max_pos = self.model.config().max_position_embeddings;
+        let mut group = Vec::new();
+        while self.batch.rows.len() + group.len() < cap {
+            let Some(id) = self.waiting.pop_front() else {
+                break;
+            };
+            let st = self.seqs.get_mut(&id).expect("waiting id has a state");
+            let turn_full =
+                st.seq.tokens.len() - st.seq.turn_start >= st.seq.params.sampling.max_new_tokens;
+            let reason = if turn_full {
+                Some(StopReason::TurnLimit)
+            } else {
+                limit_reached(&st.seq, st.generated, max_pos)
+            };
+            if let Some(reason) = reason {
+                ends.push(TurnEnd {
+                    id,
+                    reason: reason.clone(),
+                    start: st.seq.turn_start,
+                    end: st.seq.tokens.len(),
+                });
+                st.seq.status = SeqStatus::Paused(reason);
+                continue;
+            }
+            st.seq.status = SeqStatus::Running;
+            group.push(id);
+        }
+        if group.is_empty() {
+            return Ok(());
+        }
+        let (layers, mask, logits) = self.prefill(&group)?;
+        self.stats.prefill_tokens += group
+            .iter()
+            .map(|id| (self.seqs[id].seq.tokens.len() - self.seqs[id].cached) as u64)
+            .sum::<u64>();
+        for &id in &group {
+            let st = self.seqs.get_mut(&id).expect("admitted id has a state");
+            st.cache = None;
+            st.cached = 0;
+        }
+        self.merge(group, layers, mask, logits)
+    }
+
+    /// Runs the uncached tokens of `group` (left-padded) on top of their own caches
+    /// (left-padded to a common width). Returns the group's cache, key mask and last logits.
+    fn prefill(&self, group: &[SeqId]) -> Result<Prefilled> {
+        let cfg = self.model.config();
+        let device = self.model.device();
+        let dtype = self.model.dtype();
+        let (kv, hd) = (cfg.num_key_value_heads, cfg.head_dim);
+        let states: Vec<&SeqState> = group.iter().map(|id| &self.seqs[id]).collect();
+        let c_max = states.iter().map(|s| s.cached).max().unwrap_or(0);
+        let n_max = states
+            .iter()
+            .map(|s| s.seq.tokens.len() - s.cached)
+            .max()
+            .unwrap_or(0);
+        let b = states.len();
+        let mut cache = KvCache::new(cfg.num_hidden_layers);
+        if c_max > 0 {
+            for layer in 0..cfg.num_hidden_layers {
+                let mut ks = Vec::with_capacity(b);
+                let mut vs = Vec::with_capacity(b);
+                for s in &states {
+                    let pad = c_max - s.cached;
+                    let zeros = || Tensor::zeros((1, kv, pad, hd), dtype, device);
+                    match &s.cache {
+                        Some(layers) if s.cached > 0 => {
+                            let (k, v) = &layers[layer];
+                            if pad == 0 {
+                                ks.push(k.clone());
+                                vs.push(v.clone());
+                            } else {
+                                ks.push(Tensor::cat(&[&zeros()?, k], 2)?);
+                                vs.push(Tensor::cat(&[&zeros()?, v], 2)?);
+                            }
+                        }
+                        _ => {
+                            ks.push(zeros()?);
+                            vs.push(zeros()?);
+                        }
+                    }
+                }
+                *cache.slot_mut(layer) = Some((Tensor::cat(&ks, 0)?, Tensor::cat(&vs, 0)?));
+            }
+        }
+        let width = c_max + n_max;
+        let mut ids = Vec::with_capacity(b * n_max);
+        let mut pos = Vec::with_capacity(b * n_max);
+        let mut mask = Vec::with_capacity(b);
+        for s in &states {
+            let c = s.cached;
+            let new = &s.seq.tokens[c..];
+            let pad = n_max - new.len();
+            ids.extend(std::iter::repeat_n(0u32, pad).chain(new.iter().copied()));
+            pos.extend(std::iter::repeat_n(0u32, pad).chain(c as u32..(c + new.len()) as u32));
+            let mut m = Vec::with_capacity(width);
+            m.extend(std::iter::repeat_n(0u8, c_max - c));
+            m.extend(std::iter::repeat_n(1u8, c));
+            m.extend(std::iter::repeat_n(0u8, pad));
+            m.extend(std::iter::repeat_n(1u8, new.len()));
+            mask.push(m);
+        }
+        let ids = Tensor::from_vec(ids, (b, n_max), device)?;
+        let pos = Tensor::from_vec(pos, (b, n_max), device)?;
+        let hidden = self.model.forward_hidden(
+            &ids,
+            &pos,
+            &mask_tensor(&mask, device)?,
+            Some(&mut cache),
+        )?;
+        let logits = self
+            .model
+            .logits(&hidden.narrow(1, n_max - 1, 1)?)?
+            .squeeze(1)?
+            .to_dtype(DType::F32)?
+            .to_vec2::<f32>()?;
+        Ok((take_layers(&mut cache)?, mask, logits))
+    }
+
+    /// Appends prefilled rows to the batch, left-padding whichever side is narrower.
+    fn merge(
+        &mut self,
+        rows: Vec<SeqId>,
+        layers: Vec<LayerKv>,
+        mut mask: Vec<Vec<u8>>,
+        logits: Vec<Vec<f32>>,
+    ) -> Result<()> {
+        let batch = &mut self.batch;
+        match batch.layers.take() {
+            None => {
+                batch.layers = Some(layers);
+                batch.mask = mask;
+            }
+            Some(old) => {
+                let (w_old, w_new) = (batch.width(), mask.first().map_or(0, Vec::len));
+                let w = w_old.max(w_new);
+                let merged = old
+                    .iter()
+                    .zip(&layers)
+                    .map(|((ko, vo), (kn, vn))| {
+                        Ok((
+                            Tensor::cat(
+                                &[&left_pad(ko, w - w_old)?, &left_pad(kn, w - w_new)?],
+                                0,
+                            )?,
+                            Tensor::cat(
+                                &[&left_pad(vo, w - w_old)?, &left_pad(vn, w - w_new)?],
+                                0,
+                            )?,
+                        ))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                batch.layers = Some(merged);
+                for m in batch.mask.iter_mut() {
+                    m.splice(0..0, std::iter::repeat_n(0u8, w - w_old));
+                }
+                for m in mask.iter_mut() {
+                    m.splice(0..0, std::iter::repeat_n(0u8, w - w_new));
+                }
+                batch.mask.extend(mask);
+            }
+        }
+        batch.rows.extend(rows);
+        batch.logits.extend(logits);
+        Ok(())
+    }
+
+    /// A compact `[1, kv, real, d]` copy of row `r`'s real cache columns.
+    fn extract_row(&self, r: usize) -> Result<Option<Vec<LayerKv>>> {
+        let Some(layers) = &self.batch.layers else {
+            return Ok(None);
+        };
+        let cols: Vec<u32> = self.batch.mask[r]
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| **m != 0)
+            .map(|(j, _)| j as u32)
+            .collect();
+        if cols.is_empty() {
+            return Ok(None);
+        }
+        let n = cols.len();
+        let idx = Tensor::from_vec(cols, n, self.model.device())?;
+        let out = layers
+            .iter()
+            .map(|(k, v)| {
+                Ok((
+                    k.narrow(0, r, 1)?.index_select(&idx, 2)?,
+                    v.narrow(0, r, 1)?.index_select(&idx, 2)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some(out))
+    }
+
+    /// Keeps only batch rows `keep` (in that order) and drops cache columns no kept row uses.
+    fn keep_rows(&mut self, keep: &[usize]) -> Result<()> {
+        let batch = &mut self.batch;
+        if keep.len() == batch.rows.len() {
+            return Ok(());
+        }
+        if keep.is_empty() {
+            *batch = Batch::default();
+            return Ok(());
+        }
+        let device = self.model.device();
+        let row_idx = Tensor::from_vec(
+            keep.iter().map(|&r| r as u32).collect::<Vec<_>>(),
+            keep.len(),
+            device,
+        )?;
+        let width = batch.width();
+        let cols: Vec<usize> = (0..width)
+            .filter(|&j| keep.iter().any(|&r| batch.mask[r][j] != 0))
+            .collect();
+        let col_idx = if cols.len() < width {
+            Some(Tensor::from_vec(
+                cols.iter().map(|&j| j as u32).collect::<Vec<_>>(),
+                cols.len(),
+                device,
+            )?)
+        } else {
+            None
+        };
+        if let Some(layers) = batch.layers.take() {
+            let sel = |t: &Tensor| -> Result<Tensor> {
+                let t = t.index_select(&row_idx, 0)?;
+                Ok(match &col_idx {
+                    Some(ci) => t.index_select(ci, 2)?,
+                    None => t,
+                })
+            };
+            batch.layers = Some(
+                layers
+                    .iter()
+                    .map(|(k, v)| Ok((sel(k)?, sel(v)?)))
+                    .collect::<Result<Vec<_>>>()?,
+            );
+        }
+        let old_mask = std::mem::take(&mut batch.mask);
+        batch.mask = keep
+            .iter()
+            .map(|&r| cols.iter().map(|&j| old_mask[r][j]).collect())
+            .collect();
+        batch.rows = keep.iter().map(|&r| batch.rows[r]).collect();
+        let mut old_logits = std::mem::take(&mut batch.logits);
+        if old_logits.len() == old_mask.len() {
+            batch.logits = keep
+                .iter()
+                .map(|&r| std::mem::take(&mut old_logits[r]))
+                .collect();
+        }
+        Ok(())
+    }
+
+    /// Runs every running row's newest token through the model (one position per row).
+    fn decode_running(&mut self) -> Result<()> {
+        let n = self.batch.rows.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let device = self.model.device();
+        let mut ids = Vec::with_capacity(n);
+        let mut pos = Vec::with_capacity(n);
+        for id in &self.batch.rows {
+            let toks = &self.seqs[id].seq.tokens;
+            ids.push(*toks.last().expect("sequences are never empty"));
+            pos.push((toks.len() - 1) as u32);
+        }
+        for m in self.batch.mask.iter_mut() {
+            m.push(1);
+        }
+        let mut cache = KvCache::new(self.model.config().num_hidden_layers);
+        if let Some(layers) = self.batch.layers.take() {
+            for (i, kv) in layers.into_iter().enumerate() {
+                *cache.slot_mut(i) = Some(kv);
+            }
+        }
+        self.stats.decode_tokens += n as u64;
+        let ids = Tensor::from_vec(ids, (n, 1), device)?;
+        let pos = Tensor::from_vec(pos, (n, 1), device)?;
+        let hidden = self.model.forward_hidden(
+            &ids,
+            &pos,
+            &mask_tensor(&self.batch.mask, device)?,
+            Some(&mut cache),
+        )?;
+        self.batch.logits = self
+            .model
+            .logits(&hidden)?
+            .squeeze(1)?
+            .to_dtype(DType::F32)?
+            .to_vec2::<f32>()?;
+        self.batch.layers = Some(take_layers(&mut cache)?);
+        Ok(())
+    }
+
+    fn check_ids(&self, what: &str, ids: &[u32]) -> Result<()> {
+        let vocab = self.model.config().vocab_size as u32;
+        match ids.iter().find(|&&t| t >= vocab) {
+            Some(bad) => Err(ModelError::invalid_input(
+                what,
+                format!("token id {bad} >= vocab_size {vocab}"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    fn state(&self, id: SeqId) -> Result<&SeqState> {
+        self.seqs
+            .get(&id)
+            .ok_or_else(|| ModelError::invalid_input("id", format!("no sequence {id}")))
+    }
+
+    fn state_mut(&mut self, id: SeqId) -> Result<&mut SeqState> {
+        self.seqs
+            .get_mut(&id)
+            .ok_or_else(|| ModelError::invalid_input("id", format!("no sequence {id}")))
+    }
+
+    fn row_of(&self, id: SeqId) -> Result<usize> {
+        self.batch
+            .rows
+            .iter()
+            .position(|&r| r == id)
+            .ok_or_else(|| ModelError::invalid_input("id", format!("sequence {id} not in batch")))
+    }
+}
+
+/// The token limit that keeps `seq` (which has generated `generated` tokens) from generating
+/// another token, if any.
+fn limit_reached(seq: &Sequence, generated: usize, max_pos: usize) -> Option<StopReason> {
+    let p = &seq.params;
+    if seq.tokens.len() - seq.turn_start >= p.sampling.max_new_tokens {
+        Some(StopReason::TurnLimit)
+    } else if p.max_generated_tokens.is_some_and(|m| generated >= m) {
+        Some(StopReason::TrajectoryLimit)
+    } else if p.max_len.is_some_and(|m| seq.tokens.len() >= m) {
+        Some(StopReason::SequenceLimit)
+    } else if seq.tokens.len() >= max_pos {
+        Some(StopReason::ContextFull)
+    } else {
+        None
+    }
+}
+
+fn take_layers(cache: &mut KvCache) -> Result<Vec<LayerKv>> {
+    (0..cache.num_layers())
+        .map(|i| {
+            cache.slot_mut(i).take().ok_or_else(|| {
+                ModelError::invalid_input("cache", format!("layer {i} was not filled"))
+            })
+        })
+        .collect()
+}
+
+fn left_pad(t: &Tensor, pad: usize) -> Result<Tensor> {
+    if pad == 0 {
+        return Ok(t.clone());
+    }
+    let (b, h, _, d) = t.dims4()?;
+    let z = Tensor::zeros((b, h, pad, d), t.dtype(), t.device())?;
+    Ok(Tensor::cat(&[&z, t], 2)?)
+}
+
+fn mask_tensor(mask: &[Vec<u8>], device: &candle_core::Device) -> Result<Tensor> {
+    super::mask_tensor(mask, device)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,434 @@
+//! Tests of the multi-turn engine on tiny models.
+
+use std::collections::HashMap;
+
+use candle_core::DType;
+
+use super::*;
+use crate::model::ModelConfig;
+use crate::model::tests::{model_for, tiny_configs};
+
+fn detached(cfg: &ModelConfig, dtype: DType, seed: u64) -> (candle_nn::VarMap, Transformer) {
+    let (vm, m) = model_for(cfg, dtype, seed);
+    let t = Transformer::detached_from_varmap(m.config(), &vm).unwrap();
+    (vm, t)
+}
+
+fn free(max_new: usize) -> SequenceParams {
+    SequenceParams {
+        sampling: SamplingParams {
+            temperature: 1.0,
+            top_p: 0.95,
+            top_k: 50,
+            max_new_tokens: max_new,
+            top_logprobs: 2,
+            ..Default::default()
+        },
+        confidence_top_j: 5,
+        ..Default::default()
+    }
+}
+
+fn greedy(max_new: usize) -> SequenceParams {
+    let mut p = free(max_new);
+    p.sampling.temperature = 0.0;
+    p
+}
+
+/// Records the logits every sequence saw, per step.
+#[derive(Default)]
+struct Recorder {
+    seen: HashMap<SeqId, Vec<Vec<f32>>>,
+}
+
+impl TokenHook for Recorder {
+    fn process(&mut self, seq: &Sequence, logits: &mut [f32]) -> Option<u32> {
+        self.seen.entry(seq.id).or_default().push(logits.to_vec());
+        None
+    }
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn generated(seq: &Sequence) -> Vec<u32> {
+    seq.tokens[seq.prompt_len..].to_vec()
+}
+
+fn assert_close(a: &[f32], b: &[f32], what: &str) {
+    let d = max_diff(a, b);
+    assert!(d < 1e-4, "{what}: max diff {d}");
+}
+
+#[test]
+fn a_row_alone_equals_the_row_in_a_churning_batch() {
+    let cfg = ModelConfig::tiny_qwen2(96);
+    let (_vm, model) = detached(&cfg, DType::F32, 31);
+    let target = vec![5u32, 17, 3, 8];
+
+    let mut alone = SamplingEngine::new(&model, None, EngineConfig::default());
+    let a = alone.add_sequence(target.clone(), free(14), 77).unwrap();
+    let ends = alone.run_until_stop(None).unwrap();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].reason, StopReason::TurnLimit);
+    let solo = alone.sequence(a).unwrap().clone();
+    assert_eq!(generated(&solo).len(), 14);
+
+    let mut eng = SamplingEngine::new(&model, None, EngineConfig { max_batch_size: 8 });
+    let other = |eng: &mut SamplingEngine<'_>, len: usize, max_new: usize, seed: u64| {
+        let prompt: Vec<u32> = (0..len as u32)
+            .map(|i| (i * 7 + seed as u32) % 90)
+            .collect();
+        let mut p = free(max_new);
+        p.sampling.stop_token_ids = vec![(seed % 90) as u32];
+        eng.add_sequence(prompt, p, seed).unwrap()
+    };
+    other(&mut eng, 2, 3, 1);
+    other(&mut eng, 9, 5, 2);
+    let long_lived = other(&mut eng, 6, 30, 3);
+    eng.step(None).unwrap();
+    eng.step(None).unwrap();
+    let t = eng.add_sequence(target.clone(), free(14), 77).unwrap();
+    eng.step(None).unwrap();
+    for (len, max_new, seed) in [(15, 4, 4), (1, 9, 5), (3, 2, 6), (11, 40, 7)] {
+        other(&mut eng, len, max_new, seed);
+    }
+    let mut steps = 0;
+    let mut peak = 0;
+    while !eng.is_idle() {
+        eng.step(None).unwrap();
+        steps += 1;
+        peak = peak.max(eng.running().len());
+        assert!(eng.running().len() <= 8);
+        if steps == 1 {
+            // Rows keep joining mid-generation, one more than there is room for.
+            for (len, max_new, seed) in [(4, 6, 8), (7, 3, 9), (2, 8, 10)] {
+                other(&mut eng, len, max_new, seed);
+            }
+            assert!(eng.num_waiting() > 0);
+        }
+        if steps == 5 && eng.running().contains(&long_lived) {
+            eng.remove(long_lived).unwrap();
+        }
+    }
+    assert_eq!(peak, 8);
+    let batched = eng.sequence(t).unwrap();
+    assert_eq!(generated(batched), generated(&solo));
+    assert_close(&batched.logprobs, &solo.logprobs, "logprobs");
+    assert_close(&batched.entropies, &solo.entropies, "entropies");
+    assert_close(&batched.confidences, &solo.confidences, "confidences");
+    assert_eq!(batched.status, SeqStatus::Paused(StopReason::TurnLimit));
+    // Every stopped row left the batch and took a compact cache of all but its last token.
+    for id in eng.ids() {
+        let s = eng.sequence(id).unwrap();
+        assert_eq!(eng.cached_len(id).unwrap() + 1, s.len(), "{id}");
+    }
+    assert_eq!(eng.batch_width(), 0);
+}
+
+#[test]
+fn appending_env_tokens_continues_like_a_fresh_prefill() {
+    for cfg in tiny_configs() {
+        let (_vm, model) = detached(&cfg, DType::F32, 32);
+        let mut eng = SamplingEngine::new(&model, None, EngineConfig::default());
+        // A neighbour keeps the batch busy (and padded) across both turns.
+        eng.add_sequence(vec![1, 2, 3, 4, 5, 6, 7, 8, 9], free(40), 5)
+            .unwrap();
+        let a = eng.add_sequence(vec![11, 12, 13], free(6), 9).unwrap();
+        let mut rec = Recorder::default();
+        while eng.sequence(a).unwrap().status != SeqStatus::Paused(StopReason::TurnLimit) {
+            eng.step(Some(&mut rec)).unwrap();
+        }
+        let turn1 = eng.sequence(a).unwrap().len();
+        assert_eq!(eng.cached_len(a), Some(turn1 - 1));
+        let obs = [40u32, 41, 42, 43];
+        eng.append_tokens(a, &obs).unwrap();
+        let seq = eng.sequence(a).unwrap();
+        assert_eq!(&seq.origins[turn1..], &[TokenOrigin::Appended; 4]);
+        // A fresh sequence over the same prefix, with the same generator state.
+        let b = eng
+            .add_sequence_with_rng(seq.tokens.clone(), free(6), eng.rng(a).unwrap().clone())
+            .unwrap();
+        eng.resume(a).unwrap();
+        let before = eng.stats().prefill_tokens;
+        rec.seen.clear();
+        eng.step(Some(&mut rec)).unwrap();
+        // Only the uncached tail (last sampled token + observation) and b's prompt ran.
+        assert_eq!(
+            eng.stats().prefill_tokens - before,
+            (1 + obs.len() + turn1 + obs.len()) as u64
+        );
+        while [a, b]
+            .iter()
+            .any(|&s| eng.sequence(s).unwrap().status == SeqStatus::Running)
+        {
+            eng.step(Some(&mut rec)).unwrap();
+        }
+        let (sa, sb) = (eng.sequence(a).unwrap(), eng.sequence(b).unwrap());
+        assert_eq!(sa.turn_tokens(), sb.turn_tokens(), "{:?}", cfg.architecture);
+        assert_eq!(sa.turns, 2);
+        assert_eq!(sa.turn_start, turn1 + obs.len());
+        assert_close(
+            &sa.logprobs[sa.turn_start..],
+            &sb.logprobs[sb.turn_start..],
+            "logprobs",
+        );
+        for (la, lb) in rec.seen[&a].iter().zip(&rec.seen[&b]) {
+            assert_close(la, lb, "logits");
+        }
+        assert_eq!(rec.seen[&a].len(), 6);
+    }
+}
+
+#[test]
+fn forks_share_the_prefix_and_follow_their_own_seeds() {
+    let cfg = ModelConfig::tiny_qwen2(96);
+    let (_vm, model) = detached(&cfg, DType::F32, 33);
+    let mut eng = SamplingEngine::new(&model, None, EngineConfig::default());
+    let root = eng.add_sequence(vec![3, 1, 4, 1, 5], free(5), 1).unwrap();
+    eng.run_until_stop(None).unwrap();
+    eng.append_tokens(root, &[60, 61]).unwrap();
+    let turn2 = eng.sequence(root).unwrap().len();
+    let kids = eng.fork(root, &[100, 101, 102]).unwrap();
+    // Re-sample the first turn from the prompt (a sibling, AT2PO-style).
+    let sib = eng.fork_prefix(root, 5, &[103]).unwrap()[0];
+    assert_eq!(eng.sequence(sib).unwrap().tokens, vec![3, 1, 4, 1, 5]);
+    assert_eq!(eng.cached_len(sib), Some(4));
+    for &k in &kids {
+        assert_eq!(eng.cached_len(k), eng.cached_len(root));
+        assert_eq!(eng.sequence(k).unwrap().len(), turn2);
+        eng.resume(k).unwrap();
+    }
+    eng.resume(sib).unwrap();
+    eng.run_until_stop(None).unwrap();
+    let mut turns = Vec::new();
+    for (&k, seed) in kids.iter().chain([&sib]).zip([100u64, 101, 102, 103]) {
+        let s = eng.sequence(k).unwrap();
+        turns.push(s.turn_tokens().to_vec());
+        let mut fresh = SamplingEngine::new(&model, None, EngineConfig::default());
+        let prefix = s.tokens[..s.turn_start].to_vec();
+        let f = fresh.add_sequence(prefix, free(5), seed).unwrap();
+        fresh.run_until_stop(None).unwrap();
+        let fs = fresh.sequence(f).unwrap();
+        assert_eq!(s.turn_tokens(), fs.turn_tokens(), "fork {k}");
+        assert_close(
+            &s.logprobs[s.turn_start..],
+            &fs.logprobs[fs.turn_start..],
+            "fork logprobs",
+        );
+    }
+    turns.dedup();
+    assert!(turns.len() > 1, "different seeds gave identical turns");
+    // The parent is untouched.
+    assert_eq!(eng.sequence(root).unwrap().len(), turn2);
+    assert!(eng.fork_prefix(root, 0, &[1]).is_err());
+    assert!(eng.fork_prefix(root, turn2 + 1, &[1]).is_err());
+}
+
+#[test]
+fn hooks_force_tokens_and_stop_strings_end_turns() {
+    let cfg = ModelConfig::tiny_qwen2(96);
+    let (_vm, model) = detached(&cfg, DType::F64, 34);
+    let words: Vec<String> = (0..80).map(|i| format!("w{i}")).collect();
+    let tok = crate::tokenizer::TextTokenizer::train_word_level(
+        &[words.join(" ")],
+        96,
+        crate::tokenizer::DEFAULT_SPECIAL_TOKENS,
+    )
+    .unwrap();
+    let close_search = tok.special_id("</search>").unwrap();
+    let think_end = tok.special_id("</think>").unwrap();
+    let mut eng = SamplingEngine::new(&model, Some(&tok), EngineConfig::default());
+    let mut p = free(12);
+    p.sampling.temperature = 0.8;
+    p.sampling.stop_strings = vec!["</answer>".into(), "</search>".into()];
+    let a = eng.add_sequence(vec![20, 21, 22], p.clone(), 3).unwrap();
+    let b = eng.add_sequence(vec![30, 31], p.clone(), 4).unwrap();
+    // Force `</think>` at a's 3rd token and `</search>` at its 5th; b is left alone.
+    let mut seen: Vec<(usize, Vec<f32>)> = Vec::new();
+    let mut hook = |seq: &Sequence, logits: &mut [f32]| -> Option<u32> {
+        if seq.id != a {
+            return None;
+        }
+        let n = seq.turn_tokens().len();
+        seen.push((n, logits.to_vec()));
+        match n {
+            2 => Some(think_end),
+            4 => Some(close_search),
+            _ => {
+                // Keep the stop strings from being sampled by chance.
+                logits[close_search as usize] = f32::NEG_INFINITY;
+                logits[close_search as usize + 4] = f32::NEG_INFINITY; // </answer>
+                None
+            }
+        }
+    };
+    let ends = eng.run_until_stop(Some(&mut hook)).unwrap();
+    let sa = eng.sequence(a).unwrap();
+    assert_eq!(sa.turn_tokens().len(), 5);
+    assert_eq!(sa.tokens[5], think_end);
+    assert_eq!(sa.tokens[7], close_search);
+    assert_eq!(
+        &sa.origins[3..],
+        &[
+            TokenOrigin::Sampled,
+            TokenOrigin::Sampled,
+            TokenOrigin::Forced,
+            TokenOrigin::Sampled,
+            TokenOrigin::Forced
+        ]
+    );
+    assert_eq!(sa.num_forced(), 2);
+    assert_eq!(sa.num_generated(), 5);
+    let end_a = ends.iter().find(|e| e.id == a).unwrap();
+    assert_eq!(end_a.reason, StopReason::StopString(1));
+    assert_eq!((end_a.start, end_a.end), (3, 8));
+    // The forced token's statistics are those of the distribution it replaced.
+    let (_, logits) = &seen[2];
+    let scaled: Vec<f64> = logits.iter().map(|&x| x as f64 / 0.8).collect();
+    let m = scaled.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let lse = m + scaled.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+    let lp: Vec<f64> = scaled.iter().map(|x| x - lse).collect();
+    assert!((sa.logprobs[5] as f64 - lp[think_end as usize]).abs() < 1e-5);
+    let ent = -lp.iter().map(|l| l.exp() * l).sum::<f64>();
+    assert!((sa.entropies[5] as f64 - ent).abs() < 1e-5);
+    let mut sorted = lp.clone();
+    sorted.sort_by(|x, y| y.total_cmp(x));
+    let conf = -sorted[..5].iter().sum::<f64>() / 5.0;
+    assert!((sa.confidences[5] as f64 - conf).abs() < 1e-5);
+    assert_eq!(sa.top_logprobs[5].len(), 2);
+    let sb = eng.sequence(b).unwrap();
+    assert_eq!(sb.num_forced(), 0);
+
+    // A forced token stays in the context: greedy continuation equals a fresh prefill.
+    let mut eng = SamplingEngine::new(&model, None, EngineConfig::default());
+    let g = eng.add_sequence(vec![20, 21, 22], greedy(6), 0).unwrap();
+    let mut force = |seq: &Sequence, _: &mut [f32]| -> Option<u32> {
+        (seq.turn_tokens().len() == 1).then_some(think_end)
+    };
+    eng.run_until_stop(Some(&mut force)).unwrap();
+    let sg = eng.sequence(g).unwrap().clone();
+    assert_eq!(sg.tokens[4], think_end);
+    let f = eng
+        .add_sequence(sg.tokens[..5].to_vec(), greedy(4), 0)
+        .unwrap();
+    eng.run_until_stop(None).unwrap();
+    assert_eq!(eng.sequence(f).unwrap().turn_tokens(), &sg.tokens[5..]);
+
+    // A hook that forbids everything or forces an unknown token is an error.
+    let mut eng = SamplingEngine::new(&model, None, EngineConfig::default());
+    eng.add_sequence(vec![1], greedy(3), 0).unwrap();
+    let mut bad = |_: &Sequence, _: &mut [f32]| -> Option<u32> { Some(1000) };
+    let err = eng.step(Some(&mut bad)).unwrap_err();
+    assert!(err.to_string().contains("vocab_size"), "{err}");
+    let err = eng.step(None).unwrap_err();
+    assert!(err.to_string().contains("previous step failed"), "{err}");
+}
+
+#[test]
+fn turn_trajectory_and_length_limits() {
+    let cfg = ModelConfig::tiny_qwen2(96);
+    let (_vm, model) = detached(&cfg, DType::F32, 35);
+    let mut eng = SamplingEngine::new(&model, None, EngineConfig::default());
+    let mut p = free(5);
+    p.max_generated_tokens = Some(7);
+    let a = eng.add_sequence(vec![1, 2, 3], p, 1).unwrap();
+    let mut q = free(50);
+    q.max_len = Some(10);
+    let b = eng.add_sequence(vec![4, 5, 6, 7], q, 2).unwrap();
+    let ends = eng.run_until_stop(None).unwrap();
+    assert_eq!(ends.len(), 2);
+    assert_eq!(ends[0].reason, StopReason::TurnLimit);
+    assert_eq!((ends[0].start, ends[0].end), (3, 8));
+    assert_eq!(ends[1].reason, StopReason::SequenceLimit);
+    assert_eq!(eng.sequence(b).unwrap().len(), 10);
+    assert!(StopReason::SequenceLimit.is_terminal());
+
+    eng.append_tokens(a, &[9, 9]).unwrap();
+    eng.resume(a).unwrap();
+    let ends = eng.run_until_stop(None).unwrap();
+    assert_eq!(ends[0].reason, StopReason::TrajectoryLimit);
+    assert_eq!((ends[0].start, ends[0].end), (10, 12));
+    assert_eq!(eng.sequence(a).unwrap().num_generated(), 7);
+    // Resuming at the limit ends the turn at once, with nothing generated.
+    eng.resume(a).unwrap();
+    let ends = eng.step(None).unwrap();
+    assert_eq!(ends[0].reason, StopReason::TrajectoryLimit);
+    assert_eq!(ends[0].start, ends[0].end);
+
+    // The model's context.
+    let mut small = cfg.clone();
+    small.max_position_embeddings = 6;
+    let (_vm2, m2) = detached(&small, DType::F32, 36);
+    let mut eng = SamplingEngine::new(&m2, None, EngineConfig::default());
+    let c = eng.add_sequence(vec![1, 2, 3, 4], free(50), 1).unwrap();
+    let ends = eng.run_until_stop(None).unwrap();
+    assert_eq!(ends[0].reason, StopReason::ContextFull);
+    assert_eq!(eng.sequence(c).unwrap().len(), 6);
+    assert_eq!(
+        StopReason::ContextFull.finish_reason(),
+        FinishReason::ContextFull
+    );
+
+    // Misuse is reported.
+    let mut eng = SamplingEngine::new(&model, None, EngineConfig::default());
+    assert!(eng.add_sequence(vec![], free(3), 0).is_err());
+    assert!(eng.add_sequence(vec![500], free(3), 0).is_err());
+    let mut s = free(3);
+    s.sampling.stop_strings = vec!["x".into()];
+    let err = eng.add_sequence(vec![1], s, 0).unwrap_err();
+    assert!(err.to_string().contains("tokenizer"), "{err}");
+    let d = eng.add_sequence(vec![1, 2], free(30), 0).unwrap();
+    eng.step(None).unwrap();
+    assert!(eng.append_tokens(d, &[1]).is_err());
+    assert!(eng.resume(d).is_err());
+    assert!(eng.fork(d, &[1]).is_err());
+    assert!(eng.set_params(d, free(3)).is_err());
+    let removed = eng.remove(d).unwrap();
+    assert_eq!(removed.id, d);
+    assert!(eng.is_idle());
+    assert!(eng.sequence(d).is_none());
+}
+
+#[test]
+fn confidence_matches_the_spec_vectors() {
+    let top = |ps: &[f64]| -> Vec<(u32, f32)> {
+        ps.iter()
+            .enumerate()
+            .map(|(i, p)| (i as u32, p.ln() as f32))
+            .collect()
+    };
+    assert!((top_j_confidence(&top(&[0.7, 0.2, 0.05]), 3) - 1.653948).abs() < 1e-5);
+    assert!((top_j_confidence(&top(&[0.97, 0.01, 0.005]), 3) - 3.311316).abs() < 1e-5);
+    assert_eq!(top_j_confidence(&top(&[0.5, 0.5]), 0), 0.0);
+    // Only finite entries count.
+    let mut t = top(&[0.5, 0.5]);
+    t.push((2, f32::NEG_INFINITY));
+    assert!((top_j_confidence(&t, 3) - 0.5f32.ln().abs()).abs() < 1e-6);
+}
+
+#[test]
+fn the_engine_sees_optimizer_updates_without_copies() {
+    let cfg = ModelConfig::tiny_qwen2(96);
+    let (vm, model) = detached(&cfg, DType::F32, 37);
+    let run = |model: &Transformer| {
+        let mut eng = SamplingEngine::new(model, None, EngineConfig::default());
+        let mut rec = Recorder::default();
+        let id = eng.add_sequence(vec![1, 2, 3], greedy(1), 0).unwrap();
+        eng.run_until_stop(Some(&mut rec)).unwrap();
+        rec.seen[&id][0].clone()
+    };
+    let before = run(&model);
+    {
+        let data = vm.data().lock().unwrap();
+        let w = &data["model.norm.weight"];
+        w.set(&(w.as_tensor() * 3.0).unwrap()).unwrap();
+    }
+    let after = run(&model);
+    assert!(max_diff(&before, &after) > 1e-3);
+}

@@ -1,0 +1,664 @@
+//! [`RunDir`]: the layout of a run directory, its creation and resumption, and checkpoints.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::metrics::MetricsWriter;
+use super::{RunError, RunResult};
+
+/// Name of the marker file that makes a checkpoint directory complete.
+pub const COMPLETE_MARKER: &str = "COMPLETE";
+
+const CONFIG: &str = "config.toml";
+const METRICS: &str = "metrics.jsonl";
+const SAMPLES: &str = "samples";
+const CHECKPOINTS: &str = "checkpoints";
+const PLOTS: &str = "plots";
+const REPORT: &str = "report.md";
+
+/// One `checkpoints/step-N/` directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The RL step it was saved at.
+    pub step: u64,
+    /// The directory.
+    pub path: PathBuf,
+    /// Whether its [`COMPLETE_MARKER`] exists (only complete checkpoints may be loaded).
+    pub complete: bool,
+}
+
+/// A run directory (see the [module documentation](super) for its layout).
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    root: PathBuf,
+}
+
+/// `step-00042` (five digits at least, so that names sort like steps up to 99 999).
+fn step_name(step: u64) -> String {
+    format!("step-{step:05}")
+}
+
+/// The step of a `step-N` or `step-N.<ext>` name.
+fn parse_step(name: &str, ext: Option<&str>) -> Option<u64> {
+    let rest = name.strip_prefix("step-")?;
+    let digits = match ext {
+        Some(ext) => rest.strip_suffix(ext)?.strip_suffix('.')?,
+        None => rest,
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Flushes a directory entry (a rename or a new file) to disk; a no-op where directories cannot
+/// be opened (Windows).
+fn sync_dir(path: &Path) -> RunResult<()> {
+    #[cfg(unix)]
+    {
+        fs::File::open(path)
+            .and_then(|d| d.sync_all())
+            .map_err(RunError::io("sync the directory", path))?;
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename, so that readers see either the
+/// old file or the whole new one.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> RunResult<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = fs::File::create(&tmp).map_err(RunError::io("create", &tmp))?;
+    f.write_all(bytes).map_err(RunError::io("write", &tmp))?;
+    f.sync_all().map_err(RunError::io("sync", &tmp))?;
+    drop(f);
+    fs::rename(&tmp, path).map_err(RunError::io("rename into place", path))?;
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        sync_dir(parent)?;
+    }
+    Ok(())
+}
+
+/// Syncs every file under `dir` to disk.
+fn sync_tree(dir: &Path) -> RunResult<()> {
+    for entry in fs::read_dir(dir).map_err(RunError::io("list", dir))? {
+        let entry = entry.map_err(RunError::io("list", dir))?;
+        let path = entry.path();
+        let kind = entry.file_type().map_err(RunError::io("inspect", &path))?;
+        if kind.is_dir() {
+            sync_tree(&path)?;
+        } else if kind.is_file() {
+            fs::File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(RunError::io("sync", &path))?;
+        }
+    }
+    sync_dir(dir)
+}
+
+fn is_empty_dir(path: &Path) -> RunResult<bool> {
+    let mut it = fs::read_dir(path).map_err(RunError::io("list", path))?;
+    Ok(it.next().is_none())
+}
+
+impl RunDir {
+    /// Creates a new run directory at `root` (and its parents), with empty `samples/`,
+    /// `checkpoints/` and `plots/`.
+    ///
+    /// An existing empty directory is used as it is. A non-empty one is refused with
+    /// [`RunError::NotEmpty`], unless `overwrite` is set: then its contents are deleted first, but
+    /// only if it looks like a run directory (it holds `config.toml` or `metrics.jsonl`), so that
+    /// a mistyped path never deletes anything else ([`RunError::NotARunDir`]).
+    pub fn create(root: impl Into<PathBuf>, overwrite: bool) -> RunResult<Self> {
+        let root = root.into();
+        if root.exists() {
+            if !root.is_dir() {
+                return Err(RunError::NotADirectory { path: root });
+            }
+            if !is_empty_dir(&root)? {
+                if !overwrite {
+                    return Err(RunError::NotEmpty { path: root });
+                }
+                if !root.join(CONFIG).is_file() && !root.join(METRICS).is_file() {
+                    return Err(RunError::NotARunDir {
+                        path: root,
+                        reason: "it holds neither config.toml nor metrics.jsonl, so it is not \
+                                 overwritten"
+                            .into(),
+                    });
+                }
+                tracing::warn!(dir = %root.display(), "overwriting the previous run");
+                for entry in fs::read_dir(&root).map_err(RunError::io("list", &root))? {
+                    let path = entry.map_err(RunError::io("list", &root))?.path();
+                    let res = if path.is_dir() && !path.is_symlink() {
+                        fs::remove_dir_all(&path)
+                    } else {
+                        fs::remove_file(&path)
+                    };
+                    res.map_err(RunError::io("remove", &path))?;
+                }
+            }
+        } else {
+            fs::create_dir_all(&root).map_err(RunError::io("create the directory", &root))?;
+        }
+        let run = Self { root };
+        run.create_subdirs()?;
+        Ok(run)
+    }
+
+    /// Opens an existing run directory to resume it. It must hold `config.toml`; missing
+    /// subdirectories are created.
+    pub fn open(root: impl Into<PathBuf>) -> RunResult<Self> {
+        let root = root.into();
+        if !root.exists() {
+            return Err(RunError::NotARunDir {
+                path: root,
+                reason: "it does not exist".into(),
+            });
+        }
+        if !root.is_dir() {
+            return Err(RunError::NotADirectory { path: root });
+        }
+        if !root.join(CONFIG).is_file() {
+            return Err(RunError::NotARunDir {
+                path: root,
+                reason: "it has no config.toml".into(),
+            });
+        }
+        let run = Self { root };
+        run.create_subdirs()?;
+        Ok(run)
+    }
+
+    fn create_subdirs(&self) -> RunResult<()> {
+        for dir in [self.samples_dir(), self.checkpoints_dir(), self.plots_dir()] {
+            fs::create_dir_all(&dir).map_err(RunError::io("create the directory", &dir))?;
+        }
+        Ok(())
+    }
+
+    /// The run directory itself.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// `config.toml`: the resolved configuration.
+    pub fn config_path(&self) -> PathBuf {
+        self.root.join(CONFIG)
+    }
+
+    /// `metrics.jsonl`.
+    pub fn metrics_path(&self) -> PathBuf {
+        self.root.join(METRICS)
+    }
+
+    /// `samples/`.
+    pub fn samples_dir(&self) -> PathBuf {
+        self.root.join(SAMPLES)
+    }
+
+    /// `samples/step-NNNNN.jsonl`: the trajectories of one step, one JSON object per line.
+    pub fn samples_path(&self, step: u64) -> PathBuf {
+        self.samples_dir()
+            .join(format!("{}.jsonl", step_name(step)))
+    }
+
+    /// `checkpoints/`.
+    pub fn checkpoints_dir(&self) -> PathBuf {
+        self.root.join(CHECKPOINTS)
+    }
+
+    /// `checkpoints/step-NNNNN/`: where the checkpoint of `step` goes.
+    pub fn checkpoint_path(&self, step: u64) -> PathBuf {
+        self.checkpoints_dir().join(step_name(step))
+    }
+
+    /// `plots/`.
+    pub fn plots_dir(&self) -> PathBuf {
+        self.root.join(PLOTS)
+    }
+
+    /// `report.md`.
+    pub fn report_path(&self) -> PathBuf {
+        self.root.join(REPORT)
+    }
+
+    /// Writes the resolved configuration, once: writing the same text again is a no-op (a
+    /// resumed run), other text is refused with [`RunError::ConfigChanged`].
+    pub fn write_config(&self, text: &str) -> RunResult<()> {
+        let path = self.config_path();
+        if path.exists() {
+            let old = fs::read_to_string(&path).map_err(RunError::io("read", &path))?;
+            if old == text {
+                return Ok(());
+            }
+            return Err(RunError::ConfigChanged { path });
+        }
+        write_atomic(&path, text.as_bytes())
+    }
+
+    /// Reads the resolved configuration back.
+    pub fn read_config(&self) -> RunResult<String> {
+        let path = self.config_path();
+        fs::read_to_string(&path).map_err(RunError::io("read", &path))
+    }
+
+    /// Opens `metrics.jsonl` for appending (see [`MetricsWriter::open`]).
+    pub fn metrics_writer(&self) -> RunResult<MetricsWriter> {
+        MetricsWriter::open(self.metrics_path())
+    }
+
+    /// Writes the samples of `step` (one JSON line per item) to [`RunDir::samples_path`],
+    /// atomically; returns the path.
+    pub fn write_samples<T: Serialize>(&self, step: u64, items: &[T]) -> RunResult<PathBuf> {
+        let path = self.samples_path(step);
+        let mut buf = Vec::new();
+        for item in items {
+            serde_json::to_writer(&mut buf, item).map_err(|source| RunError::Serialize {
+                path: path.clone(),
+                source,
+            })?;
+            buf.push(b'\n');
+        }
+        write_atomic(&path, &buf)?;
+        Ok(path)
+    }
+
+    /// Deletes the sample files of steps after `step` (a run resumed from the checkpoint of
+    /// `step` writes them again); returns how many were deleted.
+    pub fn remove_samples_after(&self, step: u64) -> RunResult<usize> {
+        let dir = self.samples_dir();
+        if !dir.is_dir() {
+            return Ok(0);
+        }
+        let mut removed = 0;
+        for entry in fs::read_dir(&dir).map_err(RunError::io("list", &dir))? {
+            let path = entry.map_err(RunError::io("list", &dir))?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if parse_step(name, Some("jsonl")).is_some_and(|s| s > step) {
+                fs::remove_file(&path).map_err(RunError::io("remove", &path))?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Prepares `checkpoints/step-N/` for the caller to write into and returns it. A leftover
+    /// incomplete directory of the same step (a save cut short) is deleted first; a complete one
+    /// is refused with [`RunError::CheckpointExists`]. Call [`RunDir::mark_complete`] once every
+    /// file is written.
+    pub fn begin_checkpoint(&self, step: u64) -> RunResult<PathBuf> {
+        let path = self.checkpoint_path(step);
+        if path.join(COMPLETE_MARKER).exists() {
+            return Err(RunError::CheckpointExists { path });
+        }
+        if path.exists() {
+            tracing::warn!(dir = %path.display(), "deleting an incomplete checkpoint");
+            fs::remove_dir_all(&path).map_err(RunError::io("remove", &path))?;
+        }
+        fs::create_dir_all(&path).map_err(RunError::io("create the directory", &path))?;
+        Ok(path)
+    }
+
+    /// Marks the checkpoint of `step` complete: syncs every file in it to disk, then writes the
+    /// [`COMPLETE_MARKER`] through a temporary file and an atomic rename.
+    pub fn mark_complete(&self, step: u64) -> RunResult<()> {
+        let path = self.checkpoint_path(step);
+        if !path.is_dir() {
+            return Err(RunError::Io {
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "the checkpoint directory does not exist",
+                ),
+                path,
+                action: "mark complete",
+            });
+        }
+        sync_tree(&path)?;
+        let time = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        write_atomic(
+            &path.join(COMPLETE_MARKER),
+            format!("step = {step}\ntime = {time}\n").as_bytes(),
+        )
+    }
+
+    /// Prepares a resumed run: finds the newest complete checkpoint and, if there is one, drops
+    /// the metrics lines of `phases` past its step ([`MetricsWriter::truncate_phases_after`];
+    /// pass e.g. `["train", "eval"]` and leave the warm-start `sft` lines alone) and the sample
+    /// files past it. Returns the checkpoint to load; with none, nothing is changed.
+    pub fn prepare_resume(&self, phases: &[&str]) -> RunResult<Option<Checkpoint>> {
+        let Some(ck) = self.latest_checkpoint()? else {
+            return Ok(None);
+        };
+        if self.metrics_path().exists() {
+            self.metrics_writer()?
+                .truncate_phases_after(ck.step, phases)?;
+        }
+        self.remove_samples_after(ck.step)?;
+        Ok(Some(ck))
+    }
+
+    /// Every `checkpoints/step-N/` directory, complete or not, by increasing step.
+    pub fn checkpoints(&self) -> RunResult<Vec<Checkpoint>> {
+        let dir = self.checkpoints_dir();
+        if !dir.is_dir() {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(RunError::io("list", &dir))? {
+            let entry = entry.map_err(RunError::io("list", &dir))?;
+            let path = entry.path();
+            let Some(step) = entry.file_name().to_str().and_then(|n| parse_step(n, None)) else {
+                continue;
+            };
+            if !path.is_dir() {
+                continue;
+            }
+            let complete = path.join(COMPLETE_MARKER).is_file();
+            out.push(Checkpoint {
+                step,
+                path,
+                complete,
+            });
+        }
+        out.sort_by_key(|c| c.step);
+        Ok(out)
+    }
+
+    /// The complete checkpoint of the highest step, if any (incomplete ones are ignored).
+    pub fn latest_checkpoint(&self) -> RunResult<Option<Checkpoint>> {
+        Ok(self.checkpoints()?.into_iter().rev().find(|c| c.complete))
+    }
+
+    /// Keeps the `keep` newest complete checkpoints and deletes the older complete ones, and
+    /// the incomplete ones older than the newest complete one (saves cut short). The newest
+    /// complete checkpoint is never deleted (`keep` 0 counts as 1), nor any incomplete
+    /// checkpoint newer than it (it may be being written). A deleted checkpoint loses its
+    /// marker first, so one cut short while being deleted is never taken for complete.
+    /// Returns the deleted directories.
+    pub fn prune_checkpoints(&self, keep: usize) -> RunResult<Vec<PathBuf>> {
+        let all = self.checkpoints()?;
+        let Some(newest) = all.iter().rev().find(|c| c.complete).map(|c| c.step) else {
+            return Ok(Vec::new());
+        };
+        let keep = keep.max(1);
+        let n_complete = all.iter().filter(|c| c.complete).count();
+        let mut to_drop = n_complete.saturating_sub(keep);
+        let mut removed = Vec::new();
+        for c in all {
+            let drop = if c.complete {
+                if to_drop > 0 && c.step != newest {
+                    to_drop -= 1;
+                    true
+                } else {
+                    false
+                }
+            } else {
+                c.step < newest
+            };
+            if !drop {
+                continue;
+            }
+            let marker = c.path.join(COMPLETE_MARKER);
+            if c.complete {
+                fs::remove_file(&marker).map_err(RunError::io("remove", &marker))?;
+            }
+            fs::remove_dir_all(&c.path).map_err(RunError::io("remove", &c.path))?;
+            tracing::debug!(dir = %c.path.display(), "deleted an old checkpoint");
+            removed.push(c.path);
+        }
+        Ok(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_ckpt(run: &RunDir, step: u64, complete: bool) -> PathBuf {
+        let p = run.begin_checkpoint(step).unwrap();
+        fs::write(p.join("model.safetensors"), b"weights").unwrap();
+        fs::create_dir_all(p.join("optim")).unwrap();
+        fs::write(p.join("optim/state.bin"), b"state").unwrap();
+        if complete {
+            run.mark_complete(step).unwrap();
+        }
+        p
+    }
+
+    fn steps(cs: &[Checkpoint]) -> Vec<(u64, bool)> {
+        cs.iter().map(|c| (c.step, c.complete)).collect()
+    }
+
+    #[test]
+    fn create_makes_the_layout() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("a/b/run");
+        let run = RunDir::create(&root, false).unwrap();
+        assert_eq!(run.root(), root);
+        assert!(run.samples_dir().is_dir());
+        assert!(run.checkpoints_dir().is_dir());
+        assert!(run.plots_dir().is_dir());
+        assert_eq!(run.config_path(), root.join("config.toml"));
+        assert_eq!(run.metrics_path(), root.join("metrics.jsonl"));
+        assert_eq!(run.report_path(), root.join("report.md"));
+        assert_eq!(run.samples_path(7), root.join("samples/step-00007.jsonl"));
+        assert_eq!(run.checkpoint_path(42), root.join("checkpoints/step-00042"));
+        // An existing empty directory is fine.
+        let empty = tmp.path().join("empty");
+        fs::create_dir(&empty).unwrap();
+        RunDir::create(&empty, false).unwrap();
+    }
+
+    #[test]
+    fn create_refuses_a_non_empty_directory_unless_asked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = RunDir::create(tmp.path().join("run"), false).unwrap();
+        run.write_config("seed = 1\n").unwrap();
+        write_ckpt(&run, 1, true);
+        let err = RunDir::create(run.root(), false).unwrap_err();
+        assert!(matches!(err, RunError::NotEmpty { .. }), "{err}");
+        assert!(err.to_string().contains("run"), "{err}");
+        let again = RunDir::create(run.root(), true).unwrap();
+        assert!(!again.config_path().exists());
+        assert!(again.checkpoints().unwrap().is_empty());
+        assert!(again.plots_dir().is_dir());
+    }
+
+    #[test]
+    fn overwrite_never_deletes_a_foreign_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("home");
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("thesis.tex"), b"precious").unwrap();
+        let err = RunDir::create(&dir, true).unwrap_err();
+        assert!(matches!(err, RunError::NotARunDir { .. }), "{err}");
+        assert!(dir.join("thesis.tex").exists());
+        let file = tmp.path().join("file");
+        fs::write(&file, b"x").unwrap();
+        assert!(matches!(
+            RunDir::create(&file, true).unwrap_err(),
+            RunError::NotADirectory { .. }
+        ));
+    }
+
+    #[test]
+    fn open_needs_a_config() {
+        let tmp = tempfile::tempdir().unwrap();
+        let err = RunDir::open(tmp.path().join("missing")).unwrap_err();
+        assert!(matches!(err, RunError::NotARunDir { .. }), "{err}");
+        let err = RunDir::open(tmp.path()).unwrap_err();
+        assert!(err.to_string().contains("config.toml"), "{err}");
+        let run = RunDir::create(tmp.path().join("run"), false).unwrap();
+        run.write_config("a = 1\n").unwrap();
+        fs::remove_dir(run.plots_dir()).unwrap();
+        let resumed = RunDir::open(run.root()).unwrap();
+        assert!(resumed.plots_dir().is_dir());
+        assert_eq!(resumed.read_config().unwrap(), "a = 1\n");
+    }
+
+    #[test]
+    fn config_is_written_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = RunDir::create(tmp.path(), false).unwrap();
+        run.write_config("lr = 1e-6\n").unwrap();
+        run.write_config("lr = 1e-6\n").unwrap();
+        let err = run.write_config("lr = 2e-6\n").unwrap_err();
+        assert!(matches!(err, RunError::ConfigChanged { .. }), "{err}");
+        assert_eq!(run.read_config().unwrap(), "lr = 1e-6\n");
+        assert!(!tmp.path().join("config.toml.tmp").exists());
+    }
+
+    #[test]
+    fn samples_are_json_lines_and_are_removed_after_a_step() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = RunDir::create(tmp.path(), false).unwrap();
+        for step in 1..=4 {
+            let items = vec![
+                serde_json::json!({"id": format!("q{step}"), "tokens": [1, 2, 3]}),
+                serde_json::json!({"id": "other"}),
+            ];
+            run.write_samples(step, &items).unwrap();
+        }
+        let text = fs::read_to_string(run.samples_path(2)).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0]["id"], "q2");
+        fs::write(run.samples_dir().join("notes.txt"), b"keep").unwrap();
+        assert_eq!(run.remove_samples_after(2).unwrap(), 2);
+        assert!(run.samples_path(2).exists());
+        assert!(!run.samples_path(3).exists());
+        assert!(run.samples_dir().join("notes.txt").exists());
+    }
+
+    #[test]
+    fn latest_checkpoint_is_the_newest_complete_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = RunDir::create(tmp.path(), false).unwrap();
+        assert_eq!(run.latest_checkpoint().unwrap(), None);
+        write_ckpt(&run, 5, true);
+        write_ckpt(&run, 10, true);
+        write_ckpt(&run, 15, false); // killed while saving
+        fs::create_dir_all(run.checkpoints_dir().join("not-a-step")).unwrap();
+        fs::write(run.checkpoints_dir().join("step-00020"), b"a file").unwrap();
+        let all = run.checkpoints().unwrap();
+        assert_eq!(steps(&all), vec![(5, true), (10, true), (15, false)]);
+        let latest = run.latest_checkpoint().unwrap().unwrap();
+        assert_eq!(latest.step, 10);
+        assert_eq!(latest.path, run.checkpoint_path(10));
+        let marker = fs::read_to_string(latest.path.join(COMPLETE_MARKER)).unwrap();
+        assert!(marker.starts_with("step = 10\n"), "{marker}");
+        assert!(!latest.path.join("COMPLETE.tmp").exists());
+        // A wider number still parses.
+        fs::create_dir_all(run.checkpoints_dir().join("step-123456")).unwrap();
+        fs::write(
+            run.checkpoints_dir()
+                .join("step-123456")
+                .join(COMPLETE_MARKER),
+            b"",
+        )
+        .unwrap();
+        assert_eq!(run.latest_checkpoint().unwrap().unwrap().step, 123_456);
+    }
+
+    #[test]
+    fn begin_checkpoint_replaces_an_incomplete_one_and_refuses_a_complete_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = RunDir::create(tmp.path(), false).unwrap();
+        let p = write_ckpt(&run, 3, false);
+        fs::write(p.join("junk"), b"half").unwrap();
+        let p2 = run.begin_checkpoint(3).unwrap();
+        assert_eq!(p, p2);
+        assert!(!p2.join("junk").exists());
+        run.mark_complete(3).unwrap();
+        let err = run.begin_checkpoint(3).unwrap_err();
+        assert!(matches!(err, RunError::CheckpointExists { .. }), "{err}");
+        let err = run.mark_complete(99).unwrap_err();
+        assert!(err.to_string().contains("step-00099"), "{err}");
+    }
+
+    #[test]
+    fn pruning_keeps_the_last_k_and_never_the_newest_complete() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = RunDir::create(tmp.path(), false).unwrap();
+        for step in [2, 4, 6, 8] {
+            write_ckpt(&run, step, true);
+        }
+        write_ckpt(&run, 5, false); // stale, older than the newest complete
+        write_ckpt(&run, 10, false); // being written
+        let removed = run.prune_checkpoints(2).unwrap();
+        assert_eq!(
+            removed,
+            vec![
+                run.checkpoint_path(2),
+                run.checkpoint_path(4),
+                run.checkpoint_path(5)
+            ]
+        );
+        assert_eq!(
+            steps(&run.checkpoints().unwrap()),
+            vec![(6, true), (8, true), (10, false)]
+        );
+        // keep = 0 still keeps the newest complete one.
+        run.prune_checkpoints(0).unwrap();
+        assert_eq!(
+            steps(&run.checkpoints().unwrap()),
+            vec![(8, true), (10, false)]
+        );
+        assert!(run.checkpoint_path(8).join("optim/state.bin").exists());
+        // Nothing complete: nothing is deleted.
+        let tmp2 = tempfile::tempdir().unwrap();
+        let run2 = RunDir::create(tmp2.path(), false).unwrap();
+        write_ckpt(&run2, 1, false);
+        assert!(run2.prune_checkpoints(1).unwrap().is_empty());
+        assert_eq!(steps(&run2.checkpoints().unwrap()), vec![(1, false)]);
+    }
+
+    #[test]
+    fn prepare_resume_rewinds_metrics_and_samples_to_the_checkpoint() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = RunDir::create(tmp.path(), false).unwrap();
+        run.write_config("x = 1\n").unwrap();
+        assert_eq!(run.prepare_resume(&["train"]).unwrap(), None);
+        let mut w = run.metrics_writer().unwrap();
+        w.write(500, "sft", [("sft/loss", 0.1)]).unwrap();
+        for step in 1..=5 {
+            w.write(step, "train", [("r", step as f64)]).unwrap();
+            run.write_samples(step, &[step]).unwrap();
+        }
+        drop(w);
+        write_ckpt(&run, 2, true);
+        write_ckpt(&run, 4, false);
+        let resumed = RunDir::open(run.root()).unwrap();
+        let ck = resumed.prepare_resume(&["train", "eval"]).unwrap().unwrap();
+        assert_eq!(ck.step, 2);
+        let log = super::super::read_metrics(resumed.metrics_path()).unwrap();
+        assert_eq!(log.series("r"), vec![(1, 1.0), (2, 2.0)]);
+        assert_eq!(log.series("sft/loss"), vec![(500, 0.1)]);
+        assert!(resumed.samples_path(2).exists() && !resumed.samples_path(3).exists());
+    }
+
+    #[test]
+    fn step_names_parse() {
+        assert_eq!(parse_step("step-00042", None), Some(42));
+        assert_eq!(parse_step("step-7.jsonl", Some("jsonl")), Some(7));
+        assert_eq!(parse_step("step-7.jsonl", None), None);
+        assert_eq!(parse_step("step-", None), None);
+        assert_eq!(parse_step("step-+1", None), None);
+        assert_eq!(parse_step("step-1x.jsonl", Some("jsonl")), None);
+        assert_eq!(step_name(3), "step-00003");
+        assert_eq!(step_name(123_456), "step-123456");
+    }
+}

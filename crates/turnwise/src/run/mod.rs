@@ -1,0 +1,119 @@
+//! The run directory: everything a training run leaves on disk, and the tools that read it back.
+//!
+//! ```text
+//! <run>/
+//!   config.toml          the resolved configuration, written once ([`RunDir::write_config`])
+//!   metrics.jsonl        one JSON object per line and per phase ([`MetricsWriter`], [`read_metrics`])
+//!   samples/step-N.jsonl trajectories of step N, one JSON line each ([`RunDir::samples_path`])
+//!   checkpoints/step-N/  written by the caller, complete once `COMPLETE` exists ([`RunDir::begin_checkpoint`])
+//!   plots/*.svg          line charts of the main curves ([`write_plots`])
+//!   report.md            first/last/best values, evaluations, plots, timing ([`write_report`])
+//! ```
+//!
+//! Metric names follow verl (`actor/pg_loss`, `actor/pg_clipfrac`, `actor/ppo_kl`, `actor/entropy`,
+//! `actor/grad_norm`, `critic/score/mean`, `critic/advantages/{mean,max,min}`,
+//! `response_length/mean`, `timing_s/*`) and the diagnostics of spec §7; evaluations are logged as
+//! `eval/<mode>/<metric>` with per-hop EM as `eval/<mode>/em/hop<N>`.
+//!
+//! [`Progress`] draws progress bars on a terminal and logs a line every few percent elsewhere.
+
+mod dir;
+mod metrics;
+mod plots;
+mod progress;
+mod report;
+mod svg;
+
+use std::path::{Path, PathBuf};
+
+pub use dir::{COMPLETE_MARKER, Checkpoint, RunDir};
+pub use metrics::{MetricsLog, MetricsRecord, MetricsWriter, read_metrics};
+pub use plots::{PlotFile, PlotSpec, SeriesSpec, default_plot_specs, plot_records, write_plots};
+pub use progress::{Progress, ProgressMode};
+pub use report::{ReportInput, render_report, write_report};
+pub use svg::{LineChart, Series};
+
+/// What went wrong with a file of the run directory, and which file.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// An I/O operation failed.
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What was being done ("create the directory", "append to", ...).
+        action: &'static str,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A new run would overwrite a directory that already holds files.
+    #[error(
+        "the run directory {} is not empty (pass overwrite to replace it, or resume it)",
+        path.display()
+    )]
+    NotEmpty {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The path exists but is not a directory.
+    #[error("{} exists and is not a directory", path.display())]
+    NotADirectory {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The directory does not look like a run directory (no `config.toml`).
+    #[error("{} is not a run directory: {reason}", path.display())]
+    NotARunDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why not.
+        reason: String,
+    },
+    /// `config.toml` exists already with other contents (it is written once per run).
+    #[error("{} exists already with another configuration", path.display())]
+    ConfigChanged {
+        /// The config file.
+        path: PathBuf,
+    },
+    /// A complete checkpoint exists already for this step.
+    #[error("the checkpoint {} exists already and is complete", path.display())]
+    CheckpointExists {
+        /// The checkpoint directory.
+        path: PathBuf,
+    },
+    /// A line of a JSON-lines file is not what was expected.
+    #[error("{}:{line}: {message}", path.display())]
+    BadLine {
+        /// The file.
+        path: PathBuf,
+        /// The line number, starting at 1.
+        line: usize,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A value could not be serialized.
+    #[error("cannot serialize a line for {}: {source}", path.display())]
+    Serialize {
+        /// The file it was meant for.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl RunError {
+    /// Wraps an I/O error with the path and the action.
+    pub(crate) fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.to_path_buf();
+        move |source| RunError::Io {
+            path,
+            action,
+            source,
+        }
+    }
+}
+
+/// Result of the run-directory functions.
+pub type RunResult<T> = std::result::Result<T, RunError>;

@@ -1,0 +1,634 @@
+//! `report.md`: a Markdown summary of a run from its metrics and resolved configuration.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+
+use super::dir::{RunDir, write_atomic};
+use super::metrics::{MetricsLog, read_metrics};
+use super::plots::{PlotFile, default_plot_specs, write_plots};
+use super::{RunError, RunResult};
+
+/// Which way a metric improves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Better {
+    Higher,
+    Lower,
+    Neither,
+}
+
+/// The main metrics of the summary table: a label, candidate names (first with data wins) and
+/// the better direction.
+const MAIN: &[(&str, &[&str], Better)] = &[
+    (
+        "reward",
+        &["critic/score/mean", "critic/rewards/mean", "train/reward"],
+        Better::Higher,
+    ),
+    ("train EM", &["train/em", "critic/em/mean"], Better::Higher),
+    ("train format ok", &["train/format_ok"], Better::Higher),
+    ("entropy", &["actor/entropy"], Better::Neither),
+    ("KL (old‖new)", &["actor/ppo_kl"], Better::Neither),
+    ("KL loss (ref)", &["actor/kl_loss"], Better::Neither),
+    ("clip fraction", &["actor/pg_clipfrac"], Better::Neither),
+    ("policy loss", &["actor/pg_loss"], Better::Neither),
+    ("grad norm", &["actor/grad_norm"], Better::Neither),
+    (
+        "explained variance",
+        &["critic/vf_explained_var"],
+        Better::Higher,
+    ),
+    (
+        "response length",
+        &["response_length/mean"],
+        Better::Neither,
+    ),
+    (
+        "turns",
+        &["env/turns/mean", "num_turns/mean"],
+        Better::Neither,
+    ),
+    (
+        "tool calls",
+        &["env/tool_calls/mean", "tool_call_counts/mean"],
+        Better::Neither,
+    ),
+    ("warm-start loss", &["sft/loss"], Better::Lower),
+];
+
+/// Evaluation metrics shown first, in this order; the others follow by name.
+const EVAL_ORDER: &[&str] = &[
+    "em",
+    "em_se",
+    "f1",
+    "sub_em",
+    "answered",
+    "format_ok",
+    "turns",
+    "tool_calls",
+    "agent_tokens",
+];
+
+/// Evaluation metrics that are fractions, shown as percentages.
+const RATES: &[&str] = &["em", "em_se", "f1", "sub_em", "answered", "format_ok"];
+
+/// What [`render_report`] summarizes.
+#[derive(Debug, Clone, Copy)]
+pub struct ReportInput<'a> {
+    /// The report title (usually the run directory name).
+    pub title: &'a str,
+    /// The metrics.
+    pub log: &'a MetricsLog,
+    /// The resolved configuration (TOML), if there is one.
+    pub config: Option<&'a str>,
+    /// The charts to link.
+    pub plots: &'a [PlotFile],
+    /// The directory the report is written in: plot links are relative to it.
+    pub base: &'a Path,
+}
+
+/// A number for a table: about four significant digits, scientific for tiny or huge magnitudes.
+fn num(v: f64) -> String {
+    let a = v.abs();
+    if v == 0.0 {
+        "0".into()
+    } else if !(1e-3..1e6).contains(&a) {
+        format!("{v:.3e}")
+    } else if a >= 1000.0 {
+        format!("{v:.1}")
+    } else if a >= 1.0 {
+        format!("{v:.3}")
+    } else {
+        format!("{v:.4}")
+    }
+}
+
+fn pct(v: f64) -> String {
+    format!("{:.1}%", v * 100.0)
+}
+
+/// `1h 02m 03s`, `4m 05s` or `12.3 s`.
+fn duration(secs: f64) -> String {
+    if !secs.is_finite() || secs < 0.0 {
+        return "?".into();
+    }
+    if secs < 60.0 {
+        return format!("{secs:.1} s");
+    }
+    let s = secs.round() as u64;
+    if s < 3600 {
+        format!("{}m {:02}s", s / 60, s % 60)
+    } else {
+        format!("{}h {:02}m {:02}s", s / 3600, (s % 3600) / 60, s % 60)
+    }
+}
+
+/// Table cells must not break the row.
+fn cell(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
+
+/// `eval/<mode>/<name>` → `(mode, Name(name))`, `eval/<mode>/em/hop<N>` → `(mode, Hop(N))`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum EvalKey {
+    Name(String),
+    Hop(u32),
+}
+
+fn parse_eval_key(key: &str) -> Option<(String, EvalKey)> {
+    let parts: Vec<&str> = key.strip_prefix("eval/")?.split('/').collect();
+    let (&last, head) = parts.split_last()?;
+    if last.is_empty() {
+        return None;
+    }
+    if let (Some((&"em", mode)), Some(Ok(hop))) = (
+        head.split_last(),
+        last.strip_prefix("hop").map(str::parse::<u32>),
+    ) {
+        return Some((mode.join("/"), EvalKey::Hop(hop)));
+    }
+    Some((head.join("/"), EvalKey::Name(last.to_string())))
+}
+
+fn write_main_table(out: &mut String, log: &MetricsLog) {
+    let mut rows = Vec::new();
+    for (label, keys, better) in MAIN {
+        let Some(key) = keys.iter().find(|k| log.has(k)) else {
+            continue;
+        };
+        let pts = log.series(key);
+        let (first, last) = (pts[0], pts[pts.len() - 1]);
+        let min = pts
+            .iter()
+            .copied()
+            .fold(first, |a, b| if b.1 < a.1 { b } else { a });
+        let max = pts
+            .iter()
+            .copied()
+            .fold(first, |a, b| if b.1 > a.1 { b } else { a });
+        let best = match better {
+            Better::Higher => format!("{} (step {})", num(max.1), max.0),
+            Better::Lower => format!("{} (step {})", num(min.1), min.0),
+            Better::Neither => "—".into(),
+        };
+        rows.push(format!(
+            "| {} | `{}` | {} (step {}) | {} (step {}) | {} | {} | {} | {} |",
+            cell(label),
+            cell(key),
+            num(first.1),
+            first.0,
+            num(last.1),
+            last.0,
+            best,
+            num(min.1),
+            num(max.1),
+            pts.len()
+        ));
+    }
+    let _ = writeln!(out, "## Main metrics\n");
+    if rows.is_empty() {
+        let _ = writeln!(out, "No training metrics were logged.\n");
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "| metric | key | first | last | best | min | max | points |\n|---|---|---|---|---|---|---|---|"
+    );
+    for r in rows {
+        let _ = writeln!(out, "{r}");
+    }
+    let _ = writeln!(out);
+}
+
+fn write_eval(out: &mut String, log: &MetricsLog) {
+    // mode → rows of (step, name → value, hop → value)
+    type Row = (u64, BTreeMap<String, f64>, BTreeMap<u32, f64>);
+    let mut modes: BTreeMap<String, Vec<Row>> = BTreeMap::new();
+    for r in &log.records {
+        let mut per_mode: BTreeMap<String, Row> = BTreeMap::new();
+        for (key, v) in &r.values {
+            let Some(v) = v.filter(|v| v.is_finite()) else {
+                continue;
+            };
+            let Some((mode, k)) = parse_eval_key(key) else {
+                continue;
+            };
+            let row = per_mode
+                .entry(mode)
+                .or_insert_with(|| (r.step, BTreeMap::new(), BTreeMap::new()));
+            match k {
+                EvalKey::Name(n) => {
+                    row.1.insert(n, v);
+                }
+                EvalKey::Hop(h) => {
+                    row.2.insert(h, v);
+                }
+            }
+        }
+        for (mode, row) in per_mode {
+            modes.entry(mode).or_default().push(row);
+        }
+    }
+    if modes.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "## Evaluation\n");
+    for (mode, rows) in &modes {
+        let title = if mode.is_empty() {
+            "eval".to_string()
+        } else {
+            format!("eval/{mode}")
+        };
+        let _ = writeln!(out, "### {}\n", cell(&title));
+        let names: BTreeSet<&str> = rows
+            .iter()
+            .flat_map(|r| r.1.keys().map(String::as_str))
+            .collect();
+        let mut cols: Vec<&str> = EVAL_ORDER
+            .iter()
+            .copied()
+            .filter(|n| names.contains(n))
+            .collect();
+        cols.extend(names.iter().copied().filter(|n| !EVAL_ORDER.contains(n)));
+        let hops: BTreeSet<u32> = rows.iter().flat_map(|r| r.2.keys().copied()).collect();
+        if let (Some(first), Some(last)) = (rows.first(), rows.last())
+            && rows.len() > 1
+            && let (Some(a), Some(b)) = (first.1.get("em"), last.1.get("em"))
+        {
+            let _ = writeln!(
+                out,
+                "EM {} (step {}) → {} (step {}): {:+.1} points.\n",
+                pct(*a),
+                first.0,
+                pct(*b),
+                last.0,
+                (b - a) * 100.0
+            );
+        }
+        let mut header = String::from("| step |");
+        let mut rule = String::from("|---|");
+        for c in &cols {
+            let _ = write!(header, " {} |", cell(c));
+            rule.push_str("---|");
+        }
+        for h in &hops {
+            let _ = write!(header, " EM {h}-hop |");
+            rule.push_str("---|");
+        }
+        let _ = writeln!(out, "{header}\n{rule}");
+        for (step, vals, hop_vals) in rows {
+            let mut line = format!("| {step} |");
+            for c in &cols {
+                let s = match vals.get(*c) {
+                    Some(v) if RATES.contains(c) && (0.0..=1.0).contains(v) => pct(*v),
+                    Some(v) => num(*v),
+                    None => "".into(),
+                };
+                let _ = write!(line, " {s} |");
+            }
+            for h in &hops {
+                let s = hop_vals.get(h).map(|v| pct(*v)).unwrap_or_default();
+                let _ = write!(line, " {s} |");
+            }
+            let _ = writeln!(out, "{line}");
+        }
+        let _ = writeln!(out);
+    }
+}
+
+fn write_plots_section(out: &mut String, plots: &[PlotFile], base: &Path) {
+    if plots.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "## Plots\n");
+    for p in plots {
+        let rel = p.path.strip_prefix(base).unwrap_or(&p.path);
+        let link = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().replace(' ', "%20"))
+            .collect::<Vec<_>>()
+            .join("/");
+        let _ = writeln!(
+            out,
+            "- [{}]({link}) ({})\n\n  ![{}]({link})\n",
+            p.title,
+            p.keys
+                .iter()
+                .map(|k| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            p.title
+        );
+    }
+}
+
+fn write_timing(out: &mut String, log: &MetricsLog) {
+    let keys: Vec<&str> = log
+        .keys()
+        .into_iter()
+        .filter(|k| k.starts_with("timing_s/"))
+        .collect();
+    let times: Vec<f64> = log.records.iter().filter_map(|r| r.time).collect();
+    if keys.is_empty() && times.len() < 2 {
+        return;
+    }
+    let _ = writeln!(out, "## Timing\n");
+    if let (Some(first), Some(last)) = (
+        times.iter().copied().reduce(f64::min),
+        times.iter().copied().reduce(f64::max),
+    ) && last > first
+    {
+        let _ = writeln!(
+            out,
+            "Wall clock from the first to the last metrics line: {}.",
+            duration(last - first)
+        );
+        let train: BTreeSet<u64> = log.phase("train").map(|r| r.step).collect();
+        if train.len() > 1 {
+            let _ = writeln!(out, "{} training steps logged.", train.len());
+        }
+        let _ = writeln!(out);
+    }
+    if keys.is_empty() {
+        return;
+    }
+    let total_step: f64 = log.series("timing_s/step").iter().map(|p| p.1).sum();
+    let _ = writeln!(
+        out,
+        "| phase | mean per step | total | share of step time |\n|---|---|---|---|"
+    );
+    for k in keys {
+        let pts = log.series(k);
+        let total: f64 = pts.iter().map(|p| p.1).sum();
+        let share = if total_step > 0.0 {
+            pct(total / total_step)
+        } else {
+            "".into()
+        };
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {} | {} |",
+            cell(k),
+            duration(total / pts.len() as f64),
+            duration(total),
+            share
+        );
+    }
+    let _ = writeln!(out);
+}
+
+fn write_config(out: &mut String, config: &str) {
+    let _ = writeln!(out, "## Configuration\n");
+    if let Ok(table) = config.parse::<toml::Table>() {
+        let scalars: Vec<String> = table
+            .iter()
+            .filter(|(_, v)| !v.is_table() && !v.is_array())
+            .map(|(k, v)| format!("- {}: {}", cell(k), cell(&v.to_string())))
+            .collect();
+        if !scalars.is_empty() {
+            let _ = writeln!(out, "{}\n", scalars.join("\n"));
+        }
+    }
+    let fence = if config.contains("```") {
+        "~~~~"
+    } else {
+        "```"
+    };
+    let _ = writeln!(
+        out,
+        "<details><summary>Resolved configuration (config.toml)</summary>\n\n{fence}toml\n{}\n{fence}\n\n</details>\n",
+        config.trim_end()
+    );
+}
+
+/// Renders `report.md`: the run's lines and phases, a table of the first, last and best values
+/// of the main metrics, the evaluations (one table per mode, EM by hop when `eval/<mode>/em/hopN`
+/// keys exist), the plots, a timing summary and the configuration.
+pub fn render_report(input: &ReportInput<'_>) -> String {
+    let log = input.log;
+    let mut out = String::new();
+    let _ = writeln!(out, "# Run report: {}\n", input.title);
+    let mut phases: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in &log.records {
+        *phases.entry(r.phase.as_str()).or_default() += 1;
+    }
+    let phases: Vec<String> = phases.iter().map(|(p, n)| format!("{p} ×{n}")).collect();
+    let _ = writeln!(
+        out,
+        "{} metrics lines ({}).",
+        log.records.len(),
+        if phases.is_empty() {
+            "none".to_string()
+        } else {
+            phases.join(", ")
+        }
+    );
+    if let Some(last) = log.phase("train").map(|r| r.step).max() {
+        let _ = writeln!(out, "Last training step: {last}.");
+    }
+    if let Some(n) = log.torn_last_line {
+        let _ = writeln!(
+            out,
+            "\n> The last line ({n}) of the metrics was torn (the run was killed while writing it) and is left out."
+        );
+    }
+    let _ = writeln!(out);
+    write_main_table(&mut out, log);
+    write_eval(&mut out, log);
+    write_plots_section(&mut out, input.plots, input.base);
+    write_timing(&mut out, log);
+    if let Some(config) = input.config {
+        write_config(&mut out, config);
+    }
+    out
+}
+
+/// Reads the metrics and configuration of `run`, writes the default charts into `plots/`, then
+/// `report.md`; returns the report's path. A run without a `config.toml` gets a report without
+/// the configuration.
+pub fn write_report(run: &RunDir) -> RunResult<PathBuf> {
+    let log = read_metrics(run.metrics_path())?;
+    let config = match std::fs::read_to_string(run.config_path()) {
+        Ok(c) => Some(c),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(RunError::io("read", &run.config_path())(e)),
+    };
+    let plots = write_plots(&log, &run.plots_dir(), &default_plot_specs())?;
+    let title = run
+        .root()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| run.root().display().to_string());
+    let text = render_report(&ReportInput {
+        title: &title,
+        log: &log,
+        config: config.as_deref(),
+        plots: &plots,
+        base: run.root(),
+    });
+    let path = run.report_path();
+    write_atomic(&path, text.as_bytes())?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eval_keys_parse() {
+        let n = |m: &str, k: &str| Some((m.to_string(), EvalKey::Name(k.to_string())));
+        let h = |m: &str, k: u32| Some((m.to_string(), EvalKey::Hop(k)));
+        assert_eq!(parse_eval_key("eval/greedy/em"), n("greedy", "em"));
+        assert_eq!(parse_eval_key("eval/greedy/em/hop2"), h("greedy", 2));
+        assert_eq!(parse_eval_key("eval/em/hop3"), h("", 3));
+        assert_eq!(parse_eval_key("eval/em"), n("", "em"));
+        assert_eq!(parse_eval_key("eval/a/b/f1"), n("a/b", "f1"));
+        assert_eq!(
+            parse_eval_key("eval/greedy/f1/hop2"),
+            n("greedy/f1", "hop2")
+        );
+        assert_eq!(parse_eval_key("train/em"), None);
+        assert_eq!(parse_eval_key("eval/"), None);
+    }
+
+    #[test]
+    fn numbers_and_durations() {
+        assert_eq!(num(0.0), "0");
+        assert_eq!(num(0.12345), "0.1235");
+        assert_eq!(num(12.3456), "12.346");
+        assert_eq!(num(12345.0), "12345.0");
+        assert_eq!(num(1e-5), "1.000e-5");
+        assert_eq!(duration(12.34), "12.3 s");
+        assert_eq!(duration(125.0), "2m 05s");
+        assert_eq!(duration(3723.0), "1h 02m 03s");
+        assert_eq!(duration(f64::NAN), "?");
+    }
+
+    fn sample_run(root: &Path) -> RunDir {
+        let run = RunDir::create(root, false).unwrap();
+        run.write_config(
+            "preset = \"a2tgpo\"\nseed = 7\n\n[optim]\nlr = 1e-6\n\n[run]\nsteps = 6\n",
+        )
+        .unwrap();
+        let mut w = run.metrics_writer().unwrap();
+        let t0 = 1_700_000_000.0;
+        for s in [50u64, 100] {
+            w.write_at(s, "sft", t0 + s as f64, [("sft/loss", 100.0 / s as f64)])
+                .unwrap();
+        }
+        let eval = |w: &mut super::super::MetricsWriter, step: u64, em: f64| {
+            w.write_at(
+                step,
+                "eval",
+                t0 + 200.0 + step as f64 * 60.0,
+                [
+                    ("eval/greedy/em", em),
+                    ("eval/greedy/f1", em + 0.05),
+                    ("eval/greedy/turns", 2.5),
+                    ("eval/greedy/em/hop1", em + 0.1),
+                    ("eval/greedy/em/hop2", em - 0.1),
+                    ("eval/sampled/em", em - 0.02),
+                ],
+            )
+            .unwrap();
+        };
+        eval(&mut w, 0, 0.2);
+        for step in 1..=6u64 {
+            let s = step as f64;
+            w.write_at(
+                step,
+                "train",
+                t0 + 200.0 + s * 60.0,
+                [
+                    ("critic/score/mean", 0.1 * s),
+                    ("train/em", if step == 4 { 0.9 } else { 0.05 * s }),
+                    ("actor/entropy", 1.0 / s),
+                    ("actor/pg_clipfrac", f64::NAN),
+                    ("timing_s/step", 60.0),
+                    ("timing_s/gen", 45.0),
+                    ("timing_s/update", 15.0),
+                ],
+            )
+            .unwrap();
+        }
+        eval(&mut w, 6, 0.35);
+        run
+    }
+
+    #[test]
+    fn report_summarizes_a_run() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = sample_run(&tmp.path().join("my run"));
+        let path = write_report(&run).unwrap();
+        assert_eq!(path, run.report_path());
+        let md = std::fs::read_to_string(&path).unwrap();
+        assert!(md.starts_with("# Run report: my run\n"), "{md}");
+        assert!(
+            md.contains("10 metrics lines (eval ×2, sft ×2, train ×6)."),
+            "{md}"
+        );
+        assert!(md.contains("Last training step: 6."), "{md}");
+        // Main table: first/last/best (train EM peaks at step 4).
+        let em_row = md.lines().find(|l| l.starts_with("| train EM |")).unwrap();
+        assert_eq!(
+            em_row,
+            "| train EM | `train/em` | 0.0500 (step 1) | 0.3000 (step 6) | 0.9000 (step 4) | 0.0500 | 0.9000 | 6 |"
+        );
+        let sft_row = md
+            .lines()
+            .find(|l| l.starts_with("| warm-start loss |"))
+            .unwrap();
+        assert!(sft_row.contains("| 1.000 (step 100) |"), "{sft_row}");
+        assert!(md.contains("| entropy | `actor/entropy` |"));
+        assert!(!md.contains("clip fraction"), "all-null metric left out");
+        // Evaluation by mode and by hop.
+        assert!(md.contains("### eval/greedy\n"));
+        assert!(md.contains("### eval/sampled\n"));
+        assert!(
+            md.contains("EM 20.0% (step 0) → 35.0% (step 6): +15.0 points."),
+            "{md}"
+        );
+        assert!(
+            md.contains("| step | em | f1 | turns | EM 1-hop | EM 2-hop |\n|---|---|---|---|---|---|\n| 0 | 20.0% | 25.0% | 2.500 | 30.0% | 10.0% |"),
+            "{md}"
+        );
+        // Plots exist and are linked relative to the report.
+        for name in ["reward", "em", "entropy", "sft_loss", "turns", "step_time"] {
+            assert!(
+                run.plots_dir().join(format!("{name}.svg")).is_file(),
+                "{name}"
+            );
+            assert!(md.contains(&format!("](plots/{name}.svg)")), "{name}");
+        }
+        assert!(!run.plots_dir().join("kl.svg").exists());
+        // Timing.
+        assert!(
+            md.contains("| `timing_s/gen` | 45.0 s | 4m 30s | 75.0% |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("Wall clock from the first to the last metrics line: 8m 30s."),
+            "{md}"
+        );
+        // Configuration.
+        assert!(md.contains("- preset: \"a2tgpo\"\n- seed: 7\n"), "{md}");
+        assert!(md.contains("```toml\npreset = \"a2tgpo\""), "{md}");
+    }
+
+    #[test]
+    fn report_of_an_empty_run_without_config() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = RunDir::create(tmp.path(), false).unwrap();
+        std::fs::write(run.metrics_path(), "{\"step\":1,\"phase\":\"train\",\"r\"").unwrap();
+        let md = std::fs::read_to_string(write_report(&run).unwrap()).unwrap();
+        assert!(md.contains("0 metrics lines (none)."), "{md}");
+        assert!(md.contains("No training metrics were logged."), "{md}");
+        assert!(md.contains("line (1) of the metrics was torn"), "{md}");
+        assert!(!md.contains("## Configuration"));
+        // No metrics file at all is an error naming it.
+        std::fs::remove_file(run.metrics_path()).unwrap();
+        let err = write_report(&run).unwrap_err();
+        assert!(err.to_string().contains("metrics.jsonl"), "{err}");
+    }
+}

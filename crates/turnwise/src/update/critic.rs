@@ -1,0 +1,139 @@
+//! The PPO critic (spec §3.3, §5.10): a value model initialised from the policy's weights,
+//! its values of the states before each response token, and the clipped value-loss update.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result};
+use candle_core::Tensor;
+use candle_nn::VarMap;
+use turnwise_model::ModelConfig;
+use turnwise_model::loss::value::{ValueLossConfig, value_loss};
+use turnwise_model::model::critic::{Critic, critic_varmap_from_policy, trunk_config};
+use turnwise_model::model::weights::sorted_vars;
+use turnwise_model::optim::{AdamW, AdamWConfig, GradAccumulator};
+
+use super::{Row, pack};
+
+/// A trainable critic with its optimizer.
+pub struct CriticModel {
+    config: ModelConfig,
+    varmap: VarMap,
+    model: Critic,
+    detached: Critic,
+    optimizer: AdamW,
+}
+
+impl CriticModel {
+    /// A critic whose trunk copies `policy` (named tensors) and whose value head is fresh.
+    pub fn from_policy(
+        config: &ModelConfig,
+        policy: &std::collections::HashMap<String, Tensor>,
+        seed: u64,
+    ) -> Result<Self> {
+        let varmap = critic_varmap_from_policy(config, policy, seed)
+            .context("building the critic from the policy")?;
+        let tc = trunk_config(config);
+        let model = Critic::from_varmap(&tc, &varmap)?;
+        let detached = Critic::detached_from_varmap(&tc, &varmap)?;
+        let optimizer = AdamW::new(sorted_vars(&varmap), AdamWConfig::default())?;
+        Ok(Self {
+            config: tc,
+            varmap,
+            model,
+            detached,
+            optimizer,
+        })
+    }
+
+    /// The critic's weights.
+    pub fn varmap(&self) -> &VarMap {
+        &self.varmap
+    }
+
+    /// The trunk configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Values of the states before each response token of every row (no graph).
+    pub fn values(&self, rows: &[Row], chunk: usize) -> Result<Vec<Vec<f32>>> {
+        let mut out = Vec::with_capacity(rows.len());
+        for c in rows.chunks(chunk.max(1)) {
+            let refs: Vec<&Row> = c.iter().collect();
+            let packed = pack(&refs, self.detached.trunk().device())?;
+            let v = self
+                .detached
+                .values(&packed.ids, &packed.positions, &packed.key_mask)?;
+            let v = v
+                .narrow(1, packed.prompt_width - 1, packed.response_width)?
+                .to_dtype(candle_core::DType::F32)?
+                .to_vec2::<f32>()?;
+            for (r, row) in c.iter().zip(v) {
+                out.push(row[..r.response.len()].to_vec());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Clipped value-loss epochs over `rows` (whose `returns` hold the GAE targets) with the
+    /// values `old_values` of the rollout.
+    pub fn update(
+        &mut self,
+        rows: &[Row],
+        old_values: &[Vec<f32>],
+        cfg: &ValueLossConfig,
+        lr: f64,
+        grad_clip: f64,
+        mini_batch: usize,
+    ) -> Result<BTreeMap<String, f64>> {
+        let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+        let n = rows.len();
+        let mini = if mini_batch == 0 {
+            n
+        } else {
+            mini_batch.min(n)
+        };
+        let idx: Vec<usize> = (0..n).collect();
+        for mb in idx.chunks(mini.max(1)) {
+            let refs: Vec<&Row> = mb.iter().map(|&i| &rows[i]).collect();
+            let packed = pack(&refs, self.model.trunk().device())?;
+            let l = packed.response_width;
+            let mut old = vec![0f32; mb.len() * l];
+            for (k, &i) in mb.iter().enumerate() {
+                old[k * l..k * l + old_values[i].len()].copy_from_slice(&old_values[i]);
+            }
+            let old = Tensor::from_vec(old, (mb.len(), l), self.model.trunk().device())?;
+            let v = self
+                .model
+                .values(&packed.ids, &packed.positions, &packed.key_mask)?
+                .narrow(1, packed.prompt_width - 1, l)?;
+            let out = value_loss(&v, &old, &packed.returns, &packed.loss_mask, cfg, None)?;
+            let value = f64::from(out.loss.to_scalar::<f32>()?);
+            if !value.is_finite() {
+                tracing::warn!(loss = value, "non-finite critic loss: update skipped");
+                continue;
+            }
+            let mut acc = GradAccumulator::new();
+            acc.add(&out.loss.backward()?, self.optimizer.vars(), 1.0)?;
+            let mut grads = acc.take();
+            let norm = grads.clip_global_norm(grad_clip)?;
+            if !norm.is_finite() {
+                tracing::warn!("non-finite critic gradient: update skipped");
+                continue;
+            }
+            self.optimizer.step(&grads, lr)?;
+            for (k, v) in out.metrics.to_map() {
+                let e = sums.entry(k).or_insert((0.0, 0));
+                e.0 += v;
+                e.1 += 1;
+            }
+            let e = sums.entry("critic/grad_norm".into()).or_insert((0.0, 0));
+            e.0 += norm;
+            e.1 += 1;
+        }
+        Ok(sums
+            .into_iter()
+            .map(|(k, (s, c))| (k, s / c.max(1) as f64))
+            .collect())
+    }
+}
