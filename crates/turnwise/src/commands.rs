@@ -60,6 +60,20 @@ pub enum Command {
         #[arg(long)]
         overwrite: bool,
     },
+    /// Supervised warm start only: train a fresh model on oracle demonstrations (or a
+    /// demonstrations file via `--set sft.demonstrations=FILE`) and export it as a Hugging Face
+    /// folder (config.json, model.safetensors, tokenizer.json).
+    Sft {
+        /// Preset whose task, model and warm-start settings to use.
+        #[arg(long, default_value = "grpo")]
+        preset: String,
+        /// `key=value` overrides.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+        /// Output folder.
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Continue a killed run from its latest complete checkpoint.
     Resume {
         /// The run directory.
@@ -199,6 +213,26 @@ pub fn run(cli: Cli) -> Result<()> {
             let cfg = TrainConfig::resolve(preset.as_deref(), config.as_deref(), &sets)?;
             let summary = turnwise::pipeline::run(cfg, &RunOptions { dir: out, quiet }, overwrite)?;
             print_summary(&summary);
+            Ok(())
+        }
+        Command::Sft { preset, sets, out } => {
+            let cfg = TrainConfig::resolve(Some(&preset), None, &sets)?;
+            let steps = cfg.sft.steps;
+            let mut trainer = turnwise::trainer::Trainer::new(cfg)?;
+            let bar = turnwise::run::Progress::new("warm start", steps, quiet);
+            trainer.warm_start(&mut |step, loss, _| {
+                bar.set_position(step);
+                bar.set_message(format!("loss {loss:.4}"));
+            })?;
+            bar.finish("done");
+            let r = trainer.evaluate(&[Split::Validation], 100, 0.0, 0)?;
+            trainer.export(&out)?;
+            println!(
+                "wrote {} (validation EM {:.1}% greedy on {} questions)",
+                out.display(),
+                r.em * 100.0,
+                r.n
+            );
             Ok(())
         }
         Command::Resume { dir } => {

@@ -3,7 +3,9 @@
 
 pub mod bm25;
 pub mod bm25_mem;
+pub mod dense;
 pub mod format;
+pub mod hybrid;
 
 use serde::{Deserialize, Serialize};
 
