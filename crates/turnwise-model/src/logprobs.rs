@@ -1,6 +1,6 @@
 //! Per-token log-probabilities and entropies, differentiable with respect to every weight.
 
-use candle_core::{D, DType, Tensor};
+use candle_core::{D, Tensor};
 
 use crate::error::{ModelError, Result};
 use crate::model::Transformer;
@@ -24,14 +24,8 @@ pub fn token_logprobs_and_entropy(logits: &Tensor, targets: &Tensor) -> Result<(
             format!("expected [{b}, {t}], got {:?}", targets.dims()),
         ));
     }
-    let logp_all = log_softmax(logits)?;
-    let idx = targets
-        .to_dtype(DType::U32)?
-        .unsqueeze(D::Minus1)?
-        .contiguous()?;
-    let logp = logp_all.gather(&idx, D::Minus1)?.squeeze(D::Minus1)?;
-    let entropy = (logp_all.exp()? * &logp_all)?.sum(D::Minus1)?.neg()?;
-    Ok((logp, entropy))
+    // One fused pass over the logits forward and one backward (see `model::ops::logprob`).
+    Ok(crate::model::ops::token_logprobs_entropy(logits, targets)?)
 }
 
 /// Runs `model` over a padded batch and returns, per position, the log-probability of

@@ -3,6 +3,7 @@
 pub mod cache;
 pub mod config;
 pub mod critic;
+pub mod ops;
 pub mod transformer;
 pub mod weights;
 

@@ -1,19 +1,20 @@
 //! The decoder-only transformer (Qwen2 / Qwen3 / Llama), built only from differentiable ops.
 //!
-//! RMSNorm is composed from `sqr`, `mean`, `sqrt`, `div`; softmax is
-//! [`candle_nn::ops::softmax`]; RoPE is rotate-half. So every weight receives a gradient when
-//! the model is built from `Var`s (see `weights::init_varmap` and
+//! RMSNorm, the masked attention softmax and rotate-half RoPE are the fused ops of
+//! [`crate::model::ops`], each with a hand-written backward. So every weight receives a gradient
+//! when the model is built from `Var`s (see `weights::init_varmap` and
 //! [`Transformer::from_varmap`]), and the same struct built from detached tensors
 //! ([`Transformer::detached_from_varmap`]) samples without recording a graph.
 
 use std::collections::HashMap;
 
-use candle_core::{D, DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use candle_nn::VarMap;
 
 use crate::error::{ModelError, Result};
 use crate::model::cache::KvCache;
 use crate::model::config::ModelConfig;
+use crate::model::ops;
 
 /// Additive attention bias for masked keys. Finite so that no row ever becomes NaN.
 const MASKED: f64 = -1e9;
@@ -50,30 +51,16 @@ impl Linear {
     }
 }
 
-/// RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) * w`, composed from basic ops
-/// (computed in f32 for half-precision inputs).
+/// RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) * w` (the fused
+/// [`ops::rms_norm`], computed in f32 for half-precision inputs).
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
-    let dtype = x.dtype();
-    let xf = match dtype {
-        DType::F16 | DType::BF16 => x.to_dtype(DType::F32)?,
-        _ => x.clone(),
-    };
-    let ms = xf.sqr()?.mean_keepdim(D::Minus1)?;
-    let y = xf.broadcast_div(&(ms + eps)?.sqrt()?)?;
-    Ok(y.to_dtype(dtype)?.broadcast_mul(weight)?)
+    Ok(ops::rms_norm(x, weight, eps)?)
 }
 
-/// `cat(-x2, x1)` over the last dimension.
-fn rotate_half(x: &Tensor) -> Result<Tensor> {
-    let d = x.dim(D::Minus1)?;
-    let x1 = x.narrow(D::Minus1, 0, d / 2)?;
-    let x2 = x.narrow(D::Minus1, d / 2, d - d / 2)?;
-    Ok(Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?)
-}
-
-/// Rotary embedding (rotate-half form) of `x: [B, H, T, D]` with `cos, sin: [B, 1, T, D]`.
+/// Rotary embedding (rotate-half form) of `x: [B, H, T, D]` (any strides) with
+/// `cos, sin: [B, 1, T, D]`; the fused [`ops::rope`]. The result is contiguous.
 pub fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    Ok((x.broadcast_mul(cos)? + rotate_half(x)?.broadcast_mul(sin)?)?)
+    Ok(ops::rope(x, cos, sin)?)
 }
 
 #[derive(Debug, Clone)]
@@ -100,19 +87,27 @@ impl Attention {
         cache: Option<&mut Option<(Tensor, Tensor)>>,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
-        let split = |y: Tensor, heads: usize| -> Result<Tensor> {
-            Ok(y.reshape((b, t, heads, self.head_dim))?.transpose(1, 2)?)
+        let d = self.head_dim;
+        // [B, T, heads·D] → [B, T, heads, D]; the per-head norm runs on this contiguous layout
+        // and RoPE reads it transposed to [B, heads, T, D], writing a contiguous result.
+        let heads = |y: Tensor, n: usize, norm: &Option<Tensor>| -> Result<Tensor> {
+            let y = y.reshape((b, t, n, d))?;
+            Ok(match norm {
+                Some(w) => rms_norm(&y, w, self.eps)?,
+                None => y,
+            })
         };
-        let mut q = split(self.q_proj.forward(x)?, self.num_heads)?;
-        let mut k = split(self.k_proj.forward(x)?, self.num_kv_heads)?;
-        let v = split(self.v_proj.forward(x)?, self.num_kv_heads)?;
-        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
-            q = rms_norm(&q, qn, self.eps)?;
-            k = rms_norm(&k, kn, self.eps)?;
-        }
-        let q = apply_rope(&q, cos, sin)?.contiguous()?;
-        let k = apply_rope(&k, cos, sin)?.contiguous()?;
-        let v = v.contiguous()?;
+        let q = heads(self.q_proj.forward(x)?, self.num_heads, &self.q_norm)?;
+        let k = heads(self.k_proj.forward(x)?, self.num_kv_heads, &self.k_norm)?;
+        let v = self
+            .v_proj
+            .forward(x)?
+            .reshape((b, t, self.num_kv_heads, d))?;
+        // The 1/sqrt(D) scale is folded into q (T·D values instead of T·T_total scores).
+        let scale = 1.0 / (d as f64).sqrt();
+        let q = (apply_rope(&q.transpose(1, 2)?, cos, sin)? * scale)?;
+        let k = apply_rope(&k.transpose(1, 2)?, cos, sin)?;
+        let v = v.transpose(1, 2)?.contiguous()?;
         let (k, v) = match cache {
             Some(slot) => {
                 let (k, v) = match slot.take() {
@@ -124,29 +119,17 @@ impl Attention {
             }
             None => (k, v),
         };
+        // Grouped-query attention without repeating keys and values: the query heads sharing a
+        // key head are stacked along the query axis, [B, H, T, D] → [B, KV, G·T, D] (head
+        // h = kv·G + g reads key head h / G, as in Hugging Face's repeat_kv).
         let groups = self.num_heads / self.num_kv_heads;
-        let k = repeat_kv(&k, groups)?;
-        let v = repeat_kv(&v, groups)?;
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?.broadcast_add(bias)?;
-        let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
-        let out = probs.matmul(&v)?; // [B, H, T, D]
-        let out = out
-            .transpose(1, 2)?
-            .reshape((b, t, self.num_heads * self.head_dim))?;
+        let q = q.reshape((b, self.num_kv_heads, groups * t, d))?;
+        let scores = q.matmul(&k.t()?)?; // [B, KV, G·T, T_total]
+        let probs = ops::masked_softmax_last_dim(&scores, bias)?;
+        let out = probs.matmul(&v)?.reshape((b, self.num_heads, t, d))?;
+        let out = out.transpose(1, 2)?.reshape((b, t, self.num_heads * d))?;
         self.o_proj.forward(&out)
     }
-}
-
-/// Repeats each key/value head `groups` times along the head axis: `[B, KV, T, D]` →
-/// `[B, KV·groups, T, D]`, query head `h` reading key head `h / groups`.
-fn repeat_kv(x: &Tensor, groups: usize) -> Result<Tensor> {
-    if groups == 1 {
-        return Ok(x.clone());
-    }
-    let (b, kv, t, d) = x.dims4()?;
-    let parts = vec![x; groups];
-    Ok(Tensor::cat(&parts, 2)?.reshape((b, kv * groups, t, d))?)
 }
 
 #[derive(Debug, Clone)]
@@ -159,8 +142,7 @@ struct Mlp {
 impl Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let g = self.gate.forward(x)?;
-        let act = (&g * candle_nn::ops::sigmoid(&g)?)?; // SiLU from basic ops
-        let h = (act * self.up.forward(x)?)?;
+        let h = (g.silu()? * self.up.forward(x)?)?;
         self.down.forward(&h)
     }
 }

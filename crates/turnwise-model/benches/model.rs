@@ -1,0 +1,439 @@
+//! Training and sampling throughput of the turnwise transformer, side by side with PyTorch.
+//!
+//! ```sh
+//! CARGO_TARGET_DIR=target-model cargo bench -p turnwise-model --bench model
+//! ```
+//!
+//! Two Qwen2-style sizes: A (hidden 256, 4 layers, 4/2 heads, intermediate 768, vocab 4096) and
+//! B (hidden 512, 8 layers, 8/2 heads, intermediate 1536, vocab 8192). Training: forward,
+//! backward (loss = −mean log-prob − 0.001·mean entropy), global-norm clipping and one AdamW step
+//! on a batch of 8 × 256 tokens. Sampling: 16-token prompts, 64 new tokens, temperature 1, at
+//! batch 1, 8 and 64 (tokens/s counts generated tokens, prefill included in the time).
+//!
+//! When `$TURNWISE_BENCH_PYTHON` (default `python3`) can `import torch, transformers`, the same
+//! figures are measured with `benches/model_torch.py` in the same run and the table shows the
+//! ratio turnwise / PyTorch. `TURNWISE_BENCH_QUICK=1` shortens everything;
+//! `TURNWISE_BENCH_FILTER="A train"` (or `"B sample 64"`, ...) runs one cell only.
+//!
+//! Threads: `RAYON_NUM_THREADS` defaults to the core count (matmuls; PyTorch gets the same
+//! count), `CANDLE_NUM_THREADS` to 1 (element-wise ops), and PyTorch runs with
+//! `OMP_WAIT_POLICY=PASSIVE`: each side's better setting on a shared, oversubscribed machine.
+//! Set any of them to override. Figures are medians; mimalloc is the global allocator, run with
+//! `MIMALLOC_PURGE_DELAY=-1` (the bench re-executes itself to set it).
+
+use std::process::Command;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use serde_json::Value;
+use turnwise_model::logprobs::logprobs_and_entropy;
+use turnwise_model::model::weights::{init_varmap, sorted_vars};
+use turnwise_model::optim::{AdamW, AdamWConfig, Gradients};
+use turnwise_model::sampling::{SamplingParams, generate};
+use turnwise_model::{ModelConfig, Transformer};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const TRAIN_BATCH: usize = 8;
+const TRAIN_LEN: usize = 256;
+const PROMPT_LEN: usize = 16;
+const NEW_TOKENS: usize = 64;
+const SAMPLE_BATCHES: [usize; 3] = [1, 8, 64];
+
+/// One model size of the benchmark.
+struct Size {
+    name: &'static str,
+    hidden: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    intermediate: usize,
+    vocab: usize,
+}
+
+const SIZES: [Size; 2] = [
+    Size {
+        name: "A",
+        hidden: 256,
+        layers: 4,
+        heads: 4,
+        kv_heads: 2,
+        intermediate: 768,
+        vocab: 4096,
+    },
+    Size {
+        name: "B",
+        hidden: 512,
+        layers: 8,
+        heads: 8,
+        kv_heads: 2,
+        intermediate: 1536,
+        vocab: 8192,
+    },
+];
+
+impl Size {
+    fn config(&self) -> ModelConfig {
+        let mut c = ModelConfig::tiny_qwen2(self.vocab);
+        c.hidden_size = self.hidden;
+        c.num_hidden_layers = self.layers;
+        c.num_attention_heads = self.heads;
+        c.num_key_value_heads = self.kv_heads;
+        c.head_dim = self.hidden / self.heads;
+        c.intermediate_size = self.intermediate;
+        c.max_position_embeddings = 512;
+        c
+    }
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        0.5 * (xs[n / 2 - 1] + xs[n / 2])
+    }
+}
+
+/// Training tokens/s: median over `steps` timed steps after one warm-up step.
+fn train_tok_s(cfg: &ModelConfig, steps: usize) -> f64 {
+    let dev = Device::Cpu;
+    let vm = init_varmap(cfg, DType::F32, &dev, 0).expect("init");
+    let model = Transformer::from_varmap(cfg, &vm).expect("model");
+    let mut opt = AdamW::new(sorted_vars(&vm), AdamWConfig::default()).expect("adamw");
+    let n = TRAIN_BATCH * (TRAIN_LEN + 1);
+    let toks: Vec<u32> = (0..n)
+        .map(|i| ((i * 7919 + 13) % cfg.vocab_size) as u32)
+        .collect();
+    let all = Tensor::from_vec(toks, (TRAIN_BATCH, TRAIN_LEN + 1), &dev).expect("ids");
+    let ids = all.narrow(1, 0, TRAIN_LEN).expect("narrow");
+    let targets = all.narrow(1, 1, TRAIN_LEN).expect("narrow");
+    let pos = Tensor::arange(0u32, TRAIN_LEN as u32, &dev)
+        .and_then(|p| p.unsqueeze(0))
+        .and_then(|p| p.repeat((TRAIN_BATCH, 1)))
+        .expect("positions");
+    let mask = Tensor::ones((TRAIN_BATCH, TRAIN_LEN), DType::U32, &dev).expect("mask");
+    let mut times = Vec::with_capacity(steps);
+    for step in 0..=steps {
+        let t0 = Instant::now();
+        let (logp, ent) =
+            logprobs_and_entropy(&model, &ids, &pos, &mask, &targets).expect("forward");
+        let loss = (logp.mean_all().expect("mean").neg().expect("neg")
+            - (ent.mean_all().expect("mean") * 1e-3).expect("scale"))
+        .expect("loss");
+        let mut grads = Gradients::from_grad_store(&loss.backward().expect("backward"), opt.vars());
+        grads.clip_global_norm(1.0).expect("clip");
+        opt.step(&grads, 1e-4).expect("step");
+        if step > 0 {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    (TRAIN_BATCH * TRAIN_LEN) as f64 / median(times)
+}
+
+/// Sampling tokens/s at `batch`: median over `reps` timed runs after one warm-up run.
+fn sample_tok_s(cfg: &ModelConfig, batch: usize, reps: usize) -> f64 {
+    let vm = init_varmap(cfg, DType::F32, &Device::Cpu, 0).expect("init");
+    let model = Transformer::detached_from_varmap(cfg, &vm).expect("model");
+    let prompts: Vec<Vec<u32>> = (0..batch)
+        .map(|b| {
+            (0..PROMPT_LEN)
+                .map(|i| ((b * 131 + i * 17 + 1) % cfg.vocab_size) as u32)
+                .collect()
+        })
+        .collect();
+    let seeds: Vec<u64> = (0..batch as u64).collect();
+    let params = SamplingParams {
+        temperature: 1.0,
+        max_new_tokens: NEW_TOKENS,
+        ..Default::default()
+    };
+    let mut times = Vec::with_capacity(reps);
+    for rep in 0..=reps {
+        let t0 = Instant::now();
+        let out = generate(&model, &prompts, &seeds, &params, None).expect("generate");
+        let dt = t0.elapsed().as_secs_f64();
+        let n: usize = out.iter().map(|c| c.tokens.len()).sum();
+        assert_eq!(n, batch * NEW_TOKENS);
+        if rep > 0 {
+            times.push(dt);
+        }
+    }
+    (batch * NEW_TOKENS) as f64 / median(times)
+}
+
+/// Median seconds of `f` over `reps` runs after one warm-up.
+fn time_it(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    median(
+        (0..reps)
+            .map(|_| {
+                let t0 = Instant::now();
+                f();
+                t0.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
+/// Forward + backward time of each fused op against the candle-op composition it replaces, on
+/// size-B training shapes (batch 8 × 256): the evidence that each op pays for itself.
+fn op_table(reps: usize) {
+    use candle_core::Var;
+    use turnwise_model::model::ops;
+    let dev = Device::Cpu;
+    let (b, t, hidden, kv, g, d, vocab) = (TRAIN_BATCH, TRAIN_LEN, 512, 2, 4, 64, 8192);
+    let fwd_bwd = |x: &Var, f: &dyn Fn(&Tensor) -> Tensor| {
+        let y = f(x.as_tensor());
+        let loss = y.sum_all().expect("sum");
+        loss.backward().expect("backward");
+    };
+    let var = |shape: &[usize]| {
+        Var::from_tensor(&Tensor::randn(0f32, 1.0, shape, &dev).expect("randn")).expect("var")
+    };
+    println!("\n| op (fwd + bwd, size-B training shapes) | fused ms | composed ms | speed-up |");
+    println!("|---|---:|---:|---:|");
+    let row = |name: &str, fused: f64, composed: f64| {
+        println!(
+            "| {name} | {:.2} | {:.2} | {:.2}× |",
+            fused * 1e3,
+            composed * 1e3,
+            composed / fused
+        );
+    };
+    let x = var(&[b, t, hidden]);
+    let w = var(&[hidden]);
+    let wt = w.as_tensor().clone();
+    row(
+        "rms_norm [8, 256, 512]",
+        time_it(reps, || {
+            fwd_bwd(&x, &|x| ops::rms_norm(x, &wt, 1e-6).expect("op"))
+        }),
+        time_it(reps, || {
+            fwd_bwd(&x, &|x| {
+                ops::rms_norm::rms_norm_composed(x, &wt, 1e-6).expect("op")
+            })
+        }),
+    );
+    let s = var(&[b, kv, g * t, t]);
+    let mask: Vec<f32> = (0..b * t * t)
+        .map(|i| if (i % t) <= (i / t) % t { 0.0 } else { -1e9 })
+        .collect();
+    let bias = Tensor::from_vec(mask, (b, 1, t, t), &dev).expect("bias");
+    row(
+        "masked softmax [8, 2, 4·256, 256]",
+        time_it(reps, || {
+            fwd_bwd(&s, &|x| ops::masked_softmax_last_dim(x, &bias).expect("op"))
+        }),
+        time_it(reps, || {
+            fwd_bwd(&s, &|x| {
+                ops::softmax::masked_softmax_composed(x, &bias).expect("op")
+            })
+        }),
+    );
+    let q = var(&[b, t, kv * g, d]);
+    let pos: Vec<f32> = (0..b * t).map(|i| (i % t) as f32).collect();
+    let pos = Tensor::from_vec(pos, (b, 1, t, 1), &dev).expect("pos");
+    let freq: Vec<f32> = (0..d)
+        .map(|i| 1.0 / 10_000f32.powf(2.0 * (i % (d / 2)) as f32 / d as f32))
+        .collect();
+    let ang = pos
+        .broadcast_mul(&Tensor::from_vec(freq, (1, 1, 1, d), &dev).expect("freq"))
+        .expect("angles");
+    let (cos, sin) = (ang.cos().expect("cos"), ang.sin().expect("sin"));
+    row(
+        "rope [8, 8, 256, 64] (transposed input)",
+        time_it(reps, || {
+            fwd_bwd(&q, &|x| {
+                ops::rope(&x.transpose(1, 2).expect("t"), &cos, &sin).expect("op")
+            })
+        }),
+        time_it(reps, || {
+            fwd_bwd(&q, &|x| {
+                ops::rope::rope_composed(&x.transpose(1, 2).expect("t"), &cos, &sin)
+                    .expect("op")
+                    .contiguous()
+                    .expect("contiguous")
+            })
+        }),
+    );
+    let z = var(&[b, t, vocab]);
+    let tg: Vec<u32> = (0..b * t).map(|i| (i * 7919 % vocab) as u32).collect();
+    let tg = Tensor::from_vec(tg, (b, t), &dev).expect("targets");
+    let obj = |(l, e): (Tensor, Tensor)| (l + (e * 1e-3).expect("scale")).expect("add");
+    row(
+        "logprob + entropy [8, 256, 8192]",
+        time_it(reps, || {
+            fwd_bwd(&z, &|x| {
+                obj(ops::token_logprobs_entropy(x, &tg).expect("op"))
+            })
+        }),
+        time_it(reps, || {
+            fwd_bwd(&z, &|x| {
+                obj(ops::logprob::token_logprobs_entropy_composed(x, &tg).expect("op"))
+            })
+        }),
+    );
+}
+
+/// The PyTorch figures as JSON, or why there are none.
+fn torch_figures(quick: bool) -> std::result::Result<Value, String> {
+    let python = std::env::var("TURNWISE_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = Command::new(&python)
+        .args(["-c", "import torch, transformers"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        return Err(format!(
+            "`{python} -c \"import torch, transformers\"` failed, so the PyTorch comparison is \
+             skipped. To run it: pip install torch --index-url \
+             https://download.pytorch.org/whl/cpu transformers (or point TURNWISE_BENCH_PYTHON \
+             at a Python that has them)"
+        ));
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/model_torch.py");
+    let mut cmd = Command::new(&python);
+    cmd.arg(script);
+    // On a shared (oversubscribed) machine OpenMP's default spin-waiting makes PyTorch several
+    // times slower; passive waiting is its better setting there. Set the variable to override.
+    if std::env::var_os("OMP_WAIT_POLICY").is_none() {
+        cmd.env("OMP_WAIT_POLICY", "PASSIVE");
+    }
+    if quick {
+        cmd.arg("--quick");
+    }
+    let out = cmd.output().map_err(|e| format!("running {script}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{script} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .ok_or_else(|| format!("{script} printed no JSON: {text}"))?;
+    serde_json::from_str(line).map_err(|e| format!("{script} printed bad JSON ({e}): {line}"))
+}
+
+fn main() {
+    // mimalloc reads its options from the environment when the process starts, so the bench
+    // re-runs itself with MIMALLOC_PURGE_DELAY=-1 (keep freed memory committed): a training step
+    // allocates and frees tens of MB of activations, and returning them to the OS made the
+    // kernel zero fresh (transparent huge) pages on every step, 20-30 % of the step under perf.
+    // Measured here: size B training about 1.15x faster. Set the variable to override.
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        let exe = std::env::current_exe().expect("path of the bench binary");
+        let status = Command::new(exe)
+            .args(std::env::args_os().skip(1))
+            .env("MIMALLOC_PURGE_DELAY", "-1")
+            .status()
+            .expect("re-running the bench");
+        std::process::exit(status.code().unwrap_or(1));
+    }
+    // Before any thread starts: candle re-reads /proc/cpuinfo on every matmul without it.
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // SAFETY: no other thread exists yet.
+        unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
+    }
+    // Element-wise kernels (candle's barrier pool and turnwise's fused ops) on the calling
+    // thread only; matmuls keep RAYON_NUM_THREADS. On this shared 2-core machine the pool's
+    // spin-wait for a descheduled worker cost 17-30 % of a training step (perf), and this
+    // setting made training 1.4-1.9x faster. Set the variable to override.
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        // SAFETY: no other thread exists yet.
+        unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
+    }
+    // `cargo bench` passes `--bench`; ignore arguments.
+    let quick = std::env::var("TURNWISE_BENCH_QUICK").is_ok_and(|v| v != "0" && !v.is_empty());
+    // `TURNWISE_BENCH_FILTER="A train"` (or "B sample 64", ...) runs one cell, nothing else.
+    let filter = std::env::var("TURNWISE_BENCH_FILTER").ok();
+    let (train_steps, sample_reps) = if quick { (2, 1) } else { (5, 3) };
+    let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_default();
+    let ew = std::env::var("CANDLE_NUM_THREADS").unwrap_or_default();
+    println!(
+        "turnwise-model benchmark ({} mode, f32, CPU; RAYON_NUM_THREADS={threads} for matmuls, \
+         CANDLE_NUM_THREADS={ew} for element-wise ops; PyTorch: same thread count, \
+         OMP_WAIT_POLICY={})",
+        if quick { "quick" } else { "full" },
+        std::env::var("OMP_WAIT_POLICY").unwrap_or_else(|_| "PASSIVE".into())
+    );
+
+    // (size, metric, turnwise tok/s, json key path)
+    let mut rows: Vec<(String, String, f64, (String, String))> = Vec::new();
+    for size in &SIZES {
+        let cfg = size.config();
+        let want = |what: &str| {
+            filter
+                .as_deref()
+                .is_none_or(|f| f == format!("{} {what}", size.name))
+        };
+        if want("train") {
+            let tr = train_tok_s(&cfg, train_steps);
+            println!(
+                "  size {} ({:.1} M params): train {:.0} tok/s",
+                size.name,
+                cfg.num_parameters() as f64 / 1e6,
+                tr
+            );
+            rows.push((
+                size.name.into(),
+                format!("train {TRAIN_BATCH}x{TRAIN_LEN}"),
+                tr,
+                (size.name.into(), "train".into()),
+            ));
+        }
+        for &b in &SAMPLE_BATCHES {
+            if !want(&format!("sample {b}")) {
+                continue;
+            }
+            let s = sample_tok_s(&cfg, b, sample_reps);
+            println!("  size {}: sample batch {b}: {s:.0} tok/s", size.name);
+            rows.push((
+                size.name.into(),
+                format!("sample batch {b}"),
+                s,
+                (size.name.into(), format!("sample_{b}")),
+            ));
+        }
+    }
+
+    if filter.is_some() {
+        return;
+    }
+    op_table(if quick { 3 } else { 7 });
+
+    let torch = torch_figures(quick);
+    println!();
+    println!("| size | measurement (tokens/s) | turnwise | PyTorch | turnwise / PyTorch |");
+    println!("|---|---|---:|---:|---:|");
+    for (size, metric, ours, (k1, k2)) in &rows {
+        let theirs = torch
+            .as_ref()
+            .ok()
+            .and_then(|v| v.get(k1))
+            .and_then(|v| v.get(k2))
+            .and_then(Value::as_f64);
+        match theirs {
+            Some(t) => println!(
+                "| {size} | {metric} | {ours:.0} | {t:.0} | {:.2}× |",
+                ours / t
+            ),
+            None => println!("| {size} | {metric} | {ours:.0} | – | – |"),
+        }
+    }
+    match &torch {
+        Ok(v) => {
+            if let Some(info) = v.get("info") {
+                println!("\nPyTorch: {info}");
+            }
+        }
+        Err(why) => println!("\n{why}"),
+    }
+}

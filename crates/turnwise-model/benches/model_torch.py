@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""PyTorch + transformers reference figures for benches/model.rs (same models, same work).
+
+Builds the two Qwen2-style sizes of the Rust benchmark with `transformers` (fp32, CPU) and
+measures training tokens/s (forward, backward of -mean log-prob - 0.001 mean entropy, global-norm
+clipping, one torch AdamW step; batch 8 x 256) and sampling tokens/s (16-token prompts, 64 new
+tokens, temperature 1, hand-written KV-cache loop, batch 1 / 8 / 64). Prints one JSON line:
+
+    {"A": {"train": tok_s, "sample_1": tok_s, ...}, "B": {...}, "info": "..."}
+
+Usage: python3 model_torch.py [--quick]. Threads: $RAYON_NUM_THREADS if set, else 2.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import transformers
+from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
+
+TRAIN_BATCH, TRAIN_LEN = 8, 256
+PROMPT_LEN, NEW_TOKENS = 16, 64
+SAMPLE_BATCHES = (1, 8, 64)
+SIZES = {
+    "A": dict(hidden=256, layers=4, heads=4, kv_heads=2, intermediate=768, vocab=4096),
+    "B": dict(hidden=512, layers=8, heads=8, kv_heads=2, intermediate=1536, vocab=8192),
+}
+
+
+def config(s):
+    return Qwen2Config(
+        vocab_size=s["vocab"],
+        hidden_size=s["hidden"],
+        intermediate_size=s["intermediate"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["kv_heads"],
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        use_cache=True,
+        torch_dtype="float32",
+    )
+
+
+def logp_and_entropy(logits, targets):
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, ent
+
+
+def train_tok_s(cfg, steps):
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg).float()
+    model.train()
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1
+    )
+    n = TRAIN_BATCH * (TRAIN_LEN + 1)
+    toks = torch.tensor([(i * 7919 + 13) % cfg.vocab_size for i in range(n)]).view(
+        TRAIN_BATCH, TRAIN_LEN + 1
+    )
+    ids, targets = toks[:, :-1].contiguous(), toks[:, 1:].contiguous()
+    times = []
+    for step in range(steps + 1):
+        t0 = time.perf_counter()
+        logits = model(input_ids=ids).logits
+        logp, ent = logp_and_entropy(logits, targets)
+        loss = -logp.mean() - 1e-3 * ent.mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step > 0:
+            times.append(time.perf_counter() - t0)
+    return TRAIN_BATCH * TRAIN_LEN / statistics.median(times)
+
+
+@torch.inference_mode()
+def sample_tok_s(cfg, batch, reps):
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg).float().eval()
+    prompts = torch.tensor(
+        [[(b * 131 + i * 17 + 1) % cfg.vocab_size for i in range(PROMPT_LEN)] for b in range(batch)]
+    )
+    times = []
+    for rep in range(reps + 1):
+        gen = torch.Generator().manual_seed(rep)
+        t0 = time.perf_counter()
+        cache = DynamicCache()
+        out = model(input_ids=prompts, past_key_values=cache, use_cache=True)
+        logits = out.logits[:, -1, :]
+        tokens, logps, ents = [], [], []
+        for step in range(NEW_TOKENS):
+            # temperature 1: sample from softmax(logits); report log-prob and entropy like turnwise
+            logp_all = torch.log_softmax(logits, dim=-1)
+            tok = torch.multinomial(logp_all.exp(), 1, generator=gen)
+            tokens.append(tok)
+            logps.append(logp_all.gather(-1, tok))
+            ents.append(-(logp_all.exp() * logp_all).sum(-1))
+            if step + 1 == NEW_TOKENS:
+                break
+            out = model(input_ids=tok, past_key_values=out.past_key_values, use_cache=True)
+            logits = out.logits[:, -1, :]
+        torch.cat(tokens, 1).tolist()
+        dt = time.perf_counter() - t0
+        if rep > 0:
+            times.append(dt)
+    return batch * NEW_TOKENS / statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    threads = int(os.environ.get("RAYON_NUM_THREADS") or 2)
+    torch.set_num_threads(threads)
+    train_steps, reps = (2, 1) if args.quick else (5, 3)
+    result = {}
+    for name, s in SIZES.items():
+        cfg = config(s)
+        r = {"train": train_tok_s(cfg, train_steps)}
+        for b in SAMPLE_BATCHES:
+            r[f"sample_{b}"] = sample_tok_s(cfg, b, reps)
+        result[name] = r
+    result["info"] = (
+        f"torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"{threads} threads, fp32, attention {cfg._attn_implementation}"
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+//! Fused CPU kernels with hand-written backward passes, as candle custom ops.
+//!
+//! candle-nn's fused `rms_norm`, `softmax_last_dim` and `rope` have no backward pass, and the
+//! differentiable compositions of basic ops they replace cost several passes over memory (and
+//! several allocations) each, forward and backward. The ops here do one pass forward and one
+//! backward:
+//!
+//! - [`rms_norm()`](rms_norm::rms_norm): RMSNorm with weight over the last dimension;
+//! - [`softmax_last_dim()`](softmax::softmax_last_dim) and
+//!   [`masked_softmax_last_dim()`](softmax::masked_softmax_last_dim): softmax over the last
+//!   dimension, optionally after adding a broadcast additive mask (the attention bias);
+//! - [`rope()`](rope::rope): rotate-half rotary embedding with per-row tables, reading strided
+//!   input (so `[B, T, H, D] → [B, H, T, D]` transposes cost nothing extra);
+//! - [`token_logprobs_entropy()`](logprob::token_logprobs_entropy): log-probability of a target
+//!   token and entropy of the softmax, per row of logits.
+//!
+//! Kernels run on `f32` and `f64`; `f16`/`bf16` inputs go through `f32`. Non-CPU devices fall
+//! back to the equivalent composition of candle ops. Large inputs are split over
+//! `CANDLE_NUM_THREADS` (else `RAYON_NUM_THREADS`, else all cores) scoped threads.
+
+pub mod logprob;
+pub mod rms_norm;
+pub mod rope;
+pub mod softmax;
+
+#[cfg(test)]
+mod tests;
+
+use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub};
+use std::sync::OnceLock;
+
+use candle_core::{CpuStorage, Layout, WithDType};
+
+pub use logprob::token_logprobs_entropy;
+pub use rms_norm::rms_norm;
+pub use rope::rope;
+pub use softmax::{masked_softmax_last_dim, softmax_last_dim};
+
+/// The float types the kernels run on.
+pub(crate) trait Real:
+    WithDType
+    + Copy
+    + Send
+    + Sync
+    + PartialOrd
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + Neg<Output = Self>
+    + AddAssign
+    + MulAssign
+{
+    const ZERO: Self;
+    const ONE: Self;
+    const NEG_INF: Self;
+    /// Below this, `exp` rounds to exactly 0.
+    const EXP_UNDERFLOW: f64;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    fn sqrt(self) -> Self;
+    fn of(x: f64) -> Self;
+    /// The slice of this type inside `storage`, if it holds this type.
+    fn slice(storage: &CpuStorage) -> Option<&[Self]>;
+}
+
+macro_rules! real {
+    ($t:ty, $variant:ident, $under:expr) => {
+        impl Real for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            const NEG_INF: Self = <$t>::NEG_INFINITY;
+            const EXP_UNDERFLOW: f64 = $under;
+            #[inline(always)]
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
+            #[inline(always)]
+            fn ln(self) -> Self {
+                <$t>::ln(self)
+            }
+            #[inline(always)]
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
+            #[inline(always)]
+            fn of(x: f64) -> Self {
+                x as $t
+            }
+            fn slice(storage: &CpuStorage) -> Option<&[Self]> {
+                match storage {
+                    CpuStorage::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+real!(f32, F32, -104.0);
+real!(f64, F64, -746.0);
+
+/// Dot product with eight independent accumulators.
+#[inline]
+pub(crate) fn dot<T: Real>(a: &[T], b: &[T]) -> T {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [T::ZERO; 8];
+    let ca = a.chunks_exact(8);
+    let cb = b.chunks_exact(8);
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s = T::ZERO;
+    for (x, y) in ra.iter().zip(rb) {
+        s += *x * *y;
+    }
+    ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + s
+}
+
+/// Maximum of a slice (`-inf` when empty).
+#[inline]
+pub(crate) fn max<T: Real>(xs: &[T]) -> T {
+    let mut m = T::NEG_INF;
+    for &x in xs {
+        if x > m {
+            m = x;
+        }
+    }
+    m
+}
+
+/// Threads the kernels may use, read as candle reads them for its element-wise kernels:
+/// `CANDLE_NUM_THREADS`, else `RAYON_NUM_THREADS`, else all cores.
+pub(crate) fn num_threads() -> usize {
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| {
+        let var = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .filter(|&n| n > 0)
+        };
+        var("CANDLE_NUM_THREADS")
+            .or_else(|| var("RAYON_NUM_THREADS"))
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    })
+}
+
+/// Below this many elements of work a kernel stays on the calling thread.
+const PARALLEL_MIN_ELEMS: usize = 1 << 16;
+
+/// Splits `dst` (rows of `row_len`) into contiguous blocks of whole rows and runs
+/// `f(first_row, block)` on each, on scoped threads when the work is large. Returns the
+/// per-block results in order.
+pub(crate) fn par_rows<T, R, F>(dst: &mut [T], row_len: usize, work: usize, f: F) -> Vec<R>
+where
+    T: Send,
+    R: Send,
+    F: Fn(usize, &mut [T]) -> R + Sync,
+{
+    let rows = dst.len().checked_div(row_len).unwrap_or(0);
+    let threads = if work >= PARALLEL_MIN_ELEMS {
+        num_threads().min(rows).max(1)
+    } else {
+        1
+    };
+    if threads <= 1 {
+        return vec![f(0, dst)];
+    }
+    let per = rows.div_ceil(threads);
+    let f = &f;
+    std::thread::scope(|s| {
+        let mut blocks = dst.chunks_mut(per * row_len).enumerate();
+        let first = blocks.next();
+        let handles: Vec<_> = blocks
+            .map(|(i, block)| s.spawn(move || f(i * per, block)))
+            .collect();
+        let mut out = Vec::with_capacity(threads);
+        if let Some((_, block)) = first {
+            out.push(f(0, block));
+        }
+        for h in handles {
+            out.push(h.join().expect("kernel thread panicked"));
+        }
+        out
+    })
+}
+
+/// The contiguous slice of `storage` described by `layout`, or an error naming `what`.
+pub(crate) fn contiguous<'a, T: Real>(
+    storage: &'a CpuStorage,
+    layout: &Layout,
+    what: &str,
+) -> candle_core::Result<&'a [T]> {
+    let data = T::slice(storage)
+        .ok_or_else(|| candle_core::Error::Msg(format!("{what}: unexpected dtype")))?;
+    match layout.contiguous_offsets() {
+        Some((a, b)) => Ok(&data[a..b]),
+        None => candle_core::bail!("{what} has to be contiguous"),
+    }
+}

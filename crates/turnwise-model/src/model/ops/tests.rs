@@ -1,0 +1,331 @@
+//! Each fused op against the composition of plain candle ops it replaces: forward within 1e-5,
+//! gradients (candle autograd through the composition) within 1e-4 (relative to the largest
+//! gradient entry when that exceeds 1), on random inputs with
+//! padded and masked rows, in f32 and f64.
+
+use candle_core::{DType, Device, Tensor, Var};
+
+use super::logprob::token_logprobs_entropy_composed;
+use super::rms_norm::rms_norm_composed;
+use super::rope::rope_composed;
+use super::softmax::masked_softmax_composed;
+use super::*;
+
+const FWD_TOL: f64 = 1e-5;
+const BWD_TOL: f64 = 1e-4;
+
+/// Deterministic values in about [-scale, scale].
+fn rand(shape: &[usize], seed: u64, scale: f64, dtype: DType) -> Tensor {
+    let n: usize = shape.iter().product();
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let v: Vec<f64> = (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * scale
+        })
+        .collect();
+    Tensor::from_vec(v, shape, &Device::Cpu)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.dims(), b.dims());
+    (a.to_dtype(DType::F64).unwrap() - b.to_dtype(DType::F64).unwrap())
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap()
+}
+
+/// Gradients of `Σ r ∘ f(vars)` for each var, `r` random.
+fn grads_of(vars: &[&Var], f: impl Fn(&[Tensor]) -> Tensor, seed: u64) -> (Tensor, Vec<Tensor>) {
+    let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let y = f(&ts);
+    let r = rand(y.dims(), seed, 1.0, y.dtype());
+    let loss = (&y * r).unwrap().sum_all().unwrap();
+    let g = loss.backward().unwrap();
+    let gs = ts.iter().map(|t| g.get(t).unwrap().clone()).collect();
+    (y, gs)
+}
+
+/// Checks `fused` against `reference` forward and backward with respect to `inputs`.
+fn check(
+    name: &str,
+    inputs: &[Tensor],
+    fused: impl Fn(&[Tensor]) -> Tensor,
+    reference: impl Fn(&[Tensor]) -> Tensor,
+) {
+    let va: Vec<Var> = inputs
+        .iter()
+        .map(|t| Var::from_tensor(t).unwrap())
+        .collect();
+    let vb: Vec<Var> = inputs
+        .iter()
+        .map(|t| Var::from_tensor(t).unwrap())
+        .collect();
+    let (ya, ga) = grads_of(&va.iter().collect::<Vec<_>>(), fused, 7);
+    let (yb, gb) = grads_of(&vb.iter().collect::<Vec<_>>(), reference, 7);
+    let d = max_diff(&ya, &yb);
+    assert!(d < FWD_TOL, "{name}: forward differs by {d:e}");
+    for (i, (a, b)) in ga.iter().zip(&gb).enumerate() {
+        // Absolute for gradients of order 1; relative to the largest entry above that (an
+        // all-zero RMSNorm row has gradients of order 1/sqrt(eps) = 1000, where f32 rounding
+        // alone is 1e-4).
+        let scale = max_diff(b, &b.zeros_like().unwrap()).max(1.0);
+        let d = max_diff(a, b) / scale;
+        assert!(
+            d < BWD_TOL,
+            "{name}: gradient of input {i} differs by {d:e} (scaled)"
+        );
+    }
+}
+
+#[test]
+fn rms_norm_matches_composition() {
+    for dtype in [DType::F32, DType::F64] {
+        for (shape, n) in [
+            (vec![3usize, 5, 16], 16usize),
+            (vec![2, 7, 3, 8], 8),
+            (vec![70, 96], 96),
+        ] {
+            let mut x = rand(&shape, 1, 2.0, dtype);
+            // A zero row (as padding may be) and a tiny one.
+            let rows = x.elem_count() / n;
+            let mut flat = x
+                .flatten_all()
+                .unwrap()
+                .to_dtype(DType::F64)
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap();
+            flat[..n].iter_mut().for_each(|v| *v = 0.0);
+            flat[n..2 * n].iter_mut().for_each(|v| *v *= 1e-3);
+            assert!(rows > 2);
+            x = Tensor::from_vec(flat, shape.as_slice(), &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let w = (rand(&[n], 2, 0.5, dtype) + 1.0).unwrap();
+            check(
+                &format!("rms_norm {dtype:?} {shape:?}"),
+                &[x, w],
+                |t| rms_norm(&t[0], &t[1], 1e-6).unwrap(),
+                |t| rms_norm_composed(&t[0], &t[1], 1e-6).unwrap(),
+            );
+        }
+    }
+}
+
+#[test]
+fn rms_norm_large_input_runs_in_parallel_and_matches() {
+    // Above the parallel threshold (rows split over threads, dw summed over blocks).
+    let x = rand(&[600, 256], 3, 1.0, DType::F32);
+    let w = rand(&[256], 4, 1.0, DType::F32);
+    check(
+        "rms_norm large",
+        &[x, w],
+        |t| rms_norm(&t[0], &t[1], 1e-6).unwrap(),
+        |t| rms_norm_composed(&t[0], &t[1], 1e-6).unwrap(),
+    );
+}
+
+/// An attention bias `[B, 1, T, K]`: causal over `past + T` keys, row 0 left-padded by `pad`.
+fn attention_bias(b: usize, t: usize, past: usize, pad: usize, dtype: DType) -> Tensor {
+    let k = past + t;
+    let mut v = Vec::with_capacity(b * t * k);
+    for row in 0..b {
+        for i in 0..t {
+            let qi = past + i;
+            for j in 0..k {
+                let real = !(row == 0 && j < pad);
+                let visible = j == qi || (j < qi && real);
+                v.push(if visible { 0.0 } else { -1e9 });
+            }
+        }
+    }
+    Tensor::from_vec(v, (b, 1, t, k), &Device::Cpu)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
+
+#[test]
+fn masked_softmax_matches_composition() {
+    for dtype in [DType::F32, DType::F64] {
+        // (batch, heads stacked on the query axis, T, past)
+        for (b, stack, t, past) in [(2usize, 4usize, 5usize, 0usize), (3, 2, 1, 6), (2, 1, 9, 3)] {
+            let k = past + t;
+            let x = rand(&[b, stack, t, k], 5, 4.0, dtype);
+            let bias = attention_bias(b, t, past, 3, dtype);
+            check(
+                &format!("masked softmax {dtype:?} [{b}, {stack}, {t}, {k}]"),
+                &[x],
+                |ts| masked_softmax_last_dim(&ts[0], &bias).unwrap(),
+                |ts| masked_softmax_composed(&ts[0], &bias).unwrap(),
+            );
+            // Grouped-query layout: [B, KV, G·T, K] with the same [B, 1, T, K] bias.
+            let xg = rand(&[b, 2, 3 * t, k], 6, 4.0, dtype);
+            check(
+                &format!("masked softmax GQA {dtype:?}"),
+                &[xg],
+                |ts| masked_softmax_last_dim(&ts[0], &bias).unwrap(),
+                |ts| {
+                    let x5 = ts[0].reshape((b, 2, 3, t, k)).unwrap();
+                    let y = x5.broadcast_add(&bias.unsqueeze(1).unwrap()).unwrap();
+                    candle_nn::ops::softmax(&y, candle_core::D::Minus1)
+                        .unwrap()
+                        .reshape((b, 2, 3 * t, k))
+                        .unwrap()
+                },
+            );
+        }
+    }
+}
+
+#[test]
+fn softmax_matches_composition() {
+    for dtype in [DType::F32, DType::F64] {
+        for shape in [vec![4usize, 3, 10], vec![2, 300, 257]] {
+            let x = rand(&shape, 8, 6.0, dtype);
+            check(
+                &format!("softmax {dtype:?} {shape:?}"),
+                &[x],
+                |t| softmax_last_dim(&t[0]).unwrap(),
+                |t| candle_nn::ops::softmax(&t[0], candle_core::D::Minus1).unwrap(),
+            );
+        }
+    }
+}
+
+/// `cos, sin: [B, 1, T, D]` for per-row positions, rotate-half layout.
+fn rope_tables(pos: &[Vec<u32>], d: usize, dtype: DType) -> (Tensor, Tensor) {
+    let (b, t) = (pos.len(), pos[0].len());
+    let mut c = Vec::new();
+    let mut s = Vec::new();
+    for row in pos {
+        for &p in row {
+            for _ in 0..2 {
+                for i in 0..d / 2 {
+                    let a = p as f64 / 10_000f64.powf(2.0 * i as f64 / d as f64);
+                    c.push(a.cos());
+                    s.push(a.sin());
+                }
+            }
+        }
+    }
+    let mk = |v: Vec<f64>| {
+        Tensor::from_vec(v, (b, 1, t, d), &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
+    };
+    (mk(c), mk(s))
+}
+
+#[test]
+fn rope_matches_composition() {
+    for dtype in [DType::F32, DType::F64] {
+        for (b, h, t, d) in [
+            (2usize, 3usize, 5usize, 8usize),
+            (1, 2, 1, 16),
+            (3, 4, 40, 32),
+        ] {
+            // Row 0 left-padded by two (positions 0, 0, 0, 1, ...), the others offset.
+            let pos: Vec<Vec<u32>> = (0..b)
+                .map(|r| {
+                    (0..t as u32)
+                        .map(|i| {
+                            if r == 0 {
+                                i.saturating_sub(2)
+                            } else {
+                                i + 7 * r as u32
+                            }
+                        })
+                        .collect()
+                })
+                .collect();
+            let (cos, sin) = rope_tables(&pos, d, dtype);
+            // x laid out [B, T, H, D] and viewed transposed, as in the model.
+            let x = rand(&[b, t, h, d], 9, 1.5, dtype);
+            check(
+                &format!("rope {dtype:?} [{b}, {h}, {t}, {d}]"),
+                &[x],
+                |ts| rope(&ts[0].transpose(1, 2).unwrap(), &cos, &sin).unwrap(),
+                |ts| rope_composed(&ts[0].transpose(1, 2).unwrap(), &cos, &sin).unwrap(),
+            );
+        }
+    }
+}
+
+#[test]
+fn rope_is_contiguous_and_rotation_preserves_norm() {
+    let (cos, sin) = rope_tables(&[vec![3, 11]], 8, DType::F64);
+    let x = rand(&[1, 2, 2, 8], 10, 1.0, DType::F64);
+    let y = rope(&x.transpose(1, 2).unwrap(), &cos, &sin).unwrap();
+    assert!(y.is_contiguous());
+    let n = |t: &Tensor| {
+        t.sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+    };
+    assert!((n(&x) - n(&y)).abs() < 1e-12);
+}
+
+#[test]
+fn token_logprobs_entropy_matches_composition() {
+    for dtype in [DType::F32, DType::F64] {
+        for (b, t, v) in [(2usize, 3usize, 11usize), (3, 70, 300)] {
+            let x = rand(&[b, t, v], 11, 5.0, dtype);
+            let tg: Vec<u32> = (0..b * t).map(|i| ((i * 37 + 5) % v) as u32).collect();
+            let tg = Tensor::from_vec(tg, (b, t), &Device::Cpu).unwrap();
+            for part in 0..2 {
+                check(
+                    &format!("logprob/entropy {dtype:?} [{b}, {t}, {v}] output {part}"),
+                    std::slice::from_ref(&x),
+                    |ts| {
+                        let (l, e) = token_logprobs_entropy(&ts[0], &tg).unwrap();
+                        Tensor::stack(&[l, e], 0).unwrap().get(part).unwrap()
+                    },
+                    |ts| {
+                        let (l, e) = token_logprobs_entropy_composed(&ts[0], &tg).unwrap();
+                        Tensor::stack(&[l, e], 0).unwrap().get(part).unwrap()
+                    },
+                );
+            }
+            // Both outputs in one objective.
+            check(
+                &format!("logprob+entropy {dtype:?}"),
+                &[x],
+                |ts| {
+                    let (l, e) = token_logprobs_entropy(&ts[0], &tg).unwrap();
+                    (l - (e * 0.3).unwrap()).unwrap()
+                },
+                |ts| {
+                    let (l, e) = token_logprobs_entropy_composed(&ts[0], &tg).unwrap();
+                    (l - (e * 0.3).unwrap()).unwrap()
+                },
+            );
+        }
+    }
+}
+
+#[test]
+fn token_logprobs_entropy_rejects_out_of_range_targets() {
+    let x = rand(&[1, 2, 5], 12, 1.0, DType::F32);
+    let tg = Tensor::new(&[[1u32, 5]], &Device::Cpu).unwrap();
+    assert!(token_logprobs_entropy(&x, &tg).is_err());
+}
