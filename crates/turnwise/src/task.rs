@@ -61,25 +61,130 @@ pub struct EncodedDemo {
     pub loss_mask: Vec<u8>,
 }
 
-/// The built-in task: a generated world, its search index and the environment settings.
+/// One question of a task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QaItem {
+    /// Question id.
+    pub id: String,
+    /// The question text.
+    pub text: String,
+    /// Accepted answers.
+    pub golden_answers: Vec<String>,
+    /// Hop count when known (the built-in world), else 0.
+    pub hops: usize,
+}
+
+impl QaItem {
+    /// Hop count (0 when unknown).
+    pub fn hops(&self) -> usize {
+        self.hops
+    }
+
+    fn from_world(q: &Question) -> Self {
+        Self {
+            id: q.id.clone(),
+            text: q.text.clone(),
+            golden_answers: q.golden_answers.clone(),
+            hops: q.hops(),
+        }
+    }
+
+    fn from_qa(q: turnwise_env::corpus::QaExample) -> Self {
+        let hops = q.metadata.get("hops").and_then(|h| h.as_u64()).unwrap_or(0) as usize;
+        Self {
+            id: q.id,
+            text: q.question,
+            golden_answers: q.golden_answers,
+            hops,
+        }
+    }
+}
+
+/// The task: questions per split, a search tool over a corpus, and the environment settings.
+/// Either the built-in generated world or Search-R1-format files (`task.search_r1`).
 pub struct WorldTask {
-    /// The world.
-    pub world: World,
-    /// Search over its passages.
+    /// The generated world (`None` for Search-R1 files).
+    pub world: Option<World>,
+    /// Search over the corpus.
     pub retriever: Arc<dyn Retriever>,
     /// Settings.
     pub config: TaskConfig,
+    questions: [Vec<QaItem>; 3],
+    corpus_texts: Vec<String>,
+}
+
+fn split_index(split: Split) -> usize {
+    match split {
+        Split::Train => 0,
+        Split::Validation => 1,
+        Split::Test => 2,
+    }
 }
 
 impl WorldTask {
-    /// Generates the world of `config` and indexes it (BM25 in memory).
+    /// Generates the world of `config` and indexes it (BM25 in memory), or reads the Search-R1
+    /// files of `config.search_r1`.
     pub fn build(config: &TaskConfig) -> Result<Self> {
+        if let Some(files) = &config.search_r1 {
+            return Self::from_search_r1(config, files);
+        }
         let world = World::generate(&config.world).context("generating the world")?;
-        let retriever: Arc<dyn Retriever> = Arc::new(InMemoryBm25::new(world.documents()));
+        let docs = world.documents();
+        let corpus_texts = docs.iter().map(|d| d.contents.clone()).collect();
+        let retriever: Arc<dyn Retriever> = Arc::new(InMemoryBm25::new(docs));
+        let questions = Split::ALL.map(|s| world.questions_in(s).map(QaItem::from_world).collect());
         Ok(Self {
-            world,
+            world: Some(world),
             retriever,
             config: config.clone(),
+            questions,
+            corpus_texts,
+        })
+    }
+
+    fn from_search_r1(config: &TaskConfig, files: &crate::config::SearchR1Files) -> Result<Self> {
+        use turnwise_env::corpus::{read_corpus, read_qa};
+        let read = |p: &Option<std::path::PathBuf>| -> Result<Vec<QaItem>> {
+            match p {
+                Some(p) => Ok(read_qa(p)
+                    .with_context(|| format!("reading the questions {}", p.display()))?
+                    .into_iter()
+                    .map(QaItem::from_qa)
+                    .collect()),
+                None => Ok(Vec::new()),
+            }
+        };
+        let questions = [
+            read(&files.train)?,
+            read(&files.validation)?,
+            read(&files.test)?,
+        ];
+        let (retriever, corpus_texts): (Arc<dyn Retriever>, Vec<String>) =
+            match (&files.retriever_url, &files.corpus) {
+                (Some(url), _) => (
+                    Arc::new(
+                        turnwise_env::client::HttpRetriever::new(url)
+                            .with_context(|| format!("retrieval server {url}"))?,
+                    ),
+                    Vec::new(),
+                ),
+                (None, Some(path)) => {
+                    let docs = read_corpus(path)
+                        .with_context(|| format!("reading the corpus {}", path.display()))?;
+                    let texts = docs.iter().map(|d| d.contents.clone()).collect();
+                    (Arc::new(InMemoryBm25::new(docs)), texts)
+                }
+                (None, None) => anyhow::bail!(
+                    "task.search_r1 needs a corpus (task.search_r1.corpus = FILE) or a retrieval \
+                     server (task.search_r1.retriever_url = URL)"
+                ),
+            };
+        Ok(Self {
+            world: None,
+            retriever,
+            config: config.clone(),
+            questions,
+            corpus_texts,
         })
     }
 
@@ -92,18 +197,19 @@ impl WorldTask {
                 topk: self.config.topk,
                 max_turns: self.config.max_turns,
                 max_observation_words: self.config.max_observation_words,
+                max_tool_calls: self.config.max_tool_calls,
             },
         )
         .context("building the search environment")
     }
 
     /// Questions of one split.
-    pub fn questions(&self, split: Split) -> Vec<&Question> {
-        self.world.questions_in(split).collect()
+    pub fn questions(&self, split: Split) -> Vec<&QaItem> {
+        self.questions[split_index(split)].iter().collect()
     }
 
     /// The environment task of a question.
-    pub fn env_task(question: &Question) -> Task {
+    pub fn env_task(question: &QaItem) -> Task {
         Task {
             id: question.id.clone(),
             prompt: Some(question.text.clone()),
@@ -112,15 +218,22 @@ impl WorldTask {
         }
     }
 
-    /// Oracle demonstrations for every question of `split`, with noise `noise`.
+    /// Oracle demonstrations for every question of `split`, with noise `noise` (the built-in
+    /// world only).
     pub fn demonstrations(
         &self,
         split: Split,
         noise: f64,
         seed: u64,
     ) -> Result<Vec<Demonstration>> {
+        let Some(world) = &self.world else {
+            anyhow::bail!(
+                "oracle demonstrations exist only for the built-in world; for Search-R1 data give \
+                 sft.demonstrations = FILE, or sft.steps = 0 with model.init_from = DIR"
+            );
+        };
         let oracle = Oracle::new(
-            &self.world,
+            world,
             self.retriever.as_ref(),
             OracleConfig {
                 format: self.config.format.oracle(),
@@ -130,7 +243,7 @@ impl WorldTask {
                 seed,
             },
         );
-        self.world
+        world
             .questions_in(split)
             .map(|q| {
                 let t = oracle
@@ -152,13 +265,13 @@ impl WorldTask {
         vocab_size: usize,
         demos: &[Demonstration],
     ) -> Result<TextTokenizer> {
-        let mut corpus: Vec<String> = self
-            .world
-            .documents()
-            .into_iter()
-            .map(|d| d.contents)
-            .collect();
-        corpus.extend(self.world.questions.iter().map(|q| prompt_text(&q.text)));
+        let mut corpus: Vec<String> = self.corpus_texts.clone();
+        corpus.extend(
+            self.questions
+                .iter()
+                .flatten()
+                .map(|q| prompt_text(&q.text)),
+        );
         corpus.extend(
             demos
                 .iter()

@@ -36,7 +36,14 @@ pub struct SearchEnvConfig {
     /// Cut the passages text to this many words (`None`: no cut). Default `None`; the rollout
     /// engine usually cuts by tokens instead (spec §6.5: 500 tokens).
     pub max_observation_words: Option<usize>,
+    /// Most searches per episode (`None`: unlimited). A search beyond it is not run; the agent
+    /// gets [`TOOL_LIMIT_NOTICE`] instead (AT2PO: 6, spec §1.2). Default `None`.
+    pub max_tool_calls: Option<usize>,
 }
+
+/// What the agent reads when it searches past the tool-call limit (AT2PO's injected text,
+/// spec §1.2).
+pub const TOOL_LIMIT_NOTICE: &str = " I have reached the tool call limit and cannot make further tool calls. Let me provide the final answer based on the information I have gathered so far. \n\n";
 
 impl Default for SearchEnvConfig {
     fn default() -> Self {
@@ -45,6 +52,7 @@ impl Default for SearchEnvConfig {
             topk: 3,
             max_turns: 4,
             max_observation_words: None,
+            max_tool_calls: None,
         }
     }
 }
@@ -139,6 +147,19 @@ impl Environment for SearchEnv {
         };
         let mut reward = 0.0;
         let observation = match &parsed.action {
+            Action::Search { query }
+                if self.config.max_tool_calls.is_some_and(|m| e.searches >= m) =>
+            {
+                info.tool_called = None;
+                info.query = Some(query.clone());
+                info.action = Some("search".into());
+                info.feedback = Some(format!(
+                    "tool-call limit of {} reached: the search was not run",
+                    e.searches
+                ));
+                info.extra.insert("tool_limit".into(), true.into());
+                TOOL_LIMIT_NOTICE.to_owned()
+            }
             Action::Search { query } => {
                 e.searches += 1;
                 info.searches_so_far = e.searches;
@@ -214,6 +235,7 @@ mod tests {
                 topk: 1,
                 max_turns: 3,
                 max_observation_words: None,
+                max_tool_calls: None,
             },
         )
         .unwrap()
@@ -297,6 +319,21 @@ mod tests {
             .step("<think>ok</think><answer>It is \\boxed{Paris}</answer>")
             .unwrap();
         assert_eq!(r.reward, 1.0);
+    }
+
+    #[test]
+    fn searches_past_the_tool_call_limit_get_the_notice() {
+        let mut env = env(Format::SearchR1);
+        env.config.max_tool_calls = Some(1);
+        env.reset(&task()).unwrap();
+        let first = env.step("<search>capital of France</search>").unwrap();
+        assert_eq!(first.info.searches_so_far, 1);
+        assert!(first.observation.text.contains("<information>"));
+        let second = env.step("<search>Berlin</search>").unwrap();
+        assert_eq!(second.observation.text, TOOL_LIMIT_NOTICE);
+        assert_eq!(second.info.searches_so_far, 1, "the search was not run");
+        assert!(second.info.feedback.unwrap().contains("tool-call limit"));
+        assert!(!second.done);
     }
 
     #[test]

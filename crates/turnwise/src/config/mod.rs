@@ -81,12 +81,32 @@ pub enum AgentFormatName {
     T2po,
 }
 
+/// Search-R1-format data instead of the built-in world: question files (JSON lines with
+/// `question` and `golden_answers`) and a corpus (`{"id", "contents"}` lines, searched with BM25
+/// in memory) or a running retrieval server.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SearchR1Files {
+    /// Training questions.
+    pub train: Option<PathBuf>,
+    /// Validation questions.
+    pub validation: Option<PathBuf>,
+    /// Test questions.
+    pub test: Option<PathBuf>,
+    /// The corpus.
+    pub corpus: Option<PathBuf>,
+    /// A Search-R1 retrieval server (`http://127.0.0.1:8000`) instead of the corpus.
+    pub retriever_url: Option<String>,
+}
+
 /// Where the questions and the corpus come from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TaskConfig {
     /// The generated multi-hop world (spec: built-in task).
     pub world: WorldConfig,
+    /// Search-R1-format files; when set they replace the world.
+    pub search_r1: Option<SearchR1Files>,
     /// Agent format of prompts, demonstrations and the environment.
     pub format: AgentFormatName,
     /// Passages per search.
@@ -95,16 +115,21 @@ pub struct TaskConfig {
     pub max_turns: usize,
     /// Bound on the words of an observation's passages (`None`: unbounded).
     pub max_observation_words: Option<usize>,
+    /// Most searches per episode; later searches get the tool-limit notice (`None`: only the
+    /// turn limit bounds them).
+    pub max_tool_calls: Option<usize>,
 }
 
 impl Default for TaskConfig {
     fn default() -> Self {
         Self {
             world: WorldConfig::default(),
+            search_r1: None,
             format: AgentFormatName::SearchR1,
             topk: 3,
             max_turns: 4,
             max_observation_words: None,
+            max_tool_calls: None,
         }
     }
 }

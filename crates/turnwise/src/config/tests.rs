@@ -73,15 +73,19 @@ fn malformed_overrides_and_unknown_presets_are_explained() {
 
 #[test]
 fn switching_the_estimator_drops_the_old_settings() {
+    // `epsilon` belongs to grpo; rloo has no such field and would reject it.
     let cfg = TrainConfig::resolve(
-        Some("a2tgpo"),
+        Some("grpo"),
         None,
-        &["advantage.estimator=\"igpo\"".into()],
+        &[
+            "advantage.epsilon=1e-4".into(),
+            "advantage.estimator=\"rloo\"".into(),
+        ],
     )
     .unwrap();
     assert_eq!(
         turnwise_core::advantage::Estimator::name(&cfg.advantage),
-        "igpo"
+        "rloo"
     );
 }
 

@@ -116,7 +116,11 @@ impl Trainer {
                 (tok, mc, vm)
             }
             None => {
-                let demos = task.demonstrations(Split::Train, 0.0, config.seed)?;
+                let demos = match (&task.world, &config.sft.demonstrations) {
+                    (_, Some(path)) => read_demonstrations(path)?,
+                    (Some(_), None) => task.demonstrations(Split::Train, 0.0, config.seed)?,
+                    (None, None) => Vec::new(),
+                };
                 let tok =
                     task.train_tokenizer(config.model.tokenizer, config.model.vocab_size, &demos)?;
                 let mc = fresh_model_config(&config, tok.vocab_size());
@@ -457,6 +461,8 @@ impl Trainer {
 
         // Update.
         let t2 = Instant::now();
+        // verl's critic warm-up: the first `critic.warmup_updates` steps train the critic only.
+        let actor_warm = self.critic.is_none() || self.step >= cfg.critic.warmup_updates;
         if !rows.is_empty() {
             let temperature = r.temperature;
             let old = logprobs_no_grad(&self.sampler, &rows, temperature, 64)?;
@@ -484,15 +490,19 @@ impl Trainer {
                 v
             };
             rows.iter_mut().for_each(|_| {});
-            let stats = actor_update(
-                &self.policy,
-                &mut self.optimizer,
-                &rows,
-                &old,
-                reference.as_deref(),
-                &upd,
-                &mut order,
-            )?;
+            let stats = if actor_warm {
+                actor_update(
+                    &self.policy,
+                    &mut self.optimizer,
+                    &rows,
+                    &old,
+                    reference.as_deref(),
+                    &upd,
+                    &mut order,
+                )?
+            } else {
+                crate::update::UpdateStats::default()
+            };
             metrics.extend(stats.metrics);
             if let (Some(critic), Some(values)) = (self.critic.as_mut(), values.as_ref()) {
                 let old: Vec<Vec<f32>> =
