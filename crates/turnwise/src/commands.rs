@@ -61,8 +61,10 @@ pub enum Command {
         overwrite: bool,
     },
     /// Supervised warm start only: train a fresh model on oracle demonstrations (or a
-    /// demonstrations file via `--set sft.demonstrations=FILE`) and export it as a Hugging Face
-    /// folder (config.json, model.safetensors, tokenizer.json).
+    /// demonstrations file via `--set sft.demonstrations=FILE`), then, with `--rejection` (or
+    /// when the preset enables `rsft`), the rejection-sampling fine-tuning on its own correct
+    /// rollouts, and export it as a Hugging Face folder (config.json, model.safetensors,
+    /// tokenizer.json).
     Sft {
         /// Preset whose task, model and warm-start settings to use.
         #[arg(long, default_value = "grpo")]
@@ -73,6 +75,27 @@ pub enum Command {
         /// Output folder.
         #[arg(long)]
         out: PathBuf,
+        /// Follow the warm start with rejection-sampling fine-tuning (T2PO's RFT; settings
+        /// under `rsft.*`, e.g. `--set rsft.threshold=1.0`). Same as `--set rsft.enabled=true`.
+        #[arg(long)]
+        rejection: bool,
+    },
+    /// Measure throughput: model training and sampling tokens/s (sizes A and B), BM25 queries/s
+    /// and the retrieval server's requests/s on a generated world. Prints tables.
+    Bench {
+        /// Fewer repetitions and shorter server runs (seconds, noisier figures).
+        #[arg(long)]
+        quick: bool,
+        /// Measure only the model or only the environment (retrieval) part.
+        #[arg(long, value_enum)]
+        only: Option<BenchPart>,
+        /// Model sizes, comma-separated: A (hidden 256, 4 layers), B (hidden 512, 8 layers) or
+        /// tiny (for tests).
+        #[arg(long, value_delimiter = ',', default_value = "A,B")]
+        sizes: Vec<String>,
+        /// Also write the results as JSON to FILE.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
     },
     /// Continue a killed run from its latest complete checkpoint.
     Resume {
@@ -98,6 +121,10 @@ pub enum Command {
         /// Sampling temperature (0 = greedy).
         #[arg(long, default_value_t = 0.0)]
         temperature: f64,
+        /// Also write every evaluated episode (question, gold answers, answer, EM, decoded
+        /// text, token-exact trajectory) to this JSON-lines file.
+        #[arg(long)]
+        dump: Option<PathBuf>,
     },
     /// List the presets and what each reproduces.
     Presets,
@@ -141,6 +168,15 @@ pub enum Command {
         #[arg(long, default_value_t = 3)]
         topk: usize,
     },
+}
+
+/// Which part of `turnwise bench` to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchPart {
+    /// Model training and sampling throughput.
+    Model,
+    /// BM25 and retrieval-server throughput.
+    Env,
 }
 
 /// `turnwise data ...`.
@@ -215,16 +251,27 @@ pub fn run(cli: Cli) -> Result<()> {
             print_summary(&summary);
             Ok(())
         }
-        Command::Sft { preset, sets, out } => {
+        Command::Sft {
+            preset,
+            mut sets,
+            out,
+            rejection,
+        } => {
+            if rejection {
+                sets.push("rsft.enabled=true".into());
+            }
             let cfg = TrainConfig::resolve(Some(&preset), None, &sets)?;
             let steps = cfg.sft.steps;
-            let mut trainer = turnwise::trainer::Trainer::new(cfg)?;
+            let mut trainer = turnwise::trainer::Trainer::new(cfg.clone())?;
             let bar = turnwise::run::Progress::new("warm start", steps, quiet);
             trainer.warm_start(&mut |step, loss, _| {
                 bar.set_position(step);
                 bar.set_message(format!("loss {loss:.4}"));
             })?;
             bar.finish("done");
+            if cfg.rsft.enabled {
+                turnwise::pipeline::rejection_phase(&mut trainer, &cfg, None, quiet)?;
+            }
             let r = trainer.evaluate(&[Split::Validation], 100, 0.0, 0)?;
             trainer.export(&out)?;
             println!(
@@ -235,6 +282,12 @@ pub fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
+        Command::Bench {
+            quick,
+            only,
+            sizes,
+            json,
+        } => bench(quick, only, &sizes, json.as_deref()),
         Command::Resume { dir } => {
             let summary = turnwise::pipeline::resume(&dir, quiet)?;
             print_summary(&summary);
@@ -251,6 +304,7 @@ pub fn run(cli: Cli) -> Result<()> {
             split,
             questions,
             temperature,
+            dump,
         } => {
             let dir = turnwise::run::RunDir::open(&run)?;
             let cfg = TrainConfig::from_table(dir.read_config()?.parse()?)?;
@@ -264,7 +318,18 @@ pub fn run(cli: Cli) -> Result<()> {
                 "test" => Split::Test,
                 other => bail!("--split must be train, validation or test, got {other:?}"),
             };
-            let r = trainer.evaluate(&[split], questions, temperature, 0)?;
+            let (r, episodes) =
+                trainer.evaluate_with_episodes(&[split], questions, temperature, 0)?;
+            if let Some(path) = dump {
+                let mut out = String::new();
+                for e in &episodes {
+                    out.push_str(&serde_json::to_string(e)?);
+                    out.push('\n');
+                }
+                std::fs::write(&path, out)
+                    .with_context(|| format!("writing the episodes to {}", path.display()))?;
+                eprintln!("wrote {} episodes to {}", episodes.len(), path.display());
+            }
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(())
         }
@@ -373,6 +438,42 @@ fn print_summary(s: &turnwise::pipeline::RunSummary) {
         s.rl_seconds,
         s.total_seconds
     );
+}
+
+/// `turnwise bench`: runs the measurements, prints the tables, writes the JSON.
+fn bench(
+    quick: bool,
+    only: Option<BenchPart>,
+    sizes: &[String],
+    json: Option<&Path>,
+) -> Result<()> {
+    use turnwise::bench::{BenchOptions, ModelSize};
+    let model = only != Some(BenchPart::Env);
+    let opts = BenchOptions {
+        quick,
+        sizes: if model {
+            if sizes.is_empty() {
+                bail!("--sizes needs at least one of A, B or tiny");
+            }
+            sizes
+                .iter()
+                .map(|s| ModelSize::named(s))
+                .collect::<Result<_>>()
+                .context("--sizes")?
+        } else {
+            Vec::new()
+        },
+        env: only != Some(BenchPart::Model),
+        ..BenchOptions::full()
+    };
+    let report = turnwise::bench::run(&opts)?;
+    println!("{}", report.table());
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 fn tokio_runtime() -> Result<tokio::runtime::Runtime> {

@@ -8,6 +8,7 @@
 //! → loss and optimizer ([`update`] over `turnwise_model::loss`) → checkpoint and metrics
 //! ([`trainer`]). [`config`] resolves presets and overrides.
 
+pub mod bench;
 pub mod config;
 pub mod pipeline;
 pub mod rollout;

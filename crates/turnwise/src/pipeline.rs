@@ -13,6 +13,7 @@ use crate::config::TrainConfig;
 use crate::run::{MetricsWriter, Progress, RunDir, write_report};
 use crate::trainer::Trainer;
 use crate::trainer::eval::EvalResult;
+use crate::trainer::rejection::{RsftProgress, RsftReport};
 
 /// Overrides of the quickstart on top of the `a2tgpo` preset.
 pub const QUICKSTART_OVERRIDES: &[&str] = &[
@@ -48,7 +49,7 @@ pub struct RunSummary {
     pub after_greedy: Option<EvalResult>,
     /// Sampled evaluation after RL.
     pub after_sampled: Option<EvalResult>,
-    /// Seconds of the warm start.
+    /// Seconds of the warm start (with the rejection-sampling fine-tuning when enabled).
     pub sft_seconds: f64,
     /// Seconds of the RL phase.
     pub rl_seconds: f64,
@@ -131,6 +132,10 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
             return Err(e.into());
         }
     }
+    // Rejection-sampling fine-tuning (T2PO's RFT cold start) on the warm-started policy.
+    if cfg.rsft.enabled {
+        rejection_phase(&mut trainer, &cfg, Some(&mut log), quiet)?;
+    }
     let sft_seconds = t_sft.elapsed().as_secs_f64();
     // The warm-started weights: the KL reference, and what a resumed run reloads as reference.
     trainer.export(&dir.root().join(REFERENCE_DIR))?;
@@ -147,6 +152,94 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
         before_greedy,
         before_sampled,
     )
+}
+
+/// Rejection-sampling fine-tuning after the warm start ([`Trainer::rejection_finetune`]):
+/// progress for the sampling and for the updates, a summary line on stdout (unless `quiet`)
+/// and, with `log`, one `rsft` metrics line per update (`rsft/loss`, `rsft/lr`, `rsft/epoch`)
+/// and a summary line (`rsft/kept_fraction`, ...; see [`RsftReport::to_metrics`]) at the last
+/// update's step.
+pub fn rejection_phase(
+    trainer: &mut Trainer,
+    cfg: &TrainConfig,
+    mut log: Option<&mut MetricsWriter>,
+    quiet: bool,
+) -> Result<RsftReport> {
+    let mut sample_bar: Option<Progress> = None;
+    let mut train_bar: Option<Progress> = None;
+    let mut write_err = None;
+    let report = trainer.rejection_finetune(&mut |p| match p {
+        RsftProgress::Sampled { done, total } => {
+            sample_bar
+                .get_or_insert_with(|| Progress::new("rsft sample", total as u64, quiet))
+                .set_position(done as u64);
+        }
+        RsftProgress::Filtered {
+            kept,
+            sampled,
+            steps,
+        } => {
+            if let Some(bar) = sample_bar.take() {
+                bar.finish(format!("kept {kept}/{sampled}"));
+            }
+            if steps > 0 {
+                train_bar = Some(Progress::new("rsft train", steps, quiet));
+            }
+        }
+        RsftProgress::Step {
+            step,
+            epoch,
+            loss,
+            lr,
+            ..
+        } => {
+            if let Some(bar) = &train_bar {
+                bar.set_position(step);
+                bar.set_message(format!("epoch {epoch} loss {loss:.4}"));
+            }
+            let m = BTreeMap::from([
+                ("rsft/loss".to_string(), loss),
+                ("rsft/lr".to_string(), lr),
+                ("rsft/epoch".to_string(), epoch as f64),
+            ]);
+            if let Some(log) = log.as_deref_mut()
+                && let Err(e) = log.write(step, "rsft", &m)
+            {
+                write_err.get_or_insert(e);
+            }
+        }
+    })?;
+    if let Some(bar) = train_bar {
+        bar.finish(format!("{} steps", report.steps));
+    }
+    if let Some(e) = write_err {
+        return Err(e.into());
+    }
+    if let Some(log) = log {
+        log.write(report.steps, "rsft", &report.to_metrics())?;
+    }
+    let loss = match (report.epoch_loss.first(), report.epoch_loss.last()) {
+        (Some(a), Some(b)) => format!(
+            "loss {a:.4} -> {b:.4} over {} epochs",
+            report.epoch_loss.len()
+        ),
+        _ => "nothing to fine-tune on".into(),
+    };
+    let line = format!(
+        "rejection fine-tuning: kept {}/{} rollouts ({:.1}%, {}/{} questions) at reward >= {}; {} steps, {loss} ({:.0} s sampling, {:.0} s training)",
+        report.kept,
+        report.sampled,
+        report.kept_fraction * 100.0,
+        report.questions_covered,
+        report.questions,
+        cfg.rsft.threshold,
+        report.steps,
+        report.sampling_seconds,
+        report.training_seconds,
+    );
+    say(quiet, &line);
+    tracing::debug!("{line}");
+    Ok(report)
 }
 
 /// Directory (inside the run) of the warm-started weights.
@@ -177,21 +270,9 @@ pub fn resume(run_dir: &Path, quiet: bool) -> Result<RunSummary> {
         format!("resuming {} from step {}", run_dir.display(), ck.step),
     );
     let t_start = Instant::now();
+    // Policy, optimizer, RNG, critic (PPO family) from the checkpoint; the reference policy
+    // from the warm-started model.
     let mut trainer = Trainer::load(cfg.clone(), &ck.path, Some(&dir.root().join(REFERENCE_DIR)))?;
-    if cfg.critic.enabled {
-        tracing::warn!("the critic restarts from the warm-started weights on resume");
-        trainer.freeze_reference()?;
-        trainer.reference = Some(turnwise_model::Transformer::from_tensors(
-            &trainer.model_config,
-            &turnwise_model::model::weights::load_hf(
-                dir.root().join(REFERENCE_DIR),
-                candle_core::DType::F32,
-                &candle_core::Device::Cpu,
-            )?
-            .1,
-            "reference",
-        )?);
-    }
     let mut log = dir.metrics_writer()?;
     let log_data = crate::run::read_metrics(dir.metrics_path())?;
     let before = |prefix: &str| -> Option<EvalResult> {

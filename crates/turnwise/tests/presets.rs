@@ -86,14 +86,14 @@ fn recomputed_logprobs_match_the_sampled_ones() {
     let mut checked = 0;
     for (e, l) in eps.iter().zip(&lp) {
         let f = e.trajectory.flatten(true);
-        for k in 0..f.ids.len() {
-            if f.loss_mask[k] == 1 {
+        for (k, (&m, &recomputed)) in f.loss_mask.iter().zip(l.iter()).enumerate() {
+            if m == 1 {
                 assert!(
-                    (f.logprobs[k] - l[k]).abs() < 1e-3,
+                    (f.logprobs[k] - recomputed).abs() < 1e-3,
                     "token {k} of {}: sampled {} vs recomputed {}",
                     e.trajectory.id,
                     f.logprobs[k],
-                    l[k]
+                    recomputed
                 );
                 checked += 1;
             }

@@ -50,6 +50,16 @@ fn trains_on_search_r1_files_with_a_demonstrations_file() {
     assert_eq!(r.n, 4);
     // Hop counts come from the files' metadata.
     assert!(r.em_by_hops.keys().all(|&h| (1..=4).contains(&h)));
+    // The per-episode view agrees with the aggregate, question by question.
+    let (r2, eps) = t.evaluate_with_episodes(&[Split::Test], 4, 0.0, 0).unwrap();
+    assert_eq!(eps.len(), 4);
+    assert!((eps.iter().map(|e| e.em).sum::<f64>() / 4.0 - r2.em).abs() < 1e-12);
+    for e in &eps {
+        assert!(!e.golden_answers.is_empty(), "{}", e.question_id);
+        assert_eq!(e.em > 0.0, e.answer.is_some() && e.em == 1.0);
+        assert!(e.text.contains("<search>") || e.text.contains("<answer>"));
+        assert!(serde_json::to_string(e).unwrap().contains(&e.question_id));
+    }
 
     // Without oracle demonstrations or a file, the warm start says what to do.
     let mut sets2 = common::tiny_overrides();

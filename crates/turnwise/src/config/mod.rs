@@ -221,6 +221,50 @@ impl Default for SftConfig {
     }
 }
 
+/// Rejection-sampling fine-tuning (RFT): T2PO's cold start (t2po.md App. B.1, spec §8.5). After
+/// the supervised warm start, the current policy answers `questions` training questions
+/// `rollouts_per_question` times each; the rollouts whose reward (the run's `reward`) is at or
+/// above `threshold` are kept and the policy is fine-tuned on them (negative log-likelihood of the
+/// agent tokens, the warm start's step) for `epochs` passes. Off by default; the `t2po` preset
+/// turns it on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RsftConfig {
+    /// Run the rejection-sampling fine-tuning after the warm start.
+    pub enabled: bool,
+    /// Training questions sampled (a seeded draw without replacement; capped at the size of the
+    /// training split).
+    pub questions: usize,
+    /// Rollouts sampled per question.
+    pub rollouts_per_question: usize,
+    /// Sampling temperature of those rollouts.
+    pub temperature: f64,
+    /// Keep a rollout when its reward is at or above this value (`em` reward: 1 keeps the
+    /// correct answers).
+    pub threshold: f64,
+    /// Passes over the kept rollouts (T2PO: at most 5, more degrades the subsequent RL).
+    pub epochs: usize,
+    /// Learning rate (constant).
+    pub lr: f64,
+    /// Kept rollouts per optimizer step.
+    pub batch_size: usize,
+}
+
+impl Default for RsftConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            questions: 256,
+            rollouts_per_question: 4,
+            temperature: 1.0,
+            threshold: 1.0,
+            epochs: 1,
+            lr: 5e-4,
+            batch_size: 16,
+        }
+    }
+}
+
 /// How rollouts are sampled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -267,6 +311,138 @@ pub struct RolloutConfig {
     pub filter_zero_variance_groups: bool,
     /// Train on tokens forced by the thinking intervention (default false: masked out).
     pub train_on_forced: bool,
+    /// T2PO token-level thinking intervention (spec §6.2; chain rollouts only).
+    pub tti: TtiConfig,
+    /// T2PO turn-level dynamic resampling (spec §6.3; chain rollouts only).
+    pub tds: TdsConfig,
+    /// Memory window P (spec §1.3, §6.3): each turn is generated from the prompt plus the last P
+    /// turns (agent tokens and their observations) instead of the whole history; absent = full
+    /// history. Chain rollouts only. The training rows still hold the whole trajectory (see
+    /// `rollout::RolloutControl`).
+    pub memory_window: Option<usize>,
+}
+
+/// T2PO Token-level Thinking Intervention settings (spec §6.2, t2po.md §4.2, Alg. 1).
+///
+/// Per sampled token the rollout computes `M_t = α·H̃_t + (1 − α)(1 − C̃_t)` from the token's
+/// entropy and top-j confidence (causal running min/max over the turn); once the mean of the
+/// last `window + 1` variations `|M_t − M_{t−1}|` drops below `epsilon` at a position
+/// `t > min_tokens`, or at `t ≥ max_tokens`, it forces the end-of-thinking queue (once per turn,
+/// only inside the reasoning span). Everything but α is \[UNVERIFIED\] in the paper.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TtiConfig {
+    /// Turn the intervention on.
+    pub enabled: bool,
+    /// Signal weight α (paper App. D.3: 0.4).
+    pub alpha: f64,
+    /// j of the top-j confidence `C_t` (\[REC\] 20).
+    pub top_j: usize,
+    /// Trailing window N: the stop rule averages N + 1 variations (default 2).
+    pub window: usize,
+    /// Tolerance ε on the window mean (default 0.05).
+    pub epsilon: f64,
+    /// L_min: the ε test applies only at token positions `t > min_tokens` (default 32).
+    pub min_tokens: usize,
+    /// L_max: thinking budget, the rule fires at `t ≥ max_tokens` (absent: no budget, as in
+    /// T2PO's search script; WebShop/ALFWorld use 450).
+    pub max_tokens: Option<usize>,
+    /// Forced text queue, tokenised and emitted one token per step after the trigger (absent:
+    /// the format's default — `["</think>", "\n", "<action>"]` (paper Alg. 1) for the T2PO
+    /// format, `["</think>", "\n"]` (\[REC\] for search actions) otherwise). Entries that encode
+    /// to no token (e.g. `"\n"` with a word-level tokenizer) are skipped.
+    pub forced_queue: Option<Vec<String>>,
+}
+
+impl Default for TtiConfig {
+    fn default() -> Self {
+        let core = turnwise_core::control::TtiSettings::default();
+        Self {
+            enabled: false,
+            alpha: core.alpha,
+            top_j: core.top_j,
+            window: core.window,
+            epsilon: core.epsilon,
+            min_tokens: core.min_len,
+            max_tokens: core.max_len,
+            forced_queue: None,
+        }
+    }
+}
+
+impl TtiConfig {
+    /// The forced text queue for `format` (the configured one, or the format's default).
+    pub fn queue_for(&self, format: AgentFormatName) -> Vec<String> {
+        match (&self.forced_queue, format) {
+            (Some(q), _) => q.clone(),
+            (None, AgentFormatName::T2po) => {
+                vec!["</think>".into(), "\n".into(), "<action>".into()]
+            }
+            (None, _) => vec!["</think>".into(), "\n".into()],
+        }
+    }
+
+    /// The core controller settings (`train_on_forced` is the rollout's flag).
+    pub fn to_settings(
+        &self,
+        format: AgentFormatName,
+        train_on_forced: bool,
+    ) -> turnwise_core::control::TtiSettings {
+        turnwise_core::control::TtiSettings {
+            enabled: self.enabled,
+            alpha: self.alpha,
+            top_j: self.top_j,
+            window: self.window,
+            epsilon: self.epsilon,
+            min_len: self.min_tokens,
+            max_len: self.max_tokens,
+            forced_queue: self.queue_for(format),
+            train_on_forced_tokens: train_on_forced,
+        }
+    }
+}
+
+/// T2PO Turn-level Dynamical Sampling settings (spec §6.3, t2po.md §4.3, Alg. 2).
+///
+/// After a turn is generated its score `Φ = exp(mean log max(M_t, 1e-8))` is compared with the
+/// previous turn's final score; a turn whose gap `Γ` is below `eta` is regenerated from the same
+/// state, at most `budget` times, and the last attempt is kept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TdsConfig {
+    /// Turn the resampling on.
+    pub enabled: bool,
+    /// `paper` (regenerate while `Γ < η`, default) or `code` (official code: `0 < Γ < η`, exact
+    /// repeats exempt).
+    pub rule: turnwise_core::control::TdsRule,
+    /// Threshold η (T2PO code default 0.3).
+    pub eta: f64,
+    /// Regenerations allowed per turn, B_max (T2PO `algorithm.TDS.max_try` = 2).
+    pub budget: usize,
+}
+
+impl Default for TdsConfig {
+    fn default() -> Self {
+        let core = turnwise_core::control::TdsSettings::default();
+        Self {
+            enabled: false,
+            rule: turnwise_core::control::TdsRule::Paper,
+            eta: core.eta,
+            budget: core.max_try,
+        }
+    }
+}
+
+impl TdsConfig {
+    /// The core settings.
+    pub fn to_settings(&self) -> turnwise_core::control::TdsSettings {
+        turnwise_core::control::TdsSettings {
+            enabled: self.enabled,
+            eta: self.eta,
+            max_try: self.budget,
+            rule: self.rule,
+        }
+    }
 }
 
 impl Default for RolloutConfig {
@@ -287,6 +463,9 @@ impl Default for RolloutConfig {
             info_gain: false,
             filter_zero_variance_groups: true,
             train_on_forced: false,
+            tti: TtiConfig::default(),
+            tds: TdsConfig::default(),
+            memory_window: None,
         }
     }
 }
@@ -426,6 +605,8 @@ pub struct TrainConfig {
     pub model: ModelSpec,
     /// Supervised warm start.
     pub sft: SftConfig,
+    /// Rejection-sampling fine-tuning after the warm start (T2PO's RFT cold start).
+    pub rsft: RsftConfig,
     /// Rollouts.
     pub rollout: RolloutConfig,
     /// The reward (by `name`, spec §2).
@@ -453,6 +634,7 @@ impl Default for TrainConfig {
             task: TaskConfig::default(),
             model: ModelSpec::default(),
             sft: SftConfig::default(),
+            rsft: RsftConfig::default(),
             rollout: RolloutConfig::default(),
             reward: RewardConfig::from_name("em").expect("em is a reward"),
             advantage: AdvantageConfig::default_for("grpo").expect("grpo is an estimator"),
@@ -553,6 +735,7 @@ impl TrainConfig {
                 "tree rollouts need at least one initial chain and one fork per iteration".into(),
             );
         }
+        self.validate_rollout_control()?;
         if self.task.max_turns == 0 {
             return bad("task.max_turns", "must be at least 1".into());
         }
@@ -581,6 +764,7 @@ impl TrainConfig {
         if self.sft.steps > 0 && self.sft.batch_size == 0 {
             return bad("sft.batch_size", "must be at least 1".into());
         }
+        self.validate_rsft()?;
         let m = &self.model;
         if m.num_heads == 0 || m.num_kv_heads == 0 || !m.num_heads.is_multiple_of(m.num_kv_heads) {
             return bad(
@@ -639,6 +823,99 @@ impl TrainConfig {
                 "actor.policy.policy_loss",
                 "the a2tgpo loss needs the a2tgpo estimator's clip scales".into(),
             );
+        }
+        Ok(())
+    }
+
+    /// Checks the `rsft` section (always, so that a typo is caught before it is turned on).
+    fn validate_rsft(&self) -> Result<(), ConfigError> {
+        let bad = |field, message: String| Err(ConfigError::Invalid { field, message });
+        let c = &self.rsft;
+        if c.questions == 0 {
+            return bad("rsft.questions", "must be at least 1".into());
+        }
+        if c.rollouts_per_question == 0 {
+            return bad("rsft.rollouts_per_question", "must be at least 1".into());
+        }
+        if !(c.temperature > 0.0 && c.temperature.is_finite()) {
+            return bad(
+                "rsft.temperature",
+                format!("must be positive for sampling, got {}", c.temperature),
+            );
+        }
+        if !c.threshold.is_finite() {
+            return bad(
+                "rsft.threshold",
+                format!("must be a finite reward value, got {}", c.threshold),
+            );
+        }
+        if c.epochs == 0 {
+            return bad("rsft.epochs", "must be at least 1".into());
+        }
+        if !(c.lr > 0.0 && c.lr.is_finite()) {
+            return bad("rsft.lr", format!("must be positive, got {}", c.lr));
+        }
+        if c.batch_size == 0 {
+            return bad("rsft.batch_size", "must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// Checks `rollout.tti`, `rollout.tds` and `rollout.memory_window`.
+    fn validate_rollout_control(&self) -> Result<(), ConfigError> {
+        let bad = |field, message: String| Err(ConfigError::Invalid { field, message });
+        let r = &self.rollout;
+        let tti = &r.tti;
+        if !(0.0..=1.0).contains(&tti.alpha) {
+            return bad(
+                "rollout.tti.alpha",
+                format!("must be in [0, 1], got {}", tti.alpha),
+            );
+        }
+        if tti.top_j == 0 {
+            return bad("rollout.tti.top_j", "must be at least 1".into());
+        }
+        if !(tti.epsilon >= 0.0 && tti.epsilon.is_finite()) {
+            return bad(
+                "rollout.tti.epsilon",
+                format!("must be a non-negative number, got {}", tti.epsilon),
+            );
+        }
+        if tti.max_tokens == Some(0) {
+            return bad(
+                "rollout.tti.max_tokens",
+                "must be at least 1 when set".into(),
+            );
+        }
+        if let Some(q) = &tti.forced_queue
+            && (q.is_empty() || q[0].trim().is_empty())
+        {
+            return bad(
+                "rollout.tti.forced_queue",
+                "must start with the end-of-thinking text (e.g. \"</think>\")".into(),
+            );
+        }
+        let tds = &r.tds;
+        if !(tds.eta >= 0.0 && tds.eta.is_finite()) {
+            return bad(
+                "rollout.tds.eta",
+                format!("must be a non-negative number, got {}", tds.eta),
+            );
+        }
+        if r.strategy != RolloutStrategy::Chain {
+            let on = [
+                ("rollout.tti.enabled", tti.enabled),
+                ("rollout.tds.enabled", tds.enabled),
+                ("rollout.memory_window", r.memory_window.is_some()),
+            ];
+            if let Some((field, _)) = on.into_iter().find(|(_, on)| *on) {
+                return bad(
+                    field,
+                    "T2PO rollout control applies to chain rollouts only \
+                     (rollout.strategy = \"chain\")"
+                        .into(),
+                );
+            }
         }
         Ok(())
     }

@@ -2,20 +2,30 @@
 //! was sampled (token-in-token-out, spec §1.1).
 //!
 //! - [`run_chains`]: independent chains, batched across every live episode at each turn;
+//!   [`run_chains_with`] adds the T2PO rollout control of spec §6.2–§6.3 ([`RolloutControl`]:
+//!   thinking intervention, turn-level resampling, memory window);
 //! - [`tree`]: AT2PO entropy-guided and Tree-GRPO random tree rollouts (§6.1);
 //! - [`info_gain`]: the IGPO / A2TGPO probes (§4), one batched teacher-forced pass.
 
 pub mod info_gain;
 pub mod tree;
 
-use anyhow::{Context, Result};
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result, anyhow, bail};
+use turnwise_core::control::{TdsSettings, TdsTracker, TtiController, TtiSettings, turn_score};
 use turnwise_core::trajectory::{
     AgentSegment, EnvSegment, FinishReason, Segment, Trajectory, TurnAction, TurnRecord,
 };
 use turnwise_env::env::{Environment, Task};
 use turnwise_model::Transformer;
-use turnwise_model::sampling::{FinishReason as StopReason, SamplingParams, generate};
+use turnwise_model::sampling::{
+    Completion, EngineConfig, FinishReason as StopReason, SamplingEngine, SamplingParams, SeqId,
+    SeqStatus, Sequence, SequenceParams, TokenHook, TokenOrigin, generate,
+};
 use turnwise_model::tokenizer::TextTokenizer;
+
+use crate::config::{AgentFormatName, RolloutConfig};
 
 /// What the rollout engine needs of the policy.
 pub struct Policy<'a> {
@@ -72,6 +82,9 @@ pub struct Episode {
     pub answer: Option<String>,
     /// Response-coordinate spans of the observations (for information-gain probes).
     pub observation_spans: Vec<std::ops::Range<usize>>,
+    /// Per turn, what the T2PO rollout control did (context size, TTI trigger, TDS
+    /// regenerations).
+    pub turn_control: Vec<TurnControl>,
 }
 
 impl Episode {
@@ -101,6 +114,9 @@ struct Live {
     done: bool,
     agent_end: usize,
     last_logprobs: Vec<f64>,
+    /// Response offset where each turn's agent tokens start.
+    turn_starts: Vec<usize>,
+    turn_control: Vec<TurnControl>,
 }
 
 /// A per-turn seed derived from the episode seed (splitmix64 of seed and turn).
@@ -145,6 +161,8 @@ impl EpisodeState {
                 done: false,
                 agent_end: 0,
                 last_logprobs: Vec::new(),
+                turn_starts: Vec::new(),
+                turn_control: Vec::new(),
             },
         })
     }
@@ -164,6 +182,24 @@ impl EpisodeState {
         let mut c = self.live.spec.prompt_ids.clone();
         c.extend_from_slice(&self.live.response);
         c
+    }
+
+    /// The context of the next turn under memory window `window` (spec §1.3, §6.3): the prompt
+    /// plus the last P turns (each turn's agent tokens and the observation after it), or the
+    /// full context when `window` is `None`. The flag says whether earlier turns were dropped.
+    pub fn context_window(&self, window: Option<usize>) -> (Vec<u32>, bool) {
+        let l = &self.live;
+        let from = match window {
+            Some(p) if l.turn_starts.len() > p => l
+                .turn_starts
+                .get(l.turn_starts.len() - p)
+                .copied()
+                .unwrap_or(l.response.len()),
+            _ => 0,
+        };
+        let mut c = l.spec.prompt_ids.clone();
+        c.extend_from_slice(&l.response[from..]);
+        (c, from > 0)
     }
 
     /// The episode's seed.
@@ -205,8 +241,43 @@ impl EpisodeState {
         completion: turnwise_model::sampling::Completion,
         decoding: &Decoding,
     ) -> Result<()> {
+        let control = TurnControl {
+            context_tokens: self.live.spec.prompt_ids.len() + self.live.response.len(),
+            ..TurnControl::default()
+        };
+        self.apply_turn_with(
+            policy,
+            completion,
+            decoding,
+            TurnExtras {
+                forced: Vec::new(),
+                confidences: None,
+                control,
+            },
+        )
+    }
+
+    /// [`EpisodeState::apply_turn`] with the per-token forced flags, confidences and control
+    /// record of a controlled generation.
+    pub fn apply_turn_with(
+        &mut self,
+        policy: &Policy<'_>,
+        completion: turnwise_model::sampling::Completion,
+        decoding: &Decoding,
+        extras: TurnExtras,
+    ) -> Result<()> {
         let l = &mut self.live;
         let turn = l.traj.turns.len();
+        if !extras.forced.is_empty() && extras.forced.len() != completion.tokens.len() {
+            bail!(
+                "turn {turn} of {}: {} forced flags for {} tokens",
+                l.spec.id,
+                extras.forced.len(),
+                completion.tokens.len()
+            );
+        }
+        l.turn_starts.push(l.response.len());
+        l.turn_control.push(extras.control);
         let text = policy
             .tokenizer
             .decode(&completion.tokens, false)
@@ -217,7 +288,13 @@ impl EpisodeState {
         l.last_logprobs = completion.logprobs.iter().map(|&x| f64::from(x)).collect();
         let mut seg = AgentSegment::new(turn, completion.tokens, completion.logprobs);
         seg.entropy = Some(completion.entropies);
-        if completion.top_logprobs.iter().any(|t| !t.is_empty()) {
+        if extras.forced.iter().any(|&f| f) {
+            seg.forced = extras.forced;
+        }
+        if let Some(c) = extras.confidences {
+            seg.top_confidence = Some(c);
+        } else if completion.top_logprobs.iter().any(|t| !t.is_empty()) {
+            // C_t = −(1/j) Σ log p^(i) (spec §6.2; larger = more peaked).
             seg.top_confidence = Some(
                 completion
                     .top_logprobs
@@ -226,7 +303,7 @@ impl EpisodeState {
                         if t.is_empty() {
                             0.0
                         } else {
-                            t.iter().map(|(_, lp)| lp).sum::<f32>() / t.len() as f32
+                            -t.iter().map(|(_, lp)| lp).sum::<f32>() / t.len() as f32
                         }
                     })
                     .collect(),
@@ -328,6 +405,8 @@ impl EpisodeState {
                 done: self.live.done,
                 agent_end: self.live.agent_end,
                 last_logprobs: self.live.last_logprobs.clone(),
+                turn_starts: self.live.turn_starts.clone(),
+                turn_control: self.live.turn_control.clone(),
             },
         })
     }
@@ -342,8 +421,441 @@ impl EpisodeState {
             won: l.won,
             answer: l.answer,
             observation_spans: l.obs_spans,
+            turn_control: l.turn_control,
         }
     }
+}
+
+/// Text whose appearance ends a turn's reasoning span (spec §6.2: the intervention acts "only
+/// while inside the reasoning span"): the end of thinking, or an action tag of any format (a turn
+/// that starts acting without closing its thinking is no longer reasoning, so nothing is forced
+/// into its action).
+pub const REASONING_END_MARKERS: &[&str] = &["</think>", "<search>", "<answer>", "<action>"];
+
+/// The T2PO rollout control of a run (spec §6.2, §6.3, §1.3), resolved from `[rollout]` by
+/// [`RolloutControl::from_config`]. The default switches everything off, which samples exactly
+/// as [`run_chains`] does.
+///
+/// - **Thinking intervention (TTI, §6.2).** Each turn is decoded through a [`TokenHook`]. For every
+///   sampled token the hook feeds the entropy and top-j confidence the sampler reports for the
+///   token's distribution (temperature-scaled, before top-k/top-p) to the core's
+///   [`TtiController`], which computes `M_t` with a causal running min/max over the turn and
+///   applies the stop rule (`t > L_min` and the mean of the last `N + 1` variations `< ε`, or
+///   `t ≥ L_max`) once per turn, only while the reasoning span is open. Token positions `t` count
+///   the turn's sampled tokens from 1 (the opening `<think>` is `t = 1`). The span closes when
+///   the turn's text contains one of [`REASONING_END_MARKERS`]. When the rule fires at `t*`, the
+///   forced queue (`forced_ids`) is emitted from `t* + 1` on, one token per step, with the logits
+///   overwritten so the forced token has probability 1 (its recorded log-prob and entropy are 0).
+///   Forced tokens are flagged in the trajectory ([`AgentSegment::forced`]) and get loss mask 0
+///   unless `rollout.train_on_forced`.
+/// - **Turn-level resampling (TDS, §6.3).** After a turn is generated (before the environment
+///   sees it), its score `Φ` is the floored geometric mean of `M_t` over the turn's sampled tokens
+///   (forced tokens excluded), and the core's [`TdsTracker`] compares it with the previous turn's
+///   final score of the same episode (`Γ¹ = ∞`). Flagged turns are regenerated from the same
+///   context, all flagged rows of the batch at once, with a fresh seed per attempt
+///   ([`attempt_seed`]), at most `tds.max_try` times; the last attempt is kept.
+/// - **Memory window P (§1.3, §6.3).** Each turn is generated from the prompt plus the last P turns
+///   (agent tokens and the observation after each) instead of the whole history.
+///
+/// **What the training rows contain.** The trainer still builds one row per trajectory: the
+/// prompt, then the whole response (every kept turn and observation, TITO, spec §1.1), with loss
+/// mask 1 on sampled agent tokens (0 on observations and, by default, on forced tokens); discarded
+/// TDS attempts never reach a row. With a memory window the rows are *not* split into per-turn
+/// samples: a turn's tokens are trained conditioned on the full history, although they were
+/// sampled from the windowed context. Whenever a window actually dropped turns (counted by
+/// `rollout/memory_truncated_turns`) the recomputed π_θold therefore differs from the sampling
+/// distribution for that turn. With the T2PO search settings (P = 4, at most 4 turns) no context
+/// is ever truncated, so the rows match what was sampled exactly.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RolloutControl {
+    /// Thinking-intervention settings (`tti.enabled` switches it on).
+    pub tti: TtiSettings,
+    /// The forced queue as token ids (empty when TTI is off).
+    pub forced_ids: Vec<u32>,
+    /// Turn-level resampling settings (`tds.enabled` switches it on).
+    pub tds: TdsSettings,
+    /// Memory window P (`None`: full history).
+    pub memory_window: Option<usize>,
+}
+
+impl RolloutControl {
+    /// Resolves `cfg.tti`, `cfg.tds` and `cfg.memory_window` for agent format `format`,
+    /// tokenising the forced queue with `tokenizer`.
+    pub fn from_config(
+        cfg: &RolloutConfig,
+        format: AgentFormatName,
+        tokenizer: &TextTokenizer,
+    ) -> Result<Self> {
+        let tti = cfg.tti.to_settings(format, cfg.train_on_forced);
+        tti.validate().map_err(|e| anyhow!("rollout.tti: {e}"))?;
+        let tds = cfg.tds.to_settings();
+        tds.validate().map_err(|e| anyhow!("rollout.tds: {e}"))?;
+        let forced_ids = if tti.enabled {
+            encode_forced_queue(tokenizer, &tti.forced_queue)?
+        } else {
+            Vec::new()
+        };
+        Ok(Self {
+            tti,
+            forced_ids,
+            tds,
+            memory_window: cfg.memory_window,
+        })
+    }
+
+    /// Whether turns need the per-token signal `M_t` (TTI or TDS on).
+    pub fn needs_signal(&self) -> bool {
+        self.tti.enabled || self.tds.enabled
+    }
+
+    /// Whether any control is on.
+    pub fn is_active(&self) -> bool {
+        self.needs_signal() || self.memory_window.is_some()
+    }
+}
+
+/// Token ids of a forced text queue: each entry is encoded on its own and the ids concatenated;
+/// entries that encode to no token (e.g. `"\n"` with a word-level tokenizer) are skipped. The first
+/// entry (the end of thinking) must encode to at least one token, and no entry may encode to the
+/// unknown token.
+pub fn encode_forced_queue(tokenizer: &TextTokenizer, queue: &[String]) -> Result<Vec<u32>> {
+    let unk = tokenizer.token_to_id(turnwise_model::tokenizer::UNK);
+    let mut ids = Vec::new();
+    for (i, text) in queue.iter().enumerate() {
+        let enc = tokenizer
+            .encode(text)
+            .with_context(|| format!("encoding rollout.tti.forced_queue[{i}] = {text:?}"))?;
+        if i == 0 && enc.is_empty() {
+            bail!(
+                "rollout.tti.forced_queue[0] = {text:?} encodes to no token; the queue must start \
+                 with the end-of-thinking text"
+            );
+        }
+        if unk.is_some_and(|u| enc.contains(&u)) {
+            bail!(
+                "rollout.tti.forced_queue[{i}] = {text:?} is not in the tokenizer's vocabulary \
+                 (it encodes to the unknown token)"
+            );
+        }
+        ids.extend(enc);
+    }
+    if ids.is_empty() {
+        bail!("rollout.tti.forced_queue is empty");
+    }
+    Ok(ids)
+}
+
+/// The seed of TDS attempt `attempt` of a turn whose first attempt uses `base` (attempt 0 is
+/// `base` itself, so a run without regeneration samples as before).
+pub fn attempt_seed(base: u64, attempt: usize) -> u64 {
+    if attempt == 0 {
+        base
+    } else {
+        turn_seed(base ^ 0x7464_735f_7265_6765, attempt)
+    }
+}
+
+/// What the rollout control did in one turn (one entry per turn of an [`Episode`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TurnControl {
+    /// Tokens of the context the turn was generated from (prompt included).
+    pub context_tokens: usize,
+    /// Whether the memory window dropped earlier turns from that context.
+    pub memory_truncated: bool,
+    /// TTI trigger position `t*` (1-based over the turn's sampled tokens), if the rule fired.
+    pub tti_trigger: Option<usize>,
+    /// Tokens forced in the turn.
+    pub forced_tokens: usize,
+    /// TDS turn score `Φ` of the kept attempt (when the signal was computed).
+    pub turn_score: Option<f64>,
+    /// TDS regenerations before the kept attempt.
+    pub regenerations: usize,
+}
+
+/// Per-token extras of a generated turn, for [`EpisodeState::apply_turn_with`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TurnExtras {
+    /// Per token: forced by the thinking intervention (empty: none).
+    pub forced: Vec<bool>,
+    /// Per token: top-j confidence `C_t` (spec §6.2), when computed.
+    pub confidences: Option<Vec<f32>>,
+    /// The turn's control record.
+    pub control: TurnControl,
+}
+
+/// Rollout-control totals of one batch of chains (the step's `rollout/*` metrics).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RolloutStats {
+    /// Kept turns.
+    pub turns: usize,
+    /// Kept turns in which the thinking intervention fired.
+    pub tti_triggered: usize,
+    /// Forced tokens in kept turns.
+    pub forced_tokens: usize,
+    /// TDS regenerations, all turns together.
+    pub tds_regenerations: usize,
+    /// Kept turns regenerated at least once.
+    pub tds_regenerated_turns: usize,
+    /// Most regenerations of a single turn (never above the budget).
+    pub tds_max_regenerations: usize,
+    /// Tokens generated in discarded TDS attempts.
+    pub tds_discarded_tokens: usize,
+    /// Turns whose context the memory window truncated.
+    pub memory_truncated_turns: usize,
+    /// Context tokens, all kept turns together.
+    pub context_tokens: usize,
+}
+
+impl RolloutStats {
+    fn record(&mut self, c: &TurnControl) {
+        self.turns += 1;
+        self.tti_triggered += usize::from(c.tti_trigger.is_some());
+        self.forced_tokens += c.forced_tokens;
+        self.tds_regenerations += c.regenerations;
+        self.tds_regenerated_turns += usize::from(c.regenerations > 0);
+        self.tds_max_regenerations = self.tds_max_regenerations.max(c.regenerations);
+        self.memory_truncated_turns += usize::from(c.memory_truncated);
+        self.context_tokens += c.context_tokens;
+    }
+
+    /// The `rollout/*` metrics of the controls that are on (none when all are off).
+    pub fn metrics(&self, control: &RolloutControl) -> BTreeMap<String, f64> {
+        let mut m = BTreeMap::new();
+        let turns = self.turns.max(1) as f64;
+        if control.tti.enabled {
+            m.insert("rollout/tti_triggered".into(), self.tti_triggered as f64);
+            m.insert(
+                "rollout/tti_trigger_rate".into(),
+                self.tti_triggered as f64 / turns,
+            );
+            m.insert("rollout/forced_tokens".into(), self.forced_tokens as f64);
+        }
+        if control.tds.enabled {
+            m.insert(
+                "rollout/tds_regenerations".into(),
+                self.tds_regenerations as f64,
+            );
+            m.insert(
+                "rollout/tds_regenerations_per_turn".into(),
+                self.tds_regenerations as f64 / turns,
+            );
+            m.insert(
+                "rollout/tds_regenerated_turns".into(),
+                self.tds_regenerated_turns as f64,
+            );
+            m.insert(
+                "rollout/tds_max_regenerations".into(),
+                self.tds_max_regenerations as f64,
+            );
+            m.insert(
+                "rollout/tds_discarded_tokens".into(),
+                self.tds_discarded_tokens as f64,
+            );
+        }
+        if control.memory_window.is_some() {
+            m.insert(
+                "rollout/memory_truncated_turns".into(),
+                self.memory_truncated_turns as f64,
+            );
+            m.insert(
+                "rollout/context_tokens/mean".into(),
+                self.context_tokens as f64 / turns,
+            );
+        }
+        m
+    }
+}
+
+/// Per-row state of a controlled generation: the turn's TTI controller (which also computes
+/// `M_t` when only TDS is on), the `M_t` series, and whether the reasoning span is open.
+struct TurnMonitor {
+    controller: TtiController,
+    /// Turn tokens already looked at.
+    seen: usize,
+    span_open: bool,
+    /// `M_t` of every sampled token of the turn.
+    signal: Vec<f64>,
+}
+
+impl TurnMonitor {
+    fn new(control: &RolloutControl) -> Result<Self> {
+        let controller = TtiController::new(control.tti.clone(), control.forced_ids.clone())
+            .map_err(|e| anyhow!("rollout.tti: {e}"))?;
+        Ok(Self {
+            controller,
+            seen: 0,
+            span_open: control.tti.enabled,
+            signal: Vec::new(),
+        })
+    }
+
+    /// Looks at the turn tokens of `seq` not seen yet: closes the reasoning span at an end
+    /// marker, then feeds each sampled token's entropy and confidence to the controller (forced
+    /// tokens are not observed, spec §6.2 Alg. 1).
+    fn observe_new(
+        &mut self,
+        seq: &Sequence,
+        tokenizer: &TextTokenizer,
+        marker_window: usize,
+    ) -> Result<()> {
+        let start = seq.turn_start;
+        let n = seq.tokens.len().saturating_sub(start);
+        while self.seen < n {
+            let k = start + self.seen;
+            self.seen += 1;
+            if self.span_open {
+                let from = (k + 1).saturating_sub(marker_window).max(start);
+                let text = tokenizer
+                    .decode(&seq.tokens[from..=k], false)
+                    .context("decoding the reasoning span")?;
+                if REASONING_END_MARKERS.iter().any(|m| text.contains(m)) {
+                    self.span_open = false;
+                    self.controller.end_reasoning();
+                }
+            }
+            if seq.origins[k] == TokenOrigin::Sampled {
+                let step = self
+                    .controller
+                    .observe(f64::from(seq.entropies[k]), f64::from(seq.confidences[k]));
+                self.signal.push(step.m);
+            }
+        }
+        Ok(())
+    }
+
+    /// The turn ended: its last tokens still add to `M_t` but can trigger nothing.
+    fn finish(&mut self, seq: &Sequence, tokenizer: &TextTokenizer) -> Result<()> {
+        self.span_open = false;
+        self.controller.end_reasoning();
+        self.observe_new(seq, tokenizer, 0)
+    }
+}
+
+/// The [`TokenHook`] of a controlled generation: row `i` is the engine's sequence `SeqId(i)`.
+struct ControlHook<'a> {
+    rows: Vec<TurnMonitor>,
+    tokenizer: &'a TextTokenizer,
+    /// Tokens decoded to look for an end marker (longest marker in bytes + 2: every token is at
+    /// least one byte, plus a UTF-8 sequence split across tokens).
+    marker_window: usize,
+    /// The first error met inside the hook (reported after the run).
+    error: Option<anyhow::Error>,
+}
+
+impl TokenHook for ControlHook<'_> {
+    fn process(&mut self, seq: &Sequence, logits: &mut [f32]) -> Option<u32> {
+        let row = self.rows.get_mut(usize::try_from(seq.id.0).ok()?)?;
+        if let Err(e) = row.observe_new(seq, self.tokenizer, self.marker_window) {
+            self.error.get_or_insert(e);
+        }
+        let tok = row.controller.next_forced()?;
+        // p(forced) = 1 (t2po.md eq. 5): the recorded log-prob and entropy are 0.
+        if let Some(slot) = usize::try_from(tok).ok().filter(|&t| t < logits.len()) {
+            logits.fill(f32::NEG_INFINITY);
+            logits[slot] = 0.0;
+        }
+        Some(tok)
+    }
+}
+
+/// One generated turn and what the control observed in it.
+struct TurnOutput {
+    completion: Completion,
+    forced: Vec<bool>,
+    confidences: Option<Vec<f32>>,
+    score: Option<f64>,
+    tti_trigger: Option<usize>,
+}
+
+/// Samples one turn per context. Without TTI or TDS this is exactly [`generate`]; otherwise the
+/// turns run on a [`SamplingEngine`] with the control hook (same seeds, same draws until the
+/// intervention fires).
+fn generate_turns(
+    policy: &Policy<'_>,
+    contexts: &[Vec<u32>],
+    seeds: &[u64],
+    params: &SamplingParams,
+    control: &RolloutControl,
+) -> Result<Vec<TurnOutput>> {
+    if !control.needs_signal() {
+        let completions =
+            generate(policy.model, contexts, seeds, params, None).context("sampling a turn")?;
+        return Ok(completions
+            .into_iter()
+            .map(|completion| TurnOutput {
+                completion,
+                forced: Vec::new(),
+                confidences: None,
+                score: None,
+                tti_trigger: None,
+            })
+            .collect());
+    }
+    let mut engine = SamplingEngine::new(policy.model, None, EngineConfig { max_batch_size: 0 });
+    let seq_params = SequenceParams {
+        sampling: params.clone(),
+        max_generated_tokens: None,
+        max_len: None,
+        confidence_top_j: control.tti.top_j,
+    };
+    let mut ids = Vec::with_capacity(contexts.len());
+    let mut rows = Vec::with_capacity(contexts.len());
+    for (i, (ctx, &seed)) in contexts.iter().zip(seeds).enumerate() {
+        let id = engine
+            .add_sequence(ctx.clone(), seq_params.clone(), seed)
+            .context("queueing a turn")?;
+        if id != SeqId(i as u64) {
+            bail!("the sampling engine numbered turn {i} as {id}");
+        }
+        ids.push(id);
+        rows.push(TurnMonitor::new(control)?);
+    }
+    let marker_window = REASONING_END_MARKERS
+        .iter()
+        .map(|m| m.len())
+        .max()
+        .unwrap_or(0)
+        + 2;
+    let mut hook = ControlHook {
+        rows,
+        tokenizer: policy.tokenizer,
+        marker_window,
+        error: None,
+    };
+    engine
+        .run_until_stop(Some(&mut hook))
+        .context("sampling a turn")?;
+    if let Some(e) = hook.error.take() {
+        return Err(e.context("thinking intervention"));
+    }
+    let mut out = Vec::with_capacity(ids.len());
+    for (id, mut row) in ids.into_iter().zip(hook.rows) {
+        let seq = engine.remove(id).context("collecting a turn")?;
+        row.finish(&seq, policy.tokenizer)?;
+        let start = seq.prompt_len;
+        let finish = match &seq.status {
+            SeqStatus::Paused(reason) => reason.finish_reason(),
+            _ => StopReason::Length,
+        };
+        let forced: Vec<bool> = seq.origins[start..]
+            .iter()
+            .map(|o| *o == TokenOrigin::Forced)
+            .collect();
+        out.push(TurnOutput {
+            completion: Completion {
+                tokens: seq.tokens[start..].to_vec(),
+                logprobs: seq.logprobs[start..].to_vec(),
+                entropies: seq.entropies[start..].to_vec(),
+                top_logprobs: seq.top_logprobs[start..].to_vec(),
+                finish,
+            },
+            forced,
+            confidences: Some(seq.confidences[start..].to_vec()),
+            score: turn_score(&row.signal),
+            tti_trigger: row.controller.triggered_at(),
+        });
+    }
+    Ok(out)
 }
 
 /// Generates the next turn of every state in `states` that is not done, in one batch.
@@ -352,13 +864,37 @@ pub fn step_turn(
     states: &mut [&mut EpisodeState],
     decoding: &Decoding,
 ) -> Result<()> {
+    step_turn_with(
+        policy,
+        states,
+        decoding,
+        &RolloutControl::default(),
+        None,
+        &mut RolloutStats::default(),
+    )
+}
+
+/// [`step_turn`] under rollout control: windowed contexts, the thinking intervention, and TDS
+/// regeneration of flagged turns before the environment sees them (`tds` tracks the previous
+/// turn's final score per row of `states`; `None` disables TDS). Totals go to `stats`.
+pub fn step_turn_with(
+    policy: &Policy<'_>,
+    states: &mut [&mut EpisodeState],
+    decoding: &Decoding,
+    control: &RolloutControl,
+    tds: Option<&mut TdsTracker>,
+    stats: &mut RolloutStats,
+) -> Result<()> {
     let active: Vec<usize> = (0..states.len())
         .filter(|&i| !states[i].is_done())
         .collect();
     if active.is_empty() {
         return Ok(());
     }
-    let contexts: Vec<Vec<u32>> = active.iter().map(|&i| states[i].context()).collect();
+    let (contexts, truncated): (Vec<Vec<u32>>, Vec<bool>) = active
+        .iter()
+        .map(|&i| states[i].context_window(control.memory_window))
+        .unzip();
     let seeds: Vec<u64> = active
         .iter()
         .map(|&i| turn_seed(states[i].seed(), states[i].turns()))
@@ -383,10 +919,61 @@ pub fn step_turn(
         stop_strings: Vec::new(),
         top_logprobs: 0,
     };
-    let completions =
-        generate(policy.model, &contexts, &seeds, &params, None).context("sampling a turn")?;
-    for (&i, c) in active.iter().zip(completions) {
-        states[i].apply_turn(policy, c, decoding)?;
+    let mut outs = generate_turns(policy, &contexts, &seeds, &params, control)?;
+    let mut regenerations = vec![0usize; active.len()];
+    if let Some(tracker) = tds.filter(|_| control.tds.enabled) {
+        let rows = states.len();
+        let scores = |outs: &[TurnOutput]| {
+            let mut v = vec![None; rows];
+            for (j, &i) in active.iter().enumerate() {
+                v[i] = outs[j].score;
+            }
+            v
+        };
+        let tds_err = |e| anyhow!("turn-level resampling: {e}");
+        let mut attempt = 0usize;
+        loop {
+            let flags = tracker.flag(&scores(&outs)).map_err(tds_err)?;
+            let redo: Vec<usize> = (0..active.len()).filter(|&j| flags[active[j]]).collect();
+            if redo.is_empty() {
+                break;
+            }
+            attempt += 1;
+            let ctx: Vec<Vec<u32>> = redo.iter().map(|&j| contexts[j].clone()).collect();
+            let sd: Vec<u64> = redo
+                .iter()
+                .map(|&j| attempt_seed(seeds[j], attempt))
+                .collect();
+            let fresh = generate_turns(policy, &ctx, &sd, &params, control)?;
+            for (&j, o) in redo.iter().zip(fresh) {
+                stats.tds_discarded_tokens += outs[j].completion.tokens.len();
+                outs[j] = o;
+                regenerations[j] += 1;
+            }
+            tracker.record_attempt(&flags);
+        }
+        tracker.finish_turn(&scores(&outs)).map_err(tds_err)?;
+    }
+    for (j, out) in outs.into_iter().enumerate() {
+        let record = TurnControl {
+            context_tokens: contexts[j].len(),
+            memory_truncated: truncated[j],
+            tti_trigger: out.tti_trigger,
+            forced_tokens: out.forced.iter().filter(|&&f| f).count(),
+            turn_score: out.score,
+            regenerations: regenerations[j],
+        };
+        stats.record(&record);
+        states[active[j]].apply_turn_with(
+            policy,
+            out.completion,
+            decoding,
+            TurnExtras {
+                forced: out.forced,
+                confidences: out.confidences,
+                control: record,
+            },
+        )?;
     }
     Ok(())
 }
@@ -399,13 +986,307 @@ pub fn run_chains(
     make_env: &dyn Fn() -> Result<Box<dyn Environment>>,
     decoding: &Decoding,
 ) -> Result<Vec<Episode>> {
+    Ok(run_chains_with(
+        policy,
+        specs,
+        make_env,
+        decoding,
+        &RolloutControl::default(),
+    )?
+    .episodes)
+}
+
+/// The result of [`run_chains_with`].
+#[derive(Debug, Clone)]
+pub struct ChainRollout {
+    /// Finished episodes, in the order of the specs.
+    pub episodes: Vec<Episode>,
+    /// Rollout-control totals (see [`RolloutStats::metrics`]).
+    pub stats: RolloutStats,
+}
+
+/// [`run_chains`] under the T2PO rollout control `control` (see [`RolloutControl`]).
+pub fn run_chains_with(
+    policy: &Policy<'_>,
+    specs: Vec<EpisodeSpec>,
+    make_env: &dyn Fn() -> Result<Box<dyn Environment>>,
+    decoding: &Decoding,
+    control: &RolloutControl,
+) -> Result<ChainRollout> {
     let mut states: Vec<EpisodeState> = specs
         .into_iter()
         .map(|s| EpisodeState::start(s, make_env()?))
         .collect::<Result<_>>()?;
+    let mut tracker = TdsTracker::new(control.tds.clone(), states.len());
+    let mut stats = RolloutStats::default();
     while states.iter().any(|s| !s.is_done()) {
         let mut refs: Vec<&mut EpisodeState> = states.iter_mut().collect();
-        step_turn(policy, &mut refs, decoding)?;
+        step_turn_with(
+            policy,
+            &mut refs,
+            decoding,
+            control,
+            Some(&mut tracker),
+            &mut stats,
+        )?;
     }
-    Ok(states.into_iter().map(EpisodeState::finish).collect())
+    Ok(ChainRollout {
+        episodes: states.into_iter().map(EpisodeState::finish).collect(),
+        stats,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turnwise_model::tokenizer::DEFAULT_SPECIAL_TOKENS;
+
+    /// Spec §6.2 worked example: per-token H and C.
+    const H: [f64; 8] = [1.2, 2.0, 1.6, 1.7, 1.65, 1.66, 1.66, 1.67];
+    const C: [f64; 8] = [5.0, 3.0, 4.0, 3.8, 3.9, 3.88, 3.87, 3.87];
+
+    fn tokenizer() -> TextTokenizer {
+        let corpus = ["alpha beta gamma delta <action> </action>"];
+        let mut specials: Vec<&str> = DEFAULT_SPECIAL_TOKENS.to_vec();
+        specials.extend(["<action>", "</action>"]);
+        TextTokenizer::train_word_level(&corpus, 64, &specials).unwrap()
+    }
+
+    fn sequence(prompt: Vec<u32>) -> Sequence {
+        let n = prompt.len();
+        Sequence {
+            id: SeqId(0),
+            tokens: prompt,
+            origins: vec![TokenOrigin::Prompt; n],
+            logprobs: vec![0.0; n],
+            entropies: vec![0.0; n],
+            confidences: vec![0.0; n],
+            top_logprobs: vec![Vec::new(); n],
+            prompt_len: n,
+            turn_start: n,
+            turns: 1,
+            status: SeqStatus::Running,
+            params: SequenceParams::default(),
+        }
+    }
+
+    fn push(seq: &mut Sequence, token: u32, origin: TokenOrigin, h: f64, c: f64) {
+        seq.tokens.push(token);
+        seq.origins.push(origin);
+        seq.logprobs.push(0.0);
+        seq.entropies.push(h as f32);
+        seq.confidences.push(c as f32);
+        seq.top_logprobs.push(Vec::new());
+    }
+
+    fn control(tok: &TextTokenizer, tti: TtiSettings) -> RolloutControl {
+        let forced_ids = encode_forced_queue(tok, &tti.forced_queue).unwrap();
+        RolloutControl {
+            tti,
+            forced_ids,
+            ..RolloutControl::default()
+        }
+    }
+
+    /// Drives the hook like the engine does: before each step the hook sees the sequence so far;
+    /// a forced token is appended as forced, otherwise `sample(step)` gives the token and its
+    /// (H, C). Returns the turn's tokens and origins.
+    fn drive(
+        tok: &TextTokenizer,
+        control: &RolloutControl,
+        steps: usize,
+        sample: impl Fn(usize) -> (u32, f64, f64),
+    ) -> (Sequence, TurnMonitor) {
+        let mut hook = ControlHook {
+            rows: vec![TurnMonitor::new(control).unwrap()],
+            tokenizer: tok,
+            marker_window: 12,
+            error: None,
+        };
+        let vocab = tok.vocab_size();
+        let mut seq = sequence(vec![tok.token_to_id("<|im_end|>").unwrap()]);
+        let mut sampled = 0;
+        for _ in 0..steps {
+            let mut logits = vec![0.5f32; vocab];
+            match hook.process(&seq, &mut logits) {
+                Some(t) => {
+                    // The forced token has probability 1.
+                    assert_eq!(logits[t as usize], 0.0);
+                    assert_eq!(
+                        logits.iter().filter(|z| z.is_finite()).count(),
+                        1,
+                        "one-hot logits"
+                    );
+                    push(&mut seq, t, TokenOrigin::Forced, 0.0, 0.0);
+                }
+                None => {
+                    assert!(logits.iter().all(|&z| z == 0.5), "logits untouched");
+                    let (t, h, c) = sample(sampled);
+                    sampled += 1;
+                    push(&mut seq, t, TokenOrigin::Sampled, h, c);
+                }
+            }
+        }
+        assert!(hook.error.is_none());
+        let mut row = hook.rows.pop().unwrap();
+        row.finish(&seq, tok).unwrap();
+        (seq, row)
+    }
+
+    fn example_settings() -> TtiSettings {
+        TtiSettings {
+            enabled: true,
+            alpha: 0.4,
+            window: 2,
+            epsilon: 0.05,
+            min_len: 3,
+            max_len: None,
+            forced_queue: vec!["</think>".into(), "\n".into(), "<action>".into()],
+            ..TtiSettings::default()
+        }
+    }
+
+    #[test]
+    fn hook_reproduces_the_spec_6_2_worked_example() {
+        let tok = tokenizer();
+        let ctl = control(&tok, example_settings());
+        let think = tok.token_to_id("<think>").unwrap();
+        let word = tok.token_to_id("alpha").unwrap();
+        // "\n" encodes to nothing with a word-level tokenizer: the queue is </think> <action>.
+        let end = tok.token_to_id("</think>").unwrap();
+        let action = tok.token_to_id("<action>").unwrap();
+        assert_eq!(ctl.forced_ids, vec![end, action]);
+        let (seq, row) = drive(&tok, &ctl, 12, |i| {
+            let t = if i == 0 { think } else { word };
+            (t, H[i % 8], C[i % 8])
+        });
+        let turn = &seq.tokens[seq.turn_start..];
+        let origins = &seq.origins[seq.turn_start..];
+        // t* = 7: tokens 1..=7 sampled, 8 and 9 forced (</think>, <action>), then sampling resumes.
+        assert_eq!(row.controller.triggered_at(), Some(7));
+        assert_eq!(&turn[7..9], &[end, action]);
+        let forced: Vec<usize> = (0..turn.len())
+            .filter(|&k| origins[k] == TokenOrigin::Forced)
+            .collect();
+        assert_eq!(forced, vec![7, 8]);
+        // M_t of the sampled tokens only (10 of 12), the first seven as in the spec.
+        assert_eq!(row.signal.len(), 10);
+        let want = [0.6, 1.0, 0.5, 0.61, 0.555, 0.566, 0.569];
+        for (m, w) in row.signal.iter().zip(want) {
+            assert!((m - w).abs() < 1e-6, "M = {m}, want {w}");
+        }
+    }
+
+    #[test]
+    fn no_forcing_after_the_model_closes_its_thinking_or_when_disabled() {
+        let tok = tokenizer();
+        let think = tok.token_to_id("<think>").unwrap();
+        let end = tok.token_to_id("</think>").unwrap();
+        let word = tok.token_to_id("beta").unwrap();
+        // The budget L_max = 4 would fire at t = 4, but the model wrote </think> at t = 3.
+        let budget = TtiSettings {
+            min_len: 100,
+            max_len: Some(4),
+            ..example_settings()
+        };
+        let ctl = control(&tok, budget.clone());
+        let (seq, row) = drive(&tok, &ctl, 10, |i| match i {
+            0 => (think, 1.0, 1.0),
+            2 => (end, 1.0, 1.0),
+            _ => (word, 1.0 + i as f64, 1.0),
+        });
+        assert!(seq.origins.iter().all(|o| *o != TokenOrigin::Forced));
+        assert_eq!(row.controller.triggered_at(), None);
+        // A turn that starts acting (<action>) has no reasoning span left to cut.
+        let action = tok.token_to_id("<action>").unwrap();
+        let (seq, _) = drive(&tok, &ctl, 10, |i| match i {
+            0 => (action, 1.0, 1.0),
+            _ => (word, 1.0 + i as f64, 1.0),
+        });
+        assert!(seq.origins.iter().all(|o| *o != TokenOrigin::Forced));
+        // Without the closing tag the budget fires at t = 4: tokens 5, 6 are forced.
+        let (seq, row) = drive(&tok, &ctl, 10, |i| (word, 1.0 + i as f64, 1.0));
+        assert_eq!(row.controller.triggered_at(), Some(4));
+        let turn_origins = &seq.origins[seq.turn_start..];
+        assert_eq!(turn_origins[4], TokenOrigin::Forced);
+        assert_eq!(turn_origins[5], TokenOrigin::Forced);
+        assert_eq!(
+            turn_origins
+                .iter()
+                .filter(|o| **o == TokenOrigin::Forced)
+                .count(),
+            2,
+            "one-time activation"
+        );
+        // Disabled: M_t is still computed (for TDS), nothing is forced.
+        let off = RolloutControl {
+            tti: TtiSettings {
+                enabled: false,
+                ..budget
+            },
+            ..RolloutControl::default()
+        };
+        let (seq, row) = drive(&tok, &off, 10, |i| (word, 1.0 + i as f64, 1.0));
+        assert!(seq.origins.iter().all(|o| *o != TokenOrigin::Forced));
+        assert_eq!(row.signal.len(), 10);
+        assert!(turn_score(&row.signal).is_some());
+    }
+
+    #[test]
+    fn forced_queue_encoding() {
+        let tok = tokenizer();
+        let end = tok.token_to_id("</think>").unwrap();
+        assert_eq!(
+            encode_forced_queue(&tok, &["</think>".into(), "\n".into()]).unwrap(),
+            vec![end]
+        );
+        let e = encode_forced_queue(&tok, &["\n".into(), "</think>".into()]).unwrap_err();
+        assert!(e.to_string().contains("forced_queue[0]"), "{e}");
+        let e = encode_forced_queue(&tok, &["</think>".into(), "zebra".into()]).unwrap_err();
+        assert!(e.to_string().contains("unknown token"), "{e}");
+        assert!(encode_forced_queue(&tok, &[]).is_err());
+    }
+
+    #[test]
+    fn attempt_zero_keeps_the_turn_seed() {
+        assert_eq!(attempt_seed(42, 0), 42);
+        assert_ne!(attempt_seed(42, 1), 42);
+        assert_ne!(attempt_seed(42, 1), attempt_seed(42, 2));
+    }
+
+    #[test]
+    fn stats_metrics_only_for_enabled_controls() {
+        let mut s = RolloutStats::default();
+        s.record(&TurnControl {
+            context_tokens: 10,
+            memory_truncated: true,
+            tti_trigger: Some(3),
+            forced_tokens: 2,
+            turn_score: Some(0.5),
+            regenerations: 2,
+        });
+        s.record(&TurnControl::default());
+        assert!(s.metrics(&RolloutControl::default()).is_empty());
+        let on = RolloutControl {
+            tti: TtiSettings {
+                enabled: true,
+                ..TtiSettings::default()
+            },
+            tds: TdsSettings {
+                enabled: true,
+                ..TdsSettings::default()
+            },
+            memory_window: Some(1),
+            forced_ids: vec![1],
+        };
+        let m = s.metrics(&on);
+        assert_eq!(m["rollout/tti_triggered"], 1.0);
+        assert_eq!(m["rollout/tti_trigger_rate"], 0.5);
+        assert_eq!(m["rollout/forced_tokens"], 2.0);
+        assert_eq!(m["rollout/tds_regenerations"], 2.0);
+        assert_eq!(m["rollout/tds_max_regenerations"], 2.0);
+        assert_eq!(m["rollout/tds_regenerated_turns"], 1.0);
+        assert_eq!(m["rollout/memory_truncated_turns"], 1.0);
+        assert_eq!(m["rollout/context_tokens/mean"], 5.0);
+    }
 }

@@ -10,6 +10,7 @@ use turnwise_env::world::Split;
 use super::Trainer;
 use crate::rollout::{EpisodeSpec, run_chains};
 use crate::task::{WorldTask, prompt_text};
+use turnwise_core::trajectory::Trajectory;
 
 /// Results of one evaluation.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -58,6 +59,29 @@ impl EvalResult {
     }
 }
 
+/// One evaluated question: what was asked, what the agent did and how it scored.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EvalEpisode {
+    /// The question's id in the world.
+    pub question_id: String,
+    /// The question text.
+    pub question: String,
+    /// Hops from the subject to the answer.
+    pub hops: usize,
+    /// Accepted answers.
+    pub golden_answers: Vec<String>,
+    /// The agent's final answer, if it gave one.
+    pub answer: Option<String>,
+    /// Exact match of `answer`.
+    pub em: f64,
+    /// Token F1 of `answer`.
+    pub f1: f64,
+    /// The decoded response: agent turns and observations.
+    pub text: String,
+    /// The token-exact trajectory.
+    pub trajectory: Trajectory,
+}
+
 impl Trainer {
     /// Evaluates on the first `n` questions of each split in `splits`, greedy (`temperature`
     /// 0) or sampled.
@@ -68,6 +92,18 @@ impl Trainer {
         temperature: f64,
         seed: u64,
     ) -> Result<EvalResult> {
+        Ok(self.evaluate_with_episodes(splits, n, temperature, seed)?.0)
+    }
+
+    /// [`Trainer::evaluate`], also returning one [`EvalEpisode`] per question (in the order
+    /// the questions were asked) for inspection: `turnwise eval --dump FILE` writes them.
+    pub fn evaluate_with_episodes(
+        &self,
+        splits: &[Split],
+        n: usize,
+        temperature: f64,
+        seed: u64,
+    ) -> Result<(EvalResult, Vec<EvalEpisode>)> {
         let questions: Vec<_> = splits
             .iter()
             .flat_map(|&s| self.task.questions(s).into_iter().take(n))
@@ -96,6 +132,7 @@ impl Trainer {
         };
         let mut turns_total = 0usize;
         let mut fmt_ok = 0usize;
+        let mut dumped = Vec::with_capacity(episodes.len());
         for (ep, q) in episodes.iter().zip(&questions) {
             let answer = ep.answer.clone();
             let golds = &q.golden_answers;
@@ -115,6 +152,17 @@ impl Trainer {
             let h = r.em_by_hops.entry(q.hops()).or_insert((0.0, 0));
             h.0 += e;
             h.1 += 1;
+            dumped.push(EvalEpisode {
+                question_id: q.id.clone(),
+                question: q.text.clone(),
+                hops: q.hops(),
+                golden_answers: golds.clone(),
+                answer,
+                em: e,
+                f1: f,
+                text: ep.response_text(),
+                trajectory: ep.trajectory.clone(),
+            });
         }
         let n = r.n.max(1) as f64;
         r.em /= n;
@@ -129,6 +177,6 @@ impl Trainer {
         for v in r.em_by_hops.values_mut() {
             v.0 /= v.1.max(1) as f64;
         }
-        Ok(r)
+        Ok((r, dumped))
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod advantage;
 pub mod eval;
+pub mod rejection;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -23,7 +24,7 @@ use turnwise_model::tokenizer::TextTokenizer;
 use turnwise_model::{Architecture, ModelConfig, Transformer};
 
 use crate::config::TrainConfig;
-use crate::rollout::{Decoding, Episode, EpisodeSpec, Policy, run_chains};
+use crate::rollout::{Decoding, Episode, EpisodeSpec, Policy, RolloutControl, run_chains_with};
 use crate::task::{WorldTask, encode_demo, prompt_text, stop_token_ids};
 use crate::update::{ActorUpdate, Row, actor_update, logprobs_no_grad, sft_step};
 
@@ -302,11 +303,16 @@ impl Trainer {
         let decoding = self.decoding(r.temperature);
         let mut groups: Vec<usize> = (0..specs.len()).map(|i| i / r.group_size).collect();
         let golds: Vec<Vec<String>> = specs.iter().map(|s| s.task.answers.clone()).collect();
+        // T2PO rollout control (spec §6.2–§6.3): its `rollout/*` metrics join the step's.
+        let mut rollout_metrics = BTreeMap::new();
         let (mut episodes, tree_info) = match r.strategy {
             crate::config::RolloutStrategy::Chain => {
                 let policy = self.rollout_policy();
                 let env = self.make_env();
-                (run_chains(&policy, specs, &env, &decoding)?, None)
+                let control = RolloutControl::from_config(r, cfg.task.format, &self.tokenizer)?;
+                let out = run_chains_with(&policy, specs, &env, &decoding, &control)?;
+                rollout_metrics = out.stats.metrics(&control);
+                (out.episodes, None)
             }
             _ => {
                 let policy = self.rollout_policy();
@@ -455,6 +461,7 @@ impl Trainer {
             metrics.insert("info_gain/mean".into(), mean(&all));
         }
         metrics.insert("batch/kept_rollouts".into(), kept as f64);
+        metrics.extend(rollout_metrics);
         for (k, v) in adv.metrics {
             metrics.insert(k, v);
         }
@@ -554,11 +561,19 @@ impl Trainer {
     }
 
     /// Writes a checkpoint of the RL state into `dir` (weights, optimizer, RNG, step,
-    /// tokenizer).
+    /// tokenizer and, for the PPO family, the critic's weights and optimizer state). The frozen
+    /// reference policy is not in it: it is the warm-started model the run exported once
+    /// (`pipeline::REFERENCE_DIR`), which [`Trainer::load`] reads back.
     pub fn save(&self, dir: &Path) -> Result<()> {
         let mut state = TrainerState::for_optimizer(&self.optimizer);
         state.rng_states.insert("data".into(), self.rng.state());
-        state.extra = serde_json::json!({ "rl_step": self.step });
+        state.extra = serde_json::json!({
+            "rl_step": self.step,
+            "consecutive_bad_updates": self.consecutive_bad,
+        });
+        if let Some(c) = &self.critic {
+            state.extra["critic_optimizer_steps"] = c.optimizer_steps().into();
+        }
         save_checkpoint(
             dir,
             &self.model_config,
@@ -570,13 +585,18 @@ impl Trainer {
         self.tokenizer
             .save(dir.join("tokenizer.json"))
             .context("saving the tokenizer")?;
-        if let Some(r) = &self.reference {
-            let _ = r;
+        if let Some(c) = &self.critic {
+            c.save(dir)
+                .with_context(|| format!("writing the critic into {}", dir.display()))?;
         }
         Ok(())
     }
 
-    /// Restores a trainer from a checkpoint written by [`Trainer::save`].
+    /// Restores a trainer from a checkpoint written by [`Trainer::save`]: policy, optimizer,
+    /// RNG, step and, when the run has a critic, the critic with its optimizer. The reference
+    /// policy is read from `reference_dir` (the warm-started model) when given. A checkpoint
+    /// written before critics were saved rebuilds the critic from `reference_dir`'s weights
+    /// (how the run first built it), with a warning: the resumed run is then not exact.
     pub fn load(config: TrainConfig, dir: &Path, reference_dir: Option<&Path>) -> Result<Self> {
         let task = WorldTask::build(&config.task)?;
         let ck = load_checkpoint(dir, DType::F32, &Device::Cpu)
@@ -595,10 +615,41 @@ impl Trainer {
         if let Some(s) = ck.state.rng_states.get("data") {
             t.rng = TurnRng::from_state(*s);
         }
+        if let Some(n) = ck.state.extra["consecutive_bad_updates"].as_u64() {
+            t.consecutive_bad = n as usize;
+        }
+        let mut reference_tensors = None;
         if let Some(rd) = reference_dir {
             let (mc, tensors) =
-                turnwise_model::model::weights::load_hf(rd, DType::F32, &Device::Cpu)?;
+                turnwise_model::model::weights::load_hf(rd, DType::F32, &Device::Cpu)
+                    .with_context(|| format!("loading the reference model {}", rd.display()))?;
             t.reference = Some(Transformer::from_tensors(&mc, &tensors, "reference")?);
+            reference_tensors = Some(tensors);
+        }
+        if t.config.critic.enabled {
+            use crate::update::critic::{CRITIC_WEIGHTS_FILE, CriticModel};
+            if dir.join(CRITIC_WEIGHTS_FILE).is_file() {
+                let steps = ck.state.extra["critic_optimizer_steps"]
+                    .as_u64()
+                    .with_context(|| {
+                        format!(
+                            "{}/trainer_state.json has a critic but no critic_optimizer_steps",
+                            dir.display()
+                        )
+                    })?;
+                t.critic = Some(CriticModel::load(&t.model_config, dir, steps)?);
+            } else if let Some(tensors) = &reference_tensors {
+                tracing::warn!(
+                    checkpoint = %dir.display(),
+                    "the checkpoint holds no critic: it restarts from the warm-started weights, \
+                     so the resumed run is not exact"
+                );
+                t.critic = Some(CriticModel::from_policy(
+                    &t.model_config,
+                    tensors,
+                    t.config.seed ^ 0xc41,
+                )?);
+            }
         }
         Ok(t)
     }

@@ -2,17 +2,29 @@
 //! its values of the states before each response token, and the clipped value-loss update.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
-use anyhow::{Context, Result};
-use candle_core::Tensor;
+use anyhow::{Context, Result, bail};
+use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use turnwise_model::ModelConfig;
 use turnwise_model::loss::value::{ValueLossConfig, value_loss};
-use turnwise_model::model::critic::{Critic, critic_varmap_from_policy, trunk_config};
-use turnwise_model::model::weights::sorted_vars;
+use turnwise_model::model::critic::{
+    Critic, SCORE_BIAS, SCORE_WEIGHT, critic_varmap_from_policy, trunk_config,
+};
+use turnwise_model::model::transformer::varmap_tensors;
+use turnwise_model::model::weights::{
+    load_safetensors, save_safetensors, sorted_vars, varmap_from_tensors,
+};
 use turnwise_model::optim::{AdamW, AdamWConfig, GradAccumulator};
 
 use super::{Row, pack};
+
+/// File of a checkpoint holding the critic's weights (trunk and value head, Hugging Face names).
+pub const CRITIC_WEIGHTS_FILE: &str = "critic.safetensors";
+/// File of a checkpoint holding the critic optimizer's moments (`{param}.exp_avg`,
+/// `{param}.exp_avg_sq`).
+pub const CRITIC_OPTIMIZER_FILE: &str = "critic_optimizer.safetensors";
 
 /// A trainable critic with its optimizer.
 pub struct CriticModel {
@@ -43,6 +55,65 @@ impl CriticModel {
             detached,
             optimizer,
         })
+    }
+
+    /// Writes the critic's weights ([`CRITIC_WEIGHTS_FILE`]) and its optimizer's moments
+    /// ([`CRITIC_OPTIMIZER_FILE`]) into the checkpoint folder `dir`; the optimizer's step count
+    /// ([`CriticModel::optimizer_steps`]) goes into the caller's trainer state.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let weights = dir.join(CRITIC_WEIGHTS_FILE);
+        save_safetensors(&varmap_tensors(&self.varmap, true), &weights)
+            .with_context(|| format!("writing {}", weights.display()))?;
+        let moments = dir.join(CRITIC_OPTIMIZER_FILE);
+        save_safetensors(&self.optimizer.state_tensors(), &moments)
+            .with_context(|| format!("writing {}", moments.display()))?;
+        Ok(())
+    }
+
+    /// Restores a critic saved by [`CriticModel::save`] in `dir` for a policy of configuration
+    /// `policy_config`, its optimizer at `optimizer_steps` updates: the same weights, moments
+    /// and step count, so that training continues exactly.
+    pub fn load(policy_config: &ModelConfig, dir: &Path, optimizer_steps: u64) -> Result<Self> {
+        let path = dir.join(CRITIC_WEIGHTS_FILE);
+        let desc = path.display().to_string();
+        let tensors = load_safetensors(&path, DType::F32, &Device::Cpu)
+            .with_context(|| format!("reading the critic weights {desc}"))?;
+        let tc = trunk_config(policy_config);
+        let varmap = varmap_from_tensors(&tc, &tensors, &desc)
+            .with_context(|| format!("the critic weights {desc} do not fit the policy"))?;
+        {
+            let mut data = varmap.data().lock().unwrap_or_else(|e| e.into_inner());
+            for name in [SCORE_WEIGHT, SCORE_BIAS] {
+                match tensors.get(name) {
+                    Some(t) => {
+                        data.insert(name.to_string(), Var::from_tensor(&t.contiguous()?)?);
+                    }
+                    None if name == SCORE_BIAS => {}
+                    None => bail!("{desc} has no value head (`{name}`)"),
+                }
+            }
+        }
+        let model = Critic::from_varmap(&tc, &varmap)?;
+        let detached = Critic::detached_from_varmap(&tc, &varmap)?;
+        let path = dir.join(CRITIC_OPTIMIZER_FILE);
+        let moments = load_safetensors(&path, DType::F32, &Device::Cpu)
+            .with_context(|| format!("reading the critic optimizer state {}", path.display()))?;
+        let mut optimizer = AdamW::new(sorted_vars(&varmap), AdamWConfig::default())?;
+        optimizer
+            .load_state(&moments, optimizer_steps)
+            .with_context(|| format!("restoring the critic optimizer from {}", path.display()))?;
+        Ok(Self {
+            config: tc,
+            varmap,
+            model,
+            detached,
+            optimizer,
+        })
+    }
+
+    /// Updates the critic's optimizer has made (its step count, saved with a checkpoint).
+    pub fn optimizer_steps(&self) -> u64 {
+        self.optimizer.step_count()
     }
 
     /// The critic's weights.

@@ -1,0 +1,124 @@
+//! The actor loss differentiates like the policy gradient: at ratio 1 (fresh rollouts) the
+//! PPO surrogate's gradient equals that of the advantage-weighted negative log-likelihood.
+
+mod common;
+use common::tiny_overrides;
+use turnwise::config::TrainConfig;
+use turnwise::trainer::Trainer;
+
+#[test]
+fn actor_loss_gradient_equals_weighted_nll_gradient() {
+    use turnwise::rollout::{EpisodeSpec, run_chains};
+    use turnwise::task::{WorldTask, prompt_text};
+    use turnwise::update::{Row, logprobs_no_grad, pack, response_logprobs};
+    use turnwise_model::loss::actor::{ActorLossInput, compute_actor_loss};
+    use turnwise_model::loss::policy::PolicyLossInput;
+
+    let mut ov = tiny_overrides();
+    ov.push("sft.steps=30".into());
+    ov.push("actor.use_kl_loss=false".into());
+    let cfg = TrainConfig::resolve(Some("grpo"), None, &ov).unwrap();
+    let mut t = Trainer::new(cfg.clone()).unwrap();
+    t.warm_start(&mut |_, _, _| {}).unwrap();
+    let qs = t.task.questions(turnwise_env::world::Split::Train);
+    let specs: Vec<EpisodeSpec> = qs
+        .iter()
+        .take(8)
+        .enumerate()
+        .map(|(i, q)| EpisodeSpec {
+            id: format!("e{i}"),
+            prompt_uid: q.id.clone(),
+            prompt_ids: t.tokenizer.encode(&prompt_text(&q.text)).unwrap(),
+            task: WorldTask::env_task(q),
+            seed: i as u64,
+        })
+        .collect();
+    let policy = t.rollout_policy();
+    let env = || Ok(Box::new(t.task.env()?) as Box<dyn turnwise_env::env::Environment>);
+    let decoding = turnwise::rollout::Decoding {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: 0,
+        max_turn_tokens: 12,
+        max_response_tokens: 120,
+    };
+    let eps = run_chains(&policy, specs, &env, &decoding).unwrap();
+    let rows: Vec<Row> = eps
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let f = e.trajectory.flatten(true);
+            let mut r = Row::new(
+                e.trajectory.prompt_ids.clone(),
+                f.ids,
+                f.loss_mask,
+                f.turn_id,
+            );
+            let a = if i % 2 == 0 { 1.3 } else { -0.7 };
+            r.advantages = vec![a; r.response.len()];
+            r
+        })
+        .collect();
+    let old = logprobs_no_grad(&t.sampler, &rows, 1.0, 64).unwrap();
+    let refs: Vec<&Row> = rows.iter().collect();
+    let packed = pack(&refs, t.policy.device()).unwrap();
+    let l = packed.response_width;
+    let mut flat = vec![0f32; rows.len() * l];
+    for (i, o) in old.iter().enumerate() {
+        flat[i * l..i * l + o.len()].copy_from_slice(o);
+    }
+    let old_t = candle_core::Tensor::from_vec(flat, (rows.len(), l), t.policy.device()).unwrap();
+    let (logp, ent) = response_logprobs(&t.policy, &packed, 1.0).unwrap();
+    let pin = PolicyLossInput::new(&logp, &old_t, &packed.advantages, &packed.loss_mask);
+    let input = ActorLossInput {
+        policy: pin,
+        ref_logp: None,
+        entropy: Some(&ent),
+    };
+    let out = compute_actor_loss(&input, &cfg.actor).unwrap();
+    let g1 = out.loss.backward().unwrap();
+    // Reference: -sum(A * logp * mask) / sum(mask)
+    let (logp2, _) = response_logprobs(&t.policy, &packed, 1.0).unwrap();
+    let n = packed
+        .loss_mask
+        .sum_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    let l2 = ((logp2 * &packed.advantages).unwrap() * &packed.loss_mask)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .neg()
+        .unwrap()
+        .affine(1.0 / n as f64, 0.0)
+        .unwrap();
+    let g2 = l2.backward().unwrap();
+    for (name, var) in t.optimizer.vars() {
+        let a = g1
+            .get(var.as_tensor())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let b = g2
+            .get(var.as_tensor())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let dot: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (*x as f64) * (*y as f64))
+            .sum();
+        let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        assert!(nb > 0.0, "{name} got no gradient");
+        let cos = dot / (na * nb);
+        assert!(cos > 1.0 - 1e-5, "{name}: cosine {cos}");
+        assert!((na - nb).abs() <= 1e-4 * nb, "{name}: norms {na} vs {nb}");
+    }
+}

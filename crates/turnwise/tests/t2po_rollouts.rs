@@ -1,0 +1,445 @@
+//! T2PO rollout control on a tiny model (spec §6.2 thinking intervention, §6.3 turn-level
+//! resampling, §1.3 memory window) and its `[rollout]` configuration.
+
+use turnwise::config::{AgentFormatName, TrainConfig};
+use turnwise::rollout::{
+    ChainRollout, Decoding, EpisodeSpec, REASONING_END_MARKERS, RolloutControl, attempt_seed,
+    run_chains_with, turn_seed,
+};
+use turnwise::task::{WorldTask, prompt_text};
+use turnwise::trainer::Trainer;
+use turnwise_core::control::TdsRule;
+use turnwise_core::trajectory::Segment;
+use turnwise_env::env::Environment;
+use turnwise_env::world::Split;
+use turnwise_model::sampling::{SamplingParams, generate};
+
+mod common;
+use common::tiny_overrides;
+
+const MAX_TURN: usize = 12;
+const MAX_RESPONSE: usize = 400;
+
+/// A warm-started tiny T2PO-format trainer.
+fn trainer() -> Trainer {
+    let mut sets = tiny_overrides();
+    sets.push(format!("rollout.max_response_tokens={MAX_RESPONSE}"));
+    let cfg = TrainConfig::resolve(Some("t2po"), None, &sets).unwrap();
+    let mut t = Trainer::new(cfg).unwrap();
+    t.warm_start(&mut |_, _, _| {}).unwrap();
+    t
+}
+
+fn specs(t: &Trainer, n: usize) -> Vec<EpisodeSpec> {
+    t.task
+        .questions(Split::Train)
+        .iter()
+        .take(n)
+        .enumerate()
+        .map(|(i, q)| EpisodeSpec {
+            id: format!("e{i}"),
+            prompt_uid: q.id.clone(),
+            prompt_ids: t.tokenizer.encode(&prompt_text(&q.text)).unwrap(),
+            task: WorldTask::env_task(q),
+            seed: 1000 + i as u64,
+        })
+        .collect()
+}
+
+fn decoding() -> Decoding {
+    Decoding {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: 0,
+        max_turn_tokens: MAX_TURN,
+        max_response_tokens: MAX_RESPONSE,
+    }
+}
+
+/// Control with everything off (the t2po preset's forced queue tokenised).
+fn control_off(t: &Trainer) -> RolloutControl {
+    let mut r = t.config.rollout.clone();
+    r.tti.enabled = false;
+    r.tds.enabled = false;
+    r.memory_window = None;
+    RolloutControl::from_config(&r, AgentFormatName::T2po, &t.tokenizer).unwrap()
+}
+
+fn rollout(t: &Trainer, specs: Vec<EpisodeSpec>, control: &RolloutControl) -> ChainRollout {
+    let policy = t.rollout_policy();
+    let env = || Ok(Box::new(t.task.env()?) as Box<dyn Environment>);
+    run_chains_with(&policy, specs, &env, &decoding(), control).unwrap()
+}
+
+/// Per turn: (agent tokens, forced flags) and the response offset where the turn starts.
+fn turns_of(traj: &turnwise_core::trajectory::Trajectory) -> Vec<(Vec<u32>, Vec<bool>, usize)> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    for seg in &traj.segments {
+        if let Segment::Agent(a) = seg {
+            let forced = (0..a.ids.len()).map(|k| a.is_forced(k)).collect();
+            out.push((a.ids.clone(), forced, pos));
+        }
+        pos += seg.ids().len();
+    }
+    out
+}
+
+/// Regenerates one turn alone: its tokens when sampled from `context` with `seed` under the
+/// budget of a single-episode batch.
+fn replay(t: &Trainer, context: Vec<u32>, seed: u64, response_before: usize) -> Vec<u32> {
+    let room = MAX_RESPONSE.saturating_sub(response_before).max(1);
+    let params = SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: 0,
+        max_new_tokens: MAX_TURN.min(room),
+        stop_token_ids: t.rollout_policy().stop_ids.to_vec(),
+        stop_strings: Vec::new(),
+        top_logprobs: 0,
+    };
+    generate(&t.sampler, &[context], &[seed], &params, None)
+        .unwrap()
+        .remove(0)
+        .tokens
+}
+
+#[test]
+fn thinking_intervention_forces_end_of_thinking_and_masks_it() {
+    let t = trainer();
+    // ε far above any |ΔM| ≤ 1 with a one-variation window: the rule fires at t = L_min + 1 = 3
+    // in every turn whose reasoning span is still open there.
+    let mut r = t.config.rollout.clone();
+    r.tds.enabled = false;
+    r.memory_window = None;
+    r.tti.enabled = true;
+    r.tti.window = 0;
+    r.tti.epsilon = 10.0;
+    r.tti.min_tokens = 2;
+    r.tti.max_tokens = None;
+    let on = RolloutControl::from_config(&r, AgentFormatName::T2po, &t.tokenizer).unwrap();
+    let end = t.tokenizer.token_to_id("</think>").unwrap();
+    let action = t.tokenizer.token_to_id("<action>").unwrap();
+    assert_eq!(on.forced_ids, vec![end, action], "T2PO queue, \\n dropped");
+    let out_on = rollout(&t, specs(&t, 6), &on);
+    let out_off = rollout(&t, specs(&t, 6), &control_off(&t));
+
+    let mut fired = 0;
+    for (ep, ep_off) in out_on.episodes.iter().zip(&out_off.episodes) {
+        ep.trajectory.validate().unwrap();
+        let turns = turns_of(&ep.trajectory);
+        assert_eq!(turns.len(), ep.turn_control.len());
+        for (k, ((ids, forced, _), tc)) in turns.iter().zip(&ep.turn_control).enumerate() {
+            let n_forced = forced.iter().filter(|&&f| f).count();
+            assert_eq!(n_forced, tc.forced_tokens);
+            match tc.tti_trigger {
+                Some(t_star) => {
+                    fired += 1;
+                    assert_eq!(t_star, 3, "{} turn {k}", ep.trajectory.id);
+                    // The queue follows t* and nothing else is forced.
+                    let q = (ids.len() - 3).min(2);
+                    assert!(q >= 1);
+                    assert_eq!(&ids[3..3 + q], &on.forced_ids[..q]);
+                    let want: Vec<bool> = (0..ids.len()).map(|i| (3..3 + q).contains(&i)).collect();
+                    assert_eq!(forced, &want);
+                    let seg = ep
+                        .trajectory
+                        .agent_segments()
+                        .nth(k)
+                        .expect("agent segment");
+                    assert!((3..3 + q).all(|i| seg.logprobs[i] == 0.0), "p(forced) = 1");
+                }
+                None => {
+                    assert_eq!(n_forced, 0);
+                    // Not fired: the turn was too short or its span closed before t = 3.
+                    let head = t.tokenizer.decode(&ids[..ids.len().min(3)], false).unwrap();
+                    assert!(
+                        ids.len() <= 3 || REASONING_END_MARKERS.iter().any(|m| head.contains(m)),
+                        "{} turn {k} should have fired: {head:?}",
+                        ep.trajectory.id
+                    );
+                }
+            }
+        }
+        // Forced tokens are out of the loss by default, in it with train_on_forced.
+        let flat = ep.trajectory.flatten(false);
+        let flat_all = ep.trajectory.flatten(true);
+        let mut k = 0;
+        for seg in &ep.trajectory.segments {
+            if let Segment::Agent(a) = seg {
+                for j in 0..a.ids.len() {
+                    assert_eq!(flat.loss_mask[k + j], u8::from(!a.is_forced(j)));
+                    assert_eq!(flat_all.loss_mask[k + j], 1);
+                }
+            }
+            k += seg.ids().len();
+        }
+        // Same seeds: the first turn is sampled identically up to the trigger.
+        let first_on = &turns[0].0;
+        let first_off = &turns_of(&ep_off.trajectory)[0].0;
+        let upto = ep.turn_control[0].tti_trigger.unwrap_or(first_on.len());
+        assert_eq!(&first_on[..upto], &first_off[..upto]);
+    }
+    assert!(fired > 0, "the intervention never fired");
+    assert_eq!(out_on.stats.tti_triggered, fired);
+    let m = out_on.stats.metrics(&on);
+    assert_eq!(m["rollout/tti_triggered"], fired as f64);
+    assert!(m["rollout/forced_tokens"] >= fired as f64);
+
+    // TTI off: nothing forced, nothing triggered.
+    for ep in &out_off.episodes {
+        assert!(
+            ep.trajectory
+                .agent_segments()
+                .all(|a| a.forced_count() == 0)
+        );
+        assert!(ep.turn_control.iter().all(|c| c.tti_trigger.is_none()));
+        let flat = ep.trajectory.flatten(false);
+        let agent: usize = ep.trajectory.agent_token_count();
+        assert_eq!(
+            flat.loss_mask.iter().map(|&m| m as usize).sum::<usize>(),
+            agent
+        );
+    }
+    assert_eq!(out_off.stats.forced_tokens, 0);
+}
+
+#[test]
+fn thinking_budget_fires_at_l_max() {
+    let t = trainer();
+    let mut r = t.config.rollout.clone();
+    r.tds.enabled = false;
+    r.tti.enabled = true;
+    r.tti.min_tokens = 1000;
+    r.tti.max_tokens = Some(2);
+    let on = RolloutControl::from_config(&r, AgentFormatName::T2po, &t.tokenizer).unwrap();
+    let out = rollout(&t, specs(&t, 4), &on);
+    let mut fired = 0;
+    for ep in &out.episodes {
+        for (ids, forced, _) in turns_of(&ep.trajectory) {
+            if forced.iter().any(|&f| f) {
+                fired += 1;
+                assert!(forced[2], "first forced token right after t = L_max = 2");
+                assert_eq!(ids[2], on.forced_ids[0]);
+                assert!(!forced[0] && !forced[1]);
+            }
+        }
+    }
+    assert!(fired > 0);
+}
+
+#[test]
+fn turn_level_resampling_regenerates_flagged_turns_within_budget() {
+    let t = trainer();
+    let base = {
+        let mut r = t.config.rollout.clone();
+        r.tti.enabled = false;
+        r.memory_window = None;
+        r.tds.enabled = true;
+        r.tds.rule = TdsRule::Paper;
+        r
+    };
+    let make = |eta: f64, budget: usize, rule: TdsRule| {
+        let mut r = base.clone();
+        r.tds.eta = eta;
+        r.tds.budget = budget;
+        r.tds.rule = rule;
+        RolloutControl::from_config(&r, AgentFormatName::T2po, &t.tokenizer).unwrap()
+    };
+    // η above any gap: every turn after the first (Γ¹ = ∞) is regenerated exactly `budget` times.
+    for budget in [0usize, 1, 2] {
+        let ctl = make(10.0, budget, TdsRule::Paper);
+        let out = rollout(&t, specs(&t, 6), &ctl);
+        let mut total = 0;
+        let mut multi_turn = false;
+        for ep in &out.episodes {
+            for (k, tc) in ep.turn_control.iter().enumerate() {
+                let want = if k == 0 { 0 } else { budget };
+                assert_eq!(tc.regenerations, want, "{} turn {k}", ep.trajectory.id);
+                assert!(tc.turn_score.is_some());
+                total += tc.regenerations;
+                multi_turn |= k > 0;
+            }
+        }
+        assert!(multi_turn, "no episode had a second turn");
+        assert_eq!(out.stats.tds_regenerations, total);
+        assert!(out.stats.tds_max_regenerations <= budget);
+        let m = out.stats.metrics(&ctl);
+        assert_eq!(m["rollout/tds_regenerations"], total as f64);
+        assert_eq!(m["rollout/tds_max_regenerations"], budget as f64);
+    }
+    // η = 0: Γ < 0 never holds, nothing is regenerated (paper and code rules alike).
+    for rule in [TdsRule::Paper, TdsRule::Code] {
+        let out = rollout(&t, specs(&t, 4), &make(0.0, 2, rule));
+        assert_eq!(out.stats.tds_regenerations, 0);
+    }
+    // The kept turn is the last attempt: replay each turn alone from its context with the seed of
+    // attempt `budget` (single-episode batches, so the token budget is known).
+    let ctl = make(10.0, 2, TdsRule::Paper);
+    let mut checked = 0;
+    for spec in specs(&t, 3) {
+        let seed = spec.seed;
+        let out = rollout(&t, vec![spec.clone()], &ctl);
+        let ep = &out.episodes[0];
+        let flat = ep.trajectory.flatten(true);
+        for (k, (ids, _, start)) in turns_of(&ep.trajectory).into_iter().enumerate() {
+            let mut context = spec.prompt_ids.clone();
+            context.extend_from_slice(&flat.ids[..start]);
+            let attempt = ep.turn_control[k].regenerations;
+            let again = replay(
+                &t,
+                context,
+                attempt_seed(turn_seed(seed, k), attempt),
+                start,
+            );
+            assert_eq!(again, ids, "{} turn {k}", ep.trajectory.id);
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3);
+}
+
+#[test]
+fn memory_window_limits_the_context_to_the_last_p_turns() {
+    let t = trainer();
+    let mut r = t.config.rollout.clone();
+    r.tti.enabled = false;
+    r.tds.enabled = false;
+    r.memory_window = Some(1);
+    let ctl = RolloutControl::from_config(&r, AgentFormatName::T2po, &t.tokenizer).unwrap();
+    let mut long = 0;
+    for spec in specs(&t, 4) {
+        let seed = spec.seed;
+        let out = rollout(&t, vec![spec.clone()], &ctl);
+        let ep = &out.episodes[0];
+        let flat = ep.trajectory.flatten(true);
+        let turns = turns_of(&ep.trajectory);
+        let p = spec.prompt_ids.len();
+        for (k, (ids, _, start)) in turns.iter().enumerate() {
+            let tc = &ep.turn_control[k];
+            // Prompt + turn k−1 and its observation only.
+            let from = if k == 0 { 0 } else { turns[k - 1].2 };
+            assert_eq!(tc.context_tokens, p + start - from, "turn {k}");
+            assert_eq!(tc.memory_truncated, k >= 2);
+            // The model saw exactly that context.
+            let mut context = spec.prompt_ids.clone();
+            context.extend_from_slice(&flat.ids[from..*start]);
+            let again = replay(&t, context, turn_seed(seed, k), *start);
+            assert_eq!(&again, ids, "{} turn {k}", ep.trajectory.id);
+        }
+        if turns.len() >= 3 {
+            long += 1;
+            assert!(out.stats.memory_truncated_turns >= 1);
+        }
+    }
+    assert!(long > 0, "no episode reached a third turn");
+    // Without a window every turn sees the whole history.
+    let out = rollout(&t, specs(&t, 3), &control_off(&t));
+    for ep in &out.episodes {
+        let p = ep.trajectory.prompt_ids.len();
+        for ((_, _, start), tc) in turns_of(&ep.trajectory).iter().zip(&ep.turn_control) {
+            assert_eq!(tc.context_tokens, p + start);
+            assert!(!tc.memory_truncated);
+        }
+    }
+}
+
+#[test]
+fn t2po_step_logs_rollout_control_metrics() {
+    let mut t = trainer();
+    t.freeze_reference().unwrap();
+    let out = t.rl_step().unwrap();
+    for key in [
+        "rollout/tti_triggered",
+        "rollout/tti_trigger_rate",
+        "rollout/forced_tokens",
+        "rollout/tds_regenerations",
+        "rollout/tds_max_regenerations",
+        "rollout/memory_truncated_turns",
+    ] {
+        assert!(out.metrics.contains_key(key), "missing {key}");
+    }
+    assert!(out.metrics["rollout/tds_max_regenerations"] <= 2.0);
+    let budget_total: usize = out
+        .episodes
+        .iter()
+        .flat_map(|e| e.turn_control.iter().map(|c| c.regenerations))
+        .sum();
+    assert_eq!(
+        out.metrics["rollout/tds_regenerations"],
+        budget_total as f64
+    );
+}
+
+#[test]
+fn rollout_control_config() {
+    let t2po = TrainConfig::resolve(Some("t2po"), None, &[]).unwrap();
+    let r = &t2po.rollout;
+    assert!(r.tti.enabled && r.tds.enabled);
+    assert_eq!(r.memory_window, Some(4));
+    assert_eq!((r.tti.alpha, r.tti.window, r.tti.epsilon), (0.4, 2, 0.05));
+    assert_eq!(
+        (r.tds.rule, r.tds.eta, r.tds.budget),
+        (TdsRule::Paper, 0.3, 2)
+    );
+    assert!(!r.train_on_forced);
+    // Other presets keep everything off (GiGPO's window of 4 never truncates 4 turns).
+    for name in ["grpo", "gigpo", "a2tgpo", "at2po"] {
+        let c = TrainConfig::resolve(Some(name), None, &[]).unwrap();
+        assert!(!c.rollout.tti.enabled && !c.rollout.tds.enabled, "{name}");
+    }
+    let grpo = TrainConfig::resolve(Some("grpo"), None, &[]).unwrap();
+    assert_eq!(grpo.rollout.memory_window, None);
+    assert_eq!(
+        grpo.rollout.tds.rule,
+        TdsRule::Paper,
+        "paper rule by default"
+    );
+    // Overrides, the code rule, and the round trip through the stored TOML.
+    let c = TrainConfig::resolve(
+        Some("t2po"),
+        None,
+        &[
+            "rollout.tds.rule=code".into(),
+            "rollout.tti.max_tokens=450".into(),
+            "rollout.tti.forced_queue=[\"</think>\"]".into(),
+        ],
+    )
+    .unwrap();
+    assert_eq!(c.rollout.tds.rule, TdsRule::Code);
+    assert_eq!(c.rollout.tti.max_tokens, Some(450));
+    for cfg in [&c, &grpo] {
+        let back = TrainConfig::from_table(cfg.to_toml().parse().unwrap()).unwrap();
+        assert_eq!(&back, cfg);
+    }
+    // Errors name the field.
+    for (set, field) in [
+        ("rollout.tti.epsilon=-1", "rollout.tti.epsilon"),
+        ("rollout.tti.alpha=1.5", "rollout.tti.alpha"),
+        ("rollout.tti.top_j=0", "rollout.tti.top_j"),
+        ("rollout.tti.max_tokens=0", "rollout.tti.max_tokens"),
+        ("rollout.tti.forced_queue=[]", "rollout.tti.forced_queue"),
+        ("rollout.tds.eta=-0.1", "rollout.tds.eta"),
+        ("rollout.tds.rule=sometimes", "rollout.tds.rule"),
+        ("rollout.tds.budgt=3", "budgt"),
+        ("rollout.tti.windw=3", "windw"),
+        ("rollout.memory_window=-1", "rollout.memory_window"),
+    ] {
+        let e = TrainConfig::resolve(Some("t2po"), None, &[set.into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(field), "{set}: {e}");
+    }
+    // Chain rollouts only.
+    let e = TrainConfig::resolve(Some("at2po"), None, &["rollout.tti.enabled=true".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rollout.tti.enabled") && e.contains("chain"),
+        "{e}"
+    );
+    let e = TrainConfig::resolve(Some("at2po"), None, &["rollout.memory_window=2".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rollout.memory_window"), "{e}");
+}
