@@ -371,6 +371,71 @@ fn t2po_step_logs_rollout_control_metrics() {
     );
 }
 
+/// The t2po preset scores every step (EM on the answering step, −0.1 on each invalid step) and
+/// those per-step rewards, not the environment's, are what its GiGPO-style estimator reads.
+#[test]
+fn t2po_step_rewards_carry_the_format_penalty_into_the_advantages() {
+    let mut t = trainer();
+    assert_eq!(t.config.reward.name(), "t2po_em");
+    t.freeze_reference().unwrap();
+    let out = t.rl_step().unwrap();
+    let allowed = [0.0, -0.1, 1.0, 0.9];
+    let mut penalised = 0;
+    for e in &out.episodes {
+        let tr = &e.trajectory.turn_rewards;
+        assert_eq!(tr.len(), e.trajectory.num_turns(), "{}", e.trajectory.id);
+        for &r in tr {
+            assert!(allowed.iter().any(|a| (a - r).abs() < 1e-9), "{r}");
+        }
+        let (last, rest) = tr.split_last().unwrap();
+        assert!(rest.iter().all(|&r| r <= 0.0));
+        assert!((e.trajectory.outcome_reward.unwrap() - last).abs() < 1e-12);
+        penalised += tr.iter().filter(|&&r| r < -0.05).count();
+    }
+    // Advantages from the step rewards differ from those of penalty-free rewards exactly when
+    // some step was penalised.
+    let groups: Vec<usize> = (0..out.episodes.len())
+        .map(|i| i / t.config.rollout.group_size)
+        .collect();
+    let scores: Vec<f64> = out
+        .episodes
+        .iter()
+        .map(|e| e.trajectory.outcome_reward.unwrap())
+        .collect();
+    let with: Vec<Vec<f64>> = out
+        .episodes
+        .iter()
+        .map(|e| e.trajectory.turn_rewards.clone())
+        .collect();
+    let without: Vec<Vec<f64>> = with
+        .iter()
+        .map(|tr| tr.iter().map(|&r| r.max(0.0)).collect())
+        .collect();
+    let mut cfg = t.config.clone();
+    cfg.rollout.filter_zero_variance_groups = false;
+    let compute = |tr: &[Vec<f64>]| {
+        turnwise::trainer::advantage::compute(
+            &cfg,
+            &out.episodes,
+            &groups,
+            &scores,
+            tr,
+            None,
+            None,
+            None,
+        )
+        .unwrap()
+        .rows
+        .iter()
+        .map(|r| r.advantages.clone())
+        .collect::<Vec<_>>()
+    };
+    let (a, b) = (compute(&with), compute(&without));
+    // The tiny warm-started model writes invalid steps (24 with this seed): the check bites.
+    assert!(penalised > 0);
+    assert_ne!(a, b);
+}
+
 #[test]
 fn rollout_control_config() {
     let t2po = TrainConfig::resolve(Some("t2po"), None, &[]).unwrap();

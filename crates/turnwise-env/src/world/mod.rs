@@ -403,6 +403,12 @@ pub struct WorldConfig {
     /// Name confusability in `[0, 1]`: the probability that a new name word is a near copy of an
     /// earlier word (one syllable changed), and that a person shares an earlier person's surname.
     pub confusability: f64,
+    /// Size of the given-name pool and of the family-name pool persons are named from (each
+    /// person takes one word of each; full names stay unique). 0: every person gets two fresh
+    /// words. With a pool, every name word recurs across persons, so the words of a held-out
+    /// person were also seen in training questions: copying a name from the question can be
+    /// learnt by a word-level model instead of memorised name by name.
+    pub person_name_pool: usize,
     /// Number of distractor passages (each mentions two random entities, states no relation).
     pub distractors: usize,
     /// Fraction of the subjects of each kind held out of training questions, split evenly
@@ -422,6 +428,7 @@ impl Default for WorldConfig {
             persons: 450,
             syllables: 32,
             confusability: 0.0,
+            person_name_pool: 0,
             distractors: 0,
             heldout_fraction: 0.2,
             questions: QuestionConfig::default(),
@@ -454,6 +461,13 @@ impl WorldConfig {
         }
         if !(0.0..=1.0).contains(&self.confusability) {
             return bad("confusability", "must be in [0, 1]");
+        }
+        if self.person_name_pool > 0 && self.person_name_pool.pow(2) < 2 * self.persons {
+            return bad(
+                "person_name_pool",
+                "the pool must make at least twice as many full names as persons \
+                 (person_name_pool² ≥ 2 × persons), or be 0",
+            );
         }
         if !(0.0..1.0).contains(&self.heldout_fraction) {
             return bad("heldout_fraction", "must be in [0, 1)");
@@ -651,7 +665,12 @@ impl World {
         let mut inventory: Vec<&'static str> = SYLLABLES.to_vec();
         name_rng.shuffle(&mut inventory);
         inventory.truncate(config.syllables);
-        let needed = config.countries + config.cities + config.companies + 2 * config.persons;
+        let person_words = if config.person_name_pool > 0 {
+            2 * config.person_name_pool
+        } else {
+            2 * config.persons
+        };
+        let needed = config.countries + config.cities + config.companies + person_words;
         let space = config.syllables.pow(2) + config.syllables.pow(3);
         if needed * 2 > space {
             return Err(WorldError::NameSpace {
@@ -679,6 +698,16 @@ impl World {
         let mut entities: Vec<Entity> = Vec::new();
         let mut full_names: HashSet<String> = HashSet::new();
         let mut surnames: Vec<String> = Vec::new();
+        // Given and family names when persons draw from pools (made before any other name).
+        let mut pools: Option<(Vec<String>, Vec<String>)> = None;
+        if config.person_name_pool > 0 {
+            let mut words = || {
+                (0..config.person_name_pool)
+                    .map(|_| maker.word().ok_or_else(name_err))
+                    .collect::<Result<Vec<_>, _>>()
+            };
+            pools = Some((words()?, words()?));
+        }
         for kind in EntityKind::ALL {
             for _ in 0..counts[kind.index()] {
                 let (name, aliases) = loop {
@@ -692,6 +721,12 @@ impl World {
                             let w = maker.word().ok_or_else(name_err)?;
                             let suffix = *maker.rng.pick(&COMPANY_SUFFIXES);
                             (format!("{w} {suffix}"), vec![w])
+                        }
+                        EntityKind::Person if pools.is_some() => {
+                            let (given, family) = pools.as_ref().expect("checked");
+                            let first = maker.rng.pick(given).clone();
+                            let last = maker.rng.pick(family).clone();
+                            (format!("{first} {last}"), vec![])
                         }
                         EntityKind::Person => {
                             let first = maker.word().ok_or_else(name_err)?;

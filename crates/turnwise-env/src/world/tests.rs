@@ -183,6 +183,71 @@ fn export_writes_search_r1_corpus_and_qa_files() {
     assert_eq!(back, w);
 }
 
+/// With a person-name pool, persons share given and family names (full names stay unique), and
+/// every word of a held-out person's name also names some person asked about in training.
+#[test]
+fn person_name_pool_shares_words_across_persons() {
+    let config = WorldConfig {
+        seed: 5,
+        person_name_pool: 40,
+        ..WorldConfig::default()
+    };
+    let w = World::generate(&config).unwrap();
+    let persons: Vec<&Entity> = w
+        .entities
+        .iter()
+        .filter(|e| e.kind == EntityKind::Person)
+        .collect();
+    assert_eq!(persons.len(), 450);
+    let full: HashSet<&str> = persons.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(full.len(), persons.len(), "full names are unique");
+    let given: HashSet<&str> = persons
+        .iter()
+        .map(|e| e.name.split(' ').next().unwrap())
+        .collect();
+    let family: HashSet<&str> = persons
+        .iter()
+        .map(|e| e.name.split(' ').nth(1).unwrap())
+        .collect();
+    assert!(given.len() <= 40 && given.len() > 30, "{}", given.len());
+    assert!(family.len() <= 40 && family.len() > 30, "{}", family.len());
+    assert!(given.is_disjoint(&family));
+    // No other entity is named with a person word.
+    for e in w.entities.iter().filter(|e| e.kind != EntityKind::Person) {
+        for word in e.name.split(' ') {
+            assert!(
+                !given.contains(word) && !family.contains(word),
+                "{}",
+                e.name
+            );
+        }
+    }
+    let train_words: HashSet<&str> = w
+        .questions_in(Split::Train)
+        .filter(|q| w.entities[q.subject].kind == EntityKind::Person)
+        .flat_map(|q| q.subject_name.split(' '))
+        .collect();
+    let heldout: Vec<&Question> = w
+        .questions_in(Split::Test)
+        .filter(|q| w.entities[q.subject].kind == EntityKind::Person)
+        .collect();
+    assert!(!heldout.is_empty());
+    for q in heldout {
+        assert!(
+            q.subject_name.split(' ').all(|x| train_words.contains(x)),
+            "{}",
+            q.subject_name
+        );
+    }
+    // A pool too small for the persons is refused by name.
+    let c = WorldConfig {
+        person_name_pool: 20,
+        ..WorldConfig::default()
+    };
+    let msg = World::generate(&c).unwrap_err().to_string();
+    assert!(msg.contains("person_name_pool"), "{msg}");
+}
+
 #[test]
 fn config_errors_name_the_field() {
     let c = WorldConfig {
@@ -218,6 +283,11 @@ fn exact_name_query_returns_own_passage_first() {
         seed: 9,
         confusability: 0.5,
         distractors: 300,
+        ..WorldConfig::default()
+    });
+    configs.push(WorldConfig {
+        seed: 4,
+        person_name_pool: 40,
         ..WorldConfig::default()
     });
     for config in configs {

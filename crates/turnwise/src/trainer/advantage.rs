@@ -112,6 +112,7 @@ pub fn compute(
         }
     }
     let kept: Vec<usize> = (0..episodes.len()).filter(|&i| keep[i]).collect();
+    let steps_from_reward = matches!(cfg.reward, turnwise_core::reward::RewardConfig::T2poEm(_));
     let mut metrics = BTreeMap::new();
     if kept.is_empty() {
         metrics.insert("critic/advantages/mean".into(), 0.0);
@@ -125,13 +126,20 @@ pub fn compute(
     let mut rollouts: Vec<Rollout> = kept
         .iter()
         .map(|&i| {
-            let r = rollout_of(
+            let mut r = rollout_of(
                 &episodes[i],
                 groups[i],
                 scores[i],
                 &turn_rewards[i],
                 info_gain.map(|g| g[i].as_slice()),
             );
+            // A per-step reward (T2PO's EM with the format penalty on invalid steps, spec
+            // §2.6) replaces the environment's step rewards that GiGPO-style estimators read.
+            if steps_from_reward && !turn_rewards[i].is_empty() {
+                let mut steps = turn_rewards[i].clone();
+                steps.resize(r.num_turns, 0.0);
+                r.step_rewards = steps;
+            }
             match values {
                 Some(v) => r.with_values(v[i].iter().map(|&x| f64::from(x)).collect()),
                 None => r,
