@@ -16,8 +16,16 @@ use crate::trainer::eval::EvalResult;
 use crate::trainer::rejection::{RsftProgress, RsftReport};
 
 /// Overrides of the quickstart on top of the `a2tgpo` preset.
+///
+/// The world is the recipe's, except that persons are named from pools of 40 given and 40
+/// family names: with a word-level tokenizer and a fresh word per name, held-out persons' names
+/// are tokens the model never wrote in a query, so it cannot copy them (measured: 80 % of
+/// held-out person questions failed at the first query, held-out greedy EM 31.8 %); with shared
+/// name words it copies them (held-out greedy EM 65.7 %), and RL has the reading and answering
+/// errors left to fix.
 pub const QUICKSTART_OVERRIDES: &[&str] = &[
     "preset=\"quickstart\"",
+    "task.world.person_name_pool=40",
     "sft.steps=1100",
     "sft.batch_size=16",
     "sft.lr=2e-3",
@@ -409,4 +417,37 @@ fn rl_phase(
     let report = write_report(dir)?;
     say(quiet, format!("report: {}", report.display()));
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QUICKSTART_OVERRIDES;
+    use crate::config::TrainConfig;
+    use turnwise_env::world::{Split, World};
+
+    /// The quickstart's overrides resolve on the a2tgpo preset, and its world names every
+    /// held-out person with words that training questions also use.
+    #[test]
+    fn quickstart_overrides_resolve_to_a_copyable_world() {
+        let sets: Vec<String> = QUICKSTART_OVERRIDES.iter().map(|s| s.to_string()).collect();
+        let cfg = TrainConfig::resolve(Some("a2tgpo"), None, &sets).unwrap();
+        assert_eq!(cfg.preset, "quickstart");
+        assert_eq!(cfg.sft.steps, 1100);
+        assert_eq!(cfg.run.steps, 40);
+        let world_cfg = &cfg.task.world;
+        assert_eq!(world_cfg.person_name_pool, 40);
+        let world = World::generate(world_cfg).unwrap();
+        let train_words: std::collections::HashSet<&str> = world
+            .questions_in(Split::Train)
+            .flat_map(|q| q.subject_name.split(' '))
+            .collect();
+        let persons = world
+            .questions_in(Split::Test)
+            .filter(|q| world.entities[q.subject].kind == turnwise_env::world::EntityKind::Person);
+        for q in persons {
+            for w in q.subject_name.split(' ') {
+                assert!(train_words.contains(w), "{}", q.subject_name);
+            }
+        }
+    }
 }

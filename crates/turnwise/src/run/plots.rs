@@ -111,6 +111,8 @@ pub fn default_plot_specs() -> Vec<PlotSpec> {
             .series("mean", &["critic/advantages/mean"])
             .series("min", &["critic/advantages/min"]),
         PlotSpec::new("sft_loss", "Warm-start loss").series("loss", &["sft/loss"]),
+        PlotSpec::new("rsft_loss", "Rejection-sampling fine-tuning loss")
+            .series("loss", &["rsft/loss"]),
         PlotSpec::new("step_time", "Seconds per step")
             .series("step", &["timing_s/step"])
             .series("generation", &["timing_s/gen"])

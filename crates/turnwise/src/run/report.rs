@@ -54,6 +54,12 @@ const MAIN: &[(&str, &[&str], Better)] = &[
         Better::Neither,
     ),
     ("warm-start loss", &["sft/loss"], Better::Lower),
+    ("rejection-sampling loss", &["rsft/loss"], Better::Lower),
+    (
+        "rejection-sampling kept",
+        &["rsft/kept_fraction"],
+        Better::Neither,
+    ),
 ];
 
 /// Evaluation metrics shown first, in this order; the others follow by name.
@@ -517,6 +523,17 @@ mod tests {
             w.write_at(s, "sft", t0 + s as f64, [("sft/loss", 100.0 / s as f64)])
                 .unwrap();
         }
+        for s in [1u64, 2] {
+            w.write_at(
+                s,
+                "rsft",
+                t0 + 150.0 + s as f64,
+                [("rsft/loss", 0.5 / s as f64)],
+            )
+            .unwrap();
+        }
+        w.write_at(2, "rsft", t0 + 153.0, [("rsft/kept_fraction", 0.625)])
+            .unwrap();
         let eval = |w: &mut super::super::MetricsWriter, step: u64, em: f64| {
             w.write_at(
                 step,
@@ -565,7 +582,7 @@ mod tests {
         let md = std::fs::read_to_string(&path).unwrap();
         assert!(md.starts_with("# Run report: my run\n"), "{md}");
         assert!(
-            md.contains("10 metrics lines (eval ×2, sft ×2, train ×6)."),
+            md.contains("13 metrics lines (eval ×2, rsft ×3, sft ×2, train ×6)."),
             "{md}"
         );
         assert!(md.contains("Last training step: 6."), "{md}");
@@ -580,6 +597,12 @@ mod tests {
             .find(|l| l.starts_with("| warm-start loss |"))
             .unwrap();
         assert!(sft_row.contains("| 1.000 (step 100) |"), "{sft_row}");
+        let rsft_row = md
+            .lines()
+            .find(|l| l.starts_with("| rejection-sampling loss |"))
+            .unwrap();
+        assert!(rsft_row.contains("| 0.2500 (step 2) |"), "{rsft_row}");
+        assert!(md.contains("| rejection-sampling kept | `rsft/kept_fraction` | 0.6250"));
         assert!(md.contains("| entropy | `actor/entropy` |"));
         assert!(!md.contains("clip fraction"), "all-null metric left out");
         // Evaluation by mode and by hop.
@@ -594,7 +617,15 @@ mod tests {
             "{md}"
         );
         // Plots exist and are linked relative to the report.
-        for name in ["reward", "em", "entropy", "sft_loss", "turns", "step_time"] {
+        for name in [
+            "reward",
+            "em",
+            "entropy",
+            "sft_loss",
+            "rsft_loss",
+            "turns",
+            "step_time",
+        ] {
             assert!(
                 run.plots_dir().join(format!("{name}.svg")).is_file(),
                 "{name}"
