@@ -13,7 +13,9 @@
 //! When `$TURNWISE_BENCH_PYTHON` (default `python3`) can `import torch, transformers`, the same
 //! figures are measured with `benches/model_torch.py` in the same run and the table shows the
 //! ratio turnwise / PyTorch. `TURNWISE_BENCH_QUICK=1` shortens everything;
-//! `TURNWISE_BENCH_FILTER="A train"` (or `"B sample 64"`, ...) runs one cell only.
+//! `TURNWISE_BENCH_FILTER="A train"` (or `"B sample 64"`, ...) runs one cell only;
+//! `TURNWISE_BENCH_NEW_TOKENS=448` samples longer completions (default 64; the PyTorch
+//! comparison is then skipped).
 //!
 //! Threads: `RAYON_NUM_THREADS` defaults to the core count (matmuls; PyTorch gets the same
 //! count), `CANDLE_NUM_THREADS` to 1 (element-wise ops), and PyTorch runs with
@@ -134,7 +136,7 @@ fn train_tok_s(cfg: &ModelConfig, steps: usize) -> f64 {
 }
 
 /// Sampling tokens/s at `batch`: median over `reps` timed runs after one warm-up run.
-fn sample_tok_s(cfg: &ModelConfig, batch: usize, reps: usize) -> f64 {
+fn sample_tok_s(cfg: &ModelConfig, batch: usize, new_tokens: usize, reps: usize) -> f64 {
     let vm = init_varmap(cfg, DType::F32, &Device::Cpu, 0).expect("init");
     let model = Transformer::detached_from_varmap(cfg, &vm).expect("model");
     let prompts: Vec<Vec<u32>> = (0..batch)
@@ -147,7 +149,7 @@ fn sample_tok_s(cfg: &ModelConfig, batch: usize, reps: usize) -> f64 {
     let seeds: Vec<u64> = (0..batch as u64).collect();
     let params = SamplingParams {
         temperature: 1.0,
-        max_new_tokens: NEW_TOKENS,
+        max_new_tokens: new_tokens,
         ..Default::default()
     };
     let mut times = Vec::with_capacity(reps);
@@ -156,12 +158,12 @@ fn sample_tok_s(cfg: &ModelConfig, batch: usize, reps: usize) -> f64 {
         let out = generate(&model, &prompts, &seeds, &params, None).expect("generate");
         let dt = t0.elapsed().as_secs_f64();
         let n: usize = out.iter().map(|c| c.tokens.len()).sum();
-        assert_eq!(n, batch * NEW_TOKENS);
+        assert_eq!(n, batch * new_tokens);
         if rep > 0 {
             times.push(dt);
         }
     }
-    (batch * NEW_TOKENS) as f64 / median(times)
+    (batch * new_tokens) as f64 / median(times)
 }
 
 /// Median seconds of `f` over `reps` runs after one warm-up.
@@ -355,6 +357,11 @@ fn main() {
     // `TURNWISE_BENCH_FILTER="A train"` (or "B sample 64", ...) runs one cell, nothing else.
     let filter = std::env::var("TURNWISE_BENCH_FILTER").ok();
     let (train_steps, sample_reps) = if quick { (2, 1) } else { (5, 3) };
+    let new_tokens = std::env::var("TURNWISE_BENCH_NEW_TOKENS")
+        .ok()
+        .map_or(NEW_TOKENS, |v| {
+            v.parse().expect("TURNWISE_BENCH_NEW_TOKENS: a number")
+        });
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_default();
     let ew = std::env::var("CANDLE_NUM_THREADS").unwrap_or_default();
     println!(
@@ -393,7 +400,7 @@ fn main() {
             if !want(&format!("sample {b}")) {
                 continue;
             }
-            let s = sample_tok_s(&cfg, b, sample_reps);
+            let s = sample_tok_s(&cfg, b, new_tokens, sample_reps);
             println!("  size {}: sample batch {b}: {s:.0} tok/s", size.name);
             rows.push((
                 size.name.into(),
@@ -409,7 +416,13 @@ fn main() {
     }
     op_table(if quick { 3 } else { 7 });
 
-    let torch = torch_figures(quick);
+    let torch = if new_tokens == NEW_TOKENS {
+        torch_figures(quick)
+    } else {
+        Err(format!(
+            "PyTorch comparison skipped: it samples {NEW_TOKENS} new tokens, not {new_tokens}"
+        ))
+    };
     println!();
     println!("| size | measurement (tokens/s) | turnwise | PyTorch | turnwise / PyTorch |");
     println!("|---|---|---:|---:|---:|");

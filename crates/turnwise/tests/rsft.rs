@@ -17,8 +17,9 @@ fn a_t2po_run_fine_tunes_on_its_kept_rollouts_and_logs_it() {
             "rsft.questions=4",
             "rsft.rollouts_per_question=2",
             "rsft.batch_size=3",
-            // `em` scores lie in [0, 1]: every rollout is kept, so the fine-tuning runs.
-            "rsft.threshold=0.0",
+            // The t2po reward (EM minus 0.1 per invalid step, read on the last step) lies in
+            // [-0.1, 1]: every rollout is kept, so the fine-tuning runs.
+            "rsft.threshold=-1.0",
         ]
         .map(String::from),
     );

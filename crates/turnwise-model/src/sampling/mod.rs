@@ -264,81 +264,194 @@ pub struct TokenDraw {
 }
 
 /// Draws one token from a row of logits (which must contain a finite entry).
+///
+/// Plain temperature sampling (`top_k == 0`, `top_p >= 1`) draws by inverse CDF over the
+/// vocabulary in index order, in one pass and without sorting. Top-k and top-p sort only the
+/// candidates they may keep (the `top_k` best found by partial selection; for top-p alone, the
+/// tokens of the log-probability histogram buckets needed to reach `top_p`), and draw in that
+/// most-likely-first order, as a full sort would. Tokens of probability 0 are never drawn.
 pub fn sample_row(logits: &[f32], params: &SamplingParams, rng: &mut TurnRng) -> TokenDraw {
-    let (logp, entropy) = log_softmax_entropy(logits, params.temperature);
-    let mut order: Option<Vec<usize>> = None;
+    let dist = Dist::new(logits, params.temperature);
+    // Most likely first (ties by index), exactly a prefix of the fully sorted vocabulary.
+    let mut prefix: Option<Vec<usize>> = None;
     let token = if params.temperature == 0.0 {
-        argmax(&logp)
+        argmax(&dist.logp)
+    } else if params.top_k == 0 && params.top_p >= 1.0 {
+        dist.draw_in_index_order(rng)
     } else {
-        let order = order.insert(sorted_desc(&logp));
-        let mut k = order.len();
-        if params.top_k > 0 {
-            k = k.min(params.top_k);
-        }
+        let cand = prefix.insert(dist.truncated_candidates(params.top_k, params.top_p));
+        let mut k = cand.len();
         if params.top_p < 1.0 {
             let mut mass = 0.0;
-            for (n, &i) in order.iter().enumerate().take(k) {
-                mass += logp[i].exp();
+            for (n, &i) in cand.iter().enumerate() {
+                mass += dist.probs[i];
                 if mass >= params.top_p {
                     k = n + 1;
                     break;
                 }
             }
         }
-        let kept = &order[..k.max(1)];
-        let total: f64 = kept.iter().map(|&i| logp[i].exp()).sum();
-        let mut u = rng.next_f64() * total;
-        let mut pick = kept[kept.len() - 1];
-        for &i in kept {
-            let p = logp[i].exp();
-            if u < p {
-                pick = i;
-                break;
-            }
-            u -= p;
-        }
-        pick
+        dist.draw_from(&cand[..k.max(1)], rng)
     };
-    let top = match (&order, params.top_logprobs) {
-        (_, 0) => Vec::new(),
-        (Some(order), n) => top_pairs(&logp, order, n),
-        (None, n) => top_pairs(&logp, &top_n_desc(&logp, n), n),
+    let n = params.top_logprobs;
+    let top = match &prefix {
+        _ if n == 0 => Vec::new(),
+        Some(p) if p.len() >= n.min(dist.logp.len()) => top_pairs(&dist.logp, p, n),
+        _ => top_pairs(&dist.logp, &top_n_desc(&dist.logp, n), n),
     };
     TokenDraw {
         token: token as u32,
-        logprob: logp[token] as f32,
-        entropy: entropy as f32,
+        logprob: dist.logp[token] as f32,
+        entropy: dist.entropy as f32,
         top,
     }
 }
 
-/// Log-softmax of `logits / temperature` (temperature 0 counts as 1) and its entropy, in f64.
-fn log_softmax_entropy(logits: &[f32], temperature: f64) -> (Vec<f64>, f64) {
-    let temp = if temperature > 0.0 { temperature } else { 1.0 };
-    let scaled: Vec<f64> = logits.iter().map(|&x| x as f64 / temp).collect();
-    let max = scaled.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    let lse = max + scaled.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
-    let logp: Vec<f64> = scaled.iter().map(|x| x - lse).collect();
-    let entropy = -logp
-        .iter()
-        .map(|&l| if l.is_finite() { l.exp() * l } else { 0.0 })
-        .sum::<f64>();
-    (logp, entropy)
+/// The temperature-scaled distribution of one row, in f64.
+struct Dist {
+    /// Log-softmax of `logits / temperature` (temperature 0 counts as 1).
+    logp: Vec<f64>,
+    /// `exp(logp)`, entry by entry (0 for forbidden tokens).
+    probs: Vec<f64>,
+    /// Sum of `probs` in index order.
+    total: f64,
+    /// Entropy of the distribution.
+    entropy: f64,
 }
 
-/// Indices of `logp` from most to least likely (ties by index).
-fn sorted_desc(logp: &[f64]) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..logp.len()).collect();
-    order.sort_by(|&a, &b| logp[b].total_cmp(&logp[a]).then(a.cmp(&b)));
-    order
+impl Dist {
+    fn new(logits: &[f32], temperature: f64) -> Self {
+        let temp = if temperature > 0.0 { temperature } else { 1.0 };
+        let mut logp: Vec<f64> = logits.iter().map(|&x| x as f64 / temp).collect();
+        let max = logp.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lse = max + logp.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+        let mut probs = Vec::with_capacity(logp.len());
+        let (mut total, mut plogp) = (0.0, 0.0);
+        for l in logp.iter_mut() {
+            *l -= lse;
+            let p = l.exp();
+            probs.push(p);
+            total += p;
+            plogp += if l.is_finite() { p * *l } else { 0.0 };
+        }
+        Self {
+            logp,
+            probs,
+            total,
+            entropy: -plogp,
+        }
+    }
+
+    /// Inverse-CDF draw over the whole vocabulary in index order.
+    fn draw_in_index_order(&self, rng: &mut TurnRng) -> usize {
+        let mut u = rng.next_f64() * self.total;
+        let mut last = 0;
+        for (i, &p) in self.probs.iter().enumerate() {
+            if p > 0.0 {
+                if u < p {
+                    return i;
+                }
+                u -= p;
+                last = i;
+            }
+        }
+        // Only reached through rounding: the last token that can be drawn.
+        last
+    }
+
+    /// Inverse-CDF draw among `kept` (in that order), proportionally to their probabilities.
+    fn draw_from(&self, kept: &[usize], rng: &mut TurnRng) -> usize {
+        let total: f64 = kept.iter().map(|&i| self.probs[i]).sum();
+        let mut u = rng.next_f64() * total;
+        let mut last = kept[0];
+        for &i in kept {
+            let p = self.probs[i];
+            if p > 0.0 {
+                if u < p {
+                    return i;
+                }
+                u -= p;
+                last = i;
+            }
+        }
+        last
+    }
+
+    /// The most likely tokens, most likely first (ties by index), that top-k and top-p may keep:
+    /// the `top_k` best when `top_k > 0`; otherwise every token whose log-probability lies in
+    /// the same or a higher bucket (of [`TOP_P_BUCKETS_PER_NAT`] per nat below the most likely
+    /// token) as the token where the mass reaches `top_p`. Both are exact prefixes of the fully
+    /// sorted vocabulary; only the candidates are sorted.
+    fn truncated_candidates(&self, top_k: usize, top_p: f64) -> Vec<usize> {
+        let v = self.logp.len();
+        if top_k > 0 {
+            return top_n_desc(&self.logp, top_k);
+        }
+        let max = self.logp.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        if self.total.is_nan() || !max.is_finite() {
+            return top_n_desc(&self.logp, v);
+        }
+        // Monotone in the log-probability (IEEE rounding is), so a set of leading buckets is a
+        // prefix of the sorted order, ties included; -inf lands in the last bucket.
+        let bucket = |l: f64| (((max - l) * TOP_P_BUCKETS_PER_NAT) as usize).min(TOP_P_BUCKETS - 1);
+        let mut mass = vec![0.0f64; TOP_P_BUCKETS];
+        for (&l, &p) in self.logp.iter().zip(&self.probs) {
+            mass[bucket(l)] += p;
+        }
+        let mut acc = 0.0;
+        let Some(cut) = mass.iter().position(|&m| {
+            acc += m;
+            acc >= top_p
+        }) else {
+            return top_n_desc(&self.logp, v);
+        };
+        if cut == TOP_P_BUCKETS - 1 {
+            return top_n_desc(&self.logp, v);
+        }
+        let cmp = |a: &usize, b: &usize| self.logp[*b].total_cmp(&self.logp[*a]).then(a.cmp(b));
+        let mut cand: Vec<usize> = (0..v).filter(|&i| bucket(self.logp[i]) <= cut).collect();
+        cand.sort_unstable_by(cmp);
+        // The caller accumulates in sorted order; rounding may leave that sum just short of the
+        // per-bucket one, and then only the whole vocabulary is sure to reach `top_p`.
+        let sorted_mass: f64 = cand.iter().map(|&i| self.probs[i]).sum();
+        if sorted_mass >= top_p {
+            cand
+        } else {
+            top_n_desc(&self.logp, v)
+        }
+    }
 }
 
-/// Indices of the `n` most likely entries of `logp`, most likely first (ties by index), by
-/// partial selection: O(V) rather than a full sort.
+/// Resolution of the log-probability histogram that finds the top-p candidates.
+const TOP_P_BUCKETS_PER_NAT: f64 = 32.0;
+/// Histogram buckets: 32 nats below the most likely token, the last one holding everything lower.
+const TOP_P_BUCKETS: usize = 1024;
+
+/// Indices of the `n` most likely entries of `logp`, most likely first (ties by index), without
+/// sorting the whole vector: for small `n` one pass keeping a sorted buffer of the best so far,
+/// otherwise partial selection (`select_nth_unstable_by`) then a sort of the `n` selected.
 fn top_n_desc(logp: &[f64], n: usize) -> Vec<usize> {
     let cmp = |a: &usize, b: &usize| logp[*b].total_cmp(&logp[*a]).then(a.cmp(b));
-    let mut idx: Vec<usize> = (0..logp.len()).collect();
-    if n < idx.len() {
+    let len = logp.len();
+    let n = n.min(len);
+    if n == 0 {
+        return Vec::new();
+    }
+    if n * 32 <= len {
+        let mut best: Vec<usize> = Vec::with_capacity(n + 1);
+        for i in 0..len {
+            // Indices come in increasing order, so a tie with the current worst loses.
+            if best.len() == n && logp[i].total_cmp(&logp[best[n - 1]]).is_le() {
+                continue;
+            }
+            let at = best.partition_point(|j| cmp(j, &i).is_lt());
+            best.insert(at, i);
+            best.truncate(n);
+        }
+        return best;
+    }
+    let mut idx: Vec<usize> = (0..len).collect();
+    if n < len {
         idx.select_nth_unstable_by(n, cmp);
         idx.truncate(n);
     }
@@ -357,11 +470,11 @@ fn top_pairs(logp: &[f64], order: &[usize], n: usize) -> Vec<(u32, f32)> {
 /// The statistics [`sample_row`] would report for `token` (forced rather than drawn; no random
 /// number is used).
 pub fn forced_row(logits: &[f32], params: &SamplingParams, token: u32) -> TokenDraw {
-    let (logp, entropy) = log_softmax_entropy(logits, params.temperature);
+    let dist = Dist::new(logits, params.temperature);
     let top = if params.top_logprobs > 0 {
         top_pairs(
-            &logp,
-            &top_n_desc(&logp, params.top_logprobs),
+            &dist.logp,
+            &top_n_desc(&dist.logp, params.top_logprobs),
             params.top_logprobs,
         )
     } else {
@@ -369,8 +482,8 @@ pub fn forced_row(logits: &[f32], params: &SamplingParams, token: u32) -> TokenD
     };
     TokenDraw {
         token,
-        logprob: logp[token as usize] as f32,
-        entropy: entropy as f32,
+        logprob: dist.logp[token as usize] as f32,
+        entropy: dist.entropy as f32,
         top,
     }
 }
