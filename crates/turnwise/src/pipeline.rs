@@ -23,9 +23,17 @@ use crate::trainer::rejection::{RsftProgress, RsftReport};
 /// held-out person questions failed at the first query, held-out greedy EM 31.8 %); with shared
 /// name words it copies them (held-out greedy EM 65.7 %), and RL has the reading and answering
 /// errors left to fix.
+///
+/// 40 % of the training subjects are reserved for RL (`task.rl_subject_fraction`): the warm
+/// start never sees their questions, so RL trains on subjects the model has not memorised and
+/// must read the passages to answer, as it must for the held-out subjects. When SFT and RL share
+/// every question, RL mostly rewards recalling memorised facts (training EM starts near 75 %
+/// while held-out sampled EM is 34 %) and held-out greedy EM did not move in 40 steps
+/// (65.7 % → 64.7 %); with the reservation it rose 63.8 % → 69.8 % (sampled 43.2 % → 52.8 %).
 pub const QUICKSTART_OVERRIDES: &[&str] = &[
     "preset=\"quickstart\"",
     "task.world.person_name_pool=40",
+    "task.rl_subject_fraction=0.4",
     "sft.steps=1100",
     "sft.batch_size=16",
     "sft.lr=2e-3",
@@ -436,6 +444,7 @@ mod tests {
         assert_eq!(cfg.run.steps, 40);
         let world_cfg = &cfg.task.world;
         assert_eq!(world_cfg.person_name_pool, 40);
+        assert_eq!(cfg.task.rl_subject_fraction, 0.4);
         let world = World::generate(world_cfg).unwrap();
         let train_words: std::collections::HashSet<&str> = world
             .questions_in(Split::Train)

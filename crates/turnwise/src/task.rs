@@ -110,7 +110,23 @@ pub struct WorldTask {
     /// Settings.
     pub config: TaskConfig,
     questions: [Vec<QaItem>; 3],
+    /// Per training question: its subject is reserved for RL (`task.rl_subject_fraction`).
+    rl_reserved: Vec<bool>,
     corpus_texts: Vec<String>,
+}
+
+/// Whether `subject` is among the share `fraction` of training subjects reserved for RL: a
+/// fixed hash of the subject and the world seed, so the choice is the same in every process.
+pub fn rl_reserved_subject(subject: usize, world_seed: u64, fraction: f64) -> bool {
+    if fraction <= 0.0 {
+        return false;
+    }
+    // splitmix64 finaliser of (seed, subject).
+    let mut z = world_seed ^ (subject as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x726c;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    ((z >> 11) as f64 / (1u64 << 53) as f64) < fraction
 }
 
 fn split_index(split: Split) -> usize {
@@ -133,11 +149,16 @@ impl WorldTask {
         let corpus_texts = docs.iter().map(|d| d.contents.clone()).collect();
         let retriever: Arc<dyn Retriever> = Arc::new(InMemoryBm25::new(docs));
         let questions = Split::ALL.map(|s| world.questions_in(s).map(QaItem::from_world).collect());
+        let rl_reserved = world
+            .questions_in(Split::Train)
+            .map(|q| rl_reserved_subject(q.subject, config.world.seed, config.rl_subject_fraction))
+            .collect();
         Ok(Self {
             world: Some(world),
             retriever,
             config: config.clone(),
             questions,
+            rl_reserved,
             corpus_texts,
         })
     }
@@ -179,11 +200,13 @@ impl WorldTask {
                      server (task.search_r1.retriever_url = URL)"
                 ),
             };
+        let rl_reserved = vec![false; questions[0].len()];
         Ok(Self {
             world: None,
             retriever,
             config: config.clone(),
             questions,
+            rl_reserved,
             corpus_texts,
         })
     }
@@ -208,6 +231,32 @@ impl WorldTask {
         self.questions[split_index(split)].iter().collect()
     }
 
+    /// The questions RL prompts are drawn from: the training questions whose subjects are
+    /// reserved for RL when `task.rl_subject_fraction > 0`, else every training question.
+    pub fn rl_questions(&self) -> Vec<&QaItem> {
+        let train = &self.questions[split_index(Split::Train)];
+        if self.config.rl_subject_fraction <= 0.0 {
+            return train.iter().collect();
+        }
+        train
+            .iter()
+            .zip(&self.rl_reserved)
+            .filter(|(_, r)| **r)
+            .map(|(q, _)| q)
+            .collect()
+    }
+
+    /// The training questions the warm start may use: every training question whose subject
+    /// is not reserved for RL.
+    pub fn warm_start_questions(&self) -> Vec<&QaItem> {
+        self.questions[split_index(Split::Train)]
+            .iter()
+            .zip(&self.rl_reserved)
+            .filter(|(_, r)| !**r)
+            .map(|(q, _)| q)
+            .collect()
+    }
+
     /// The environment task of a question.
     pub fn env_task(question: &QaItem) -> Task {
         Task {
@@ -219,7 +268,8 @@ impl WorldTask {
     }
 
     /// Oracle demonstrations for every question of `split`, with noise `noise` (the built-in
-    /// world only).
+    /// world only). Training questions whose subjects are reserved for RL
+    /// (`task.rl_subject_fraction`) are left out.
     pub fn demonstrations(
         &self,
         split: Split,
@@ -243,8 +293,13 @@ impl WorldTask {
                 seed,
             },
         );
+        let fraction = self.config.rl_subject_fraction;
         world
             .questions_in(split)
+            .filter(|q| {
+                split != Split::Train
+                    || !rl_reserved_subject(q.subject, self.config.world.seed, fraction)
+            })
             .map(|q| {
                 let t = oracle
                     .answer(q)
@@ -322,4 +377,87 @@ pub fn stop_token_ids(tok: &TextTokenizer, format: AgentFormatName) -> Vec<u32> 
         ])
         .filter_map(|t| tok.token_to_id(t))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turnwise_env::world::{QuestionConfig, WorldConfig};
+
+    fn small_task(fraction: f64) -> WorldTask {
+        let config = TaskConfig {
+            world: WorldConfig {
+                countries: 6,
+                cities: 20,
+                companies: 16,
+                persons: 60,
+                questions: QuestionConfig {
+                    train: 300,
+                    validation: 40,
+                    test: 40,
+                    ..QuestionConfig::default()
+                },
+                ..WorldConfig::default()
+            },
+            rl_subject_fraction: fraction,
+            ..TaskConfig::default()
+        };
+        WorldTask::build(&config).unwrap()
+    }
+
+    #[test]
+    fn rl_subjects_are_left_out_of_the_warm_start() {
+        let task = small_task(0.3);
+        let world = task.world.as_ref().unwrap();
+        let rl: Vec<&str> = task.rl_questions().iter().map(|q| q.id.as_str()).collect();
+        let sft: Vec<&str> = task
+            .warm_start_questions()
+            .iter()
+            .map(|q| q.id.as_str())
+            .collect();
+        let train = task.questions(Split::Train).len();
+        assert_eq!(rl.len() + sft.len(), train);
+        assert!(rl.iter().all(|id| !sft.contains(id)));
+        // About the asked share of questions, and whole subjects on each side.
+        let share = rl.len() as f64 / train as f64;
+        assert!((0.15..0.45).contains(&share), "rl share {share}");
+        let subject = |id: &str| {
+            world
+                .questions_in(Split::Train)
+                .find(|q| q.id == id)
+                .unwrap()
+                .subject
+        };
+        let rl_subjects: std::collections::HashSet<usize> =
+            rl.iter().map(|id| subject(id)).collect();
+        assert!(sft.iter().all(|id| !rl_subjects.contains(&subject(id))));
+        // The demonstrations are exactly the warm-start questions.
+        let demos = task.demonstrations(Split::Train, 0.0, 0).unwrap();
+        assert_eq!(demos.len(), sft.len());
+        let sft_prompts: Vec<String> = task
+            .warm_start_questions()
+            .iter()
+            .map(|q| prompt_text(&q.text))
+            .collect();
+        assert!(demos.iter().all(|d| sft_prompts.contains(&d.prompt)));
+        // Held-out splits are untouched.
+        assert_eq!(
+            task.demonstrations(Split::Validation, 0.0, 0)
+                .unwrap()
+                .len(),
+            task.questions(Split::Validation).len()
+        );
+    }
+
+    #[test]
+    fn without_reservation_sft_and_rl_share_every_question() {
+        let task = small_task(0.0);
+        let train = task.questions(Split::Train).len();
+        assert_eq!(task.rl_questions().len(), train);
+        assert_eq!(task.warm_start_questions().len(), train);
+        assert_eq!(
+            task.demonstrations(Split::Train, 0.0, 0).unwrap().len(),
+            train
+        );
+    }
 }

@@ -118,6 +118,11 @@ pub struct TaskConfig {
     /// Most searches per episode; later searches get the tool-limit notice (`None`: only the
     /// turn limit bounds them).
     pub max_tool_calls: Option<usize>,
+    /// Share of the built-in world's training subjects reserved for RL (0 to below 1): their
+    /// questions are left out of the oracle demonstrations of the warm start, and RL prompts
+    /// are drawn from them only. With 0 (the default) SFT and RL share every training question.
+    /// Held-out evaluation subjects are never trained on either way.
+    pub rl_subject_fraction: f64,
 }
 
 impl Default for TaskConfig {
@@ -130,6 +135,7 @@ impl Default for TaskConfig {
             max_turns: 4,
             max_observation_words: None,
             max_tool_calls: None,
+            rl_subject_fraction: 0.0,
         }
     }
 }
@@ -741,6 +747,19 @@ impl TrainConfig {
         }
         if self.task.topk == 0 {
             return bad("task.topk", "must be at least 1".into());
+        }
+        let f = self.task.rl_subject_fraction;
+        if !(0.0..1.0).contains(&f) {
+            return bad(
+                "task.rl_subject_fraction",
+                format!("must be in [0, 1), got {f}"),
+            );
+        }
+        if f > 0.0 && self.task.search_r1.is_some() {
+            return bad(
+                "task.rl_subject_fraction",
+                "applies to the built-in world only; leave it 0 with task.search_r1".into(),
+            );
         }
         let o = &self.optim;
         if !(o.lr > 0.0 && o.lr.is_finite()) {

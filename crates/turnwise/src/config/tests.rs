@@ -126,3 +126,20 @@ fn the_resolved_config_round_trips_through_toml() {
     let back = TrainConfig::from_table(text.parse().unwrap()).unwrap();
     assert_eq!(cfg, back);
 }
+
+#[test]
+fn rl_subject_fraction_is_checked() {
+    for bad in ["1.0", "-0.1", "nan"] {
+        let e = TrainConfig::resolve(
+            Some("grpo"),
+            None,
+            &[format!("task.rl_subject_fraction={bad}")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("task.rl_subject_fraction"), "{bad}: {e}");
+    }
+    let c =
+        TrainConfig::resolve(Some("grpo"), None, &["task.rl_subject_fraction=0.3".into()]).unwrap();
+    assert_eq!(c.task.rl_subject_fraction, 0.3);
+}

@@ -277,9 +277,13 @@ impl Trainer {
         let t0 = Instant::now();
         let cfg = self.config.clone();
         let r = &cfg.rollout;
-        let train = self.task.questions(Split::Train);
+        let train = self.task.rl_questions();
         if train.is_empty() {
-            bail!("the world has no training questions");
+            bail!(
+                "no training questions for RL (with task.rl_subject_fraction = {}, no training \
+                 subject was reserved; raise it or set it to 0)",
+                self.config.task.rl_subject_fraction
+            );
         }
         // Prompts of this step: a seeded sample without replacement.
         let mut picks: Vec<usize> = (0..train.len()).collect();

@@ -9,7 +9,6 @@
 
 use anyhow::{Context, Result, bail};
 use turnwise_core::reward::{RewardInput, TurnText};
-use turnwise_env::world::Split;
 use turnwise_model::model::weights::sorted_vars;
 use turnwise_model::optim::AdamW;
 use turnwise_model::rng::TurnRng;
@@ -136,7 +135,7 @@ impl Trainer {
             );
         }
         let mut rng = TurnRng::seed_from_u64(self.config.seed ^ 0x7273_6674);
-        let train = self.task.questions(Split::Train);
+        let train = self.task.warm_start_questions();
         if train.is_empty() {
             bail!("rejection fine-tuning needs training questions, and the task has none");
         }
