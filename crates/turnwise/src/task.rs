@@ -117,7 +117,7 @@ pub struct WorldTask {
 
 /// Whether `subject` is among the share `fraction` of training subjects reserved for RL: a
 /// fixed hash of the subject and the world seed, so the choice is the same in every process.
-pub fn rl_reserved_subject(subject: usize, world_seed: u64, fraction: f64) -> bool {
+fn rl_reserved_subject(subject: usize, world_seed: u64, fraction: f64) -> bool {
     if fraction <= 0.0 {
         return false;
     }
@@ -234,25 +234,21 @@ impl WorldTask {
     /// The questions RL prompts are drawn from: the training questions whose subjects are
     /// reserved for RL when `task.rl_subject_fraction > 0`, else every training question.
     pub fn rl_questions(&self) -> Vec<&QaItem> {
-        let train = &self.questions[split_index(Split::Train)];
-        if self.config.rl_subject_fraction <= 0.0 {
-            return train.iter().collect();
-        }
-        train
-            .iter()
-            .zip(&self.rl_reserved)
-            .filter(|(_, r)| **r)
-            .map(|(q, _)| q)
-            .collect()
+        self.train_questions_where(|reserved| reserved || self.config.rl_subject_fraction <= 0.0)
     }
 
     /// The training questions the warm start may use: every training question whose subject
     /// is not reserved for RL.
     pub fn warm_start_questions(&self) -> Vec<&QaItem> {
+        self.train_questions_where(|reserved| !reserved)
+    }
+
+    /// Training questions whose reservation flag passes `keep`.
+    fn train_questions_where(&self, keep: impl Fn(bool) -> bool) -> Vec<&QaItem> {
         self.questions[split_index(Split::Train)]
             .iter()
             .zip(&self.rl_reserved)
-            .filter(|(_, r)| !**r)
+            .filter(|(_, r)| keep(**r))
             .map(|(q, _)| q)
             .collect()
     }
@@ -293,14 +289,12 @@ impl WorldTask {
                 seed,
             },
         );
-        let fraction = self.config.rl_subject_fraction;
+        // `rl_reserved` follows the world's order of training questions.
         world
             .questions_in(split)
-            .filter(|q| {
-                split != Split::Train
-                    || !rl_reserved_subject(q.subject, self.config.world.seed, fraction)
-            })
-            .map(|q| {
+            .enumerate()
+            .filter(|(k, _)| split != Split::Train || !self.rl_reserved[*k])
+            .map(|(_, q)| {
                 let t = oracle
                     .answer(q)
                     .with_context(|| format!("oracle on question {}", q.id))?;

@@ -344,27 +344,27 @@ impl Dist {
 
     /// Inverse-CDF draw over the whole vocabulary in index order.
     fn draw_in_index_order(&self, rng: &mut TurnRng) -> usize {
-        let mut u = rng.next_f64() * self.total;
-        let mut last = 0;
-        for (i, &p) in self.probs.iter().enumerate() {
-            if p > 0.0 {
-                if u < p {
-                    return i;
-                }
-                u -= p;
-                last = i;
-            }
-        }
-        // Only reached through rounding: the last token that can be drawn.
-        last
+        self.draw_inverse_cdf(0..self.probs.len(), self.total, rng)
     }
 
     /// Inverse-CDF draw among `kept` (in that order), proportionally to their probabilities.
     fn draw_from(&self, kept: &[usize], rng: &mut TurnRng) -> usize {
         let total: f64 = kept.iter().map(|&i| self.probs[i]).sum();
+        self.draw_inverse_cdf(kept.iter().copied(), total, rng)
+    }
+
+    /// Inverse-CDF draw over `order`, whose probabilities sum to `total`; tokens of
+    /// probability 0 are skipped.
+    fn draw_inverse_cdf(
+        &self,
+        order: impl IntoIterator<Item = usize>,
+        total: f64,
+        rng: &mut TurnRng,
+    ) -> usize {
         let mut u = rng.next_f64() * total;
-        let mut last = kept[0];
-        for &i in kept {
+        let mut order = order.into_iter().peekable();
+        let mut last = order.peek().copied().unwrap_or(0);
+        for i in order {
             let p = self.probs[i];
             if p > 0.0 {
                 if u < p {
@@ -374,6 +374,7 @@ impl Dist {
                 last = i;
             }
         }
+        // Only reached through rounding: the last token that can be drawn.
         last
     }
 
