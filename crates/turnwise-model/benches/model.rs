@@ -13,7 +13,8 @@
 //! When `$TURNWISE_BENCH_PYTHON` (default `python3`) can `import torch, transformers`, the same
 //! figures are measured with `benches/model_torch.py` in the same run and the table shows the
 //! ratio turnwise / PyTorch. `TURNWISE_BENCH_QUICK=1` shortens everything;
-//! `TURNWISE_BENCH_FILTER="A train"` (or `"B sample 64"`, ...) runs one cell only;
+//! `TURNWISE_BENCH_FILTER="A train"` (or `"B sample 64"`, ...) runs one cell only, `"ops"` the
+//! tables of fused ops and sampling kernels only;
 //! `TURNWISE_BENCH_NEW_TOKENS=448` samples longer completions (default 64; the PyTorch
 //! comparison is then skipped).
 //!
@@ -280,6 +281,40 @@ fn op_table(reps: usize) {
     );
 }
 
+/// The forward-only sampling kernels against the candle ops they replace (detached weights).
+fn infer_table(reps: usize) {
+    use turnwise_model::model::ops;
+    let dev = Device::Cpu;
+    let rand = |shape: &[usize]| Tensor::randn(0f32, 1.0, shape, &dev).expect("randn");
+    println!("\n| sampling kernel (size-B shapes, no graph) | kernel ms | candle ms | speed-up |");
+    println!("|---|---:|---:|---:|");
+    let row = |name: String, kernel: f64, candle: f64| {
+        println!(
+            "| {name} | {:.3} | {:.3} | {:.2}× |",
+            kernel * 1e3,
+            candle * 1e3,
+            candle / kernel
+        );
+    };
+    for (what, n) in [("gate_proj", 1536), ("lm_head", 8192)] {
+        let w = rand(&[n, 512]);
+        for m in [1, 8, 32, 64, 128, 256] {
+            let x = rand(&[m, 512]);
+            row(
+                format!("{what} x Wᵀ [{m}, 512] × [{n}, 512]ᵀ"),
+                time_it(reps * 4, || {
+                    ops::infer::linear(&x, &w, usize::MAX)
+                        .expect("kernel")
+                        .expect("kernel applies");
+                }),
+                time_it(reps * 4, || {
+                    x.matmul(&w.t().expect("t")).expect("matmul");
+                }),
+            );
+        }
+    }
+}
+
 /// The PyTorch figures as JSON, or why there are none.
 fn torch_figures(quick: bool) -> std::result::Result<Value, String> {
     let python = std::env::var("TURNWISE_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
@@ -411,10 +446,16 @@ fn main() {
         }
     }
 
+    if filter.as_deref() == Some("ops") {
+        op_table(if quick { 3 } else { 7 });
+        infer_table(if quick { 3 } else { 7 });
+        return;
+    }
     if filter.is_some() {
         return;
     }
     op_table(if quick { 3 } else { 7 });
+    infer_table(if quick { 3 } else { 7 });
 
     let torch = if new_tokens == NEW_TOKENS {
         torch_figures(quick)

@@ -291,8 +291,9 @@ mod tests {
         let tensors = varmap_tensors(&policy, true);
         let vm = critic_varmap_from_policy(&cfg, &tensors, 6).unwrap();
         let critic = Critic::from_varmap(&cfg, &vm).unwrap();
-        // The trunk is the policy's: same final hidden states.
-        let pol = Transformer::from_tensors(&cfg, &tensors, "policy").unwrap();
+        // The trunk is the policy's: same final hidden states (both through the trainable,
+        // graph-recording path, so the same kernels run on both sides).
+        let pol = Transformer::from_varmap(&cfg, &policy).unwrap();
         let (ids, pos, mask) = batch();
         let a = pol.forward_hidden(&ids, &pos, &mask, None).unwrap();
         let b = critic

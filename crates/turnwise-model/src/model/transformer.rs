@@ -40,7 +40,12 @@ impl Linear {
         };
         let rows: usize = lead.iter().product();
         let out_dim = self.weight.dim(0)?;
-        let y = x.reshape((rows, in_dim))?.matmul(&self.weight.t()?)?;
+        let x = x.reshape((rows, in_dim))?;
+        // Sampling on detached weights: a few rows by the weight read in place (no packing).
+        let y = match ops::infer::linear(&x, &self.weight, ops::infer::LINEAR_MAX_ROWS)? {
+            Some(y) => y,
+            None => x.matmul(&self.weight.t()?)?,
+        };
         let y = match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,

@@ -14,10 +14,14 @@
 //! - [`token_logprobs_entropy()`](logprob::token_logprobs_entropy): log-probability of a target
 //!   token and entropy of the softmax, per row of logits.
 //!
+//! [`infer`] holds a forward-only kernel for sampling on detached weights (`x Wᵀ` for a few
+//! rows without packing the weight), used only when nothing records a graph.
+//!
 //! Kernels run on `f32` and `f64`; `f16`/`bf16` inputs go through `f32`. Non-CPU devices fall
 //! back to the equivalent composition of candle ops. Large inputs are split over
 //! `CANDLE_NUM_THREADS` (else `RAYON_NUM_THREADS`, else all cores) scoped threads.
 
+pub mod infer;
 pub mod logprob;
 pub mod rms_norm;
 pub mod rope;

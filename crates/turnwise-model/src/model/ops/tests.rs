@@ -329,3 +329,59 @@ fn token_logprobs_entropy_rejects_out_of_range_targets() {
     let tg = Tensor::new(&[[1u32, 5]], &Device::Cpu).unwrap();
     assert!(token_logprobs_entropy(&x, &tg).is_err());
 }
+
+/// `x Wᵀ` by candle's matmul, the reference of the no-grad kernels.
+fn matmul_t(x: &Tensor, w: &Tensor) -> Tensor {
+    x.matmul(&w.t().unwrap()).unwrap()
+}
+
+#[test]
+fn infer_linear_matches_matmul_on_every_tile_shape() {
+    // Row and column counts around the 4 × 4 tiles, K around the 16-lane chunks.
+    for &m in &[1usize, 3, 4, 5, 8, 13] {
+        for &n in &[1usize, 4, 6, 33] {
+            for &k in &[1usize, 15, 16, 17, 40] {
+                let x = rand(&[m, k], (m * 100 + n * 10 + k) as u64, 2.0, DType::F32);
+                let w = rand(&[n, k], (m + n * 7 + k * 13) as u64, 2.0, DType::F32);
+                let want = matmul_t(&x, &w);
+                let xs = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                let ws = w.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                for simd in [false, true] {
+                    let y = infer::matmul_xwt(&xs, &ws, m, n, k, simd).unwrap();
+                    let y = Tensor::from_vec(y, (m, n), &Device::Cpu).unwrap();
+                    let d = max_diff(&y, &want);
+                    assert!(d <= FWD_TOL * 10.0, "[{m},{k}]x[{n},{k}]ᵀ simd={simd}: {d}");
+                }
+                if let Some(y) = infer::linear(&x, &w, usize::MAX).unwrap() {
+                    assert!(max_diff(&y, &want) <= FWD_TOL * 10.0);
+                }
+            }
+        }
+    }
+    // Large enough to split over threads.
+    let (m, n, k) = (32, 1000, 256);
+    let x = rand(&[m, k], 1, 1.0, DType::F32);
+    let w = rand(&[n, k], 2, 1.0, DType::F32);
+    let xs = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let ws = w.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let y = infer::matmul_xwt(&xs, &ws, m, n, k, true).unwrap();
+    let y = Tensor::from_vec(y, (m, n), &Device::Cpu).unwrap();
+    assert!(max_diff(&y, &matmul_t(&x, &w)) <= 1e-4);
+    assert!(infer::matmul_xwt(&xs, &ws, m, n, k + 1, true).is_err());
+}
+
+#[test]
+fn infer_linear_declines_what_it_does_not_cover() {
+    let x = rand(&[4, 16], 3, 1.0, DType::F32);
+    let w = rand(&[8, 16], 4, 1.0, DType::F32);
+    // More rows than allowed, a graph to record, another dtype, mismatched K: the caller's
+    // differentiable matmul runs instead.
+    assert!(infer::linear(&x, &w, 3).unwrap().is_none());
+    let v = Var::from_tensor(&w).unwrap();
+    assert!(infer::linear(&x, v.as_tensor(), 32).unwrap().is_none());
+    let x64 = x.to_dtype(DType::F64).unwrap();
+    let w64 = w.to_dtype(DType::F64).unwrap();
+    assert!(infer::linear(&x64, &w64, 32).unwrap().is_none());
+    let w_bad = rand(&[8, 15], 5, 1.0, DType::F32);
+    assert!(infer::linear(&x, &w_bad, 32).unwrap().is_none());
+}
