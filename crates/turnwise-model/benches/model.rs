@@ -296,7 +296,7 @@ fn infer_table(reps: usize) {
             candle / kernel
         );
     };
-    for (what, n) in [("gate_proj", 1536), ("lm_head", 8192)] {
+    for (what, n) in [("q_proj", 512), ("gate_proj", 1536), ("lm_head", 8192)] {
         let w = rand(&[n, 512]);
         for m in [1, 8, 32, 64, 128, 256] {
             let x = rand(&[m, 512]);

@@ -324,15 +324,16 @@ impl Dist {
         let temp = if temperature > 0.0 { temperature } else { 1.0 };
         let mut logp: Vec<f64> = logits.iter().map(|&x| x as f64 / temp).collect();
         let max = logp.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let lse = max + logp.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
-        let mut probs = Vec::with_capacity(logp.len());
+        // One exp per token: e = exp(x − max), then p = e / Σe and log p = (x − max) − ln Σe.
+        let mut probs: Vec<f64> = logp.iter().map(|x| (x - max).exp()).collect();
+        let sum: f64 = probs.iter().sum();
+        let (log_sum, inv_sum) = (sum.ln(), 1.0 / sum);
         let (mut total, mut plogp) = (0.0, 0.0);
-        for l in logp.iter_mut() {
-            *l -= lse;
-            let p = l.exp();
-            probs.push(p);
-            total += p;
-            plogp += if l.is_finite() { p * *l } else { 0.0 };
+        for (l, p) in logp.iter_mut().zip(probs.iter_mut()) {
+            *l = (*l - max) - log_sum;
+            *p *= inv_sum;
+            total += *p;
+            plogp += if l.is_finite() { *p * *l } else { 0.0 };
         }
         Self {
             logp,
