@@ -230,23 +230,14 @@ mod avx512 {
             let xp = x.as_ptr().add(i * k);
             let wp = w.as_ptr().add(j * k);
             let mut acc = [[_mm512_setzero_ps(); C]; R];
-            let full = k / 16 * 16;
+            // 16 lanes of k at a time; the last chunk loads only its k − p lanes.
             let mut p = 0;
-            while p < full {
-                let mut wv = [_mm512_setzero_ps(); C];
-                for (c, v) in wv.iter_mut().enumerate() {
-                    *v = _mm512_loadu_ps(wp.add(c * k + p));
-                }
-                for (r, acc_r) in acc.iter_mut().enumerate() {
-                    let xv = _mm512_loadu_ps(xp.add(r * k + p));
-                    for c in 0..C {
-                        acc_r[c] = _mm512_fmadd_ps(xv, wv[c], acc_r[c]);
-                    }
-                }
-                p += 16;
-            }
-            if p < k {
-                let mask: __mmask16 = ((1u32 << (k - p)) - 1) as u16;
+            while p < k {
+                let mask: __mmask16 = if k - p >= 16 {
+                    u16::MAX
+                } else {
+                    ((1u32 << (k - p)) - 1) as u16
+                };
                 let mut wv = [_mm512_setzero_ps(); C];
                 for (c, v) in wv.iter_mut().enumerate() {
                     *v = _mm512_maskz_loadu_ps(mask, wp.add(c * k + p));
@@ -257,6 +248,7 @@ mod avx512 {
                         acc_r[c] = _mm512_fmadd_ps(xv, wv[c], acc_r[c]);
                     }
                 }
+                p += 16;
             }
             for (r, acc_r) in acc.iter().enumerate() {
                 for (c, a) in acc_r.iter().enumerate() {
