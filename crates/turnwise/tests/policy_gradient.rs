@@ -6,13 +6,12 @@ use common::tiny_overrides;
 use turnwise::config::TrainConfig;
 use turnwise::trainer::Trainer;
 
-#[test]
-fn actor_loss_gradient_equals_weighted_nll_gradient() {
+/// A briefly warm-started tiny GRPO trainer and 8 fresh rollouts as rows with alternating
+/// advantages (1.3, −0.7).
+fn trainer_and_rows() -> (Trainer, Vec<turnwise::update::Row>) {
     use turnwise::rollout::{EpisodeSpec, run_chains};
     use turnwise::task::{WorldTask, prompt_text};
-    use turnwise::update::{Row, logprobs_no_grad, pack, response_logprobs};
-    use turnwise_model::loss::actor::{ActorLossInput, compute_actor_loss};
-    use turnwise_model::loss::policy::PolicyLossInput;
+    use turnwise::update::Row;
 
     let mut ov = tiny_overrides();
     ov.push("sft.steps=30".into());
@@ -59,6 +58,17 @@ fn actor_loss_gradient_equals_weighted_nll_gradient() {
             r
         })
         .collect();
+    (t, rows)
+}
+
+#[test]
+fn actor_loss_gradient_equals_weighted_nll_gradient() {
+    use turnwise::update::{Row, logprobs_no_grad, pack, response_logprobs};
+    use turnwise_model::loss::actor::{ActorLossInput, compute_actor_loss};
+    use turnwise_model::loss::policy::PolicyLossInput;
+
+    let (t, rows) = trainer_and_rows();
+    let cfg = t.config.clone();
     let old = logprobs_no_grad(&t.sampler, &rows, 1.0, 64).unwrap();
     let refs: Vec<&Row> = rows.iter().collect();
     let packed = pack(&refs, t.policy.device()).unwrap();
@@ -121,4 +131,104 @@ fn actor_loss_gradient_equals_weighted_nll_gradient() {
         assert!(cos > 1.0 - 1e-5, "{name}: cosine {cos}");
         assert!((na - nb).abs() <= 1e-4 * nb, "{name}: norms {na} vs {nb}");
     }
+}
+
+/// An on-policy update (one epoch, one mini-batch) that takes its behaviour log-probs from
+/// its own forward pass gives the weights of one fed the trainer's recomputed log-probs, and
+/// length-grouped micro-batches give the gradient of the whole batch; an off-policy update
+/// without behaviour log-probs is refused.
+#[test]
+fn on_policy_shortcut_and_micro_batches_match_the_full_update() {
+    use turnwise::update::{ActorUpdate, actor_update, is_on_policy, logprobs_no_grad};
+
+    let weights = |t: &Trainer| -> Vec<f32> {
+        t.optimizer
+            .vars()
+            .iter()
+            .flat_map(|(_, v)| {
+                v.as_tensor()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+            })
+            .collect()
+    };
+    let run = |micro: usize, recompute: bool| -> Vec<f32> {
+        let (mut t, rows) = trainer_and_rows();
+        let cfg = t.config.clone();
+        let upd = ActorUpdate {
+            loss: &cfg.actor,
+            temperature: 1.0,
+            epochs: 1,
+            mini_batch: 0,
+            micro_batch: micro,
+            lr: 1e-3,
+            grad_clip: 1e9,
+            use_clip_scale: false,
+            use_turn_id: true,
+        };
+        assert!(is_on_policy(&upd, rows.len()));
+        let old = recompute.then(|| logprobs_no_grad(&t.sampler, &rows, 1.0, 3).unwrap());
+        let mut order = |n: usize| (0..n).rev().collect::<Vec<_>>();
+        let stats = actor_update(
+            &t.policy,
+            &mut t.optimizer,
+            &rows,
+            old.as_deref(),
+            None,
+            &upd,
+            &mut order,
+        )
+        .unwrap();
+        assert_eq!((stats.applied, stats.skipped), (1, 0));
+        weights(&t)
+    };
+    let (t0, rows) = trainer_and_rows();
+    let before = weights(&t0);
+    let full = run(0, true);
+    let max_diff = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max)
+    };
+    assert!(max_diff(&full, &before) > 1e-4, "the update moved nothing");
+    for (micro, recompute) in [(0, false), (3, true), (3, false)] {
+        let got = run(micro, recompute);
+        let d = max_diff(&full, &got);
+        assert!(
+            d < 1e-5,
+            "micro {micro}, recompute {recompute}: max diff {d}"
+        );
+    }
+
+    // Two mini-batches: the second step is off-policy, so behaviour log-probs are required.
+    let cfg = t0.config.clone();
+    let upd = ActorUpdate {
+        loss: &cfg.actor,
+        temperature: 1.0,
+        epochs: 1,
+        mini_batch: rows.len() / 2,
+        micro_batch: 0,
+        lr: 1e-3,
+        grad_clip: 1.0,
+        use_clip_scale: false,
+        use_turn_id: true,
+    };
+    assert!(!is_on_policy(&upd, rows.len()));
+    let mut t = t0;
+    let mut order = |n: usize| (0..n).collect::<Vec<_>>();
+    let err = actor_update(
+        &t.policy,
+        &mut t.optimizer,
+        &rows,
+        None,
+        None,
+        &upd,
+        &mut order,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("behaviour log-probs"), "{err}");
 }

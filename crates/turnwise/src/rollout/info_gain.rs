@@ -83,11 +83,20 @@ pub fn probe(
             rows.push((e, plan.gt_span, ids));
         }
     }
+    // Rows of similar length share a forward pass (less padding); results go back in order.
+    let mut by_len: Vec<usize> = (0..rows.len()).collect();
+    by_len.sort_by_key(|&i| rows[i].2.len());
     let mut gt_logprobs: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
-    for (c, chunk) in rows.chunks(PROBE_CHUNK).enumerate() {
-        let lps = teacher_forced_logprobs(model, chunk.iter().map(|r| r.2.as_slice()))?;
-        for (k, (row, lp)) in chunk.iter().zip(lps).enumerate() {
-            gt_logprobs[c * PROBE_CHUNK + k] = row.1.clone().map(|p| lp[p]).collect();
+    for chunk in by_len.chunks(PROBE_CHUNK) {
+        let lps = span_logprobs(
+            model,
+            &chunk
+                .iter()
+                .map(|&i| (rows[i].2.as_slice(), rows[i].1.clone()))
+                .collect::<Vec<_>>(),
+        )?;
+        for (&i, lp) in chunk.iter().zip(lps) {
+            gt_logprobs[i] = lp;
         }
     }
     let mut gains = Vec::with_capacity(episodes.len());
@@ -107,6 +116,77 @@ pub fn probe(
         failures,
         probes: rows.len(),
     })
+}
+
+/// Per row `(ids, span)`, the log-prob of each token `ids[k]`, `k` in `span`, given the
+/// tokens before it (every `k` must be at least 1). One forward pass over the batch; the LM
+/// head and the softmax run only at the positions that predict a span token.
+pub fn span_logprobs(
+    model: &Transformer,
+    rows: &[(&[u32], std::ops::Range<usize>)],
+) -> Result<Vec<Vec<f64>>> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let device = model.device().clone();
+    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(1).max(1);
+    let b = rows.len();
+    let mut ids = vec![0u32; b * width];
+    let mut pos = vec![0u32; b * width];
+    let mut mask = vec![0u8; b * width];
+    // Flat index (row * width + position) of the state that predicts each span token.
+    let mut at = Vec::new();
+    let mut targets = Vec::new();
+    for (i, (r, span)) in rows.iter().enumerate() {
+        if !span.is_empty() && (span.start == 0 || span.end > r.len()) {
+            anyhow::bail!(
+                "probe row {i}: span {span:?} must lie within 1..={} ",
+                r.len()
+            );
+        }
+        for (k, &t) in r.iter().enumerate() {
+            ids[i * width + k] = t;
+            pos[i * width + k] = k as u32;
+            mask[i * width + k] = 1;
+        }
+        for k in span.clone() {
+            at.push((i * width + k - 1) as u32);
+            targets.push(r[k]);
+        }
+    }
+    let n = at.len();
+    let t = |v: Vec<u32>| Tensor::from_vec(v, (b, width), &device);
+    let hidden = model.forward_hidden(
+        &t(ids)?,
+        &t(pos)?,
+        &Tensor::from_vec(mask, (b, width), &Device::Cpu)?.to_device(&device)?,
+        None,
+    )?;
+    let h = hidden.dims3()?.2;
+    let picked = hidden
+        .reshape((b * width, h))?
+        .index_select(&Tensor::from_vec(at, n, &device)?, 0)?;
+    let logits = model.logits(&picked.unsqueeze(0)?)?;
+    let (lp, _) = turnwise_model::logprobs::token_logprobs_and_entropy(
+        &logits,
+        &Tensor::from_vec(targets, (1, n), &device)?,
+    )?;
+    let lp = lp
+        .squeeze(0)?
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec1::<f32>()?;
+    let mut out = Vec::with_capacity(b);
+    let mut next = 0;
+    for (_, span) in rows {
+        out.push(
+            lp[next..next + span.len()]
+                .iter()
+                .map(|&v| f64::from(v))
+                .collect(),
+        );
+        next += span.len();
+    }
+    Ok(out)
 }
 
 /// Per row, `lp[k]` = log-prob of token `k` given the tokens before it (`lp[0]` = 0).
@@ -155,4 +235,49 @@ pub fn teacher_forced_logprobs<'a>(
             out
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device};
+    use turnwise_model::ModelConfig;
+    use turnwise_model::Transformer;
+    use turnwise_model::model::weights::init_varmap;
+
+    use super::{span_logprobs, teacher_forced_logprobs};
+
+    /// The span-only pass (LM head at the span positions) equals the full teacher-forced
+    /// pass at those positions, for rows of different lengths batched together (padding),
+    /// an empty span, and a span that ends the row.
+    #[test]
+    fn span_logprobs_match_the_full_teacher_forced_pass() {
+        let mut cfg = ModelConfig::tiny_qwen2(64);
+        cfg.initializer_range = 0.2;
+        let vm = init_varmap(&cfg, DType::F32, &Device::Cpu, 7).unwrap();
+        let model = Transformer::detached_from_varmap(&cfg, &vm).unwrap();
+        let rows: Vec<Vec<u32>> = vec![
+            (1..12).collect(),
+            vec![5, 9, 2, 40, 41, 42],
+            (3..30).map(|i| (i * 7 % 60) as u32).collect(),
+            vec![8, 8, 8],
+        ];
+        let spans = [4..7, 3..6, 20..27, 2..2];
+        let full = teacher_forced_logprobs(&model, rows.iter().map(|r| r.as_slice())).unwrap();
+        let input: Vec<(&[u32], std::ops::Range<usize>)> = rows
+            .iter()
+            .zip(spans.iter())
+            .map(|(r, s)| (r.as_slice(), s.clone()))
+            .collect();
+        let got = span_logprobs(&model, &input).unwrap();
+        for ((f, g), s) in full.iter().zip(&got).zip(spans.iter()) {
+            assert_eq!(g.len(), s.len());
+            for (k, v) in s.clone().zip(g) {
+                assert!((f[k] - v).abs() < 1e-5, "position {k}: {} vs {v}", f[k]);
+                assert!(*v < 0.0);
+            }
+        }
+        let bad: Vec<(&[u32], std::ops::Range<usize>)> = vec![(&rows[0][..], 0..2)];
+        let err = span_logprobs(&model, &bad).unwrap_err().to_string();
+        assert!(err.contains("probe row 0"), "{err}");
+    }
 }

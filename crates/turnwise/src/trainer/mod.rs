@@ -26,7 +26,7 @@ use turnwise_model::{Architecture, ModelConfig, Transformer};
 use crate::config::TrainConfig;
 use crate::rollout::{Decoding, Episode, EpisodeSpec, Policy, RolloutControl, run_chains_with};
 use crate::task::{WorldTask, encode_demo, prompt_text, stop_token_ids};
-use crate::update::{ActorUpdate, Row, actor_update, logprobs_no_grad, sft_step};
+use crate::update::{ActorUpdate, Row, actor_update, is_on_policy, logprobs_no_grad, sft_step};
 
 /// The model, tokenizer and optimizer of a run, with its task.
 pub struct Trainer {
@@ -421,7 +421,7 @@ impl Trainer {
             tree_info.as_ref(),
             values.as_deref(),
         )?;
-        let mut rows = std::mem::take(&mut adv.rows);
+        let rows = std::mem::take(&mut adv.rows);
         let kept = adv.kept;
 
         let mut metrics = BTreeMap::new();
@@ -476,7 +476,6 @@ impl Trainer {
         let actor_warm = self.critic.is_none() || self.step >= cfg.critic.warmup_updates;
         if !rows.is_empty() {
             let temperature = r.temperature;
-            let old = logprobs_no_grad(&self.sampler, &rows, temperature, 64)?;
             let reference = match (&self.reference, cfg.actor.use_kl_loss) {
                 (Some(m), true) => Some(logprobs_no_grad(m, &rows, temperature, 64)?),
                 (None, true) => bail!("the KL term needs a reference model (freeze_reference)"),
@@ -494,19 +493,25 @@ impl Trainer {
                 use_clip_scale: kind.name() == "a2tgpo",
                 use_turn_id: true,
             };
+            // Behaviour log-probs: recomputed by the trainer with the rollout weights, or, for
+            // an on-policy update, taken from the update's own forward pass.
+            let old = if is_on_policy(&upd, rows.len()) {
+                None
+            } else {
+                Some(logprobs_no_grad(&self.sampler, &rows, temperature, 64)?)
+            };
             let mut rng = TurnRng::seed_from_u64(self.rng.next_u64());
             let mut order = |n: usize| {
                 let mut v: Vec<usize> = (0..n).collect();
                 shuffle(&mut v, &mut rng);
                 v
             };
-            rows.iter_mut().for_each(|_| {});
             let stats = if actor_warm {
                 actor_update(
                     &self.policy,
                     &mut self.optimizer,
                     &rows,
-                    &old,
+                    old.as_deref(),
                     reference.as_deref(),
                     &upd,
                     &mut order,

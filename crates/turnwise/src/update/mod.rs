@@ -59,21 +59,24 @@ pub fn sft_step(
     Ok(Some((value, norm)))
 }
 
-/// Log-probs of the response tokens of `rows` under `model` without a graph, in chunks.
+/// Log-probs of the response tokens of `rows` under `model` without a graph, in chunks of
+/// rows of similar length (less padding); the result is in the order of `rows`.
 pub fn logprobs_no_grad(
     model: &Transformer,
     rows: &[Row],
     temperature: f64,
     chunk: usize,
 ) -> Result<Vec<Vec<f32>>> {
-    let mut out = Vec::with_capacity(rows.len());
-    for c in rows.chunks(chunk.max(1)) {
-        let refs: Vec<&Row> = c.iter().collect();
+    let mut by_len: Vec<usize> = (0..rows.len()).collect();
+    by_len.sort_by_key(|&i| rows[i].prompt.len() + rows[i].response.len());
+    let mut out = vec![Vec::new(); rows.len()];
+    for c in by_len.chunks(chunk.max(1)) {
+        let refs: Vec<&Row> = c.iter().map(|&i| &rows[i]).collect();
         let packed = pack(&refs, model.device())?;
         let (lp, _) = response_logprobs(model, &packed, temperature)?;
         let lp = lp.detach().to_vec2::<f32>()?;
-        for (r, v) in c.iter().zip(lp) {
-            out.push(v[..r.response.len()].to_vec());
+        for (&i, v) in c.iter().zip(lp) {
+            out[i] = v[..rows[i].response.len()].to_vec();
         }
     }
     Ok(out)
@@ -109,13 +112,26 @@ fn tensor_rows(v: &[Vec<f32>], rows: &[&Row], width: usize, device: &Device) -> 
     Ok(Tensor::from_vec(flat, (rows.len(), width), device)?)
 }
 
+/// Whether an update of `n` rows under `cfg` is on-policy: one epoch and one mini-batch, so
+/// the only optimizer step follows the only forward pass and the behaviour log-probs equal
+/// that forward's (verl's `on_policy` case). [`actor_update`] then takes them from the
+/// forward itself (detached) and the trainer skips the separate pass.
+pub fn is_on_policy(cfg: &ActorUpdate<'_>, n: usize) -> bool {
+    cfg.epochs == 1 && (cfg.mini_batch == 0 || cfg.mini_batch >= n)
+}
+
 /// PPO epochs over `rows` with behaviour log-probs `old_logp` (and reference log-probs
 /// `ref_logp` when the KL term is on). `order` permutes rows per epoch (seeded by the caller).
+/// `old_logp` may be `None` only for an on-policy update ([`is_on_policy`]): the ratio's
+/// denominator is then the current forward's log-probs, detached. Within a mini-batch the
+/// rows are grouped by length into micro-batches, so that little of a forward pass is padding
+/// (the loss denominators span the whole mini-batch, so the gradient does not depend on the
+/// grouping).
 pub fn actor_update(
     policy: &Transformer,
     opt: &mut AdamW,
     rows: &[Row],
-    old_logp: &[Vec<f32>],
+    old_logp: Option<&[Vec<f32>]>,
     ref_logp: Option<&[Vec<f32>]>,
     cfg: &ActorUpdate<'_>,
     order: &mut dyn FnMut(usize) -> Vec<usize>,
@@ -136,10 +152,18 @@ pub fn actor_update(
     } else {
         cfg.micro_batch.min(mini)
     };
-    let needs_entropy = cfg.loss.entropy_coeff != 0.0;
+    if old_logp.is_none() && !is_on_policy(cfg, n) {
+        anyhow::bail!(
+            "behaviour log-probs are needed: {} epochs over mini-batches of {mini} of {n} rows",
+            cfg.epochs
+        );
+    }
     for _ in 0..cfg.epochs {
         let perm = order(n);
         for mb in perm.chunks(mini) {
+            let mut mb = mb.to_vec();
+            // Stable: rows of equal length keep the seeded order.
+            mb.sort_by_key(|&i| rows[i].prompt.len() + rows[i].response.len());
             let total_tokens: f64 = mb
                 .iter()
                 .map(|&i| rows[i].loss_mask.iter().map(|&m| f64::from(m)).sum::<f64>())
@@ -158,8 +182,13 @@ pub fn actor_update(
                 let refs: Vec<&Row> = micro_idx.iter().map(|&i| &rows[i]).collect();
                 let packed = pack(&refs, policy.device())?;
                 let l = packed.response_width;
-                let old: Vec<Vec<f32>> = micro_idx.iter().map(|&i| old_logp[i].clone()).collect();
-                let old_t = tensor_rows(&old, &refs, l, policy.device())?;
+                let old_t = match old_logp {
+                    Some(o) => {
+                        let old: Vec<Vec<f32>> = micro_idx.iter().map(|&i| o[i].clone()).collect();
+                        Some(tensor_rows(&old, &refs, l, policy.device())?)
+                    }
+                    None => None,
+                };
                 let ref_t = match ref_logp {
                     Some(r) => {
                         let v: Vec<Vec<f32>> = micro_idx.iter().map(|&i| r[i].clone()).collect();
@@ -168,6 +197,10 @@ pub fn actor_update(
                     None => None,
                 };
                 let (logp, entropy) = response_logprobs(policy, &packed, cfg.temperature)?;
+                let old_t = match old_t {
+                    Some(t) => t,
+                    None => logp.detach(),
+                };
                 let mut pin =
                     PolicyLossInput::new(&logp, &old_t, &packed.advantages, &packed.loss_mask)
                         .with_denominators(denominators);
@@ -182,7 +215,6 @@ pub fn actor_update(
                     ref_logp: ref_t.as_ref(),
                     entropy: Some(&entropy),
                 };
-                let _ = needs_entropy;
                 let out = match compute_actor_loss(&input, cfg.loss) {
                     Ok(o) => o,
                     Err(e) => {
