@@ -30,6 +30,13 @@ use crate::trainer::rejection::{RsftProgress, RsftReport};
 /// every question, RL mostly rewards recalling memorised facts (training EM starts near 75 %
 /// while held-out sampled EM is 34 %) and held-out greedy EM did not move in 40 steps
 /// (65.7 % → 64.7 %); with the reservation it rose 63.8 % → 69.8 % (sampled 43.2 % → 52.8 %).
+///
+/// RL samples at temperature 0.7 for 100 steps at lr 3e-4 (rows in length-grouped
+/// micro-batches of 32). At temperature 1 most rollouts fail where greedy decoding succeeds,
+/// and RL mostly sharpens the distribution: sampled EM rose by 4–6 standard errors while greedy
+/// EM moved 1.7–3.7 points in 40–100 steps (seed 0). At 0.7 the rollouts make the greedy
+/// policy's errors, and RL fixes them: from the same warm start, greedy 55.8 % → 63.5 % and
+/// sampled (T = 0.7) 47.8 % → 58.2 % after 100 steps; lr 6e-4 diverged.
 pub const QUICKSTART_OVERRIDES: &[&str] = &[
     "preset=\"quickstart\"",
     "task.world.person_name_pool=40",
@@ -39,9 +46,11 @@ pub const QUICKSTART_OVERRIDES: &[&str] = &[
     "sft.lr=2e-3",
     "rollout.prompts_per_step=16",
     "rollout.group_size=8",
-    "optim.lr=2e-4",
-    "run.steps=40",
-    "run.save_every=20",
+    "rollout.temperature=0.7",
+    "optim.lr=3e-4",
+    "optim.micro_batch_size=32",
+    "run.steps=100",
+    "run.save_every=50",
     "eval.questions=300",
 ];
 
@@ -86,7 +95,7 @@ fn eval_line(name: &str, r: &EvalResult) -> String {
         .map(|(h, (e, n))| format!("{h}-hop {:.1}% (n={n})", e * 100.0))
         .collect();
     format!(
-        "{name:<16} EM {:5.1}% ± {:.1} | F1 {:5.1}% | answered {:5.1}% | {:.2} searches, {:.2} turns, {:.0} tokens | {}",
+        "{name:<22} EM {:5.1}% ± {:.1} | F1 {:5.1}% | answered {:5.1}% | {:.2} searches, {:.2} turns, {:.0} tokens | {}",
         r.em * 100.0,
         r.em_se * 100.0,
         r.f1 * 100.0,
@@ -339,7 +348,8 @@ fn evaluate(
             cfg.rollout.temperature,
             cfg.seed ^ 0xf,
         )?;
-        say(quiet, eval_line(&format!("{when} sampled"), &r));
+        let label = format!("{when} sampled T={}", cfg.rollout.temperature);
+        say(quiet, eval_line(&label, &r));
         log.write(t.step, "eval", &r.to_metrics("eval/sampled"))?;
         s = Some(r);
     }
@@ -441,7 +451,8 @@ mod tests {
         let cfg = TrainConfig::resolve(Some("a2tgpo"), None, &sets).unwrap();
         assert_eq!(cfg.preset, "quickstart");
         assert_eq!(cfg.sft.steps, 1100);
-        assert_eq!(cfg.run.steps, 40);
+        assert_eq!(cfg.run.steps, 100);
+        assert_eq!(cfg.rollout.temperature, 0.7);
         let world_cfg = &cfg.task.world;
         assert_eq!(world_cfg.person_name_pool, 40);
         assert_eq!(cfg.task.rl_subject_fraction, 0.4);
