@@ -196,6 +196,69 @@ fn incremental_decoding_matches_full_forward() {
     }
 }
 
+/// A cache with spare columns (written in place, regrown when full) gives the same logits as
+/// one that concatenates on every step, through a prefill, regrowths and a row selection.
+#[test]
+fn reserved_cache_matches_concatenation() {
+    for cfg in tiny_configs() {
+        let (vm, _) = model_for(&cfg, DType::F32, 9);
+        let mut cfg2 = cfg.clone();
+        cfg2.initializer_range = 0.2;
+        let model = Transformer::detached_from_varmap(&cfg2, &vm).unwrap();
+        let t_all = 14;
+        let rows: Vec<Vec<u32>> = (0..3u32)
+            .map(|r| {
+                (0..t_all as u32)
+                    .map(|i| (7 * i + 13 * r + 1) % 60)
+                    .collect()
+            })
+            .collect();
+        let all = ids(&rows);
+        let pos = ids(&vec![(0..t_all as u32).collect::<Vec<_>>(); 3]);
+        let mask = ids(&vec![vec![1u32; t_all]; 3]);
+        let mut exact = KvCache::new(cfg.num_hidden_layers);
+        let mut spare = KvCache::with_reserve(cfg.num_hidden_layers, 3);
+        let keep = Tensor::new(&[2u32, 0], &Device::Cpu).unwrap();
+        let mut b = 3;
+        let mut t0 = 0;
+        for len in [4, 1, 1, 1, 1, 2, 1, 1, 1, 1] {
+            if t0 == 8 {
+                exact.select_rows(&keep).unwrap();
+                spare.select_rows(&keep).unwrap();
+                b = 2;
+            }
+            let pick = |x: &Tensor, cols: usize, from: usize| {
+                let x = if b == 3 {
+                    x.clone()
+                } else {
+                    x.index_select(&keep, 0).unwrap()
+                };
+                x.narrow(1, from, cols).unwrap()
+            };
+            let run = |c: &mut KvCache| {
+                model
+                    .forward(
+                        &pick(&all, len, t0),
+                        &pick(&pos, len, t0),
+                        &pick(&mask, t0 + len, 0),
+                        Some(c),
+                    )
+                    .unwrap()
+            };
+            let (a, s) = (run(&mut exact), run(&mut spare));
+            let d = max_abs_diff(&a, &s);
+            assert!(
+                d <= 1e-6,
+                "{:?}: reserved cache differs by {d} at {t0}",
+                cfg.architecture
+            );
+            t0 += len;
+            assert_eq!(spare.seq_len(), t0);
+            assert_eq!(spare.batch_size(), Some(b));
+        }
+    }
+}
+
 /// The detached model runs the forward-only kernel of `ops::infer` (few-row linear layers);
 /// the trainable one runs candle's differentiable matmul. Both must agree,
 /// through a padded prefill and cached decoding steps.

@@ -89,7 +89,7 @@ impl Attention {
         cos: &Tensor,
         sin: &Tensor,
         bias: &Tensor,
-        cache: Option<&mut Option<(Tensor, Tensor)>>,
+        cache: Option<(&mut KvCache, usize)>,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let d = self.head_dim;
@@ -114,14 +114,7 @@ impl Attention {
         let k = apply_rope(&k.transpose(1, 2)?, cos, sin)?;
         let v = v.transpose(1, 2)?.contiguous()?;
         let (k, v) = match cache {
-            Some(slot) => {
-                let (k, v) = match slot.take() {
-                    Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
-                    None => (k, v),
-                };
-                *slot = Some((k.clone(), v.clone()));
-                (k, v)
-            }
+            Some((c, layer)) => c.append(layer, &k, &v)?,
             None => (k, v),
         };
         // Grouped-query attention without repeating keys and values: the query heads sharing a
@@ -393,7 +386,7 @@ impl Transformer {
                 .reshape((b, t, self.config.hidden_size))?;
         let eps = self.config.rms_norm_eps;
         for (i, layer) in self.layers.iter().enumerate() {
-            let slot = cache.as_deref_mut().map(|c| c.slot_mut(i));
+            let slot = cache.as_deref_mut().map(|c| (c, i));
             let h = rms_norm(&x, &layer.input_norm, eps)?;
             let a = layer.attn.forward(&h, &cos, &sin, &bias, slot)?;
             x = (x + a)?;

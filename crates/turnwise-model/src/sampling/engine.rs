@@ -74,12 +74,23 @@ use serde::{Deserialize, Serialize};
 
 use super::{FinishReason, SamplingParams, TokenDraw, forced_row, sample_row, stop_string_hit};
 use crate::error::{ModelError, Result};
+use crate::model::cache::LayerKv;
 use crate::model::{KvCache, Transformer};
 use crate::rng::TurnRng;
 use crate::tokenizer::TextTokenizer;
 
-/// One layer's cached keys and values, `[rows, kv_heads, cols, head_dim]` each.
-type LayerKv = (Tensor, Tensor);
+/// One layer's cached keys and values of one sequence, `[1, kv_heads, cols, head_dim]` each.
+type SeqKv = (Tensor, Tensor);
+
+/// Spare key/value columns the running batch keeps per layer: decoding writes into them in
+/// place, and the cache is copied once every this many steps instead of on every step.
+const KV_RESERVE: usize = 32;
+
+/// Below this many logits in a step (rows × vocabulary), rows are drawn on the calling thread.
+const PARALLEL_DRAW_MIN_ENTRIES: usize = 1 << 16;
+
+/// One row's draw: its generator, sampling parameters, logits and forced token.
+type RowDraw<'a> = (&'a mut TurnRng, &'a SamplingParams, &'a [f32], Option<u32>);
 
 /// A prefilled group: its cache layers, key masks and next-token logits.
 type Prefilled = (Vec<LayerKv>, Vec<Vec<u8>>, Vec<Vec<f32>>);
@@ -388,7 +399,7 @@ struct SeqState {
     rng: TurnRng,
     draw: SamplingParams,
     /// Compact cache `[1, kv, cached, d]` per layer of `tokens[..cached]` while not running.
-    cache: Option<Vec<LayerKv>>,
+    cache: Option<Vec<SeqKv>>,
     cached: usize,
     /// Generated (sampled or forced) tokens over all turns.
     generated: usize,
@@ -749,14 +760,15 @@ impl<'a> SamplingEngine<'a> {
         self.stats.steps += 1;
         let max_pos = self.model.config().max_position_embeddings;
         let vocab = self.model.config().vocab_size as u32;
-        let all_logits = std::mem::take(&mut self.batch.logits);
-        let mut keep = Vec::with_capacity(all_logits.len());
-        let mut stopped: Vec<(usize, StopReason)> = Vec::new();
-        for (r, mut logits) in all_logits.into_iter().enumerate() {
+        let mut all_logits = std::mem::take(&mut self.batch.logits);
+        let n = all_logits.len();
+        // 1. The hook sees every row in row order (it may keep state across rows).
+        let mut forced = Vec::with_capacity(n);
+        for (r, logits) in all_logits.iter_mut().enumerate() {
             let id = self.batch.rows[r];
-            let st = self.seqs.get_mut(&id).expect("running row has a state");
-            let forced = match hook.as_deref_mut() {
-                Some(h) => h.process(&st.seq, &mut logits),
+            let st = &self.seqs[&id];
+            let f = match hook.as_deref_mut() {
+                Some(h) => h.process(&st.seq, logits),
                 None => None,
             };
             if !logits.iter().any(|x| x.is_finite()) {
@@ -768,19 +780,25 @@ impl<'a> SamplingEngine<'a> {
                     ),
                 ));
             }
-            let (draw, origin) = match forced {
-                Some(t) if t >= vocab => {
-                    return Err(ModelError::invalid_input(
-                        "hook",
-                        format!("forced token {t} >= vocab_size {vocab}"),
-                    ));
-                }
-                Some(t) => (forced_row(&logits, &st.draw, t), TokenOrigin::Forced),
-                None => (
-                    sample_row(&logits, &st.draw, &mut st.rng),
-                    TokenOrigin::Sampled,
-                ),
-            };
+            if let Some(t) = f
+                && t >= vocab
+            {
+                return Err(ModelError::invalid_input(
+                    "hook",
+                    format!("forced token {t} >= vocab_size {vocab}"),
+                ));
+            }
+            forced.push(f);
+        }
+        // 2. Draws: each row reads only its own logits and generator, so rows run in parallel
+        // with the same results as in sequence.
+        let draws = self.draw_rows(&all_logits, &forced);
+        // 3. Bookkeeping and stop checks, in row order.
+        let mut keep = Vec::with_capacity(n);
+        let mut stopped: Vec<(usize, StopReason)> = Vec::new();
+        for (r, (draw, origin)) in draws.into_iter().enumerate() {
+            let id = self.batch.rows[r];
+            let st = self.seqs.get_mut(&id).expect("running row has a state");
             let j = st.seq.params.confidence_top_j;
             let conf = top_j_confidence(&draw.top, j);
             let mut draw = draw;
@@ -894,7 +912,7 @@ impl<'a> SamplingEngine<'a> {
             .max()
             .unwrap_or(0);
         let b = states.len();
-        let mut cache = KvCache::new(cfg.num_hidden_layers);
+        let mut cache = KvCache::with_reserve(cfg.num_hidden_layers, KV_RESERVE);
         if c_max > 0 {
             for layer in 0..cfg.num_hidden_layers {
                 let mut ks = Vec::with_capacity(b);
@@ -919,7 +937,8 @@ impl<'a> SamplingEngine<'a> {
                         }
                     }
                 }
-                *cache.slot_mut(layer) = Some((Tensor::cat(&ks, 0)?, Tensor::cat(&vs, 0)?));
+                *cache.slot_mut(layer) =
+                    Some(LayerKv::exact(Tensor::cat(&ks, 0)?, Tensor::cat(&vs, 0)?)?);
             }
         }
         let width = c_max + n_max;
@@ -976,17 +995,14 @@ impl<'a> SamplingEngine<'a> {
                 let merged = old
                     .iter()
                     .zip(&layers)
-                    .map(|((ko, vo), (kn, vn))| {
-                        Ok((
-                            Tensor::cat(
-                                &[&left_pad(ko, w - w_old)?, &left_pad(kn, w - w_new)?],
+                    .map(|(o, n)| {
+                        let join = |a: Tensor, b: Tensor| -> Result<Tensor> {
+                            Ok(Tensor::cat(
+                                &[&left_pad(&a, w - w_old)?, &left_pad(&b, w - w_new)?],
                                 0,
-                            )?,
-                            Tensor::cat(
-                                &[&left_pad(vo, w - w_old)?, &left_pad(vn, w - w_new)?],
-                                0,
-                            )?,
-                        ))
+                            )?)
+                        };
+                        LayerKv::exact(join(o.k()?, n.k()?)?, join(o.v()?, n.v()?)?)
                     })
                     .collect::<Result<Vec<_>>>()?;
                 batch.layers = Some(merged);
@@ -1005,7 +1021,7 @@ impl<'a> SamplingEngine<'a> {
     }
 
     /// A compact `[1, kv, real, d]` copy of row `r`'s real cache columns.
-    fn extract_row(&self, r: usize) -> Result<Option<Vec<LayerKv>>> {
+    fn extract_row(&self, r: usize) -> Result<Option<Vec<SeqKv>>> {
         let Some(layers) = &self.batch.layers else {
             return Ok(None);
         };
@@ -1022,7 +1038,9 @@ impl<'a> SamplingEngine<'a> {
         let idx = Tensor::from_vec(cols, n, self.model.device())?;
         let out = layers
             .iter()
-            .map(|(k, v)| {
+            .map(|l| {
+                // The buffers are contiguous, so one row's block is too; `cols` < len.
+                let (k, v) = l.buffers();
                 Ok((
                     k.narrow(0, r, 1)?.index_select(&idx, 2)?,
                     v.narrow(0, r, 1)?.index_select(&idx, 2)?,
@@ -1062,17 +1080,20 @@ impl<'a> SamplingEngine<'a> {
             None
         };
         if let Some(layers) = batch.layers.take() {
-            let sel = |t: &Tensor| -> Result<Tensor> {
-                let t = t.index_select(&row_idx, 0)?;
-                Ok(match &col_idx {
-                    Some(ci) => t.index_select(ci, 2)?,
-                    None => t,
-                })
-            };
             batch.layers = Some(
                 layers
                     .iter()
-                    .map(|(k, v)| Ok((sel(k)?, sel(v)?)))
+                    .map(|l| {
+                        // Row selection keeps the spare columns; dropping columns compacts.
+                        let (k, v) = l.buffers();
+                        let (k, v) = (k.index_select(&row_idx, 0)?, v.index_select(&row_idx, 0)?);
+                        Ok(match &col_idx {
+                            Some(ci) => {
+                                LayerKv::exact(k.index_select(ci, 2)?, v.index_select(ci, 2)?)?
+                            }
+                            None => LayerKv::from_buffers(k, v, l.len()),
+                        })
+                    })
                     .collect::<Result<Vec<_>>>()?,
             );
         }
@@ -1092,6 +1113,48 @@ impl<'a> SamplingEngine<'a> {
         Ok(())
     }
 
+    /// Draws (or scores the forced token of) every running row: row `r` from `logits[r]` with
+    /// its own generator. Rows are spread over the rayon pool when the batch's vocabulary
+    /// entries are many enough to pay for it ([`PARALLEL_DRAW_MIN_ENTRIES`]); each row's draw
+    /// is the same either way.
+    fn draw_rows(
+        &mut self,
+        logits: &[Vec<f32>],
+        forced: &[Option<u32>],
+    ) -> Vec<(TokenDraw, TokenOrigin)> {
+        let row_of: BTreeMap<SeqId, usize> = self
+            .batch
+            .rows
+            .iter()
+            .enumerate()
+            .map(|(r, &id)| (id, r))
+            .collect();
+        let mut slots: Vec<Option<RowDraw<'_>>> = (0..logits.len()).map(|_| None).collect();
+        for (id, st) in self.seqs.iter_mut() {
+            if let Some(&r) = row_of.get(id) {
+                slots[r] = Some((&mut st.rng, &st.draw, &logits[r], forced[r]));
+            }
+        }
+        let mut work: Vec<RowDraw<'_>> = slots
+            .into_iter()
+            .map(|w| w.expect("every running row has a state"))
+            .collect();
+        let one = |(rng, params, l, f): &mut RowDraw<'_>| match *f {
+            Some(t) => (forced_row(l, params, t), TokenOrigin::Forced),
+            None => (sample_row(l, params, rng), TokenOrigin::Sampled),
+        };
+        let entries: usize = logits.iter().map(Vec::len).sum();
+        if work.len() > 1
+            && entries >= PARALLEL_DRAW_MIN_ENTRIES
+            && rayon::current_num_threads() > 1
+        {
+            use rayon::prelude::*;
+            work.par_iter_mut().map(one).collect()
+        } else {
+            work.iter_mut().map(one).collect()
+        }
+    }
+
     /// Runs every running row's newest token through the model (one position per row).
     fn decode_running(&mut self) -> Result<()> {
         let n = self.batch.rows.len();
@@ -1109,7 +1172,7 @@ impl<'a> SamplingEngine<'a> {
         for m in self.batch.mask.iter_mut() {
             m.push(1);
         }
-        let mut cache = KvCache::new(self.model.config().num_hidden_layers);
+        let mut cache = KvCache::with_reserve(self.model.config().num_hidden_layers, KV_RESERVE);
         if let Some(layers) = self.batch.layers.take() {
             for (i, kv) in layers.into_iter().enumerate() {
                 *cache.slot_mut(i) = Some(kv);

@@ -582,3 +582,75 @@ fn sample_row_speed_against_the_full_sort_reference() {
         }
     }
 }
+
+/// Long turns (past the engine's spare cache columns, so its buffers regrow), rows leaving at
+/// different steps, and enough rows × vocabulary for the parallel draw: every row's tokens,
+/// log-probs and entropies equal those of the row sampled alone.
+#[test]
+fn long_batched_turns_match_rows_alone() {
+    let cfg = ModelConfig::tiny_qwen2(4096);
+    let model = detached(&cfg, DType::F64, 31);
+    let params = SamplingParams {
+        temperature: 1.0,
+        max_new_tokens: 90,
+        stop_token_ids: (0..40).collect(),
+        top_logprobs: 2,
+        ..Default::default()
+    };
+    let prompts: Vec<Vec<u32>> = (0..20u32)
+        .map(|r| {
+            (0..1 + r % 5)
+                .map(|i| (97 * r + 31 * i + 5) % 4096)
+                .collect()
+        })
+        .collect();
+    let seeds: Vec<u64> = (100..120).collect();
+    let batch = generate(&model, &prompts, &seeds, &params, None).unwrap();
+    let lens: Vec<usize> = batch.iter().map(|c| c.tokens.len()).collect();
+    assert!(lens.contains(&90), "no row reached the limit: {lens:?}");
+    assert!(
+        lens.iter().any(|&n| n < 90),
+        "no row stopped early: {lens:?}"
+    );
+    for (i, (p, c)) in prompts.iter().zip(&batch).enumerate() {
+        // The reported log-probs are those of a full teacher-forced pass (no cache).
+        let full: Vec<u32> = p.iter().chain(&c.tokens).copied().collect();
+        let t = full.len() - 1;
+        let ids = Tensor::from_vec(full[..t].to_vec(), (1, t), &Device::Cpu).unwrap();
+        let tg = Tensor::from_vec(full[1..].to_vec(), (1, t), &Device::Cpu).unwrap();
+        let pos = Tensor::arange(0u32, t as u32, &Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        let mask = Tensor::ones((1, t), DType::U32, &Device::Cpu).unwrap();
+        let (lp, _) =
+            logprobs_and_entropy_with_temperature(&model, &ids, &pos, &mask, &tg, 1.0).unwrap();
+        let lp = lp
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        for (k, &a) in c.logprobs.iter().enumerate() {
+            let j = p.len() - 1 + k;
+            assert!(
+                (a - lp[j]).abs() < 1e-5,
+                "row {i} step {k}: {a} vs {}",
+                lp[j]
+            );
+        }
+        let alone = generate(&model, &prompts[i..i + 1], &seeds[i..i + 1], &params, None).unwrap();
+        let a = &alone[0];
+        assert_eq!(a.tokens, c.tokens, "row {i}");
+        assert_eq!(a.finish, c.finish, "row {i}");
+        for (x, y) in a
+            .logprobs
+            .iter()
+            .zip(&c.logprobs)
+            .chain(a.entropies.iter().zip(&c.entropies))
+        {
+            assert!((x - y).abs() <= 1e-5, "row {i}: {x} vs {y}");
+        }
+    }
+}
