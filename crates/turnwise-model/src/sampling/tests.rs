@@ -81,6 +81,36 @@ fn seeded_rows_do_not_depend_on_their_batch() {
     );
 }
 
+/// Per-position log-probs and entropies (as `f32`) of `prompt` + `tokens` under a full
+/// teacher-forced pass at `temperature`; position `j` scores token `j + 1`.
+fn teacher_forced(
+    model: &Transformer,
+    prompt: &[u32],
+    tokens: &[u32],
+    temperature: f64,
+) -> (Vec<f32>, Vec<f32>) {
+    let full: Vec<u32> = prompt.iter().chain(tokens).copied().collect();
+    let t = full.len() - 1;
+    let ids = Tensor::from_vec(full[..t].to_vec(), (1, t), &Device::Cpu).unwrap();
+    let tg = Tensor::from_vec(full[1..].to_vec(), (1, t), &Device::Cpu).unwrap();
+    let pos = Tensor::arange(0u32, t as u32, &Device::Cpu)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let mask = Tensor::ones((1, t), DType::U32, &Device::Cpu).unwrap();
+    let (lp, ent) =
+        logprobs_and_entropy_with_temperature(model, &ids, &pos, &mask, &tg, temperature).unwrap();
+    let flat = |x: Tensor| {
+        x.to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    };
+    (flat(lp), flat(ent))
+}
+
 #[test]
 fn reported_logprobs_match_the_training_pass() {
     let cfg = ModelConfig::tiny_qwen2(96);
@@ -93,19 +123,7 @@ fn reported_logprobs_match_the_training_pass() {
     };
     let out = generate(&model, &prompts(), &[4, 5, 6], &params, None).unwrap();
     for (p, c) in prompts().iter().zip(&out) {
-        let full: Vec<u32> = p.iter().chain(&c.tokens).copied().collect();
-        let t = full.len() - 1;
-        let ids = Tensor::from_vec(full[..t].to_vec(), (1, t), &Device::Cpu).unwrap();
-        let tg = Tensor::from_vec(full[1..].to_vec(), (1, t), &Device::Cpu).unwrap();
-        let pos = Tensor::arange(0u32, t as u32, &Device::Cpu)
-            .unwrap()
-            .unsqueeze(0)
-            .unwrap();
-        let mask = Tensor::ones((1, t), DType::U32, &Device::Cpu).unwrap();
-        let (lp, ent) =
-            logprobs_and_entropy_with_temperature(&model, &ids, &pos, &mask, &tg, 0.7).unwrap();
-        let lp = lp.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let ent = ent.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let (lp, ent) = teacher_forced(&model, p, &c.tokens, 0.7);
         for (k, (&a, &e)) in c.logprobs.iter().zip(&c.entropies).enumerate() {
             let j = p.len() - 1 + k;
             assert!((a - lp[j]).abs() < 1e-4, "logp step {k}: {a} vs {}", lp[j]);
@@ -614,24 +632,7 @@ fn long_batched_turns_match_rows_alone() {
     );
     for (i, (p, c)) in prompts.iter().zip(&batch).enumerate() {
         // The reported log-probs are those of a full teacher-forced pass (no cache).
-        let full: Vec<u32> = p.iter().chain(&c.tokens).copied().collect();
-        let t = full.len() - 1;
-        let ids = Tensor::from_vec(full[..t].to_vec(), (1, t), &Device::Cpu).unwrap();
-        let tg = Tensor::from_vec(full[1..].to_vec(), (1, t), &Device::Cpu).unwrap();
-        let pos = Tensor::arange(0u32, t as u32, &Device::Cpu)
-            .unwrap()
-            .unsqueeze(0)
-            .unwrap();
-        let mask = Tensor::ones((1, t), DType::U32, &Device::Cpu).unwrap();
-        let (lp, _) =
-            logprobs_and_entropy_with_temperature(&model, &ids, &pos, &mask, &tg, 1.0).unwrap();
-        let lp = lp
-            .to_dtype(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
+        let (lp, _) = teacher_forced(&model, p, &c.tokens, 1.0);
         for (k, &a) in c.logprobs.iter().enumerate() {
             let j = p.len() - 1 + k;
             assert!(
