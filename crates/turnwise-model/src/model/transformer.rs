@@ -28,6 +28,12 @@ struct Linear {
 
 impl Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(Self::forward_many(&[self], x)?.remove(0))
+    }
+
+    /// Several layers on the same input (e.g. q, k and v): when sampling on detached weights,
+    /// one pass of the few-row kernel for all of them; otherwise each layer on its own.
+    fn forward_many(layers: &[&Self], x: &Tensor) -> Result<Vec<Tensor>> {
         let dims = x.dims().to_vec();
         let (in_dim, lead) = match dims.split_last() {
             Some((last, lead)) => (*last, lead.to_vec()),
@@ -39,20 +45,29 @@ impl Linear {
             }
         };
         let rows: usize = lead.iter().product();
-        let out_dim = self.weight.dim(0)?;
         let x = x.reshape((rows, in_dim))?;
+        let weights: Vec<&Tensor> = layers.iter().map(|l| &l.weight).collect();
         // Sampling on detached weights: a few rows by the weight read in place (no packing).
-        let y = match ops::infer::linear(&x, &self.weight, ops::infer::LINEAR_MAX_ROWS)? {
-            Some(y) => y,
-            None => x.matmul(&self.weight.t()?)?,
+        let ys = match ops::infer::linear_many(&x, &weights, ops::infer::LINEAR_MAX_ROWS)? {
+            Some(ys) => ys,
+            None => weights
+                .iter()
+                .map(|w| x.matmul(&w.t()?))
+                .collect::<candle_core::Result<Vec<_>>>()?,
         };
-        let y = match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        };
-        let mut out_shape = lead;
-        out_shape.push(out_dim);
-        Ok(y.reshape(out_shape)?)
+        layers
+            .iter()
+            .zip(ys)
+            .map(|(l, y)| {
+                let y = match &l.bias {
+                    Some(b) => y.broadcast_add(b)?,
+                    None => y,
+                };
+                let mut out_shape = lead.clone();
+                out_shape.push(l.weight.dim(0)?);
+                Ok(y.reshape(out_shape)?)
+            })
+            .collect()
     }
 }
 
@@ -102,12 +117,13 @@ impl Attention {
                 None => y,
             })
         };
-        let q = heads(self.q_proj.forward(x)?, self.num_heads, &self.q_norm)?;
-        let k = heads(self.k_proj.forward(x)?, self.num_kv_heads, &self.k_norm)?;
-        let v = self
-            .v_proj
-            .forward(x)?
-            .reshape((b, t, self.num_kv_heads, d))?;
+        let [q, k, v]: [Tensor; 3] =
+            Linear::forward_many(&[&self.q_proj, &self.k_proj, &self.v_proj], x)?
+                .try_into()
+                .expect("three projections");
+        let q = heads(q, self.num_heads, &self.q_norm)?;
+        let k = heads(k, self.num_kv_heads, &self.k_norm)?;
+        let v = v.reshape((b, t, self.num_kv_heads, d))?;
         // The 1/sqrt(D) scale is folded into q (T·D values instead of T·T_total scores).
         let scale = 1.0 / (d as f64).sqrt();
         let q = (apply_rope(&q.transpose(1, 2)?, cos, sin)? * scale)?;
@@ -139,8 +155,10 @@ struct Mlp {
 
 impl Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = self.gate.forward(x)?;
-        let h = (g.silu()? * self.up.forward(x)?)?;
+        let [g, u]: [Tensor; 2] = Linear::forward_many(&[&self.gate, &self.up], x)?
+            .try_into()
+            .expect("two projections");
+        let h = (g.silu()? * u)?;
         self.down.forward(&h)
     }
 }

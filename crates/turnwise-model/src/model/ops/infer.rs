@@ -56,22 +56,53 @@ fn f32_slice<'a>(storage: &'a Storage, layout: &Layout) -> candle_core::Result<&
 /// `x Wᵀ` for `x: [M, K]` and `w: [N, K]` (Hugging Face layout), when `M <= max_rows`, AVX-512
 /// is available and neither input tracks gradients (`f32`, CPU); `None` otherwise.
 pub fn linear(x: &Tensor, w: &Tensor, max_rows: usize) -> candle_core::Result<Option<Tensor>> {
-    let (Ok((m, k)), Ok((n, kw))) = (x.dims2(), w.dims2()) else {
+    Ok(linear_many(x, &[w], max_rows)?.and_then(|mut ys| ys.pop()))
+}
+
+/// `x Wᵢᵀ` for several weights `Wᵢ: [Nᵢ, K]` sharing the input `x: [M, K]` (a layer's q, k and v
+/// projections, or its gate and up projections), in one parallel pass: the threads split the
+/// weights' columns together, so the layer pays one dispatch instead of one per weight. Same
+/// conditions as [`linear`], for every weight; `None` otherwise.
+pub fn linear_many(
+    x: &Tensor,
+    ws: &[&Tensor],
+    max_rows: usize,
+) -> candle_core::Result<Option<Vec<Tensor>>> {
+    let Ok((m, k)) = x.dims2() else {
         return Ok(None);
     };
-    if m == 0 || m > max_rows || k != kw || !has_avx512() || !plain_f32_cpu(x) || !plain_f32_cpu(w)
-    {
+    let mut ns = Vec::with_capacity(ws.len());
+    for w in ws {
+        match w.dims2() {
+            Ok((n, kw)) if kw == k && plain_f32_cpu(w) => ns.push(n),
+            _ => return Ok(None),
+        }
+    }
+    if m == 0 || m > max_rows || ws.is_empty() || !has_avx512() || !plain_f32_cpu(x) {
         return Ok(None);
     }
-    let (x, w) = (x.contiguous()?, w.contiguous()?);
+    let x = x.contiguous()?;
+    let ws: Vec<Tensor> = ws
+        .iter()
+        .map(|w| w.contiguous())
+        .collect::<candle_core::Result<_>>()?;
     let (xs, xl) = x.storage_and_layout();
-    let (ws, wl) = w.storage_and_layout();
-    let y = matmul_xwt(f32_slice(&xs, xl)?, f32_slice(&ws, wl)?, m, n, k, true)?;
-    Ok(Some(Tensor::from_vec(y, (m, n), x.device())?))
+    let guards: Vec<_> = ws.iter().map(|w| w.storage_and_layout()).collect();
+    let slices = guards
+        .iter()
+        .map(|(s, l)| f32_slice(s, l))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let ys = matmul_xwt_many(f32_slice(&xs, xl)?, &slices, m, &ns, k, true)?;
+    ys.into_iter()
+        .zip(&ns)
+        .map(|(y, &n)| Tensor::from_vec(y, (m, n), x.device()))
+        .collect::<candle_core::Result<Vec<_>>>()
+        .map(Some)
 }
 
 /// `y[i, j] = x[i] · w[j]` for row-major `x: [m, k]`, `w: [n, k]`; `y: [m, n]`. `simd` picks
 /// the AVX-512 tiles (when the CPU has them) over the portable dot products.
+#[cfg(test)]
 pub(crate) fn matmul_xwt(
     x: &[f32],
     w: &[f32],
@@ -80,26 +111,76 @@ pub(crate) fn matmul_xwt(
     k: usize,
     simd: bool,
 ) -> candle_core::Result<Vec<f32>> {
-    if x.len() != m * k || w.len() != n * k {
+    Ok(matmul_xwt_many(x, &[w], m, &[n], k, simd)?.remove(0))
+}
+
+/// [`matmul_xwt`] for several weights `ws[i]: [ns[i], k]`: one output `[m, ns[i]]` each. The
+/// threads split the weights' columns, concatenated, into contiguous blocks of whole 4-row
+/// weight tiles.
+pub(crate) fn matmul_xwt_many(
+    x: &[f32],
+    ws: &[&[f32]],
+    m: usize,
+    ns: &[usize],
+    k: usize,
+    simd: bool,
+) -> candle_core::Result<Vec<Vec<f32>>> {
+    if ws.len() != ns.len() {
         candle_core::bail!(
-            "matmul_xwt: x has {} values for [{m}, {k}], w {} for [{n}, {k}]",
-            x.len(),
-            w.len()
+            "matmul_xwt: {} weights, {} column counts",
+            ws.len(),
+            ns.len()
         );
     }
-    let mut y = vec![0f32; m * n];
-    let threads = if m * n * k >= PARALLEL_MIN_MACS {
-        rayon::current_num_threads().min(n.div_ceil(4)).max(1)
+    for (w, &n) in ws.iter().zip(ns) {
+        if x.len() != m * k || w.len() != n * k {
+            candle_core::bail!(
+                "matmul_xwt: x has {} values for [{m}, {k}], w {} for [{n}, {k}]",
+                x.len(),
+                w.len()
+            );
+        }
+    }
+    let mut ys: Vec<Vec<f32>> = ns.iter().map(|&n| vec![0f32; m * n]).collect();
+    let outs: Vec<SyncPtr> = ys.iter_mut().map(|y| SyncPtr(y.as_mut_ptr())).collect();
+    // Weight `i`'s columns start at `offsets[i]` of the concatenated column range.
+    let offsets: Vec<usize> = ns
+        .iter()
+        .scan(0, |acc, &n| {
+            let o = *acc;
+            *acc += n;
+            Some(o)
+        })
+        .collect();
+    let total: usize = ns.iter().sum();
+    let threads = if m * total * k >= PARALLEL_MIN_MACS {
+        rayon::current_num_threads().min(total.div_ceil(4)).max(1)
     } else {
         1
     };
     // Column blocks of whole 4-row weight tiles, one per thread; each writes its own columns.
-    let per = n.div_ceil(threads).div_ceil(4) * 4;
-    let out = SyncPtr(y.as_mut_ptr());
-    let run = |j0: usize| {
-        let j1 = (j0 + per).min(n);
-        // SAFETY: blocks [j0, j1) are disjoint across tasks, and `y` outlives the scope.
-        unsafe { columns(x, w, m, n, k, j0, j1, out, simd) }
+    let per = total.div_ceil(threads).div_ceil(4) * 4;
+    let run = |c0: usize| {
+        let c1 = (c0 + per).min(total);
+        for (i, (&w, &n)) in ws.iter().zip(ns).enumerate() {
+            let (j0, j1) = (c0.max(offsets[i]), c1.min(offsets[i] + n));
+            if j0 < j1 {
+                // SAFETY: column blocks are disjoint across tasks, and `ys` outlives the scope.
+                unsafe {
+                    columns(
+                        x,
+                        w,
+                        m,
+                        n,
+                        k,
+                        j0 - offsets[i],
+                        j1 - offsets[i],
+                        outs[i],
+                        simd,
+                    )
+                };
+            }
+        }
     };
     if threads == 1 {
         run(0);
@@ -112,7 +193,7 @@ pub(crate) fn matmul_xwt(
             run(0);
         });
     }
-    Ok(y)
+    Ok(ys)
 }
 
 /// A raw output pointer shared by tasks that write disjoint elements.

@@ -370,6 +370,44 @@ fn infer_linear_matches_matmul_on_every_tile_shape() {
     assert!(infer::matmul_xwt(&xs, &ws, m, n, k + 1, true).is_err());
 }
 
+/// Several weights in one pass: each output equals that weight's own pass bit for bit, with
+/// column counts that put the threads' block boundaries inside and between weights.
+#[test]
+fn infer_linear_many_equals_one_weight_at_a_time() {
+    for (m, ns) in [
+        (9usize, vec![130usize, 7, 125]),
+        (3, vec![5, 1]),
+        (64, vec![512, 128, 128]),
+    ] {
+        let k = 512;
+        let x = rand(&[m, k], m as u64, 1.0, DType::F32);
+        let ws: Vec<Tensor> = ns
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| rand(&[n, k], 50 + i as u64, 1.0, DType::F32))
+            .collect();
+        let refs: Vec<&Tensor> = ws.iter().collect();
+        let many = infer::linear_many(&x, &refs, usize::MAX).unwrap();
+        let Some(many) = many else {
+            // No AVX-512 here: both declined, the caller falls back to matmul.
+            assert!(infer::linear(&x, &ws[0], usize::MAX).unwrap().is_none());
+            continue;
+        };
+        for (w, y) in ws.iter().zip(&many) {
+            let one = infer::linear(&x, w, usize::MAX).unwrap().unwrap();
+            assert_eq!(max_diff(y, &one), 0.0, "m={m}, ns={ns:?}");
+            assert!(max_diff(y, &matmul_t(&x, w)) <= 1e-4);
+        }
+    }
+    // One unsuitable weight declines the whole call.
+    let x = rand(&[4, 16], 3, 1.0, DType::F32);
+    let (w, w_bad) = (
+        rand(&[8, 16], 4, 1.0, DType::F32),
+        rand(&[8, 15], 5, 1.0, DType::F32),
+    );
+    assert!(infer::linear_many(&x, &[&w, &w_bad], 32).unwrap().is_none());
+}
+
 #[test]
 fn infer_linear_declines_what_it_does_not_cover() {
     let x = rand(&[4, 16], 3, 1.0, DType::F32);
