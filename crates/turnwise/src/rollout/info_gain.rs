@@ -7,7 +7,6 @@ use candle_core::{Device, Tensor};
 use turnwise_core::info_gain::{ProbeSuffix, TruncatedRolloutRule, build_probe_ids, info_gains};
 use turnwise_core::trajectory::FinishReason;
 use turnwise_model::Transformer;
-use turnwise_model::logprobs::logprobs_and_entropy;
 use turnwise_model::tokenizer::TextTokenizer;
 
 use super::Episode;
@@ -189,54 +188,6 @@ pub fn span_logprobs(
     Ok(out)
 }
 
-/// Per row, `lp[k]` = log-prob of token `k` given the tokens before it (`lp[0]` = 0).
-pub fn teacher_forced_logprobs<'a>(
-    model: &Transformer,
-    rows: impl Iterator<Item = &'a [u32]>,
-) -> Result<Vec<Vec<f64>>> {
-    let rows: Vec<&[u32]> = rows.collect();
-    if rows.is_empty() {
-        return Ok(Vec::new());
-    }
-    let device = model.device().clone();
-    let width = rows.iter().map(|r| r.len()).max().unwrap_or(1).max(2);
-    let b = rows.len();
-    let mut ids = vec![0u32; b * width];
-    let mut pos = vec![0u32; b * width];
-    let mut mask = vec![0u8; b * width];
-    let mut targets = vec![0u32; b * width];
-    for (i, r) in rows.iter().enumerate() {
-        for (k, &t) in r.iter().enumerate() {
-            ids[i * width + k] = t;
-            pos[i * width + k] = k as u32;
-            mask[i * width + k] = 1;
-            if k > 0 {
-                targets[i * width + k - 1] = t;
-            }
-        }
-    }
-    let t = |v: Vec<u32>| Tensor::from_vec(v, (b, width), &device);
-    let (logp, _) = logprobs_and_entropy(
-        model,
-        &t(ids)?,
-        &t(pos)?,
-        &Tensor::from_vec(mask, (b, width), &Device::Cpu)?.to_device(&device)?,
-        &t(targets)?,
-    )?;
-    let logp = logp.to_dtype(candle_core::DType::F32)?.to_vec2::<f32>()?;
-    Ok(rows
-        .iter()
-        .zip(logp)
-        .map(|(r, lp)| {
-            let mut out = vec![0.0; r.len()];
-            for k in 1..r.len() {
-                out[k] = f64::from(lp[k - 1]);
-            }
-            out
-        })
-        .collect())
-}
-
 #[cfg(test)]
 mod tests {
     use candle_core::{DType, Device};
@@ -244,7 +195,60 @@ mod tests {
     use turnwise_model::Transformer;
     use turnwise_model::model::weights::init_varmap;
 
-    use super::{span_logprobs, teacher_forced_logprobs};
+    use anyhow::Result;
+    use candle_core::Tensor;
+    use turnwise_model::logprobs::logprobs_and_entropy;
+
+    use super::span_logprobs;
+
+    /// The reference: per row, `lp[k]` = log-prob of token `k` given the tokens before it
+    /// (`lp[0]` = 0), from the full teacher-forced pass (LM head at every position).
+    fn teacher_forced_logprobs<'a>(
+        model: &Transformer,
+        rows: impl Iterator<Item = &'a [u32]>,
+    ) -> Result<Vec<Vec<f64>>> {
+        let rows: Vec<&[u32]> = rows.collect();
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let device = model.device().clone();
+        let width = rows.iter().map(|r| r.len()).max().unwrap_or(1).max(2);
+        let b = rows.len();
+        let mut ids = vec![0u32; b * width];
+        let mut pos = vec![0u32; b * width];
+        let mut mask = vec![0u8; b * width];
+        let mut targets = vec![0u32; b * width];
+        for (i, r) in rows.iter().enumerate() {
+            for (k, &t) in r.iter().enumerate() {
+                ids[i * width + k] = t;
+                pos[i * width + k] = k as u32;
+                mask[i * width + k] = 1;
+                if k > 0 {
+                    targets[i * width + k - 1] = t;
+                }
+            }
+        }
+        let t = |v: Vec<u32>| Tensor::from_vec(v, (b, width), &device);
+        let (logp, _) = logprobs_and_entropy(
+            model,
+            &t(ids)?,
+            &t(pos)?,
+            &Tensor::from_vec(mask, (b, width), &Device::Cpu)?.to_device(&device)?,
+            &t(targets)?,
+        )?;
+        let logp = logp.to_dtype(candle_core::DType::F32)?.to_vec2::<f32>()?;
+        Ok(rows
+            .iter()
+            .zip(logp)
+            .map(|(r, lp)| {
+                let mut out = vec![0.0; r.len()];
+                for k in 1..r.len() {
+                    out[k] = f64::from(lp[k - 1]);
+                }
+                out
+            })
+            .collect())
+    }
 
     /// The span-only pass (LM head at the span positions) equals the full teacher-forced
     /// pass at those positions, for rows of different lengths batched together (padding),

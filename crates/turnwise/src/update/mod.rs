@@ -68,7 +68,7 @@ pub fn logprobs_no_grad(
     chunk: usize,
 ) -> Result<Vec<Vec<f32>>> {
     let mut by_len: Vec<usize> = (0..rows.len()).collect();
-    by_len.sort_by_key(|&i| rows[i].prompt.len() + rows[i].response.len());
+    by_len.sort_by_key(|&i| row_len(&rows[i]));
     let mut out = vec![Vec::new(); rows.len()];
     for c in by_len.chunks(chunk.max(1)) {
         let refs: Vec<&Row> = c.iter().map(|&i| &rows[i]).collect();
@@ -104,12 +104,19 @@ pub struct ActorUpdate<'a> {
     pub use_turn_id: bool,
 }
 
-fn tensor_rows(v: &[Vec<f32>], rows: &[&Row], width: usize, device: &Device) -> Result<Tensor> {
-    let mut flat = vec![0f32; rows.len() * width];
-    for (i, lp) in v.iter().enumerate() {
-        flat[i * width..i * width + lp.len()].copy_from_slice(lp);
+/// Rows `idx` of the per-row values `v`, right-padded with zeros: `[idx.len(), width]`.
+fn tensor_rows(v: &[Vec<f32>], idx: &[usize], width: usize, device: &Device) -> Result<Tensor> {
+    let mut flat = vec![0f32; idx.len() * width];
+    for (k, &i) in idx.iter().enumerate() {
+        flat[k * width..k * width + v[i].len()].copy_from_slice(&v[i]);
     }
-    Ok(Tensor::from_vec(flat, (rows.len(), width), device)?)
+    Ok(Tensor::from_vec(flat, (idx.len(), width), device)?)
+}
+
+/// Tokens of a row (prompt and response): what a forward pass over it costs, and the key that
+/// groups rows of similar length into one pass.
+fn row_len(r: &Row) -> usize {
+    r.prompt.len() + r.response.len()
 }
 
 /// Whether an update of `n` rows under `cfg` is on-policy: one epoch and one mini-batch, so
@@ -163,7 +170,7 @@ pub fn actor_update(
         for mb in perm.chunks(mini) {
             let mut mb = mb.to_vec();
             // Stable: rows of equal length keep the seeded order.
-            mb.sort_by_key(|&i| rows[i].prompt.len() + rows[i].response.len());
+            mb.sort_by_key(|&i| row_len(&rows[i]));
             let total_tokens: f64 = mb
                 .iter()
                 .map(|&i| rows[i].loss_mask.iter().map(|&m| f64::from(m)).sum::<f64>())
@@ -182,23 +189,11 @@ pub fn actor_update(
                 let refs: Vec<&Row> = micro_idx.iter().map(|&i| &rows[i]).collect();
                 let packed = pack(&refs, policy.device())?;
                 let l = packed.response_width;
-                let old_t = match old_logp {
-                    Some(o) => {
-                        let old: Vec<Vec<f32>> = micro_idx.iter().map(|&i| o[i].clone()).collect();
-                        Some(tensor_rows(&old, &refs, l, policy.device())?)
-                    }
-                    None => None,
-                };
-                let ref_t = match ref_logp {
-                    Some(r) => {
-                        let v: Vec<Vec<f32>> = micro_idx.iter().map(|&i| r[i].clone()).collect();
-                        Some(tensor_rows(&v, &refs, l, policy.device())?)
-                    }
-                    None => None,
-                };
+                let pick = |v: &[Vec<f32>]| tensor_rows(v, micro_idx, l, policy.device());
+                let ref_t = ref_logp.map(pick).transpose()?;
                 let (logp, entropy) = response_logprobs(policy, &packed, cfg.temperature)?;
-                let old_t = match old_t {
-                    Some(t) => t,
+                let old_t = match old_logp {
+                    Some(o) => pick(o)?,
                     None => logp.detach(),
                 };
                 let mut pin =
