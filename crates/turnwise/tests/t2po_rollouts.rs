@@ -436,6 +436,49 @@ fn t2po_step_rewards_carry_the_format_penalty_into_the_advantages() {
     assert_ne!(a, b);
 }
 
+/// Review B 5.3: the format penalty lands on the invalid step only. The episode score of every
+/// step sample is the episode's EM, minus that step's own penalty; the valid steps of a
+/// trajectory with an invalid step are not lowered.
+#[test]
+fn t2po_penalty_lowers_only_the_invalid_steps_sample() {
+    use turnwise::trainer::advantage::{place_rewards, rollout_of};
+    let mut t = trainer();
+    t.freeze_reference().unwrap();
+    let out = t.rl_step().unwrap();
+    let mut mixed = 0;
+    for e in &out.episodes {
+        let tr = &e.trajectory.turn_rewards;
+        let score = e.trajectory.outcome_reward.unwrap();
+        let mut r = rollout_of(e, 0, score, tr, None);
+        let penalised = place_rewards(&t.config, e, &mut r).unwrap();
+        let steps = r
+            .step_scores
+            .clone()
+            .expect("per-invalid-step placement sets step scores");
+        let em: f64 = tr.iter().map(|&x| x.max(0.0)).sum::<f64>()
+            + tr.iter().filter(|&&x| (x - 0.9).abs() < 1e-9).count() as f64 * 0.1;
+        let mut seen = (false, false);
+        for (k, &s) in steps.iter().enumerate() {
+            let invalid = tr[k] < -0.05 || (tr[k] - 0.9).abs() < 1e-9;
+            if invalid {
+                assert!(
+                    (s - (em - 0.1)).abs() < 1e-9,
+                    "{} step {k}: {s}",
+                    e.trajectory.id
+                );
+                seen.0 = true;
+            } else {
+                assert!((s - em).abs() < 1e-9, "{} step {k}: {s}", e.trajectory.id);
+                seen.1 = true;
+            }
+        }
+        assert_eq!(penalised, steps.iter().filter(|&&s| s < em - 0.05).count());
+        mixed += usize::from(seen.0 && seen.1);
+    }
+    // The tiny model writes trajectories with both valid and invalid steps: the check bites.
+    assert!(mixed > 0, "no trajectory mixes valid and invalid steps");
+}
+
 #[test]
 fn rollout_control_config() {
     let t2po = TrainConfig::resolve(Some("t2po"), None, &[]).unwrap();

@@ -52,7 +52,7 @@ pub enum EpisodeTerm {
 }
 
 macro_rules! gigpo_settings {
-    ($(#[$meta:meta])* $name:ident, $est:literal, sim = $sim:expr, thresh = $thresh:expr) => {
+    ($(#[$meta:meta])* $name:ident, $est:literal, sim = $sim:expr, thresh = $thresh:expr, invalid = $inv:expr) => {
         $(#[$meta])*
         #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
         #[serde(default, deny_unknown_fields)]
@@ -74,6 +74,12 @@ macro_rules! gigpo_settings {
             pub similarity_thresh: f64,
             /// Episode term variant.
             pub episode_term: EpisodeTerm,
+            /// verl-agent's invalid-action penalty (`invalid_action_penalty_coef`): the trainer
+            /// lowers the step reward and the episode score of every step sample whose action
+            /// was invalid by this much (only that step's sample, spec §2.6, §10), through
+            /// [`Rollout::step_rewards`](super::Rollout) and
+            /// [`Rollout::step_scores`](super::Rollout).
+            pub invalid_action_penalty: f64,
         }
 
         impl Default for $name {
@@ -87,6 +93,7 @@ macro_rules! gigpo_settings {
                     enable_similarity: $sim,
                     similarity_thresh: $thresh,
                     episode_term: EpisodeTerm::EpisodeReward,
+                    invalid_action_penalty: $inv,
                 }
             }
         }
@@ -114,12 +121,14 @@ macro_rules! gigpo_settings {
 
 gigpo_settings!(
     /// Settings of `gigpo` (verl-agent defaults: exact anchors, threshold 0.95 when enabled).
-    GigpoConfig, "gigpo", sim = false, thresh = 0.95
+    GigpoConfig, "gigpo", sim = false, thresh = 0.95, invalid = 0.1
 );
 gigpo_settings!(
     /// Settings of `t2po` (T2PO search scripts: GiGPO with similarity grouping at 0.9, γ 0.95,
     /// `mean_std_norm`, ω = 1).
-    T2poConfig, "t2po", sim = true, thresh = 0.9
+    /// T2PO's format penalty comes from its reward (`t2po_em`, spec §2.6), so the estimator's
+    /// own invalid-action penalty defaults to 0 here.
+    T2poConfig, "t2po", sim = true, thresh = 0.9, invalid = 0.0
 );
 
 struct GigpoSettings {

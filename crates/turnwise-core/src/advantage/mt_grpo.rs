@@ -12,8 +12,16 @@ use super::{AdvantageBatch, AdvantageError, AdvantageOutput, Estimator};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TurnGroupKey {
-    /// All rollouts of the prompt group that reach turn `k` (the spec's vector).
+    /// All rollouts of the prompt group that reach turn `k`, split by the role of turn `k`:
+    /// rollouts whose turn `k` is their final (answer) turn form one group and rollouts that
+    /// continue after turn `k` another, so a final reward `R^F` is never normalised together
+    /// with an intermediate reward `R^I` (chains of different lengths; the paper's groups all
+    /// have the same number of turns, where this equals [`TurnGroupKey::PromptTurn`]).
     #[default]
+    PromptTurnRole,
+    /// All rollouts of the prompt group that reach turn `k`, whatever the role of that turn
+    /// (the spec's vector, which has equal turn counts; with chains of different lengths the
+    /// group mixes final and intermediate rewards).
     PromptTurn,
     /// Prompt group, turn `k` and the rollout's `anchors[k]` (state id), for `G^{K−1}` trees
     /// where each state has its own G sampled actions.
@@ -38,7 +46,7 @@ impl Default for MtGrpoConfig {
         Self {
             std: StdKind::Unbiased,
             epsilon: 1e-6,
-            state_key: TurnGroupKey::PromptTurn,
+            state_key: TurnGroupKey::PromptTurnRole,
         }
     }
 }
@@ -115,6 +123,8 @@ impl Estimator for MtGrpoConfig {
                 scores.push(r.turn_rewards[k]);
                 let anchor = match self.state_key {
                     TurnGroupKey::PromptTurn => String::new(),
+                    TurnGroupKey::PromptTurnRole if k + 1 == r.num_turns => "final".into(),
+                    TurnGroupKey::PromptTurnRole => "process".into(),
                     TurnGroupKey::Anchor => r.anchors[k].clone(),
                 };
                 keys.push((r.group, k, anchor));
@@ -274,6 +284,35 @@ mod tests {
         let h = 0.5 / (0.5f64.sqrt() + 1e-6);
         assert_all_close(&out.rollouts[1].turns, &[0.866024 - h, -h], TOL, "r1");
         assert_all_close(&out.rollouts[3].turns, &[-0.866024, 0.0], TOL, "r3");
+    }
+
+    /// Review B 4.1: chains of different lengths. A = [0.3, 1.0] ends at turn 1, B =
+    /// [0.0, −0.1, 0.2] continues, C = [0.3, 0.2] ends at turn 1. The default groups never mix
+    /// B's intermediate −0.1 with A's and C's final rewards; `prompt_turn` does.
+    #[test]
+    fn final_and_intermediate_rewards_never_share_a_turn_group() {
+        let mk = |r: Vec<f64>| Rollout::with_turns(0, r.len(), 0.0).with_turn_rewards(r);
+        let batch = AdvantageBatch::new(vec![
+            mk(vec![0.3, 1.0]),
+            mk(vec![0.0, -0.1, 0.2]),
+            mk(vec![0.3, 0.2]),
+        ]);
+        let out = MtGrpoConfig::default().estimate(&batch).unwrap();
+        // Turn 0 (all process): [0.3, 0, 0.3] → mean 0.2, std_u 0.173205.
+        let t0 = |x: f64| (x - 0.2) / (0.03f64.sqrt() + 1e-6);
+        // Turn 1 finals {1.0, 0.2}: ±0.4 / (std_u 0.565685 + ε); B's −0.1 alone → 0; B's final
+        // at turn 2 alone → 0.
+        let f = 0.4 / (0.32f64.sqrt() + 1e-6);
+        assert_all_close(&out.rollouts[0].turns, &[t0(0.3) + f, f], TOL, "A");
+        assert_all_close(&out.rollouts[1].turns, &[t0(0.0), 0.0, 0.0], TOL, "B");
+        assert_all_close(&out.rollouts[2].turns, &[t0(0.3) - f, -f], TOL, "C");
+        let mixed = MtGrpoConfig {
+            state_key: TurnGroupKey::PromptTurn,
+            ..MtGrpoConfig::default()
+        }
+        .estimate(&batch)
+        .unwrap();
+        assert!((mixed.rollouts[1].turns[1] - out.rollouts[1].turns[1]).abs() > 0.5);
     }
 
     #[test]

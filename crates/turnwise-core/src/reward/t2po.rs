@@ -91,6 +91,17 @@ pub fn step_rewards<S: AsRef<str>>(
     golds: &[S],
     cfg: &T2poRewardConfig,
 ) -> Vec<f64> {
+    let (env, ok) = step_parts(steps, golds, cfg);
+    apply_format_penalty(&env, &ok, cfg.lambda_fmt, cfg.placement)
+}
+
+/// The two parts of [`step_rewards`]: the environment reward of every step (EM on the answer
+/// step, 0 elsewhere) and the step verdict the placement uses.
+fn step_parts<S: AsRef<str>>(
+    steps: &[&str],
+    golds: &[S],
+    cfg: &T2poRewardConfig,
+) -> (Vec<f64>, Vec<bool>) {
     let mut env = Vec::with_capacity(steps.len());
     let mut ok = Vec::with_capacity(steps.len());
     for s in steps {
@@ -105,7 +116,21 @@ pub fn step_rewards<S: AsRef<str>>(
         };
         ok.push(p.verdict.passed(rule).unwrap_or(false));
     }
-    apply_format_penalty(&env, &ok, cfg.lambda_fmt, cfg.placement)
+    (env, ok)
+}
+
+/// The format penalty each step of a T2PO search episode received in [`step_rewards`] (λ on
+/// every invalid step for [`PenaltyPlacement::PerInvalidStep`]; λ on the last step when any
+/// step fails `V_strict` for [`PenaltyPlacement::FinalReward`]; 0 elsewhere). The trainer uses
+/// it to lower the episode score of only the invalid step's sample (verl-agent, spec §2.6).
+pub fn step_penalties<S: AsRef<str>>(
+    steps: &[&str],
+    golds: &[S],
+    cfg: &T2poRewardConfig,
+) -> Vec<f64> {
+    let (env, ok) = step_parts(steps, golds, cfg);
+    let penalised = apply_format_penalty(&env, &ok, cfg.lambda_fmt, cfg.placement);
+    env.iter().zip(&penalised).map(|(e, p)| e - p).collect()
 }
 
 /// `true` when a step output passes `V_strict` with the default target script (a shortcut for

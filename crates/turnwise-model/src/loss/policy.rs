@@ -442,6 +442,12 @@ pub struct PolicyLossMetrics {
     pub pg_clipfrac: f64,
     /// `actor/pg_clipfrac_lower`: masked mean of dual clip active (A < 0); 0 without dual clip.
     pub pg_clipfrac_lower: f64,
+    /// `actor/pg_clipfrac_high`: masked mean of tokens clipped at the upper bound (A > 0 and
+    /// ratio > 1 + ε_high, or A2TGPO's 1 + c·ε_high).
+    pub pg_clipfrac_high: f64,
+    /// `actor/pg_clipfrac_low`: masked mean of tokens clipped at the lower bound (A < 0 and
+    /// ratio < 1 − ε_low, or A2TGPO's 1 − c·ε_low).
+    pub pg_clipfrac_low: f64,
     /// `actor/ppo_kl`: masked mean of `−logr` (k1 of old‖new).
     pub ppo_kl: f64,
     /// Clipping-bias norm ‖C‖₂ (§5.6) with the loss's own ratio and bounds (logged always).
@@ -472,6 +478,8 @@ impl PolicyLossMetrics {
             "actor/pg_clipfrac_lower".to_string(),
             self.pg_clipfrac_lower,
         );
+        m.insert("actor/pg_clipfrac_high".to_string(), self.pg_clipfrac_high);
+        m.insert("actor/pg_clipfrac_low".to_string(), self.pg_clipfrac_low);
         m.insert("actor/ppo_kl".to_string(), self.ppo_kl);
         m.insert("actor/clip_bias_norm".to_string(), self.clip_bias_norm);
         m.insert("actor/clip_bias_scale".to_string(), self.clip_bias_scale);
@@ -736,6 +744,15 @@ fn run(
         &indicator(&|i, t| l2_rows[i][t] > l1_rows[i][t]),
         &mask_rows,
     );
+    let (ratio_rows_d, lo_rows, hi_rows) = (rows_of(&ratio)?, rows_of(&lo)?, rows_of(&hi)?);
+    let pg_clipfrac_high = masked_mean_rows(
+        &indicator(&|i, t| adv_rows[i][t] > 0.0 && ratio_rows_d[i][t] > hi_rows[i][t]),
+        &mask_rows,
+    );
+    let pg_clipfrac_low = masked_mean_rows(
+        &indicator(&|i, t| adv_rows[i][t] < 0.0 && ratio_rows_d[i][t] < lo_rows[i][t]),
+        &mask_rows,
+    );
     let pg_clipfrac_lower = match &l3 {
         Some(l3) => {
             let l3_rows = rows_of(l3)?;
@@ -819,6 +836,8 @@ fn run(
             pg_loss,
             pg_clipfrac,
             pg_clipfrac_lower,
+            pg_clipfrac_high,
+            pg_clipfrac_low,
             ppo_kl,
             clip_bias_norm: cb.norm,
             clip_bias_grad_norm: grad_norm,

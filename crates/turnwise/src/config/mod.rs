@@ -313,7 +313,9 @@ pub struct RolloutConfig {
     pub tree_branch_penalty: f64,
     /// Compute information-gain probes (IGPO, A2TGPO).
     pub info_gain: bool,
-    /// Drop groups whose rewards all equal (DAPO dynamic sampling, §6.4).
+    /// Drop groups whose rewards all equal (DAPO dynamic sampling, §6.4). Off by default: only
+    /// DAPO filters; the groups it drops carry the turn- and step-level signal of MT-PPO,
+    /// MT-GRPO, GiGPO and T2PO and the critic's all-fail and all-success targets.
     pub filter_zero_variance_groups: bool,
     /// Train on tokens forced by the thinking intervention (default false: masked out).
     pub train_on_forced: bool,
@@ -467,7 +469,7 @@ impl Default for RolloutConfig {
             tree_forks: 3,
             tree_branch_penalty: 0.5,
             info_gain: false,
-            filter_zero_variance_groups: true,
+            filter_zero_variance_groups: false,
             train_on_forced: false,
             tti: TtiConfig::default(),
             tds: TdsConfig::default(),
@@ -593,6 +595,15 @@ impl Default for RunConfig {
             samples_per_step: 4,
         }
     }
+}
+
+/// Policy losses whose defining mechanism is a clip on the ratio (token, sequence or turn) or
+/// the clipping-bias correction: they are inert in an on-policy update.
+pub fn kind_needs_off_policy(loss: &str) -> bool {
+    matches!(
+        loss,
+        "a2tgpo" | "gspo" | "gspo_turn" | "dapo" | "s_ppo" | "st_ppo" | "s_grpo"
+    )
 }
 
 /// Everything a training run needs.
@@ -837,6 +848,33 @@ impl TrainConfig {
                 ),
             );
         }
+        // A loss whose defining mechanism is a clip (or the clipping-bias correction) needs
+        // off-policy updates: with one epoch over one mini-batch every ratio is exactly 1 and
+        // no clip can bind (review X1), so the method would silently train as plain PG.
+        let kind = self
+            .actor
+            .policy
+            .resolve()
+            .map_err(|e| ConfigError::Invalid {
+                field: "actor.policy",
+                message: e.to_string(),
+            })?
+            .kind;
+        let rows = r.prompts_per_step * r.group_size;
+        if kind_needs_off_policy(kind.name())
+            && o.ppo_epochs == 1
+            && (o.mini_batch_size == 0 || o.mini_batch_size >= rows)
+        {
+            return bad(
+                "optim.mini_batch_size",
+                format!(
+                    "the {} loss is defined by its clip, which cannot bind in an on-policy update \
+                     (optim.ppo_epochs = 1 and one mini-batch of all {rows} rollouts): set \
+                     optim.mini_batch_size below {rows} or optim.ppo_epochs above 1",
+                    kind.name()
+                ),
+            );
+        }
         if self.actor.policy.policy_loss == "a2tgpo" && est != "a2tgpo" {
             return bad(
                 "actor.policy.policy_loss",
@@ -844,6 +882,19 @@ impl TrainConfig {
             );
         }
         Ok(())
+    }
+
+    /// The number of optimizer steps one rollout batch of the nominal size
+    /// (`rollout.prompts_per_step × rollout.group_size` rows) makes, and how many of them are
+    /// off-policy: `(steps, off_policy_steps)`.
+    pub fn update_structure(&self) -> (usize, usize) {
+        let rows = (self.rollout.prompts_per_step * self.rollout.group_size).max(1);
+        let mini = match self.optim.mini_batch_size {
+            0 => rows,
+            m => m.min(rows),
+        };
+        let steps = rows.div_ceil(mini) * self.optim.ppo_epochs;
+        (steps, steps - 1)
     }
 
     /// Checks the `rsft` section (always, so that a typo is caught before it is turned on).

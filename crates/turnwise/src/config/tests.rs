@@ -143,3 +143,48 @@ fn rl_subject_fraction_is_checked() {
         TrainConfig::resolve(Some("grpo"), None, &["task.rl_subject_fraction=0.3".into()]).unwrap();
     assert_eq!(c.task.rl_subject_fraction, 0.3);
 }
+
+/// A loss defined by its clip is refused in an on-policy update (every ratio is 1 there), with
+/// the field to change; every preset's own structure passes and has off-policy steps when its
+/// loss needs them.
+#[test]
+fn clip_losses_need_off_policy_updates() {
+    let err = TrainConfig::resolve(Some("gspo"), None, &["optim.mini_batch_size=0".to_string()])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("optim.mini_batch_size"), "{err}");
+    assert!(
+        TrainConfig::resolve(
+            Some("gspo"),
+            None,
+            &[
+                "optim.mini_batch_size=0".to_string(),
+                "optim.ppo_epochs=2".to_string()
+            ]
+        )
+        .is_ok()
+    );
+    for name in presets::names() {
+        let cfg = TrainConfig::resolve(Some(name), None, &[]).unwrap();
+        let (steps, off) = cfg.update_structure();
+        let loss = cfg.actor.policy.resolve().unwrap().kind;
+        if super::kind_needs_off_policy(loss.name()) {
+            assert!(off > 0, "{name}: {steps} steps, none off-policy");
+        }
+        assert!(
+            cfg.description.contains("Update:"),
+            "{name}: the description does not state its update structure"
+        );
+    }
+    // The papers' structures, scaled to 16 prompts × 8 rollouts.
+    let steps = |n: &str| {
+        TrainConfig::resolve(Some(n), None, &[])
+            .unwrap()
+            .update_structure()
+    };
+    assert_eq!(steps("a2tgpo"), (8, 7));
+    assert_eq!(steps("at2po"), (8, 7));
+    assert_eq!(steps("st-ppo"), (2, 1));
+    assert_eq!(steps("mt-grpo"), (2, 1));
+    assert_eq!(steps("igpo"), (1, 0));
+}

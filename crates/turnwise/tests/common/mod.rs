@@ -22,7 +22,7 @@ pub fn tiny_overrides() -> Vec<String> {
         "rollout.group_size=3",
         "rollout.max_turn_tokens=12",
         "rollout.max_response_tokens=120",
-        "rollout.filter_zero_variance_groups=false",
+        "optim.mini_batch_size=3",
         "run.steps=2",
     ]
     .iter()
