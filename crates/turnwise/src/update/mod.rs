@@ -185,9 +185,10 @@ fn micro_input(
 }
 
 /// The §5.6 clip-bias scale of a mini-batch cut into several micro-batches: `C` over the whole
-/// mini-batch (its 1/B over the mini-batch's sequences), from a graph-free forward pass over
-/// each micro-batch first. `None` when the loss has no mini-batch clip-bias correction or the
-/// mini-batch is one micro-batch (the loss then computes `C` itself).
+/// mini-batch (its 1/B over the mini-batch's sequences), from one extra forward pass over each
+/// micro-batch first (its log-probs detached; skipped on-policy, where `C = 0`). `None` when the
+/// loss has no mini-batch clip-bias correction or the mini-batch is one micro-batch (the loss
+/// then computes `C` itself).
 #[allow(clippy::too_many_arguments)]
 fn minibatch_clip_bias_scale(
     policy: &Transformer,
@@ -203,6 +204,10 @@ fn minibatch_clip_bias_scale(
         Some(c) if c.norm_scope == ClipBiasScope::Minibatch && mb.len() > micro => c,
         _ => return Ok(None),
     };
+    if old_logp.is_none() {
+        // On-policy: the ratio is exactly 1, no token is clipped, ‖C‖ = 0.
+        return Ok(Some(cb.scale_of(0.0)));
+    }
     if cb.norm_space == ClipBiasSpace::Grad {
         anyhow::bail!(
             "clip_bias.norm_space = grad is not supported by the trainer's update; use token"
