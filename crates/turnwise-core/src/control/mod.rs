@@ -17,10 +17,7 @@ pub mod tds;
 pub mod tree_expansion;
 pub mod tti;
 
-pub use dynamic_sampling::{
-    AccumulatorStatus, DapoMetric, DynamicSamplingAccumulator, GroupFilter, filter_groups,
-    filter_groups_verl_agent, keep_group, population_std,
-};
+pub use dynamic_sampling::{GroupFilter, filter_groups, keep_group, population_std};
 pub use memory::MemoryWindow;
 pub use rng::SplitMix64;
 pub use tds::{TdsRule, TdsSettings, TdsTracker, turn_gap, turn_score};
@@ -57,22 +54,6 @@ pub enum ControlError {
         have: usize,
         /// Why.
         reason: &'static str,
-    },
-    /// DAPO dynamic sampling generated more batches than allowed without enough kept prompts.
-    #[error(
-        "dynamic sampling generated {num_gen_batches} batches (max_num_gen_batches = \
-         {max_num_gen_batches}) but kept only {kept_prompts} of {needed_prompts} prompts; the data \
-         may be too difficult or too easy (every group has identical rewards)"
-    )]
-    TooManyGenBatches {
-        /// Generation batches used so far.
-        num_gen_batches: usize,
-        /// The configured limit.
-        max_num_gen_batches: i64,
-        /// Prompts kept so far.
-        kept_prompts: usize,
-        /// Prompts needed (`train_batch_size`).
-        needed_prompts: usize,
     },
     /// Two parallel inputs have different lengths.
     #[error("length mismatch: {what} has {got} entries, expected {expected}")]

@@ -313,10 +313,21 @@ pub struct RolloutConfig {
     pub tree_branch_penalty: f64,
     /// Compute information-gain probes (IGPO, A2TGPO).
     pub info_gain: bool,
-    /// Drop groups whose rewards all equal (DAPO dynamic sampling, §6.4). Off by default: only
-    /// DAPO filters; the groups it drops carry the turn- and step-level signal of MT-PPO,
-    /// MT-GRPO, GiGPO and T2PO and the critic's all-fail and all-success targets.
+    /// DAPO dynamic sampling (spec §6.4), off by default (the `dapo` preset turns it on): a
+    /// prompt group is *informative* when its scores differ (population std > 0), when it holds
+    /// a single rollout (DAPO keeps those), or when its per-turn rewards, environment step
+    /// rewards or information gains differ from zero-signal (see
+    /// `trainer::advantage::informative_groups`); only informative groups are trained on, and
+    /// further generation rounds of `prompts_per_step` fresh prompts (fresh seeds) refill the
+    /// batch until `prompts_per_step` informative groups are kept or `max_num_gen_batches`
+    /// rounds were generated. Tree estimators (`at2po`, `tree_grpo`) are never filtered.
     pub filter_zero_variance_groups: bool,
+    /// Generation rounds per step at most when `filter_zero_variance_groups` is on (verl
+    /// `algorithm.filter_groups.max_num_gen_batches`; default 3, the "generation batch 3×" of
+    /// the DAPO baselines, spec §8.1). A step still short of `prompts_per_step` informative
+    /// groups after the last round trains on the informative groups it has, with a warning
+    /// (verl raises instead), and skips the update when it has none.
+    pub max_num_gen_batches: usize,
     /// Train on tokens forced by the thinking intervention (default false: masked out).
     pub train_on_forced: bool,
     /// T2PO token-level thinking intervention (spec §6.2; chain rollouts only).
@@ -470,6 +481,7 @@ impl Default for RolloutConfig {
             tree_branch_penalty: 0.5,
             info_gain: false,
             filter_zero_variance_groups: false,
+            max_num_gen_batches: 3,
             train_on_forced: false,
             tti: TtiConfig::default(),
             tds: TdsConfig::default(),
@@ -522,7 +534,9 @@ impl Default for OptimConfig {
     }
 }
 
-/// The PPO critic.
+/// The PPO critic. It trains on the same batch as the actor, `optim.ppo_epochs` passes over it
+/// in shuffled mini-batches of `optim.mini_batch_size` rollouts (the order drawn from the
+/// trainer's generator), with the clipped value loss of spec §5.10.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CriticConfig {
@@ -534,6 +548,9 @@ pub struct CriticConfig {
     pub cliprange_value: f64,
     /// Critic warm-up updates before the actor trains.
     pub warmup_updates: u64,
+    /// Decoupled weight decay of the critic's AdamW (its β1, β2 are `optim.beta1`,
+    /// `optim.beta2`; verl `critic.optim.weight_decay`). Default 0, like `optim.weight_decay`.
+    pub weight_decay: f64,
 }
 
 impl Default for CriticConfig {
@@ -543,6 +560,81 @@ impl Default for CriticConfig {
             lr: 1e-3,
             cliprange_value: 0.5,
             warmup_updates: 0,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+/// verl's `algorithm` keys beyond the estimator: KL in the reward (spec §5.8).
+///
+/// With `use_kl_in_reward` the trainer computes, for every trained rollout, the behaviour
+/// log-probs (the rollout weights) and the frozen reference model's log-probs of the response
+/// tokens, and subtracts `β · k(old, ref)` from each loss token's reward before the advantage
+/// estimator (verl `apply_kl_penalty`): for `gae` from the token rewards (turn rewards and
+/// outcome placed at their tokens, spec §3.3); for the outcome estimators `grpo`, `dr_grpo`
+/// and `rloo` from the outcome score, summed over the rollout's tokens (verl's GRPO scores the
+/// sum of the token-level rewards). Other estimators reject it (use `actor.use_kl_loss`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AlgorithmConfig {
+    /// Subtract the KL penalty from the rewards (verl `algorithm.use_kl_in_reward`, default
+    /// false).
+    pub use_kl_in_reward: bool,
+    /// Estimator of the per-token KL (verl `algorithm.kl_penalty`, default `kl` = k1 =
+    /// `old_logp − ref_logp`; `abs`, `mse`, `low_var_kl` as in spec §5.8; a `+` suffix is
+    /// accepted and ignored here, since a reward carries no gradient).
+    pub kl_penalty: turnwise_model::loss::KlPenalty,
+    /// The coefficient β and its controller (verl `algorithm.kl_ctrl`: `type = "fixed" |
+    /// "adaptive"`, `kl_coef` (0.001), `target_kl` (0.1), `horizon` (10000 rollouts)). The
+    /// adaptive controller's β is part of the checkpoint.
+    pub kl_ctrl: turnwise_model::loss::kl::KlControllerConfig,
+}
+
+impl Default for AlgorithmConfig {
+    fn default() -> Self {
+        Self {
+            use_kl_in_reward: false,
+            kl_penalty: turnwise_model::loss::KlPenalty::new(turnwise_model::loss::KlEstimator::K1),
+            kl_ctrl: turnwise_model::loss::kl::KlControllerConfig::default(),
+        }
+    }
+}
+
+/// DAPO's overlong reward shaping (spec §2.7, verl `reward_model.overlong_buffer`): the trainer
+/// adds `min(−(L − (L_max − L_buf)) / L_buf · penalty_factor, 0)` to each episode's score, where
+/// `L` is the episode's response length in tokens (agent and observation tokens, as in
+/// multi-turn TITO) and `L_max = rollout.max_response_tokens`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OverlongBufferConfig {
+    /// Apply the penalty (default false; the `dapo` preset turns it on).
+    pub enable: bool,
+    /// `L_buf` in tokens. Absent: the DAPO baselines' ratio scaled to this run,
+    /// `round(rollout.max_response_tokens · 2000 / 6192)` (spec §8.1: buffer 2000 for 6192-token
+    /// responses).
+    pub len: Option<usize>,
+    /// Penalty at `L = L_max` (default 1.0).
+    pub penalty_factor: f64,
+}
+
+impl Default for OverlongBufferConfig {
+    fn default() -> Self {
+        Self {
+            enable: false,
+            len: None,
+            penalty_factor: 1.0,
+        }
+    }
+}
+
+impl OverlongBufferConfig {
+    /// The core's settings for responses of at most `max_response_tokens` tokens.
+    pub fn to_core(&self, max_response_tokens: usize) -> turnwise_core::reward::OverlongConfig {
+        let scaled = (max_response_tokens as f64 * 2000.0 / 6192.0).round() as usize;
+        turnwise_core::reward::OverlongConfig {
+            max_len: max_response_tokens,
+            buffer_len: self.len.unwrap_or(scaled),
+            penalty_factor: self.penalty_factor,
         }
     }
 }
@@ -632,6 +724,10 @@ pub struct TrainConfig {
     pub advantage: AdvantageConfig,
     /// The actor objective (policy loss, KL, entropy; spec §5).
     pub actor: ActorLossConfig,
+    /// KL in the reward (verl `algorithm` keys, spec §5.8).
+    pub algorithm: AlgorithmConfig,
+    /// DAPO overlong reward shaping (spec §2.7).
+    pub overlong_buffer: OverlongBufferConfig,
     /// Optimizer.
     pub optim: OptimConfig,
     /// Critic (PPO family).
@@ -656,6 +752,8 @@ impl Default for TrainConfig {
             reward: RewardConfig::from_name("em").expect("em is a reward"),
             advantage: AdvantageConfig::default_for("grpo").expect("grpo is an estimator"),
             actor: ActorLossConfig::default(),
+            algorithm: AlgorithmConfig::default(),
+            overlong_buffer: OverlongBufferConfig::default(),
             optim: OptimConfig::default(),
             critic: CriticConfig::default(),
             eval: EvalConfig::default(),
@@ -874,6 +972,49 @@ impl TrainConfig {
                     kind.name()
                 ),
             );
+        }
+        if self.algorithm.use_kl_in_reward {
+            if !matches!(est, "gae" | "grpo" | "dr_grpo" | "rloo") {
+                return bad(
+                    "algorithm.use_kl_in_reward",
+                    format!(
+                        "KL in the reward applies to the gae, grpo, dr_grpo and rloo estimators, \
+                         not {est}; use actor.use_kl_loss"
+                    ),
+                );
+            }
+            self.algorithm
+                .kl_ctrl
+                .build()
+                .map_err(|e| ConfigError::Invalid {
+                    field: "algorithm.kl_ctrl",
+                    message: e.to_string(),
+                })?;
+        }
+        if r.filter_zero_variance_groups && r.max_num_gen_batches == 0 {
+            return bad(
+                "rollout.max_num_gen_batches",
+                "must be at least 1 (the rounds of generation a step may use)".into(),
+            );
+        }
+        let ob = &self.overlong_buffer;
+        if ob.enable {
+            if !(ob.penalty_factor >= 0.0 && ob.penalty_factor.is_finite()) {
+                return bad(
+                    "overlong_buffer.penalty_factor",
+                    format!("must be a non-negative number, got {}", ob.penalty_factor),
+                );
+            }
+            let len = ob.to_core(r.max_response_tokens).buffer_len;
+            if len == 0 || len > r.max_response_tokens {
+                return bad(
+                    "overlong_buffer.len",
+                    format!(
+                        "must be in 1..=rollout.max_response_tokens ({}), got {len}",
+                        r.max_response_tokens
+                    ),
+                );
+            }
         }
         if self.actor.policy.policy_loss == "a2tgpo" && est != "a2tgpo" {
             return bad(

@@ -618,6 +618,30 @@ impl RolloutStats {
         self.context_tokens += c.context_tokens;
     }
 
+    /// Adds the totals of another batch (DAPO refill rounds of one step).
+    pub fn merge(&mut self, other: &Self) {
+        let Self {
+            turns,
+            tti_triggered,
+            forced_tokens,
+            tds_regenerations,
+            tds_regenerated_turns,
+            tds_max_regenerations,
+            tds_discarded_tokens,
+            memory_truncated_turns,
+            context_tokens,
+        } = other;
+        self.turns += turns;
+        self.tti_triggered += tti_triggered;
+        self.forced_tokens += forced_tokens;
+        self.tds_regenerations += tds_regenerations;
+        self.tds_regenerated_turns += tds_regenerated_turns;
+        self.tds_max_regenerations = self.tds_max_regenerations.max(*tds_max_regenerations);
+        self.tds_discarded_tokens += tds_discarded_tokens;
+        self.memory_truncated_turns += memory_truncated_turns;
+        self.context_tokens += context_tokens;
+    }
+
     /// The `rollout/*` metrics of the controls that are on (none when all are off).
     pub fn metrics(&self, control: &RolloutControl) -> BTreeMap<String, f64> {
         let mut m = BTreeMap::new();

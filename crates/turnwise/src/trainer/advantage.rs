@@ -1,9 +1,13 @@
 //! Episodes → the core's [`AdvantageBatch`] → per-token training rows.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{Context, Result, bail};
-use turnwise_core::advantage::{AdvantageBatch, Estimator, Rollout, broadcast_turns};
+use turnwise_core::advantage::{
+    AdvantageBatch, Estimator, Rollout, broadcast_turns, place_turn_rewards,
+};
+use turnwise_core::control::filter_groups;
+use turnwise_model::loss::{KlEstimator, apply_kl_in_reward};
 
 use crate::config::TrainConfig;
 use crate::rollout::Episode;
@@ -14,12 +18,97 @@ use crate::update::Row;
 pub struct AdvantageRows {
     /// One row per kept episode.
     pub rows: Vec<Row>,
-    /// Episodes kept after group filtering.
+    /// Episodes kept (every episode given: DAPO's group filter runs before, in
+    /// `Trainer::sample_batch`).
     pub kept: usize,
     /// Indices (into the episodes) of the kept rows, in row order.
     pub kept_index: Vec<usize>,
     /// `critic/advantages/*` and friends.
     pub metrics: BTreeMap<String, f64>,
+    /// With KL in the reward: the batch mean of the per-rollout masked-mean KL (verl
+    /// `actor/reward_kl_penalty`, the adaptive controller's input).
+    pub reward_kl: Option<f64>,
+}
+
+/// KL in the reward (spec §5.8, verl `apply_kl_penalty`): per episode, the behaviour and
+/// reference log-probs of its response tokens (the row's tokens), and β.
+pub struct KlInReward<'a> {
+    /// Behaviour log-probs (the rollout weights), one row per episode.
+    pub old_logp: &'a [Vec<f32>],
+    /// Reference-model log-probs, one row per episode.
+    pub ref_logp: &'a [Vec<f32>],
+    /// The coefficient β of this step.
+    pub beta: f64,
+    /// The per-token KL estimator.
+    pub estimator: KlEstimator,
+}
+
+/// DAPO's group filter (spec §6.4): the prompt groups that carry a learning signal.
+///
+/// A group is informative when its scores differ (population std > 0) or it holds a single
+/// rollout (DAPO keeps those, `turnwise_core::control::filter_groups`); or, whatever the scores,
+/// when any of its rollouts has a non-zero information gain (IGPO/A2TGPO turn signal); or when
+/// the estimator reads per-turn rewards (`mt_grpo`, `mt_grpo_code`) and those differ between
+/// its rollouts; or when the estimator reads step rewards (`gigpo`, `t2po`: the environment's,
+/// or `t2po_em`'s per-step rewards) and those differ. With `gae` every group is informative:
+/// the critic's values give tied rollouts non-zero advantages, and the critic needs their
+/// returns. Returns the informative group ids.
+pub fn informative_groups(
+    cfg: &TrainConfig,
+    episodes: &[Episode],
+    groups: &[usize],
+    scores: &[f64],
+    turn_rewards: &[Vec<f64>],
+    info_gain: Option<&[Vec<f64>]>,
+) -> BTreeSet<usize> {
+    let name = cfg.advantage.name();
+    if name == "gae" {
+        return groups.iter().copied().collect();
+    }
+    let mut keep: BTreeSet<usize> = match filter_groups(groups, scores) {
+        Ok(f) => f.kept_uids.into_iter().collect(),
+        // Lengths always match here (one score per episode).
+        Err(_) => groups.iter().copied().collect(),
+    };
+    let t2po_steps = matches!(cfg.reward, turnwise_core::reward::RewardConfig::T2poEm(_));
+    let signal = |i: usize| -> Vec<f64> {
+        match name {
+            "mt_grpo" | "mt_grpo_code" => turn_rewards[i].clone(),
+            "gigpo" | "t2po" if t2po_steps => turn_rewards[i].clone(),
+            "gigpo" | "t2po" => episodes[i]
+                .trajectory
+                .turns
+                .iter()
+                .map(|t| t.env_reward.unwrap_or(0.0))
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    let mut by_group: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, &g) in groups.iter().enumerate() {
+        by_group.entry(g).or_default().push(i);
+    }
+    for (g, idx) in by_group {
+        if keep.contains(&g) {
+            continue;
+        }
+        let ig_signal = info_gain
+            .map(|ig| idx.iter().any(|&i| ig[i].iter().any(|x| x.abs() > 1e-9)))
+            .unwrap_or(false);
+        let first = signal(idx[0]);
+        let differs = idx[1..].iter().any(|&i| {
+            let v = signal(i);
+            (0..v.len().max(first.len())).any(|k| {
+                let a = first.get(k).copied().unwrap_or(0.0);
+                let b = v.get(k).copied().unwrap_or(0.0);
+                (a - b).abs() > 1e-12
+            })
+        });
+        if ig_signal || differs {
+            keep.insert(g);
+        }
+    }
+    keep
 }
 
 /// The estimator input of one episode.
@@ -178,32 +267,39 @@ pub fn compute(
     trees: Option<&TreeBatch>,
     values: Option<&[Vec<f32>]>,
 ) -> Result<AdvantageRows> {
+    compute_with_kl(
+        cfg,
+        episodes,
+        groups,
+        scores,
+        turn_rewards,
+        info_gain,
+        trees,
+        values,
+        None,
+    )
+}
+
+/// [`compute`] with KL in the reward (`kl`, spec §5.8) subtracted from the rewards before the
+/// estimator.
+#[allow(clippy::too_many_arguments)]
+pub fn compute_with_kl(
+    cfg: &TrainConfig,
+    episodes: &[Episode],
+    groups: &[usize],
+    scores: &[f64],
+    turn_rewards: &[Vec<f64>],
+    info_gain: Option<&[Vec<f64>]>,
+    trees: Option<&TreeBatch>,
+    values: Option<&[Vec<f32>]>,
+    kl: Option<&KlInReward<'_>>,
+) -> Result<AdvantageRows> {
     let name = cfg.advantage.name();
     if name == "gae" && values.is_none() {
         bail!("the gae estimator needs critic values: set critic.enabled = true");
     }
-    // DAPO dynamic sampling: drop groups whose scores all equal (they carry no signal for
-    // group-normalised estimators).
-    let group_based = !matches!(name, "at2po" | "tree_grpo");
-    let mut keep = vec![true; episodes.len()];
-    if cfg.rollout.filter_zero_variance_groups && group_based {
-        let mut by_group: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-        for (i, &g) in groups.iter().enumerate() {
-            by_group.entry(g).or_default().push(i);
-        }
-        for idx in by_group.values() {
-            let first = scores[idx[0]];
-            let ig_signal = info_gain
-                .map(|ig| idx.iter().any(|&i| ig[i].iter().any(|x| x.abs() > 1e-9)))
-                .unwrap_or(false);
-            if idx.iter().all(|&i| (scores[i] - first).abs() < 1e-12) && !ig_signal {
-                for &i in idx {
-                    keep[i] = false;
-                }
-            }
-        }
-    }
-    let kept: Vec<usize> = (0..episodes.len()).filter(|&i| keep[i]).collect();
+    // Every episode given is trained on: DAPO's group filter ran in `Trainer::sample_batch`.
+    let kept: Vec<usize> = (0..episodes.len()).collect();
     let mut metrics = BTreeMap::new();
     if kept.is_empty() {
         metrics.insert("critic/advantages/mean".into(), 0.0);
@@ -212,6 +308,7 @@ pub fn compute(
             kept: 0,
             kept_index: Vec::new(),
             metrics,
+            reward_kl: None,
         });
     }
     let mut penalised = 0usize;
@@ -232,6 +329,10 @@ pub fn compute(
             })
         })
         .collect::<Result<_>>()?;
+    let reward_kl = match kl {
+        Some(k) => Some(subtract_reward_kl(cfg, episodes, &kept, &mut rollouts, k)?),
+        None => None,
+    };
     let batch = match trees {
         Some(t) => {
             for (r, &i) in rollouts.iter_mut().zip(&kept) {
@@ -304,6 +405,7 @@ pub fn compute(
         kept: kept.len(),
         kept_index: kept,
         metrics,
+        reward_kl,
     })
 }
 
@@ -404,4 +506,65 @@ pub fn mechanism_metrics(
         m.insert("mt_ppo/turn_rewards_placed".into(), placed.len() as f64);
     }
     m
+}
+
+/// Subtracts `β · k(old, ref)` from the rewards of `rollouts` (episodes `kept`) on their loss
+/// tokens (spec §5.8): from the token rewards for `gae` (the turn rewards and the outcome placed
+/// at their tokens, spec §3.3, or the explicit token rewards), from the outcome for the
+/// outcome estimators (the sum over the rollout's tokens; verl's GRPO scores the sum of the
+/// token-level rewards). Returns the batch mean of the per-rollout masked-mean KL.
+fn subtract_reward_kl(
+    cfg: &TrainConfig,
+    episodes: &[Episode],
+    kept: &[usize],
+    rollouts: &mut [Rollout],
+    kl: &KlInReward<'_>,
+) -> Result<f64> {
+    let name = cfg.advantage.name();
+    let to_f64 = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
+    let masks: Vec<Vec<f64>> = kept
+        .iter()
+        .map(|&i| {
+            let f = episodes[i].trajectory.flatten(cfg.rollout.train_on_forced);
+            f.loss_mask.iter().map(|&m| f64::from(m)).collect()
+        })
+        .collect();
+    let old: Vec<Vec<f64>> = kept.iter().map(|&i| to_f64(&kl.old_logp[i])).collect();
+    let reference: Vec<Vec<f64>> = kept.iter().map(|&i| to_f64(&kl.ref_logp[i])).collect();
+    let mut penalty: Vec<Vec<f64>> = masks.iter().map(|m| vec![0.0; m.len()]).collect();
+    let mean_kl = apply_kl_in_reward(
+        &mut penalty,
+        &old,
+        &reference,
+        &masks,
+        kl.beta,
+        kl.estimator,
+    )
+    .context("KL in the reward")?;
+    for (k, (r, p)) in rollouts.iter_mut().zip(penalty).enumerate() {
+        let id = &episodes[kept[k]].trajectory.id;
+        match name {
+            "gae" => {
+                let mut tokens = match r.token_rewards.take() {
+                    Some(t) => t,
+                    None => place_turn_rewards(&r.turn_id, &r.turn_rewards, r.outcome)
+                        .map_err(|e| anyhow::anyhow!("rewards of {id}: {e}"))?,
+                };
+                if tokens.len() != p.len() {
+                    bail!(
+                        "{id}: {} token rewards for {} response tokens",
+                        tokens.len(),
+                        p.len()
+                    );
+                }
+                for (t, q) in tokens.iter_mut().zip(&p) {
+                    *t += q;
+                }
+                r.token_rewards = Some(tokens);
+            }
+            "grpo" | "dr_grpo" | "rloo" => r.outcome += p.iter().sum::<f64>(),
+            other => bail!("KL in the reward does not apply to the {other} estimator"),
+        }
+    }
+    Ok(mean_kl)
 }

@@ -4,6 +4,7 @@
 pub mod advantage;
 pub mod eval;
 pub mod rejection;
+pub mod sampling;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -12,10 +13,10 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarMap;
-use turnwise_core::reward::{RewardInput, TurnText};
 use turnwise_env::env::Environment;
 use turnwise_env::world::Split;
 use turnwise_model::checkpoint::{TrainerState, load_checkpoint, save_checkpoint};
+use turnwise_model::loss::KlController;
 use turnwise_model::model::transformer::varmap_tensors;
 use turnwise_model::model::weights::{init_varmap, sorted_vars};
 use turnwise_model::optim::{AdamW, AdamWConfig, DecayShape, LrSchedule};
@@ -24,8 +25,8 @@ use turnwise_model::tokenizer::TextTokenizer;
 use turnwise_model::{Architecture, ModelConfig, Transformer};
 
 use crate::config::TrainConfig;
-use crate::rollout::{Decoding, Episode, EpisodeSpec, Policy, RolloutControl, run_chains_with};
-use crate::task::{WorldTask, encode_demo, prompt_text, stop_token_ids};
+use crate::rollout::{Decoding, Episode, Policy, RolloutControl};
+use crate::task::{WorldTask, encode_demo, stop_token_ids};
 use crate::update::{ActorUpdate, Row, actor_update, is_on_policy, logprobs_no_grad, sft_step};
 
 /// The model, tokenizer and optimizer of a run, with its task.
@@ -54,6 +55,9 @@ pub struct Trainer {
     pub step: u64,
     /// Data and sampling randomness.
     pub rng: TurnRng,
+    /// The KL-in-reward coefficient controller (`algorithm.use_kl_in_reward`); its β is saved
+    /// with checkpoints.
+    pub kl_ctrl: Option<KlController>,
     stop_ids: Vec<u32>,
     consecutive_bad: usize,
 }
@@ -95,6 +99,11 @@ fn adamw(cfg: &TrainConfig, weight_decay: f64) -> AdamWConfig {
         weight_decay,
         ..AdamWConfig::default()
     }
+}
+
+/// The critic's optimizer settings: the run's β1, β2 and `critic.weight_decay`.
+fn critic_adamw(cfg: &TrainConfig) -> AdamWConfig {
+    adamw(cfg, cfg.critic.weight_decay)
 }
 
 impl Trainer {
@@ -152,6 +161,10 @@ impl Trainer {
         };
         let stop_ids = stop_token_ids(&tokenizer, config.task.format);
         let rng = TurnRng::seed_from_u64(config.seed ^ 0x7475_726e);
+        let kl_ctrl = match config.algorithm.use_kl_in_reward {
+            true => Some(config.algorithm.kl_ctrl.build()?),
+            false => None,
+        };
         Ok(Self {
             config,
             task,
@@ -165,6 +178,7 @@ impl Trainer {
             optimizer,
             step,
             rng,
+            kl_ctrl,
             stop_ids,
             consecutive_bad: 0,
         })
@@ -243,6 +257,7 @@ impl Trainer {
                 &self.model_config,
                 &varmap_tensors(&self.varmap, true),
                 self.config.seed ^ 0xc41,
+                critic_adamw(&self.config),
             )?);
         }
         let tensors = varmap_tensors(&self.varmap, true)
@@ -272,162 +287,88 @@ impl Trainer {
         move || Ok(Box::new(self.task.env()?) as Box<dyn Environment>)
     }
 
-    /// One RL step.
+    /// One RL step: the batch ([`Trainer::sample_batch`]: rollouts, rewards, DAPO dynamic
+    /// sampling), KL in the reward when configured, advantages, then the actor and critic
+    /// updates.
     pub fn rl_step(&mut self) -> Result<StepOutput> {
         let t0 = Instant::now();
         let cfg = self.config.clone();
         let r = &cfg.rollout;
-        let train = self.task.rl_questions();
-        if train.is_empty() {
-            bail!(
-                "no training questions for RL (with task.rl_subject_fraction = {}, no training \
-                 subject was reserved; raise it or set it to 0)",
-                self.config.task.rl_subject_fraction
-            );
-        }
-        // Prompts of this step: a seeded sample without replacement.
-        let mut picks: Vec<usize> = (0..train.len()).collect();
-        shuffle(&mut picks, &mut self.rng);
-        picks.truncate(r.prompts_per_step.min(train.len()));
-        let questions: Vec<_> = picks.iter().map(|&i| train[i]).collect();
-        let base_seed = self.rng.next_u64();
-        let mut specs = Vec::new();
-        for (g, q) in questions.iter().enumerate() {
-            let prompt_ids = self.tokenizer.encode(&prompt_text(&q.text))?;
-            for k in 0..r.group_size {
-                specs.push(EpisodeSpec {
-                    id: format!("s{}-{}-{k}", self.step + 1, q.id),
-                    prompt_uid: format!("{g}:{}", q.id),
-                    prompt_ids: prompt_ids.clone(),
-                    task: WorldTask::env_task(q),
-                    seed: crate::rollout::turn_seed(base_seed, g * r.group_size + k),
-                });
-            }
-        }
-        let decoding = self.decoding(r.temperature);
-        let mut groups: Vec<usize> = (0..specs.len()).map(|i| i / r.group_size).collect();
-        let golds: Vec<Vec<String>> = specs.iter().map(|s| s.task.answers.clone()).collect();
-        // T2PO rollout control (spec §6.2–§6.3): its `rollout/*` metrics join the step's.
-        let mut rollout_metrics = BTreeMap::new();
-        let (mut episodes, tree_info) = match r.strategy {
-            crate::config::RolloutStrategy::Chain => {
-                let policy = self.rollout_policy();
-                let env = self.make_env();
-                let control = RolloutControl::from_config(r, cfg.task.format, &self.tokenizer)?;
-                let out = run_chains_with(&policy, specs, &env, &decoding, &control)?;
-                rollout_metrics = out.stats.metrics(&control);
-                (out.episodes, None)
-            }
-            _ => {
-                let policy = self.rollout_policy();
-                let env = self.make_env();
-                let out = crate::rollout::tree::run_trees(
-                    &policy,
-                    specs,
-                    r.group_size,
-                    &env,
-                    &decoding,
-                    r,
-                    base_seed,
-                )?;
-                groups = out.groups.clone();
-                (out.episodes, Some(out.trees))
-            }
-        };
-        let golds: Vec<Vec<String>> = match &tree_info {
-            None => golds,
-            Some(_) => groups
-                .iter()
-                .map(|&g| golds[g * r.group_size].clone())
-                .collect(),
-        };
-        let t_gen = t0.elapsed().as_secs_f64();
+        let (all, selected, batch_metrics) = self.sample_batch()?;
+        let batch = selected.as_ref().unwrap_or(&all);
+        let temperature = r.temperature;
 
-        // Rewards.
-        let mut scores = Vec::with_capacity(episodes.len());
-        let mut turn_rewards = Vec::with_capacity(episodes.len());
-        let mut ems = Vec::with_capacity(episodes.len());
-        let mut format_ok = 0usize;
-        for (ep, gold) in episodes.iter_mut().zip(&golds) {
-            let response = ep.response_text();
-            let turns: Vec<TurnText<'_>> = ep
-                .turn_texts
-                .iter()
-                .map(|(g, o)| TurnText {
-                    generated: g,
-                    observation: o.as_deref(),
-                })
-                .collect();
-            let out = cfg
-                .reward
-                .score(&RewardInput::new(&response, gold).with_turns(&turns))
-                .with_context(|| format!("scoring {}", ep.trajectory.id))?;
-            format_ok += usize::from(out.format_ok);
-            ems.push(out.em);
-            scores.push(out.score);
-            ep.trajectory.outcome_reward = Some(out.score);
-            ep.trajectory.turn_rewards = out.turn_rewards.clone();
-            turn_rewards.push(out.turn_rewards);
-        }
-
-        // Information gain.
-        let t1 = Instant::now();
-        let info_gain = if r.info_gain {
-            let first: Vec<String> = golds
-                .iter()
-                .map(|g| g.first().cloned().unwrap_or_default())
-                .collect();
-            let res = crate::rollout::info_gain::probe(
-                &self.sampler,
-                &self.tokenizer,
-                cfg.task.format,
-                &episodes,
-                &first,
-            )?;
-            Some(res)
-        } else {
-            None
-        };
-        let t_ig = t1.elapsed().as_secs_f64();
+        // Rows of the trained episodes (the response ids; the training loss mask).
+        let probe_rows: Vec<Row> = batch
+            .episodes
+            .iter()
+            .map(|e| {
+                let f = e.trajectory.flatten(r.train_on_forced);
+                Row::new(
+                    e.trajectory.prompt_ids.clone(),
+                    f.ids,
+                    f.loss_mask,
+                    f.turn_id,
+                )
+            })
+            .collect();
 
         // Critic values of the states before each response token.
         let values = match &self.critic {
-            Some(c) => {
-                let probe_rows: Vec<Row> = episodes
-                    .iter()
-                    .map(|e| {
-                        let f = e.trajectory.flatten(true);
-                        Row::new(
-                            e.trajectory.prompt_ids.clone(),
-                            f.ids,
-                            f.loss_mask,
-                            f.turn_id,
-                        )
-                    })
-                    .collect();
-                Some(c.values(&probe_rows, 64)?)
-            }
+            Some(c) => Some(c.values(&probe_rows, 64)?),
             None => None,
         };
 
+        // KL in the reward (spec §5.8): behaviour and reference log-probs of the trained rows.
+        let kl_logprobs = match (&self.kl_ctrl, &self.reference) {
+            (None, _) => None,
+            (Some(_), None) => {
+                bail!("KL in the reward needs the reference model (call freeze_reference)")
+            }
+            (Some(_), Some(reference)) => Some((
+                logprobs_no_grad(&self.sampler, &probe_rows, temperature, 64)?,
+                logprobs_no_grad(reference, &probe_rows, temperature, 64)?,
+            )),
+        };
+        let kl_beta = self.kl_ctrl.as_ref().map(KlController::value);
+        let kl_in_reward = match (&kl_logprobs, kl_beta) {
+            (Some((old, reference)), Some(beta)) => Some(advantage::KlInReward {
+                old_logp: old,
+                ref_logp: reference,
+                beta,
+                estimator: cfg.algorithm.kl_penalty.estimator,
+            }),
+            _ => None,
+        };
+
         // Advantages.
-        let mut adv = advantage::compute(
+        let mut adv = advantage::compute_with_kl(
             &cfg,
-            &episodes,
-            &groups,
-            &scores,
-            &turn_rewards,
-            info_gain.as_ref().map(|r| r.gains.as_slice()),
-            tree_info.as_ref(),
+            &batch.episodes,
+            &batch.groups,
+            &batch.scores,
+            &batch.turn_rewards,
+            batch.info_gain.as_ref().map(|r| r.gains.as_slice()),
+            batch.trees.as_ref(),
             values.as_deref(),
+            kl_in_reward.as_ref(),
         )?;
         let rows = std::mem::take(&mut adv.rows);
         let kept = adv.kept;
 
         let mut metrics = BTreeMap::new();
-        let n = episodes.len() as f64;
+        if let (Some(kl), Some(beta), Some(ctrl)) = (adv.reward_kl, kl_beta, self.kl_ctrl.as_mut())
+        {
+            // verl logs the coefficient used for this batch, then updates the controller.
+            metrics.insert("actor/reward_kl_penalty".into(), kl);
+            metrics.insert("actor/reward_kl_penalty_coeff".into(), beta);
+            ctrl.update(kl, rows.len());
+        }
+        // Batch statistics over every generated episode (refill rounds included).
+        let scores = &all.scores;
+        let n = all.episodes.len() as f64;
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-        metrics.insert("critic/score/mean".into(), mean(&scores));
+        metrics.insert("critic/score/mean".into(), mean(scores));
         metrics.insert(
             "critic/score/max".into(),
             scores.iter().copied().fold(f64::NEG_INFINITY, f64::max),
@@ -436,36 +377,50 @@ impl Trainer {
             "critic/score/min".into(),
             scores.iter().copied().fold(f64::INFINITY, f64::min),
         );
-        metrics.insert("train/em".into(), mean(&ems));
+        metrics.insert("train/em".into(), mean(&all.ems));
+        let format_ok = all.format_ok.iter().filter(|&&ok| ok).count();
         metrics.insert("train/format_ok".into(), format_ok as f64 / n);
-        let lens: Vec<f64> = episodes
+        if cfg.overlong_buffer.enable {
+            metrics.insert("reward/overlong_penalty/mean".into(), mean(&all.overlong));
+            let hit = all.overlong.iter().filter(|&&p| p < 0.0).count();
+            metrics.insert("reward/overlong_penalty/frac".into(), hit as f64 / n);
+        }
+        let lens: Vec<f64> = all
+            .episodes
             .iter()
             .map(|e| e.trajectory.response_len() as f64)
             .collect();
         metrics.insert("response_length/mean".into(), mean(&lens));
-        let agent: Vec<f64> = episodes
+        let agent: Vec<f64> = all
+            .episodes
             .iter()
             .map(|e| e.trajectory.agent_token_count() as f64)
             .collect();
         metrics.insert("response_length/agent_mean".into(), mean(&agent));
-        let turns: Vec<f64> = episodes
+        let turns: Vec<f64> = all
+            .episodes
             .iter()
             .map(|e| e.trajectory.num_turns() as f64)
             .collect();
         metrics.insert("env/turns/mean".into(), mean(&turns));
-        let searches: Vec<f64> = episodes
+        let searches: Vec<f64> = all
+            .episodes
             .iter()
             .map(|e| e.trajectory.search_count() as f64)
             .collect();
         metrics.insert("env/tool_calls/mean".into(), mean(&searches));
-        if let Some(ig) = &info_gain {
+        if let Some(ig) = &all.info_gain {
             metrics.insert("info_gain/probes".into(), ig.probes as f64);
             metrics.insert("info_gain/probe_failures".into(), ig.failures as f64);
-            let all: Vec<f64> = ig.gains.iter().flatten().copied().collect();
-            metrics.insert("info_gain/mean".into(), mean(&all));
+            let all_gains: Vec<f64> = ig.gains.iter().flatten().copied().collect();
+            metrics.insert("info_gain/mean".into(), mean(&all_gains));
         }
         metrics.insert("batch/kept_rollouts".into(), kept as f64);
-        metrics.extend(rollout_metrics);
+        metrics.extend(batch_metrics);
+        if r.strategy == crate::config::RolloutStrategy::Chain {
+            let control = RolloutControl::from_config(r, cfg.task.format, &self.tokenizer)?;
+            metrics.extend(all.stats.metrics(&control));
+        }
         for (k, v) in adv.metrics {
             metrics.insert(k, v);
         }
@@ -475,10 +430,14 @@ impl Trainer {
         // verl's critic warm-up: the first `critic.warmup_updates` steps train the critic only.
         let actor_warm = self.critic.is_none() || self.step >= cfg.critic.warmup_updates;
         if !rows.is_empty() {
-            let temperature = r.temperature;
-            let reference = match (&self.reference, cfg.actor.use_kl_loss) {
-                (Some(m), true) => Some(logprobs_no_grad(m, &rows, temperature, 64)?),
-                (None, true) => bail!("the KL term needs a reference model (freeze_reference)"),
+            // Rows are the trained episodes in order (`adv.kept_index`).
+            let rows_of = |v: &[Vec<f32>]| -> Vec<Vec<f32>> {
+                adv.kept_index.iter().map(|&i| v[i].clone()).collect()
+            };
+            let reference = match (&self.reference, cfg.actor.use_kl_loss, &kl_logprobs) {
+                (Some(_), true, Some((_, reference))) => Some(rows_of(reference)),
+                (Some(m), true, None) => Some(logprobs_no_grad(m, &rows, temperature, 64)?),
+                (None, true, _) => bail!("the KL term needs a reference model (freeze_reference)"),
                 _ => None,
             };
             let kind = cfg.actor.policy.resolve()?.kind;
@@ -493,12 +452,13 @@ impl Trainer {
                 use_clip_scale: kind.name() == "a2tgpo",
                 use_turn_id: true,
             };
-            // Behaviour log-probs: recomputed by the trainer with the rollout weights, or, for
-            // an on-policy update, taken from the update's own forward pass.
-            let old = if is_on_policy(&upd, rows.len()) {
-                None
-            } else {
-                Some(logprobs_no_grad(&self.sampler, &rows, temperature, 64)?)
+            // Behaviour log-probs: recomputed by the trainer with the rollout weights (already
+            // there with KL in the reward), or, for an on-policy update, taken from the
+            // update's own forward pass.
+            let old = match &kl_logprobs {
+                _ if is_on_policy(&upd, rows.len()) => None,
+                Some((old, _)) => Some(rows_of(old)),
+                None => Some(logprobs_no_grad(&self.sampler, &rows, temperature, 64)?),
             };
             let mut rng = TurnRng::seed_from_u64(self.rng.next_u64());
             let mut order = |n: usize| {
@@ -521,8 +481,7 @@ impl Trainer {
             };
             metrics.extend(stats.metrics);
             if let (Some(critic), Some(values)) = (self.critic.as_mut(), values.as_ref()) {
-                let old: Vec<Vec<f32>> =
-                    adv.kept_index.iter().map(|&i| values[i].clone()).collect();
+                let old = rows_of(values);
                 let vcfg = turnwise_model::loss::value::ValueLossConfig {
                     cliprange_value: cfg.critic.cliprange_value,
                     ..Default::default()
@@ -530,10 +489,14 @@ impl Trainer {
                 let cm = critic.update(
                     &rows,
                     &old,
-                    &vcfg,
-                    cfg.critic.lr,
-                    cfg.optim.grad_clip,
-                    cfg.optim.mini_batch_size,
+                    &crate::update::critic::CriticUpdate {
+                        loss: &vcfg,
+                        lr: cfg.critic.lr,
+                        grad_clip: cfg.optim.grad_clip,
+                        epochs: cfg.optim.ppo_epochs,
+                        mini_batch: cfg.optim.mini_batch_size,
+                    },
+                    &mut order,
                 )?;
                 metrics.extend(cm);
             }
@@ -553,11 +516,14 @@ impl Trainer {
         }
         self.step += 1;
         let t_upd = t2.elapsed().as_secs_f64();
-        metrics.insert("timing_s/gen".into(), t_gen);
-        metrics.insert("timing_s/info_gain".into(), t_ig);
+        metrics.insert("timing_s/gen".into(), all.gen_seconds);
+        metrics.insert("timing_s/info_gain".into(), all.ig_seconds);
         metrics.insert("timing_s/update".into(), t_upd);
         metrics.insert("timing_s/step".into(), t0.elapsed().as_secs_f64());
-        Ok(StepOutput { metrics, episodes })
+        Ok(StepOutput {
+            metrics,
+            episodes: all.episodes,
+        })
     }
 
     fn lr(&self) -> f64 {
@@ -582,6 +548,11 @@ impl Trainer {
         });
         if let Some(c) = &self.critic {
             state.extra["critic_optimizer_steps"] = c.optimizer_steps().into();
+        }
+        if let Some(k) = &self.kl_ctrl {
+            // The bits make the restored β exact; the number is for reading.
+            state.extra["kl_ctrl_value"] = k.value().into();
+            state.extra["kl_ctrl_value_bits"] = k.value().to_bits().into();
         }
         save_checkpoint(
             dir,
@@ -627,6 +598,16 @@ impl Trainer {
         if let Some(n) = ck.state.extra["consecutive_bad_updates"].as_u64() {
             t.consecutive_bad = n as usize;
         }
+        if let (Some(ctrl), Some(bits)) = (
+            t.kl_ctrl.as_mut(),
+            ck.state.extra["kl_ctrl_value_bits"].as_u64(),
+        ) {
+            let beta = f64::from_bits(bits);
+            match ctrl {
+                KlController::Fixed(c) => c.value = beta,
+                KlController::Adaptive(c) => c.value = beta,
+            }
+        }
         let mut reference_tensors = None;
         if let Some(rd) = reference_dir {
             let (mc, tensors) =
@@ -646,7 +627,12 @@ impl Trainer {
                             dir.display()
                         )
                     })?;
-                t.critic = Some(CriticModel::load(&t.model_config, dir, steps)?);
+                t.critic = Some(CriticModel::load(
+                    &t.model_config,
+                    dir,
+                    steps,
+                    critic_adamw(&t.config),
+                )?);
             } else if let Some(tensors) = &reference_tensors {
                 tracing::warn!(
                     checkpoint = %dir.display(),
@@ -657,6 +643,7 @@ impl Trainer {
                     &t.model_config,
                     tensors,
                     t.config.seed ^ 0xc41,
+                    critic_adamw(&t.config),
                 )?);
             }
         }

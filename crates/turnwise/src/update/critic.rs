@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use turnwise_model::ModelConfig;
-use turnwise_model::loss::value::{ValueLossConfig, value_loss};
+use turnwise_model::loss::value::{ValueLossConfig, explained_variance, value_loss};
 use turnwise_model::model::critic::{
     Critic, SCORE_BIAS, SCORE_WEIGHT, critic_varmap_from_policy, trunk_config,
 };
@@ -36,18 +36,20 @@ pub struct CriticModel {
 }
 
 impl CriticModel {
-    /// A critic whose trunk copies `policy` (named tensors) and whose value head is fresh.
+    /// A critic whose trunk copies `policy` (named tensors) and whose value head is fresh,
+    /// trained by AdamW with `optim`.
     pub fn from_policy(
         config: &ModelConfig,
         policy: &std::collections::HashMap<String, Tensor>,
         seed: u64,
+        optim: AdamWConfig,
     ) -> Result<Self> {
         let varmap = critic_varmap_from_policy(config, policy, seed)
             .context("building the critic from the policy")?;
         let tc = trunk_config(config);
         let model = Critic::from_varmap(&tc, &varmap)?;
         let detached = Critic::detached_from_varmap(&tc, &varmap)?;
-        let optimizer = AdamW::new(sorted_vars(&varmap), AdamWConfig::default())?;
+        let optimizer = AdamW::new(sorted_vars(&varmap), optim)?;
         Ok(Self {
             config: tc,
             varmap,
@@ -72,8 +74,14 @@ impl CriticModel {
 
     /// Restores a critic saved by [`CriticModel::save`] in `dir` for a policy of configuration
     /// `policy_config`, its optimizer at `optimizer_steps` updates: the same weights, moments
-    /// and step count, so that training continues exactly.
-    pub fn load(policy_config: &ModelConfig, dir: &Path, optimizer_steps: u64) -> Result<Self> {
+    /// and step count, so that training continues exactly (`optim` are the optimizer's settings,
+    /// which the checkpoint does not hold).
+    pub fn load(
+        policy_config: &ModelConfig,
+        dir: &Path,
+        optimizer_steps: u64,
+        optim: AdamWConfig,
+    ) -> Result<Self> {
         let path = dir.join(CRITIC_WEIGHTS_FILE);
         let desc = path.display().to_string();
         let tensors = load_safetensors(&path, DType::F32, &Device::Cpu)
@@ -98,7 +106,7 @@ impl CriticModel {
         let path = dir.join(CRITIC_OPTIMIZER_FILE);
         let moments = load_safetensors(&path, DType::F32, &Device::Cpu)
             .with_context(|| format!("reading the critic optimizer state {}", path.display()))?;
-        let mut optimizer = AdamW::new(sorted_vars(&varmap), AdamWConfig::default())?;
+        let mut optimizer = AdamW::new(sorted_vars(&varmap), optim)?;
         optimizer
             .load_state(&moments, optimizer_steps)
             .with_context(|| format!("restoring the critic optimizer from {}", path.display()))?;
@@ -147,64 +155,104 @@ impl CriticModel {
     }
 
     /// Clipped value-loss epochs over `rows` (whose `returns` hold the GAE targets) with the
-    /// values `old_values` of the rollout.
+    /// values `old_values` of the rollout: `cfg.epochs` passes, each over the rows in the order
+    /// `order(n)` gives (seeded by the caller, like the actor's) cut into mini-batches of
+    /// `cfg.mini_batch` rows, one optimizer step per mini-batch (verl's critic `ppo_epochs` and
+    /// `ppo_mini_batch_size`). Metrics: the means over the mini-batches of `critic/vf_loss`,
+    /// `critic/vf_clipfrac`, `critic/vpred_mean`, `critic/grad_norm`, and
+    /// `critic/vf_explained_var` of the rollout's values against the returns (verl
+    /// `compute_data_metrics`, spec §7).
     pub fn update(
         &mut self,
         rows: &[Row],
         old_values: &[Vec<f32>],
-        cfg: &ValueLossConfig,
-        lr: f64,
-        grad_clip: f64,
-        mini_batch: usize,
+        cfg: &CriticUpdate<'_>,
+        order: &mut dyn FnMut(usize) -> Vec<usize>,
     ) -> Result<BTreeMap<String, f64>> {
         let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
         let n = rows.len();
-        let mini = if mini_batch == 0 {
+        if n == 0 {
+            return Ok(BTreeMap::new());
+        }
+        if old_values.len() != n {
+            bail!(
+                "critic update: {} rows but {} rows of old values",
+                n,
+                old_values.len()
+            );
+        }
+        let mini = if cfg.mini_batch == 0 {
             n
         } else {
-            mini_batch.min(n)
+            cfg.mini_batch.min(n)
         };
-        let idx: Vec<usize> = (0..n).collect();
-        for mb in idx.chunks(mini.max(1)) {
-            let refs: Vec<&Row> = mb.iter().map(|&i| &rows[i]).collect();
-            let packed = pack(&refs, self.model.trunk().device())?;
-            let l = packed.response_width;
-            let mut old = vec![0f32; mb.len() * l];
-            for (k, &i) in mb.iter().enumerate() {
-                old[k * l..k * l + old_values[i].len()].copy_from_slice(&old_values[i]);
-            }
-            let old = Tensor::from_vec(old, (mb.len(), l), self.model.trunk().device())?;
-            let v = self
-                .model
-                .values(&packed.ids, &packed.positions, &packed.key_mask)?
-                .narrow(1, packed.prompt_width - 1, l)?;
-            let out = value_loss(&v, &old, &packed.returns, &packed.loss_mask, cfg, None)?;
-            let value = f64::from(out.loss.to_scalar::<f32>()?);
-            if !value.is_finite() {
-                tracing::warn!(loss = value, "non-finite critic loss: update skipped");
-                continue;
-            }
-            let mut acc = GradAccumulator::new();
-            acc.add(&out.loss.backward()?, self.optimizer.vars(), 1.0)?;
-            let mut grads = acc.take();
-            let norm = grads.clip_global_norm(grad_clip)?;
-            if !norm.is_finite() {
-                tracing::warn!("non-finite critic gradient: update skipped");
-                continue;
-            }
-            self.optimizer.step(&grads, lr)?;
-            for (k, v) in out.metrics.to_map() {
-                let e = sums.entry(k).or_insert((0.0, 0));
-                e.0 += v;
+        let as_f64 = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
+        let returns: Vec<Vec<f64>> = rows.iter().map(|r| as_f64(&r.returns)).collect();
+        let values: Vec<Vec<f64>> = old_values.iter().map(|v| as_f64(v)).collect();
+        let masks: Vec<Vec<f64>> = rows
+            .iter()
+            .map(|r| r.loss_mask.iter().map(|&m| f64::from(m)).collect())
+            .collect();
+        let mut out = BTreeMap::new();
+        if let Some(ev) = explained_variance(&returns, &values, &masks) {
+            out.insert("critic/vf_explained_var".to_string(), ev);
+        }
+        for _ in 0..cfg.epochs.max(1) {
+            let perm = order(n);
+            for mb in perm.chunks(mini) {
+                let refs: Vec<&Row> = mb.iter().map(|&i| &rows[i]).collect();
+                let packed = pack(&refs, self.model.trunk().device())?;
+                let l = packed.response_width;
+                let mut old = vec![0f32; mb.len() * l];
+                for (k, &i) in mb.iter().enumerate() {
+                    old[k * l..k * l + old_values[i].len()].copy_from_slice(&old_values[i]);
+                }
+                let old = Tensor::from_vec(old, (mb.len(), l), self.model.trunk().device())?;
+                let v = self
+                    .model
+                    .values(&packed.ids, &packed.positions, &packed.key_mask)?
+                    .narrow(1, packed.prompt_width - 1, l)?;
+                let loss_out =
+                    value_loss(&v, &old, &packed.returns, &packed.loss_mask, cfg.loss, None)?;
+                let value = f64::from(loss_out.loss.to_scalar::<f32>()?);
+                if !value.is_finite() {
+                    tracing::warn!(loss = value, "non-finite critic loss: update skipped");
+                    continue;
+                }
+                let mut acc = GradAccumulator::new();
+                acc.add(&loss_out.loss.backward()?, self.optimizer.vars(), 1.0)?;
+                let mut grads = acc.take();
+                let norm = grads.clip_global_norm(cfg.grad_clip)?;
+                if !norm.is_finite() {
+                    tracing::warn!("non-finite critic gradient: update skipped");
+                    continue;
+                }
+                self.optimizer.step(&grads, cfg.lr)?;
+                for (k, v) in loss_out.metrics.to_map() {
+                    let e = sums.entry(k).or_insert((0.0, 0));
+                    e.0 += v;
+                    e.1 += 1;
+                }
+                let e = sums.entry("critic/grad_norm".into()).or_insert((0.0, 0));
+                e.0 += norm;
                 e.1 += 1;
             }
-            let e = sums.entry("critic/grad_norm".into()).or_insert((0.0, 0));
-            e.0 += norm;
-            e.1 += 1;
         }
-        Ok(sums
-            .into_iter()
-            .map(|(k, (s, c))| (k, s / c.max(1) as f64))
-            .collect())
+        out.extend(sums.into_iter().map(|(k, (s, c))| (k, s / c.max(1) as f64)));
+        Ok(out)
     }
+}
+
+/// Settings of one critic update ([`CriticModel::update`]).
+pub struct CriticUpdate<'a> {
+    /// The clipped value loss.
+    pub loss: &'a ValueLossConfig,
+    /// Learning rate.
+    pub lr: f64,
+    /// Gradient-norm bound.
+    pub grad_clip: f64,
+    /// Passes over the batch (`optim.ppo_epochs`).
+    pub epochs: usize,
+    /// Rows per optimizer step (`optim.mini_batch_size`; 0: all).
+    pub mini_batch: usize,
 }

@@ -8,11 +8,13 @@ pub mod critic;
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor, Var};
 use turnwise_model::Transformer;
 use turnwise_model::loss::actor::{ActorLossConfig, ActorLossInput, compute_actor_loss};
-use turnwise_model::loss::policy::PolicyLossInput;
-use turnwise_model::optim::{AdamW, GradAccumulator};
+use turnwise_model::loss::agg::AggDenominators;
+use turnwise_model::loss::clip_bias::{ClipBiasScope, ClipBiasSpace};
+use turnwise_model::loss::policy::{PolicyLossInput, compute_policy_loss};
+use turnwise_model::optim::{AdamW, GradAccumulator, Gradients};
 
 pub use batch::{Packed, Row, pack, response_logprobs};
 
@@ -127,13 +129,241 @@ pub fn is_on_policy(cfg: &ActorUpdate<'_>, n: usize) -> bool {
     cfg.epochs == 1 && (cfg.mini_batch == 0 || cfg.mini_batch >= n)
 }
 
+/// Metrics that are a micro-batch's share of its mini-batch's value (the loss denominators span
+/// the mini-batch): summed over the micro-batches of a mini-batch, then averaged over
+/// mini-batches like the others.
+const ADDITIVE: [&str; 4] = [
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/entropy",
+    "actor/loss",
+];
+
+/// The gradient of one mini-batch and its metrics ([`minibatch_gradient`]).
+pub struct MiniBatchGradient {
+    /// Gradients of the mini-batch's loss, summed over its micro-batches (not clipped).
+    pub grads: Gradients,
+    /// The mini-batch's metrics (verl names); the clip-bias ones (`actor/clip_bias_norm`,
+    /// `actor/clip_bias_scale`, `actor/clip_bias_num_clipped`) are over the whole mini-batch.
+    pub metrics: BTreeMap<String, f64>,
+}
+
+/// Loss inputs of the rows `micro_idx` of a mini-batch, after the forward pass `logp`.
+struct MicroInput {
+    packed: Packed,
+    old: Tensor,
+    reference: Option<Tensor>,
+}
+
+fn micro_input(
+    policy: &Transformer,
+    rows: &[Row],
+    micro_idx: &[usize],
+    old_logp: Option<&[Vec<f32>]>,
+    ref_logp: Option<&[Vec<f32>]>,
+    logp: impl FnOnce(&Packed) -> Result<(Tensor, Tensor)>,
+) -> Result<(MicroInput, Tensor, Tensor)> {
+    let refs: Vec<&Row> = micro_idx.iter().map(|&i| &rows[i]).collect();
+    let packed = pack(&refs, policy.device())?;
+    let l = packed.response_width;
+    let pick = |v: &[Vec<f32>]| tensor_rows(v, micro_idx, l, policy.device());
+    let reference = ref_logp.map(pick).transpose()?;
+    let (lp, entropy) = logp(&packed)?;
+    let old = match old_logp {
+        Some(o) => pick(o)?,
+        None => lp.detach(),
+    };
+    Ok((
+        MicroInput {
+            packed,
+            old,
+            reference,
+        },
+        lp,
+        entropy,
+    ))
+}
+
+/// The §5.6 clip-bias scale of a mini-batch cut into several micro-batches: `C` over the whole
+/// mini-batch (its 1/B over the mini-batch's sequences), from one extra forward pass over each
+/// micro-batch first (its log-probs detached; skipped on-policy, where `C = 0`). `None` when the
+/// loss has no mini-batch clip-bias correction or the mini-batch is one micro-batch (the loss
+/// then computes `C` itself).
+#[allow(clippy::too_many_arguments)]
+fn minibatch_clip_bias_scale(
+    policy: &Transformer,
+    rows: &[Row],
+    mb: &[usize],
+    micro: usize,
+    old_logp: Option<&[Vec<f32>]>,
+    cfg: &ActorUpdate<'_>,
+    denominators: AggDenominators,
+) -> Result<Option<f64>> {
+    let resolved = cfg.loss.policy.resolve()?;
+    let cb = match resolved.clip_bias {
+        Some(c) if c.norm_scope == ClipBiasScope::Minibatch && mb.len() > micro => c,
+        _ => return Ok(None),
+    };
+    if old_logp.is_none() {
+        // On-policy: the ratio is exactly 1, no token is clipped, ‖C‖ = 0.
+        return Ok(Some(cb.scale_of(0.0)));
+    }
+    if cb.norm_space == ClipBiasSpace::Grad {
+        anyhow::bail!(
+            "clip_bias.norm_space = grad is not supported by the trainer's update; use token"
+        );
+    }
+    // ‖C_mb‖² = Σ_micro (B_micro · ‖C_micro‖)² / B_mb², since c = (1/B)(1/|y|)·1·w·Â.
+    let mut sq = 0.0;
+    for micro_idx in mb.chunks(micro) {
+        let (inp, lp, _) = micro_input(policy, rows, micro_idx, old_logp, None, |p| {
+            response_logprobs(policy, p, cfg.temperature)
+        })?;
+        let lp = lp.detach();
+        let mut pin =
+            PolicyLossInput::new(&lp, &inp.old, &inp.packed.advantages, &inp.packed.loss_mask)
+                .with_denominators(denominators);
+        if cfg.use_turn_id {
+            pin = pin.with_turn_id(&inp.packed.turn_id);
+        }
+        if cfg.use_clip_scale {
+            pin = pin.with_clip_scale(&inp.packed.clip_scale);
+        }
+        let out = compute_policy_loss(&pin, &cfg.loss.policy)?;
+        let seqs = micro_idx
+            .iter()
+            .filter(|&&i| rows[i].loss_mask.iter().any(|&m| m > 0))
+            .count()
+            .max(1) as f64;
+        sq += (out.metrics.clip_bias_norm * seqs).powi(2);
+    }
+    Ok(Some(cb.scale_of(sq.sqrt() / denominators.sequences)))
+}
+
+/// The gradient of the mini-batch `mb` (row indices) of `rows`: micro-batches of
+/// `cfg.micro_batch` rows of similar length, each forward/backward adding its share of the
+/// mini-batch loss (the loss denominators span the mini-batch, so the gradient does not depend
+/// on the grouping; with a clip-bias loss, the §5.6 scale is computed over the whole
+/// mini-batch first). `None` (with a warning) when a loss is not finite.
+pub fn minibatch_gradient(
+    policy: &Transformer,
+    vars: &[(String, Var)],
+    rows: &[Row],
+    mb: &[usize],
+    old_logp: Option<&[Vec<f32>]>,
+    ref_logp: Option<&[Vec<f32>]>,
+    cfg: &ActorUpdate<'_>,
+) -> Result<Option<MiniBatchGradient>> {
+    let mut mb = mb.to_vec();
+    // Stable: rows of equal length keep the seeded order.
+    mb.sort_by_key(|&i| row_len(&rows[i]));
+    let micro = if cfg.micro_batch == 0 {
+        mb.len()
+    } else {
+        cfg.micro_batch.min(mb.len())
+    }
+    .max(1);
+    let total_tokens: f64 = mb
+        .iter()
+        .map(|&i| rows[i].loss_mask.iter().map(|&m| f64::from(m)).sum::<f64>())
+        .sum();
+    let total_seqs = mb
+        .iter()
+        .filter(|&&i| rows[i].loss_mask.iter().any(|&m| m > 0))
+        .count() as f64;
+    let denominators = AggDenominators {
+        tokens: total_tokens.max(1.0),
+        sequences: total_seqs.max(1.0),
+    };
+    let cb_scale =
+        minibatch_clip_bias_scale(policy, rows, &mb, micro, old_logp, cfg, denominators)?;
+    let mut acc = GradAccumulator::new();
+    let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    let (mut cb_sq, mut cb_clipped) = (0.0, 0.0);
+    for micro_idx in mb.chunks(micro) {
+        let (inp, logp, entropy) = micro_input(policy, rows, micro_idx, old_logp, ref_logp, |p| {
+            response_logprobs(policy, p, cfg.temperature)
+        })?;
+        let packed = &inp.packed;
+        let mut pin = PolicyLossInput::new(&logp, &inp.old, &packed.advantages, &packed.loss_mask)
+            .with_denominators(denominators);
+        if cfg.use_turn_id {
+            pin = pin.with_turn_id(&packed.turn_id);
+        }
+        if cfg.use_clip_scale {
+            pin = pin.with_clip_scale(&packed.clip_scale);
+        }
+        if let Some(scale) = cb_scale {
+            pin = pin.with_clip_bias_scale(scale);
+        }
+        let input = ActorLossInput {
+            policy: pin,
+            ref_logp: inp.reference.as_ref(),
+            entropy: Some(&entropy),
+        };
+        let out = match compute_actor_loss(&input, cfg.loss) {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!(error = %e, "skipping a mini-batch whose loss failed");
+                return Ok(None);
+            }
+        };
+        let value = f64::from(out.loss.to_dtype(DType::F32)?.to_scalar::<f32>()?);
+        if !value.is_finite() {
+            tracing::warn!(loss = value, "non-finite loss: skipping this update");
+            return Ok(None);
+        }
+        let seqs = micro_idx
+            .iter()
+            .filter(|&&i| rows[i].loss_mask.iter().any(|&m| m > 0))
+            .count()
+            .max(1) as f64;
+        cb_sq += (out.metrics.policy.clip_bias_norm * seqs).powi(2);
+        cb_clipped += out.metrics.policy.clip_bias_num_clipped as f64;
+        for (k, v) in out.metrics.to_map() {
+            if k == "actor/clip_bias_norm" || k == "actor/clip_bias_num_clipped" {
+                continue;
+            }
+            let e = sums.entry(k.clone()).or_insert((0.0, 0));
+            if v.is_finite() {
+                e.0 += v;
+                if !ADDITIVE.contains(&k.as_str()) {
+                    e.1 += 1;
+                }
+            }
+        }
+        acc.add(&out.loss.backward()?, vars, 1.0)
+            .context("accumulating gradients")?;
+    }
+    let mut metrics: BTreeMap<String, f64> = sums
+        .into_iter()
+        .map(|(k, (s, c))| {
+            (
+                k.clone(),
+                if ADDITIVE.contains(&k.as_str()) {
+                    s
+                } else {
+                    s / c.max(1) as f64
+                },
+            )
+        })
+        .collect();
+    metrics.insert(
+        "actor/clip_bias_norm".into(),
+        cb_sq.sqrt() / denominators.sequences,
+    );
+    metrics.insert("actor/clip_bias_num_clipped".into(), cb_clipped);
+    Ok(Some(MiniBatchGradient {
+        grads: acc.take(),
+        metrics,
+    }))
+}
+
 /// PPO epochs over `rows` with behaviour log-probs `old_logp` (and reference log-probs
 /// `ref_logp` when the KL term is on). `order` permutes rows per epoch (seeded by the caller).
 /// `old_logp` may be `None` only for an on-policy update ([`is_on_policy`]): the ratio's
-/// denominator is then the current forward's log-probs, detached. Within a mini-batch the
-/// rows are grouped by length into micro-batches, so that little of a forward pass is padding
-/// (the loss denominators span the whole mini-batch, so the gradient does not depend on the
-/// grouping).
+/// denominator is then the current forward's log-probs, detached. Each mini-batch's gradient
+/// comes from [`minibatch_gradient`]; metrics are averaged over the mini-batches.
 pub fn actor_update(
     policy: &Transformer,
     opt: &mut AdamW,
@@ -154,11 +384,6 @@ pub fn actor_update(
     } else {
         cfg.mini_batch.min(n)
     };
-    let micro = if cfg.micro_batch == 0 {
-        mini
-    } else {
-        cfg.micro_batch.min(mini)
-    };
     if old_logp.is_none() && !is_on_policy(cfg, n) {
         anyhow::bail!(
             "behaviour log-probs are needed: {} epochs over mini-batches of {mini} of {n} rows",
@@ -168,77 +393,13 @@ pub fn actor_update(
     for _ in 0..cfg.epochs {
         let perm = order(n);
         for mb in perm.chunks(mini) {
-            let mut mb = mb.to_vec();
-            // Stable: rows of equal length keep the seeded order.
-            mb.sort_by_key(|&i| row_len(&rows[i]));
-            let total_tokens: f64 = mb
-                .iter()
-                .map(|&i| rows[i].loss_mask.iter().map(|&m| f64::from(m)).sum::<f64>())
-                .sum();
-            let total_seqs = mb
-                .iter()
-                .filter(|&&i| rows[i].loss_mask.iter().any(|&m| m > 0))
-                .count() as f64;
-            let denominators = turnwise_model::loss::agg::AggDenominators {
-                tokens: total_tokens.max(1.0),
-                sequences: total_seqs.max(1.0),
-            };
-            let mut acc = GradAccumulator::new();
-            let mut bad = false;
-            for micro_idx in mb.chunks(micro) {
-                let refs: Vec<&Row> = micro_idx.iter().map(|&i| &rows[i]).collect();
-                let packed = pack(&refs, policy.device())?;
-                let l = packed.response_width;
-                let pick = |v: &[Vec<f32>]| tensor_rows(v, micro_idx, l, policy.device());
-                let ref_t = ref_logp.map(pick).transpose()?;
-                let (logp, entropy) = response_logprobs(policy, &packed, cfg.temperature)?;
-                let old_t = match old_logp {
-                    Some(o) => pick(o)?,
-                    None => logp.detach(),
-                };
-                let mut pin =
-                    PolicyLossInput::new(&logp, &old_t, &packed.advantages, &packed.loss_mask)
-                        .with_denominators(denominators);
-                if cfg.use_turn_id {
-                    pin = pin.with_turn_id(&packed.turn_id);
-                }
-                if cfg.use_clip_scale {
-                    pin = pin.with_clip_scale(&packed.clip_scale);
-                }
-                let input = ActorLossInput {
-                    policy: pin,
-                    ref_logp: ref_t.as_ref(),
-                    entropy: Some(&entropy),
-                };
-                let out = match compute_actor_loss(&input, cfg.loss) {
-                    Ok(o) => o,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "skipping a micro-batch whose loss failed");
-                        bad = true;
-                        break;
-                    }
-                };
-                let value = f64::from(out.loss.to_dtype(DType::F32)?.to_scalar::<f32>()?);
-                if !value.is_finite() {
-                    tracing::warn!(loss = value, "non-finite loss: skipping this update");
-                    bad = true;
-                    break;
-                }
-                for (k, v) in out.metrics.to_map() {
-                    let e = sums.entry(k).or_insert((0.0, 0));
-                    if v.is_finite() {
-                        e.0 += v;
-                        e.1 += 1;
-                    }
-                }
-                acc.add(&out.loss.backward()?, opt.vars(), 1.0)
-                    .context("accumulating gradients")?;
-            }
-            if bad {
+            let Some(g) =
+                minibatch_gradient(policy, opt.vars(), rows, mb, old_logp, ref_logp, cfg)?
+            else {
                 stats.skipped += 1;
                 continue;
-            }
-            let mut grads = acc.take();
+            };
+            let mut grads = g.grads;
             let norm = grads.clip_global_norm(cfg.grad_clip)?;
             if !norm.is_finite() {
                 tracing::warn!(
@@ -247,6 +408,13 @@ pub fn actor_update(
                 );
                 stats.skipped += 1;
                 continue;
+            }
+            for (k, v) in g.metrics {
+                let e = sums.entry(k).or_insert((0.0, 0));
+                if v.is_finite() {
+                    e.0 += v;
+                    e.1 += 1;
+                }
             }
             let e = sums.entry("actor/grad_norm".into()).or_insert((0.0, 0));
             e.0 += norm;

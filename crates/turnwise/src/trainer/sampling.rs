@@ -1,0 +1,368 @@
+//! The batch of one RL step: generation rounds (rollout, reward, DAPO's overlong shaping,
+//! information-gain probes) and DAPO dynamic sampling over them (spec §2.7, §6.4).
+//!
+//! A step generates one round of `rollout.prompts_per_step` prompts × `rollout.group_size`
+//! rollouts. With `rollout.filter_zero_variance_groups` on, only informative groups
+//! ([`super::advantage::informative_groups`]) are trained on, and while fewer than
+//! `prompts_per_step` are informative the step generates further rounds of `prompts_per_step`
+//! fresh prompts (next in the step's seeded permutation of the training questions, fresh
+//! sampling seeds), at most `rollout.max_num_gen_batches` rounds in all. The first
+//! `prompts_per_step` informative groups, in generation order, make the batch (verl DAPO
+//! truncates the same way). A batch still short after the last round trains on the informative
+//! groups it has, with a warning; verl raises an error there instead.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use turnwise_core::reward::{RewardInput, TurnText, overlong_penalty};
+
+use super::Trainer;
+use crate::config::RolloutStrategy;
+use crate::rollout::info_gain::ProbeResult;
+use crate::rollout::tree::TreeBatch;
+use crate::rollout::{Episode, EpisodeSpec, RolloutControl, RolloutStats, run_chains_with};
+use crate::task::{WorldTask, prompt_text};
+
+/// Rollouts of one or more generation rounds, with what the group filter and the advantage
+/// estimators read, per episode.
+#[derive(Debug, Clone, Default)]
+pub struct StepBatch {
+    /// The episodes.
+    pub episodes: Vec<Episode>,
+    /// Prompt group of each episode, unique over the rounds of a step.
+    pub groups: Vec<usize>,
+    /// Gold answers of each episode.
+    pub golds: Vec<Vec<String>>,
+    /// Score of each episode: the reward's score plus the overlong penalty.
+    pub scores: Vec<f64>,
+    /// Per-turn rewards of each episode (empty when the reward has none).
+    pub turn_rewards: Vec<Vec<f64>>,
+    /// EM of each episode.
+    pub ems: Vec<f64>,
+    /// Whether each episode's format was valid.
+    pub format_ok: Vec<bool>,
+    /// DAPO overlong penalty added to each episode's score (0 when off or short enough).
+    pub overlong: Vec<f64>,
+    /// Information gains (IGPO, A2TGPO).
+    pub info_gain: Option<ProbeResult>,
+    /// Tree bookkeeping of tree rollouts.
+    pub trees: Option<TreeBatch>,
+    /// Rollout-control totals of chain rollouts.
+    pub stats: RolloutStats,
+    /// Generation rounds in the batch.
+    pub rounds: usize,
+    /// Seconds spent generating (rollout and reward).
+    pub gen_seconds: f64,
+    /// Seconds spent on information-gain probes.
+    pub ig_seconds: f64,
+}
+
+impl StepBatch {
+    /// Number of prompt groups (one past the largest group id).
+    pub fn num_groups(&self) -> usize {
+        self.groups.iter().map(|&g| g + 1).max().unwrap_or(0)
+    }
+
+    /// Appends a later round, its group and tree ids shifted past this batch's.
+    pub fn append(&mut self, mut other: StepBatch) {
+        let group_offset = self.num_groups();
+        self.episodes.append(&mut other.episodes);
+        self.groups
+            .extend(other.groups.iter().map(|&g| g + group_offset));
+        self.golds.append(&mut other.golds);
+        self.scores.append(&mut other.scores);
+        self.turn_rewards.append(&mut other.turn_rewards);
+        self.ems.append(&mut other.ems);
+        self.format_ok.append(&mut other.format_ok);
+        self.overlong.append(&mut other.overlong);
+        self.info_gain = match (self.info_gain.take(), other.info_gain) {
+            (Some(mut a), Some(b)) => {
+                a.gains.extend(b.gains);
+                a.failures += b.failures;
+                a.probes += b.probes;
+                Some(a)
+            }
+            (a, b) => a.or(b),
+        };
+        self.trees = match (self.trees.take(), other.trees) {
+            (Some(mut a), Some(b)) => {
+                let tree_offset = a.trees.len();
+                a.trees.extend(b.trees.into_iter().map(|mut t| {
+                    t.group += group_offset;
+                    t
+                }));
+                a.leaf_of
+                    .extend(b.leaf_of.iter().map(|&(t, l)| (t + tree_offset, l)));
+                Some(a)
+            }
+            (a, b) => a.or(b),
+        };
+        self.stats.merge(&other.stats);
+        self.rounds += other.rounds;
+        self.gen_seconds += other.gen_seconds;
+        self.ig_seconds += other.ig_seconds;
+    }
+
+    /// The episodes of the groups in `keep` (in batch order); trees are kept whole.
+    pub fn select(&self, keep: &BTreeSet<usize>) -> StepBatch {
+        let idx: Vec<usize> = (0..self.episodes.len())
+            .filter(|&i| keep.contains(&self.groups[i]))
+            .collect();
+        let pick = |v: &[f64]| idx.iter().map(|&i| v[i]).collect::<Vec<_>>();
+        StepBatch {
+            episodes: idx.iter().map(|&i| self.episodes[i].clone()).collect(),
+            groups: idx.iter().map(|&i| self.groups[i]).collect(),
+            golds: idx.iter().map(|&i| self.golds[i].clone()).collect(),
+            scores: pick(&self.scores),
+            turn_rewards: idx.iter().map(|&i| self.turn_rewards[i].clone()).collect(),
+            ems: pick(&self.ems),
+            format_ok: idx.iter().map(|&i| self.format_ok[i]).collect(),
+            overlong: pick(&self.overlong),
+            info_gain: self.info_gain.as_ref().map(|ig| ProbeResult {
+                gains: idx.iter().map(|&i| ig.gains[i].clone()).collect(),
+                failures: ig.failures,
+                probes: ig.probes,
+            }),
+            trees: self.trees.as_ref().map(|t| TreeBatch {
+                trees: t.trees.clone(),
+                leaf_of: idx.iter().map(|&i| t.leaf_of[i]).collect(),
+            }),
+            stats: self.stats.clone(),
+            rounds: self.rounds,
+            gen_seconds: self.gen_seconds,
+            ig_seconds: self.ig_seconds,
+        }
+    }
+}
+
+impl Trainer {
+    /// One generation round: rollouts of the RL training questions `picks` (indices into
+    /// `task.rl_questions()`), `rollout.group_size` per question with fresh seeds from the
+    /// trainer's generator, scored by the configured reward plus DAPO's overlong penalty, with
+    /// information-gain probes when configured. `round` (0 for a step's first round) keeps
+    /// episode ids and prompt uids of refill rounds distinct; `group_offset` is the number of
+    /// groups generated before in this step.
+    pub fn generate_round(
+        &mut self,
+        picks: &[usize],
+        round: usize,
+        group_offset: usize,
+    ) -> Result<StepBatch> {
+        let t0 = Instant::now();
+        let cfg = self.config.clone();
+        let r = &cfg.rollout;
+        let base_seed = self.rng.next_u64();
+        let train = self.task.rl_questions();
+        let mut specs = Vec::new();
+        for (g, &qi) in picks.iter().enumerate() {
+            let q = train[qi];
+            let prompt_ids = self.tokenizer.encode(&prompt_text(&q.text))?;
+            let step_tag = match round {
+                0 => format!("s{}", self.step + 1),
+                _ => format!("s{}r{round}", self.step + 1),
+            };
+            for k in 0..r.group_size {
+                specs.push(EpisodeSpec {
+                    id: format!("{step_tag}-{}-{k}", q.id),
+                    prompt_uid: format!("{}:{}", group_offset + g, q.id),
+                    prompt_ids: prompt_ids.clone(),
+                    task: WorldTask::env_task(q),
+                    seed: crate::rollout::turn_seed(base_seed, g * r.group_size + k),
+                });
+            }
+        }
+        let decoding = self.decoding(r.temperature);
+        let mut groups: Vec<usize> = (0..specs.len()).map(|i| i / r.group_size).collect();
+        let golds: Vec<Vec<String>> = specs.iter().map(|s| s.task.answers.clone()).collect();
+        let mut stats = RolloutStats::default();
+        let (mut episodes, trees) = match r.strategy {
+            RolloutStrategy::Chain => {
+                let policy = self.rollout_policy();
+                let env = self.make_env();
+                let control = RolloutControl::from_config(r, cfg.task.format, &self.tokenizer)?;
+                let out = run_chains_with(&policy, specs, &env, &decoding, &control)?;
+                stats = out.stats;
+                (out.episodes, None)
+            }
+            _ => {
+                let policy = self.rollout_policy();
+                let env = self.make_env();
+                let out = crate::rollout::tree::run_trees(
+                    &policy,
+                    specs,
+                    r.group_size,
+                    &env,
+                    &decoding,
+                    r,
+                    base_seed,
+                )?;
+                groups = out.groups.clone();
+                (out.episodes, Some(out.trees))
+            }
+        };
+        let golds: Vec<Vec<String>> = match &trees {
+            None => golds,
+            Some(_) => groups
+                .iter()
+                .map(|&g| golds[g * r.group_size].clone())
+                .collect(),
+        };
+
+        // Rewards, and DAPO's overlong shaping of the score (spec §2.7).
+        let overlong_cfg = cfg
+            .overlong_buffer
+            .enable
+            .then(|| cfg.overlong_buffer.to_core(r.max_response_tokens));
+        let n = episodes.len();
+        let mut batch = StepBatch {
+            scores: Vec::with_capacity(n),
+            turn_rewards: Vec::with_capacity(n),
+            ems: Vec::with_capacity(n),
+            format_ok: Vec::with_capacity(n),
+            overlong: Vec::with_capacity(n),
+            ..StepBatch::default()
+        };
+        for (ep, gold) in episodes.iter_mut().zip(&golds) {
+            let response = ep.response_text();
+            let turns: Vec<TurnText<'_>> = ep
+                .turn_texts
+                .iter()
+                .map(|(g, o)| TurnText {
+                    generated: g,
+                    observation: o.as_deref(),
+                })
+                .collect();
+            let out = cfg
+                .reward
+                .score(&RewardInput::new(&response, gold).with_turns(&turns))
+                .with_context(|| format!("scoring {}", ep.trajectory.id))?;
+            let penalty = overlong_cfg
+                .as_ref()
+                .map_or(0.0, |c| overlong_penalty(ep.trajectory.response_len(), c));
+            let score = out.score + penalty;
+            batch.format_ok.push(out.format_ok);
+            batch.ems.push(out.em);
+            batch.scores.push(score);
+            batch.overlong.push(penalty);
+            ep.trajectory.outcome_reward = Some(score);
+            ep.trajectory.turn_rewards = out.turn_rewards.clone();
+            batch.turn_rewards.push(out.turn_rewards);
+        }
+        batch.gen_seconds = t0.elapsed().as_secs_f64();
+
+        // Information gain.
+        let t1 = Instant::now();
+        if r.info_gain {
+            let first: Vec<String> = golds
+                .iter()
+                .map(|g| g.first().cloned().unwrap_or_default())
+                .collect();
+            batch.info_gain = Some(crate::rollout::info_gain::probe(
+                &self.sampler,
+                &self.tokenizer,
+                cfg.task.format,
+                &episodes,
+                &first,
+            )?);
+        }
+        batch.ig_seconds = t1.elapsed().as_secs_f64();
+        batch.episodes = episodes;
+        batch.groups = groups;
+        batch.golds = golds;
+        batch.trees = trees;
+        batch.stats = stats;
+        batch.rounds = 1;
+        Ok(batch)
+    }
+
+    /// The batch of one step: the first round, then, under DAPO dynamic sampling, refill rounds
+    /// until `prompts_per_step` groups are informative or `max_num_gen_batches` rounds ran.
+    /// Returns every generated episode, the selection to train on (`None`: all of them), and
+    /// the `batch/*` metrics: `batch/informative_groups` (informative groups generated),
+    /// `batch/filtered_groups` (groups the filter dropped as uninformative; 0 with the filter
+    /// off) and `batch/refill_rounds` (rounds after the first).
+    #[allow(clippy::type_complexity)]
+    pub fn sample_batch(
+        &mut self,
+    ) -> Result<(StepBatch, Option<StepBatch>, BTreeMap<String, f64>)> {
+        let cfg = self.config.clone();
+        let r = &cfg.rollout;
+        let n_train = self.task.rl_questions().len();
+        if n_train == 0 {
+            anyhow::bail!(
+                "no training questions for RL (with task.rl_subject_fraction = {}, no training \
+                 subject was reserved; raise it or set it to 0)",
+                cfg.task.rl_subject_fraction
+            );
+        }
+        // Prompts: a seeded permutation of the training questions, taken in order by the
+        // rounds (a fresh permutation when it runs out).
+        let permutation = |rng: &mut turnwise_model::rng::TurnRng| {
+            let mut p: Vec<usize> = (0..n_train).collect();
+            super::shuffle(&mut p, rng);
+            p
+        };
+        let mut order = permutation(&mut self.rng);
+        let mut next = 0usize;
+        let mut take = |rng: &mut turnwise_model::rng::TurnRng| {
+            if next >= order.len() {
+                order = permutation(rng);
+                next = 0;
+            }
+            let end = (next + r.prompts_per_step).min(order.len());
+            let picks = order[next..end].to_vec();
+            next = end;
+            picks
+        };
+        let picks = take(&mut self.rng);
+        let mut all = self.generate_round(&picks, 0, 0)?;
+        let estimator = turnwise_core::advantage::Estimator::name(&cfg.advantage);
+        let filter = r.filter_zero_variance_groups && !matches!(estimator, "at2po" | "tree_grpo");
+        let informative = |b: &StepBatch| {
+            super::advantage::informative_groups(
+                &cfg,
+                &b.episodes,
+                &b.groups,
+                &b.scores,
+                &b.turn_rewards,
+                b.info_gain.as_ref().map(|g| g.gains.as_slice()),
+            )
+        };
+        let mut useful = informative(&all);
+        while filter && useful.len() < r.prompts_per_step && all.rounds < r.max_num_gen_batches {
+            let picks = take(&mut self.rng);
+            let offset = all.num_groups();
+            let more = self.generate_round(&picks, all.rounds, offset)?;
+            all.append(more);
+            useful = informative(&all);
+            tracing::debug!(
+                round = all.rounds,
+                informative = useful.len(),
+                "dynamic sampling refill"
+            );
+        }
+        let total = all.num_groups();
+        let mut metrics = BTreeMap::new();
+        metrics.insert("batch/informative_groups".into(), useful.len() as f64);
+        metrics.insert("batch/refill_rounds".into(), (all.rounds - 1) as f64);
+        let dropped = if filter { total - useful.len() } else { 0 };
+        metrics.insert("batch/filtered_groups".into(), dropped as f64);
+        if !filter {
+            return Ok((all, None, metrics));
+        }
+        if useful.len() < r.prompts_per_step {
+            tracing::warn!(
+                step = self.step + 1,
+                informative = useful.len(),
+                wanted = r.prompts_per_step,
+                rounds = all.rounds,
+                "dynamic sampling: too few informative groups after \
+                 rollout.max_num_gen_batches rounds; training on those"
+            );
+        }
+        let keep: BTreeSet<usize> = useful.into_iter().take(r.prompts_per_step).collect();
+        let selected = all.select(&keep);
+        Ok((all, Some(selected), metrics))
+    }
+}
