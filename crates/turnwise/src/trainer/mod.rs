@@ -466,6 +466,7 @@ impl Trainer {
         }
         metrics.insert("batch/kept_rollouts".into(), kept as f64);
         metrics.extend(rollout_metrics);
+        metrics.extend(tree_info.as_ref().map(|t| t.metrics()).unwrap_or_default());
         for (k, v) in adv.metrics {
             metrics.insert(k, v);
         }
