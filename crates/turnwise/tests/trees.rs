@@ -369,7 +369,7 @@ fn tree_grpo_differs_from_twice_grpo() {
     let ranks = rank_in_tree(&f.out);
     let scores: Vec<f64> = (0..ranks.len())
         .map(|i| {
-            let pattern = if tb.leaf_of[i].0 % 2 == 0 {
+            let pattern = if tb.leaf_of[i].0.is_multiple_of(2) {
                 [1.0, 0.0, 0.0]
             } else {
                 [1.0, 1.0, 0.0]
