@@ -11,7 +11,14 @@ fn every_preset_runs_two_steps() {
     let mut failures = Vec::new();
     for name in presets::names() {
         let result = (|| -> anyhow::Result<()> {
-            let cfg = TrainConfig::resolve(Some(name), None, &tiny_overrides())?;
+            // Tree presets fix their episodes per prompt by the tree shape (validated against
+            // rollout.group_size), so the tiny group size gives way to it.
+            let mut sets = tiny_overrides();
+            let shape = TrainConfig::resolve(Some(name), None, &[])?.rollout;
+            if let Some(n) = shape.tree_leaves_per_prompt() {
+                sets.push(format!("rollout.group_size={n}"));
+            }
+            let cfg = TrainConfig::resolve(Some(name), None, &sets)?;
             let mut t = Trainer::new(cfg)?;
             t.warm_start(&mut |_, loss, _| assert!(loss.is_finite()))?;
             t.freeze_reference()?;

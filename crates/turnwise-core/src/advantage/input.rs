@@ -174,7 +174,8 @@ pub struct TreeNode {
     pub is_leaf: bool,
     /// Monte-Carlo entropy estimate `H` of the node's sampled tokens (mean NLL, §6.1).
     pub entropy: f64,
-    /// Raw outcome reward of a leaf; a leaf with `None` has no value and is ignored.
+    /// Raw outcome reward of a leaf (the episode's outcome score). `at2po` rejects a tree with a
+    /// leaf whose reward is `None`; inner nodes have none.
     pub reward: Option<f64>,
     /// Number of response tokens this node adds on the root→leaf token sequence (its
     /// *incremental* span: previous observation + own generation). Usually 0 for the root.

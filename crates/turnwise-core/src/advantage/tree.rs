@@ -199,6 +199,19 @@ impl Estimator for At2poConfig {
         let mut trees = Vec::with_capacity(batch.trees.len());
         for (t, tree) in batch.trees.iter().enumerate() {
             validate_tree(t, tree)?;
+            // A leaf without a reward would silently drop out of every node value (and with all
+            // of them missing every advantage is 0): the caller must fill them in.
+            if let Some(i) = (0..tree.nodes.len())
+                .find(|&i| tree.nodes[i].is_leaf && tree.nodes[i].reward.is_none())
+            {
+                return Err(tree_err(
+                    t,
+                    format!(
+                        "leaf {i} has no reward: every leaf needs its episode's outcome reward \
+                         before node values can be computed"
+                    ),
+                ));
+            }
             let values = tree_node_values(
                 tree,
                 self.leaf_value_norm,
@@ -420,6 +433,21 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_leaf_without_reward_is_an_error() {
+        let (mut t, ids) = example();
+        let r = Rollout::new(0, vec![0, 0], 0.0).with_leaf(0, ids[2]);
+        t.nodes[ids[5]].reward = None;
+        let err = At2poConfig::default()
+            .estimate(&AdvantageBatch::with_trees(vec![r], vec![t]))
+            .unwrap_err();
+        assert!(
+            matches!(&err, AdvantageError::InvalidTree { tree: 0, message, .. }
+                if message.contains(&format!("leaf {} has no reward", ids[5]))),
+            "{err}"
+        );
     }
 
     #[test]

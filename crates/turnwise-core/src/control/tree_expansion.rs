@@ -10,12 +10,15 @@
 //!   `score(n) = H(n) − α·max(0, |children(parent(n))| − 1)` (root: its own children count;
 //!   α = 0.05 hard-coded in the AT2PO code) and the top-K selection (stable order, cycling through
 //!   the ranking when there are fewer than K candidates), §6.1 step 3;
-//! - forking: a new **sibling** of the selected node (a new child of the root when the root is
-//!   selected) that resumes from the selected node's turn start, §6.1 step 4;
+//! - forking ([`ForkRule`]): AT2PO creates a new **sibling** of the selected node (a new child of
+//!   the root when the root is selected) that resumes from the selected node's turn start, so the
+//!   selected turn is re-sampled (§6.1 step 4); Tree-GRPO creates a new **child** of the selected
+//!   node that continues after the node's action and observation (selecting the root starts a new
+//!   chain in that tree; upstream `gen_action_chain`, §3.8);
 //! - the leaf budget `N = M + L·K`: prune random extra leaves (and the branches left empty) or
 //!   duplicate the last leaf as its siblings, §6.1 step 5;
 //! - Tree-GRPO's random expansion (uniform with replacement over root + non-leaf nodes) and its
-//!   `k`-leaves-per-tree sampling, §3.8.
+//!   `k`-leaves-per-tree sampling (upstream `sample_leaf`: needs at least `k` leaves), §3.8.
 //!
 //! Node order: "stable order" in the code means the order of `get_non_leaf_nodes` / `get_all_leaves`,
 //! i.e. the root first and then breadth-first over children in insertion order. [`ExpansionTree`]
@@ -45,20 +48,35 @@ pub enum ExpansionMode {
     Random,
 }
 
+/// Where the new branch of a fork starts (§6.1 step 4 vs. §3.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForkRule {
+    /// AT2PO: a new sibling of the selected node that re-samples the node's own turn
+    /// ([`ExpansionTree::fork`]).
+    #[default]
+    Sibling,
+    /// Tree-GRPO: a new child of the selected node that continues after the node's action and
+    /// observation ([`ExpansionTree::fork_child`]).
+    Child,
+}
+
 /// Tree-rollout settings (§6.1, §8.2). Defaults are the official AT2PO script values.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TreeExpansionSettings {
-    /// `initial_rollouts` M: chains started from the root (AT2PO: 10).
+    /// `initial_rollouts` M: chains started from the root (AT2PO: 10; Tree-GRPO: 1 per tree).
     pub initial_rollouts: usize,
-    /// `expansion_iterations` L (AT2PO: 2).
+    /// `expansion_iterations` L (AT2PO: 2; Tree-GRPO `l`: 1).
     pub expansion_iterations: usize,
-    /// `beam_size` K: nodes forked per tree per iteration (AT2PO: 6).
+    /// `beam_size` K: nodes forked per tree per iteration (AT2PO: 6; Tree-GRPO `n`: 2).
     pub beam_size: usize,
     /// Branching penalty α of the entropy score (AT2PO: 0.05, hard-coded in the code).
     pub branch_penalty: f64,
     /// Node selection rule.
     pub mode: ExpansionMode,
+    /// Where a fork's new branch starts.
+    pub fork: ForkRule,
 }
 
 impl Default for TreeExpansionSettings {
@@ -69,6 +87,7 @@ impl Default for TreeExpansionSettings {
             beam_size: 6,
             branch_penalty: AT2PO_BRANCH_PENALTY,
             mode: ExpansionMode::Entropy,
+            fork: ForkRule::Sibling,
         }
     }
 }
@@ -412,9 +431,42 @@ impl ExpansionTree {
         Ok(new)
     }
 
-    /// One expansion iteration (§6.1 step 3–4): selects per `settings` and forks every selected
-    /// node (a node selected twice is forked twice). Returns `(selected, new sibling)` pairs in
-    /// selection order; the engine then runs Phase 2 on the new nodes.
+    /// Tree-GRPO fork (§3.8, upstream `gen_action_chain` from an expanded node): a new **child**
+    /// of `id` that continues after `id`'s action and observation, i.e. its turn starts where
+    /// `id`'s existing children start (every child of a node resumes from the same observation).
+    /// Selecting the root starts a new chain in the tree (turn start 0). The new node's call
+    /// counter and depth are those of `id`'s children; its entropy is `id`'s. The engine must
+    /// then copy `response[..turn_start]` of a path through `id` and run Phase 2 from it.
+    ///
+    /// Errors for a leaf, a pruned node, or a non-root node without a child (its observation is
+    /// unknown).
+    pub fn fork_child(&mut self, id: NodeId) -> Result<NodeId, ControlError> {
+        let n = self.node(id)?;
+        if n.pruned || n.is_leaf {
+            return Err(ControlError::InvalidTreeOp {
+                id: id.0,
+                reason: "a leaf or pruned node cannot be continued",
+            });
+        }
+        let (turn_start, calls, depth) = if n.parent.is_none() {
+            (0, 0, 1)
+        } else {
+            let Some(&first) = n.children.first() else {
+                return Err(ControlError::InvalidTreeOp {
+                    id: id.0,
+                    reason: "a node without a child has no observation to continue from",
+                });
+            };
+            let c = &self.nodes[first.0];
+            (c.turn_start, c.tool_calls, c.depth)
+        };
+        Ok(self.push_child(id, turn_start, calls, depth))
+    }
+
+    /// One expansion iteration (§6.1 step 3–4, §3.8): selects per `settings` and forks every
+    /// selected node per `settings.fork` (a node selected twice is forked twice). Returns
+    /// `(selected, new node)` pairs in selection order; the engine then runs Phase 2 on the new
+    /// nodes.
     pub fn expand(
         &mut self,
         settings: &TreeExpansionSettings,
@@ -423,7 +475,13 @@ impl ExpansionTree {
         let selected = self.select(settings, rng);
         selected
             .into_iter()
-            .map(|n| self.fork(n).map(|new| (n, new)))
+            .map(|n| {
+                match settings.fork {
+                    ForkRule::Sibling => self.fork(n),
+                    ForkRule::Child => self.fork_child(n),
+                }
+                .map(|new| (n, new))
+            })
             .collect()
     }
 
@@ -529,13 +587,23 @@ impl ExpansionTree {
         Ok(out)
     }
 
-    /// Tree-GRPO leaf sampling (§3.8): keep `k` leaves per tree, the rest pruned (same routine as
-    /// [`Self::balance_leaves`], which also fills a shortfall by duplication).
+    /// Tree-GRPO leaf sampling (§3.8, upstream `sample_leaf`): keep `k` leaves of the tree chosen
+    /// uniformly at random, prune the others and the branches they leave empty. Unlike
+    /// [`Self::balance_leaves`] it never duplicates: fewer than `k` leaves is an error (upstream
+    /// asserts), since a duplicate has no rollout of its own.
     pub fn sample_leaves(
         &mut self,
         k: usize,
         rng: &mut SplitMix64,
     ) -> Result<LeafBalance, ControlError> {
+        let have = self.leaves().len();
+        if have < k {
+            return Err(ControlError::LeafBudget {
+                target: k,
+                have,
+                reason: "fewer leaves than the number to sample",
+            });
+        }
         self.balance_leaves(k, rng)
     }
 
@@ -649,6 +717,87 @@ mod tests {
         let r = t.fork(t.root()).unwrap();
         assert_eq!(t.node(r).unwrap().parent, Some(t.root()));
         assert_eq!(t.node(r).unwrap().turn_start, 0);
+    }
+
+    #[test]
+    fn fork_child_continues_after_the_observation() {
+        let mut t = ExpansionTree::with_initial_rollouts(1);
+        let n1 = NodeId(1);
+        t.record_generation(n1, &[-1.0], 10).unwrap();
+        // n1's tool call returned a 15-token observation: its child starts at 25.
+        let c = t.add_tool_child(n1, 25).unwrap();
+        t.record_generation(c, &[-0.2, -0.4], 40).unwrap();
+        t.mark_leaf(c).unwrap();
+        let f = t.fork_child(n1).unwrap();
+        let fnode = t.node(f).unwrap();
+        assert_eq!(
+            fnode.parent,
+            Some(n1),
+            "a child of the selected node, not a sibling"
+        );
+        assert_eq!(
+            fnode.turn_start, 25,
+            "after n1's action (10) and observation (15)"
+        );
+        assert_eq!((fnode.tool_calls, fnode.depth), (1, 2));
+        assert!((fnode.entropy - 1.0).abs() < TOL);
+        // The sibling rule on the same node re-samples n1's own turn instead.
+        let s = t.fork(n1).unwrap();
+        assert_eq!(t.node(s).unwrap().parent, Some(t.root()));
+        assert_eq!(t.node(s).unwrap().turn_start, 0);
+        // Selecting the root starts a new chain in the tree.
+        let r = t.fork_child(t.root()).unwrap();
+        assert_eq!(t.node(r).unwrap().parent, Some(t.root()));
+        assert_eq!(
+            (t.node(r).unwrap().turn_start, t.node(r).unwrap().depth),
+            (0, 1)
+        );
+        // Leaves and childless inner nodes cannot be continued.
+        assert!(t.fork_child(c).is_err());
+        assert!(t.fork_child(f).is_err());
+    }
+
+    #[test]
+    fn expand_follows_the_fork_rule() {
+        let (t0, [_, n1, _, _, n11, _, _]) = spec_tree();
+        for (fork, parents) in [
+            (ForkRule::Sibling, [Some(NodeId(0)), Some(n1)]),
+            (ForkRule::Child, [Some(n1), Some(n11)]),
+        ] {
+            let mut t = t0.clone();
+            let settings = TreeExpansionSettings {
+                beam_size: 2,
+                fork,
+                ..TreeExpansionSettings::default()
+            };
+            let pairs = t.expand(&settings, &mut SplitMix64::new(0)).unwrap();
+            assert_eq!(pairs.iter().map(|p| p.0).collect::<Vec<_>>(), vec![n1, n11]);
+            let got: Vec<_> = pairs.iter().map(|p| t.node(p.1).unwrap().parent).collect();
+            assert_eq!(got, parents, "{fork:?}");
+        }
+    }
+
+    #[test]
+    fn sample_leaves_keeps_k_and_never_duplicates() {
+        let (mut t, _) = spec_tree();
+        let mut rng = SplitMix64::new(5);
+        let err = t.clone().sample_leaves(5, &mut rng).unwrap_err();
+        assert!(matches!(
+            err,
+            ControlError::LeafBudget {
+                target: 5,
+                have: 4,
+                ..
+            }
+        ));
+        let b = t.sample_leaves(3, &mut rng).unwrap();
+        assert_eq!((b.leaves.len(), b.pruned.len()), (3, 1));
+        assert!(b.duplicated.is_empty());
+        assert_eq!(t.leaves(), b.leaves);
+        // Sampling every leaf changes nothing.
+        let before = t.clone();
+        assert!(t.sample_leaves(3, &mut rng).unwrap().pruned.is_empty());
+        assert_eq!(t, before);
     }
 
     #[test]

@@ -277,9 +277,12 @@ impl Default for RsftConfig {
 pub enum RolloutStrategy {
     /// G independent chains per prompt.
     Chain,
-    /// AT2PO entropy-guided tree search (§6.1).
+    /// AT2PO entropy-guided tree search (§6.1): top-K nodes by entropy with the branching
+    /// penalty, each forked as a sibling that re-samples the node's turn.
     Tree,
-    /// Tree-GRPO: random expansion of the same tree shape.
+    /// Tree-GRPO (§3.8, upstream `generation_ts.py`): nodes drawn uniformly at random, each
+    /// continued by a new child after its action and observation; usually several trees per
+    /// prompt (`tree_count`) with `tree_leaves` leaves sampled from each.
     RandomTree,
 }
 
@@ -291,7 +294,9 @@ pub struct RolloutConfig {
     pub strategy: RolloutStrategy,
     /// Prompts per training step.
     pub prompts_per_step: usize,
-    /// Rollouts per prompt (G); for trees, the number of leaves wanted.
+    /// Rollouts per prompt (G). For tree strategies it must equal the leaves per prompt,
+    /// `tree_count × tree_leaves` (with `tree_leaves` absent: `tree_count × (tree_initial_chains
+    /// + tree_iterations × tree_forks)`); validation rejects a mismatch.
     pub group_size: usize,
     /// Sampling temperature.
     pub temperature: f64,
@@ -303,13 +308,22 @@ pub struct RolloutConfig {
     pub max_turn_tokens: usize,
     /// Most response tokens (agent + observation) of a trajectory.
     pub max_response_tokens: usize,
-    /// Tree: initial chains M.
+    /// Tree: trees per prompt m (Tree-GRPO's `ts_m`; AT2PO grows one tree per prompt). Each
+    /// tree is a separate Tree-GRPO label: its leaves form the intra-tree group.
+    pub tree_count: usize,
+    /// Tree: initial chains M started from each tree's root (AT2PO `initial_rollouts`;
+    /// Tree-GRPO starts each tree from one chain).
     pub tree_initial_chains: usize,
-    /// Tree: expansion iterations L.
+    /// Tree: expansion iterations L (Tree-GRPO `ts_l`).
     pub tree_iterations: usize,
-    /// Tree: forks per iteration K.
+    /// Tree: nodes forked per tree per iteration K (AT2PO `beam_size`; Tree-GRPO `ts_n`).
     pub tree_forks: usize,
-    /// Tree: branching penalty weight of the node score (§6.1).
+    /// Tree: leaves sampled per tree k, the others pruned (Tree-GRPO `ts_k`, upstream
+    /// `sample_leaf`). Absent: every leaf is kept. Each chain ends in one leaf, so a tree has
+    /// `tree_initial_chains + tree_iterations × tree_forks` leaves and `k` may not exceed that.
+    pub tree_leaves: Option<usize>,
+    /// Tree: branching penalty α of the AT2PO node score `H − α·(siblings − 1)` (§6.1; 0.05 as
+    /// in the ATPO code).
     pub tree_branch_penalty: f64,
     /// Compute information-gain probes (IGPO, A2TGPO).
     pub info_gain: bool,
@@ -475,10 +489,12 @@ impl Default for RolloutConfig {
             top_k: 0,
             max_turn_tokens: 48,
             max_response_tokens: 400,
+            tree_count: 1,
             tree_initial_chains: 2,
             tree_iterations: 2,
             tree_forks: 3,
-            tree_branch_penalty: 0.5,
+            tree_leaves: None,
+            tree_branch_penalty: turnwise_core::control::tree_expansion::AT2PO_BRANCH_PENALTY,
             info_gain: false,
             filter_zero_variance_groups: false,
             max_num_gen_batches: 3,
@@ -487,6 +503,53 @@ impl Default for RolloutConfig {
             tds: TdsConfig::default(),
             memory_window: None,
         }
+    }
+}
+
+impl RolloutConfig {
+    /// Whether the strategy grows trees (`tree` or `random_tree`).
+    pub fn is_tree(&self) -> bool {
+        matches!(
+            self.strategy,
+            RolloutStrategy::Tree | RolloutStrategy::RandomTree
+        )
+    }
+
+    /// The core's expansion settings of one tree: AT2PO (`tree`) selects by entropy and forks
+    /// siblings; Tree-GRPO (`random_tree`) selects at random and continues children.
+    pub fn tree_settings(&self) -> turnwise_core::control::TreeExpansionSettings {
+        use turnwise_core::control::ExpansionMode;
+        use turnwise_core::control::tree_expansion::ForkRule;
+        let tree_grpo = self.strategy == RolloutStrategy::RandomTree;
+        turnwise_core::control::TreeExpansionSettings {
+            initial_rollouts: self.tree_initial_chains,
+            expansion_iterations: self.tree_iterations,
+            beam_size: self.tree_forks,
+            branch_penalty: self.tree_branch_penalty,
+            mode: if tree_grpo {
+                ExpansionMode::Random
+            } else {
+                ExpansionMode::Entropy
+            },
+            fork: if tree_grpo {
+                ForkRule::Child
+            } else {
+                ForkRule::Sibling
+            },
+        }
+    }
+
+    /// Leaves kept per tree: `tree_leaves`, or every leaf a tree grows (`M + L·K`).
+    pub fn leaves_per_tree(&self) -> usize {
+        self.tree_leaves
+            .unwrap_or_else(|| self.tree_settings().samples_per_tree())
+    }
+
+    /// Episodes per prompt of a tree strategy (`tree_count × leaves_per_tree`); `None` for
+    /// chains.
+    pub fn tree_leaves_per_prompt(&self) -> Option<usize> {
+        self.is_tree()
+            .then(|| self.tree_count * self.leaves_per_tree())
     }
 }
 
@@ -840,16 +903,7 @@ impl TrainConfig {
                 "must be at least 1 and at most rollout.max_response_tokens".into(),
             );
         }
-        if matches!(
-            r.strategy,
-            RolloutStrategy::Tree | RolloutStrategy::RandomTree
-        ) && (r.tree_initial_chains == 0 || r.tree_forks == 0)
-        {
-            return bad(
-                "rollout.tree_initial_chains",
-                "tree rollouts need at least one initial chain and one fork per iteration".into(),
-            );
-        }
+        self.validate_tree_shape()?;
         self.validate_rollout_control()?;
         if self.task.max_turns == 0 {
             return bad("task.max_turns", "must be at least 1".into());
@@ -1036,6 +1090,66 @@ impl TrainConfig {
         };
         let steps = rows.div_ceil(mini) * self.optim.ppo_epochs;
         (steps, steps - 1)
+    }
+
+    /// Checks the tree shape of tree strategies, and that `rollout.group_size` equals the leaves
+    /// per prompt it produces (the trainer groups episodes by prompt with that size).
+    fn validate_tree_shape(&self) -> Result<(), ConfigError> {
+        let bad = |field, message: String| Err(ConfigError::Invalid { field, message });
+        let r = &self.rollout;
+        if !r.is_tree() {
+            return Ok(());
+        }
+        if r.tree_initial_chains == 0 || r.tree_forks == 0 {
+            return bad(
+                "rollout.tree_initial_chains",
+                "tree rollouts need at least one initial chain and one fork per iteration".into(),
+            );
+        }
+        if r.tree_count == 0 {
+            return bad("rollout.tree_count", "must be at least 1".into());
+        }
+        if !r.tree_branch_penalty.is_finite() {
+            return bad(
+                "rollout.tree_branch_penalty",
+                format!("must be finite, got {}", r.tree_branch_penalty),
+            );
+        }
+        let grown = r.tree_settings().samples_per_tree();
+        if let Some(k) = r.tree_leaves
+            && (k == 0 || k > grown)
+        {
+            return bad(
+                "rollout.tree_leaves",
+                format!(
+                    "must be between 1 and the {grown} leaves each tree grows \
+                     (rollout.tree_initial_chains + rollout.tree_iterations × rollout.tree_forks \
+                     = {} + {} × {}), got {k}",
+                    r.tree_initial_chains, r.tree_iterations, r.tree_forks
+                ),
+            );
+        }
+        let per_prompt = r.tree_count * r.leaves_per_tree();
+        if r.group_size != per_prompt {
+            let per_tree = match r.tree_leaves {
+                Some(k) => format!("rollout.tree_leaves ({k})"),
+                None => format!(
+                    "(rollout.tree_initial_chains + rollout.tree_iterations × rollout.tree_forks \
+                     = {} + {} × {})",
+                    r.tree_initial_chains, r.tree_iterations, r.tree_forks
+                ),
+            };
+            return bad(
+                "rollout.group_size",
+                format!(
+                    "rollout.group_size ({}) must equal the leaves per prompt of the tree shape, \
+                     rollout.tree_count ({}) × {per_tree} = {per_prompt}; set \
+                     rollout.group_size = {per_prompt} or change the tree shape",
+                    r.group_size, r.tree_count
+                ),
+            );
+        }
+        Ok(())
     }
 
     /// Checks the `rsft` section (always, so that a typo is caught before it is turned on).

@@ -188,3 +188,78 @@ fn clip_losses_need_off_policy_updates() {
     assert_eq!(steps("mt-grpo"), (2, 1));
     assert_eq!(steps("igpo"), (1, 0));
 }
+
+#[test]
+fn tree_group_size_must_match_the_tree_shape() {
+    // at2po: N = M + L·K = 2 + 2·3 = 8 leaves per prompt.
+    let cfg = TrainConfig::resolve(Some("at2po"), None, &[]).unwrap();
+    assert_eq!(cfg.rollout.tree_leaves_per_prompt(), Some(8));
+    assert_eq!(cfg.rollout.group_size, 8);
+    let e = TrainConfig::resolve(Some("at2po"), None, &["rollout.group_size=4".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rollout.group_size (4)")
+            && e.contains("rollout.tree_forks")
+            && e.contains("= 8"),
+        "{e}"
+    );
+    // Changing the shape and the group size together is fine (the README example).
+    let cfg = TrainConfig::resolve(
+        Some("at2po"),
+        None,
+        &["rollout.tree_forks=2".into(), "rollout.group_size=6".into()],
+    )
+    .unwrap();
+    assert_eq!(cfg.rollout.tree_leaves_per_prompt(), Some(6));
+    // tree-grpo: m·k = 2·3.
+    let cfg = TrainConfig::resolve(Some("tree-grpo"), None, &[]).unwrap();
+    assert_eq!(
+        (
+            cfg.rollout.tree_count,
+            cfg.rollout.tree_leaves,
+            cfg.rollout.group_size
+        ),
+        (2, Some(3), 6)
+    );
+    let e = TrainConfig::resolve(Some("tree-grpo"), None, &["rollout.tree_count=3".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rollout.group_size (6)")
+            && e.contains("rollout.tree_count (3)")
+            && e.contains("rollout.tree_leaves (3)"),
+        "{e}"
+    );
+    // k cannot exceed the leaves a tree grows (1 + 1·2 = 3).
+    let e = TrainConfig::resolve(
+        Some("tree-grpo"),
+        None,
+        &[
+            "rollout.tree_leaves=4".into(),
+            "rollout.group_size=8".into(),
+        ],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("rollout.tree_leaves") && e.contains("3 leaves"),
+        "{e}"
+    );
+    // Chains ignore the tree shape.
+    let cfg = TrainConfig::resolve(Some("grpo"), None, &["rollout.group_size=3".into()]).unwrap();
+    assert_eq!(cfg.rollout.tree_leaves_per_prompt(), None);
+}
+
+#[test]
+fn branch_penalty_default_follows_the_spec() {
+    assert_eq!(
+        RolloutConfig::default().tree_branch_penalty,
+        turnwise_core::control::tree_expansion::AT2PO_BRANCH_PENALTY
+    );
+    assert_eq!(RolloutConfig::default().tree_branch_penalty, 0.05);
+    // The default shape agrees with the default group size, so switching a chain config to
+    // trees needs no other change.
+    let d = RolloutConfig::default();
+    assert_eq!(d.tree_count * d.leaves_per_tree(), d.group_size);
+}

@@ -1,34 +1,135 @@
-//! Tree rollouts (spec §6.1, §3.8): per prompt, M initial chains whose turns are tree nodes;
-//! then L iterations that each pick K nodes (AT2PO: top-K by entropy with the branching
-//! penalty; Tree-GRPO: uniformly at random) and re-sample each picked node's turn as a new
-//! sibling, continuing the chain to a leaf. Node bookkeeping and selection are the core's
-//! [`ExpansionTree`]; every live chain of every tree is batched at each turn.
+//! Tree rollouts (spec §6.1, §3.8). Per prompt, `rollout.tree_count` trees; each tree starts
+//! from `tree_initial_chains` chains whose turns are tree nodes, then runs `tree_iterations`
+//! iterations that each pick `tree_forks` nodes per tree and fork them, continuing every new
+//! branch to a leaf:
+//!
+//! - AT2PO (`strategy = "tree"`): top-K by entropy with the branching penalty; a fork is a new
+//!   **sibling** that re-samples the picked node's turn from the node's turn-start state.
+//! - Tree-GRPO (`strategy = "random_tree"`): nodes drawn uniformly (root included); a fork is a
+//!   new **child** that continues after the picked node's action and observation (picking the
+//!   root starts a new chain in that tree), as upstream `gen_action_chain`. Afterwards
+//!   `tree_leaves` leaves are sampled per tree and the rest pruned (upstream `sample_leaf`).
+//!
+//! Node bookkeeping, selection and sampling are the core's [`ExpansionTree`]; every live chain
+//! of every tree is batched at each turn. Every tree is its own label: episode `i` belongs to
+//! tree `leaf_of[i].0`, whose [`RolloutTree::group`] is the prompt.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail, ensure};
 use turnwise_core::advantage::{RolloutTree, TreeNode};
 use turnwise_core::control::SplitMix64;
-use turnwise_core::control::tree_expansion::{
-    ExpansionMode, ExpansionTree, NodeId, TreeExpansionSettings,
-};
+use turnwise_core::control::tree_expansion::{ExpansionTree, ForkRule, NodeId};
 use turnwise_env::env::Environment;
 
 use super::{Decoding, Episode, EpisodeSpec, EpisodeState, Policy, step_turn, turn_seed};
-use crate::config::{RolloutConfig, RolloutStrategy};
+use crate::config::RolloutConfig;
+
+/// One fork of an expansion iteration, in the node numbering of [`TreeBatch::trees`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForkRecord {
+    /// The tree (index into [`TreeBatch::trees`]).
+    pub tree: usize,
+    /// The node picked for forking (`None` once leaf sampling pruned it).
+    pub selected: Option<usize>,
+    /// The node the fork created (`None` once leaf sampling pruned it).
+    pub node: Option<usize>,
+    /// The picked node's entropy estimate when it was picked (the root's is 0).
+    pub entropy: f64,
+    /// Response tokens the new branch starts from: the picked node's turn start (sibling fork)
+    /// or the end of its observation (child continuation).
+    pub resume_at: usize,
+}
 
 /// Trees of a batch, in the core's advantage layout.
 #[derive(Debug, Clone)]
 pub struct TreeBatch {
-    /// One tree per prompt (node rewards are filled in by the trainer).
+    /// `tree_count` trees per prompt, the trees of a prompt consecutive; `group` is the prompt.
+    /// Node rewards are `None`: [`TreeBatch::with_leaf_rewards`] fills the leaves in from the
+    /// episode scores. Pruned nodes are left out.
     pub trees: Vec<RolloutTree>,
     /// Per episode: `(tree index, leaf node index)`.
     pub leaf_of: Vec<(usize, usize)>,
+    /// Every fork of every expansion iteration.
+    pub forks: Vec<ForkRecord>,
+    /// Prompts of the batch.
+    pub prompts: usize,
+}
+
+impl TreeBatch {
+    /// The trees with every leaf's reward set to the score of its episode (`scores[i]` for the
+    /// episode of leaf `leaf_of[i]`). Errors when the scores do not match the episodes or a leaf
+    /// has no episode.
+    pub fn with_leaf_rewards(&self, scores: &[f64]) -> Result<Vec<RolloutTree>> {
+        ensure!(
+            scores.len() == self.leaf_of.len(),
+            "{} scores for {} tree leaves",
+            scores.len(),
+            self.leaf_of.len()
+        );
+        let mut trees = self.trees.clone();
+        for (i, (&(t, n), &score)) in self.leaf_of.iter().zip(scores).enumerate() {
+            let node = trees
+                .get_mut(t)
+                .and_then(|tree| tree.nodes.get_mut(n))
+                .with_context(|| format!("episode {i}: leaf {n} of tree {t} does not exist"))?;
+            ensure!(
+                node.is_leaf,
+                "episode {i}: node {n} of tree {t} is not a leaf"
+            );
+            ensure!(
+                node.reward.is_none(),
+                "episode {i}: leaf {n} of tree {t} belongs to two episodes"
+            );
+            node.reward = Some(score);
+        }
+        for (t, tree) in trees.iter().enumerate() {
+            if let Some(n) = tree
+                .nodes
+                .iter()
+                .position(|n| n.is_leaf && n.reward.is_none())
+            {
+                bail!("leaf {n} of tree {t} has no episode");
+            }
+        }
+        Ok(trees)
+    }
+
+    /// What the tree mechanism did this batch (`tree/*`): leaves and distinct tree labels per
+    /// prompt, leaf depth in turns, forks per prompt and the mean entropy of the forked nodes.
+    pub fn metrics(&self) -> BTreeMap<String, f64> {
+        let mut m = BTreeMap::new();
+        let prompts = self.prompts.max(1) as f64;
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        m.insert("tree/leaves".into(), self.leaf_of.len() as f64 / prompts);
+        let mut labels: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
+        for &(t, _) in &self.leaf_of {
+            labels.entry(self.trees[t].group).or_default().insert(t);
+        }
+        let per_group: Vec<f64> = labels.values().map(|s| s.len() as f64).collect();
+        m.insert("tree/labels_per_group".into(), mean(&per_group));
+        let depths: Vec<f64> = self
+            .leaf_of
+            .iter()
+            .map(|&(t, n)| (self.trees[t].path_to(n).len() - 1) as f64)
+            .collect();
+        m.insert("tree/depth/mean".into(), mean(&depths));
+        m.insert(
+            "tree/depth/max".into(),
+            depths.iter().copied().fold(0.0, f64::max),
+        );
+        m.insert("tree/forks".into(), self.forks.len() as f64 / prompts);
+        if !self.forks.is_empty() {
+            let h: Vec<f64> = self.forks.iter().map(|f| f.entropy).collect();
+            m.insert("tree/fork_entropy/mean".into(), mean(&h));
+        }
+        m
+    }
 }
 
 /// The result of [`run_trees`].
 pub struct TreeRollout {
-    /// Finished episodes (one per leaf).
+    /// Finished episodes (one per kept leaf), the leaves of a prompt consecutive.
     pub episodes: Vec<Episode>,
     /// Per episode: its prompt group.
     pub groups: Vec<usize>,
@@ -46,8 +147,30 @@ fn err(e: turnwise_core::control::ControlError) -> anyhow::Error {
     anyhow::anyhow!("tree bookkeeping: {e}")
 }
 
-/// Rolls out one tree per prompt. `specs` holds `group_size` consecutive specs per prompt; the
-/// first of each is the tree's template.
+/// The node whose turn-start snapshot a fork of `selected` (which created `new`) resumes from:
+/// `selected` itself for a sibling fork; for a child continuation the first child of `selected`
+/// (every child of a node starts after the same observation), or the root.
+fn resume_source(
+    tree: &ExpansionTree,
+    fork: ForkRule,
+    selected: NodeId,
+    new: NodeId,
+) -> Result<NodeId> {
+    let n = tree.node(selected).map_err(err)?;
+    Ok(match fork {
+        ForkRule::Sibling => selected,
+        ForkRule::Child if n.parent.is_none() => selected,
+        ForkRule::Child => *n
+            .children
+            .iter()
+            .find(|&&c| c != new)
+            .context("a continued node has no earlier child")?,
+    })
+}
+
+/// Rolls out `rollout.tree_count` trees per prompt. `specs` holds `group_size` consecutive specs
+/// per prompt; the first of each is the template of the prompt's trees. Returns
+/// `tree_count × leaves_per_tree` episodes per prompt.
 pub fn run_trees(
     policy: &Policy<'_>,
     specs: Vec<EpisodeSpec>,
@@ -57,42 +180,39 @@ pub fn run_trees(
     cfg: &RolloutConfig,
     seed: u64,
 ) -> Result<TreeRollout> {
-    let settings = TreeExpansionSettings {
-        initial_rollouts: cfg.tree_initial_chains,
-        expansion_iterations: cfg.tree_iterations,
-        beam_size: cfg.tree_forks,
-        branch_penalty: cfg.tree_branch_penalty,
-        mode: if cfg.strategy == RolloutStrategy::RandomTree {
-            ExpansionMode::Random
-        } else {
-            ExpansionMode::Entropy
-        },
-    };
+    let settings = cfg.tree_settings();
     settings.validate().map_err(err)?;
+    ensure!(cfg.tree_count > 0, "rollout.tree_count must be at least 1");
     let templates: Vec<EpisodeSpec> = specs.into_iter().step_by(group_size.max(1)).collect();
     let mut trees: Vec<ExpansionTree> = Vec::new();
+    // Per tree: its prompt and its index among the prompt's trees.
+    let mut owner: Vec<(usize, usize)> = Vec::new();
     let mut snapshots: Vec<HashMap<NodeId, EpisodeState>> = Vec::new();
     let mut frontier: Vec<Branch> = Vec::new();
     let mut counter = 0usize;
-    for (t, spec) in templates.iter().enumerate() {
-        let tree = ExpansionTree::with_initial_rollouts(settings.initial_rollouts);
-        let mut snaps = HashMap::new();
-        snaps.insert(tree.root(), EpisodeState::start(spec.clone(), make_env()?)?);
-        let children = tree.node(tree.root()).map_err(err)?.children.clone();
-        for node in children {
-            let mut state = snaps[&tree.root()].fork(policy, make_env()?)?;
-            state.set_seed(turn_seed(seed ^ spec.seed, counter));
-            state.set_id(format!("{}-n{}", spec.id, node.0));
-            counter += 1;
-            snaps.insert(node, state.fork(policy, make_env()?)?);
-            frontier.push(Branch {
-                tree: t,
-                node,
-                state,
-            });
+    for (p, spec) in templates.iter().enumerate() {
+        for j in 0..cfg.tree_count {
+            let t = trees.len();
+            let tree = ExpansionTree::with_initial_rollouts(settings.initial_rollouts);
+            let mut snaps = HashMap::new();
+            snaps.insert(tree.root(), EpisodeState::start(spec.clone(), make_env()?)?);
+            let children = tree.node(tree.root()).map_err(err)?.children.clone();
+            for node in children {
+                let mut state = snaps[&tree.root()].fork(policy, make_env()?)?;
+                state.set_seed(turn_seed(seed ^ spec.seed, counter));
+                state.set_id(format!("{}-t{j}-n{}", spec.id, node.0));
+                counter += 1;
+                snaps.insert(node, state.fork(policy, make_env()?)?);
+                frontier.push(Branch {
+                    tree: t,
+                    node,
+                    state,
+                });
+            }
+            trees.push(tree);
+            owner.push((p, j));
+            snapshots.push(snaps);
         }
-        trees.push(tree);
-        snapshots.push(snaps);
     }
     let mut leaves: Vec<(usize, NodeId, Episode)> = Vec::new();
     run_frontier(
@@ -105,18 +225,33 @@ pub fn run_trees(
         decoding,
     )?;
     let mut rng = SplitMix64::new(seed ^ 0x7472_6565);
+    // (tree, selected, new, entropy of selected, resume position), arena ids.
+    let mut forks: Vec<(usize, NodeId, NodeId, f64, usize)> = Vec::new();
     for _ in 0..settings.expansion_iterations {
         for t in 0..trees.len() {
+            let entropies: Vec<f64> = trees[t].nodes().iter().map(|n| n.entropy).collect();
             let pairs = trees[t].expand(&settings, &mut rng).map_err(err)?;
+            let (p, j) = owner[t];
             for (selected, new) in pairs {
+                let source = resume_source(&trees[t], settings.fork, selected, new)?;
                 let snap = snapshots[t]
-                    .get(&selected)
-                    .context("a selected node has no snapshot")?;
+                    .get(&source)
+                    .context("a forked node has no snapshot")?;
+                let resume_at = trees[t].node(new).map_err(err)?.turn_start;
+                ensure!(
+                    snap.response_len() == resume_at,
+                    "tree {t}: the fork of node {} resumes at {} tokens but its source state \
+                     holds {}",
+                    selected.0,
+                    resume_at,
+                    snap.response_len()
+                );
                 let mut state = snap.fork(policy, make_env()?)?;
-                state.set_seed(turn_seed(seed ^ templates[t].seed, counter));
-                state.set_id(format!("{}-n{}", templates[t].id, new.0));
+                state.set_seed(turn_seed(seed ^ templates[p].seed, counter));
+                state.set_id(format!("{}-t{j}-n{}", templates[p].id, new.0));
                 counter += 1;
                 snapshots[t].insert(new, state.fork(policy, make_env()?)?);
+                forks.push((t, selected, new, entropies[selected.0], resume_at));
                 frontier.push(Branch {
                     tree: t,
                     node: new,
@@ -134,53 +269,82 @@ pub fn run_trees(
             decoding,
         )?;
     }
-    // Core advantage layout.
-    let mut out_trees: Vec<RolloutTree> = trees
-        .iter()
-        .enumerate()
-        .map(|(t, tree)| {
-            let nodes = (0..tree.len())
-                .map(|i| {
-                    let n = tree.node(NodeId(i)).expect("node in range");
-                    let parent_end = n
-                        .parent
-                        .map(|p| tree.node(p).expect("parent").end)
-                        .unwrap_or(0);
-                    TreeNode {
-                        parent: n.parent.map(|p| p.0),
-                        is_leaf: n.is_leaf && !n.pruned,
-                        entropy: n.entropy,
-                        reward: None,
-                        span: if n.parent.is_some() {
-                            n.end.saturating_sub(parent_end)
-                        } else {
-                            0
-                        },
-                    }
-                })
-                .collect();
-            RolloutTree { group: t, nodes }
-        })
+    drop(snapshots);
+    // Tree-GRPO: keep k leaves per tree.
+    if let Some(k) = cfg.tree_leaves {
+        for tree in &mut trees {
+            tree.sample_leaves(k, &mut rng).map_err(err)?;
+        }
+        leaves.retain(|(t, n, _)| !trees[*t].nodes()[n.0].pruned);
+    }
+    ensure!(
+        leaves.len() == templates.len() * cfg.tree_count * cfg.leaves_per_tree(),
+        "the trees of {} prompts kept {} leaves, expected {} per prompt",
+        templates.len(),
+        leaves.len(),
+        cfg.tree_count * cfg.leaves_per_tree()
+    );
+    // Core advantage layout: reachable nodes in breadth-first order (parents first).
+    let mut maps: Vec<HashMap<NodeId, usize>> = Vec::with_capacity(trees.len());
+    let mut out_trees: Vec<RolloutTree> = Vec::with_capacity(trees.len());
+    for (t, tree) in trees.iter().enumerate() {
+        let order = tree.bfs();
+        let map: HashMap<NodeId, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+        let nodes = order
+            .iter()
+            .map(|&id| {
+                let n = &tree.nodes()[id.0];
+                let parent_end = n.parent.map(|p| tree.nodes()[p.0].end).unwrap_or(0);
+                TreeNode {
+                    parent: n.parent.map(|p| map[&p]),
+                    is_leaf: n.is_leaf,
+                    entropy: n.entropy,
+                    reward: None,
+                    span: if n.parent.is_some() {
+                        n.end.saturating_sub(parent_end)
+                    } else {
+                        0
+                    },
+                }
+            })
+            .collect();
+        out_trees.push(RolloutTree {
+            group: owner[t].0,
+            nodes,
+        });
+        maps.push(map);
+    }
+    let mut leaves: Vec<(usize, usize, Episode)> = leaves
+        .into_iter()
+        .map(|(t, n, ep)| (t, maps[t][&n], ep))
         .collect();
-    leaves.sort_by_key(|(t, n, _)| (*t, n.0));
+    leaves.sort_by_key(|(t, n, _)| (*t, *n));
     let mut episodes = Vec::with_capacity(leaves.len());
     let mut groups = Vec::with_capacity(leaves.len());
     let mut leaf_of = Vec::with_capacity(leaves.len());
     for (t, node, ep) in leaves {
-        groups.push(t);
-        leaf_of.push((t, node.0));
+        groups.push(owner[t].0);
+        leaf_of.push((t, node));
         episodes.push(ep);
     }
-    for tree in &mut out_trees {
-        // Nodes that never finished (cannot happen: every branch runs to its end) stay valueless.
-        let _ = tree;
-    }
+    let forks = forks
+        .into_iter()
+        .map(|(t, selected, new, entropy, resume_at)| ForkRecord {
+            tree: t,
+            selected: maps[t].get(&selected).copied(),
+            node: maps[t].get(&new).copied(),
+            entropy,
+            resume_at,
+        })
+        .collect();
     Ok(TreeRollout {
         episodes,
         groups,
         trees: TreeBatch {
             trees: out_trees,
             leaf_of,
+            forks,
+            prompts: templates.len(),
         },
     })
 }

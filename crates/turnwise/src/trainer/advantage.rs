@@ -335,12 +335,17 @@ pub fn compute_with_kl(
     };
     let batch = match trees {
         Some(t) => {
+            // Each rollout is labelled with its own tree (Tree-GRPO's intra-tree group; AT2PO's
+            // tree index) and leaf; the leaves carry the episode scores (AT2PO's leaf values).
             for (r, &i) in rollouts.iter_mut().zip(&kept) {
                 let (tree, leaf) = t.leaf_of[i];
                 r.tree = Some(tree);
                 r.leaf = Some(leaf);
             }
-            AdvantageBatch::with_trees(rollouts, t.trees.clone())
+            let rewarded = t
+                .with_leaf_rewards(scores)
+                .context("writing the episode scores into the tree leaves")?;
+            AdvantageBatch::with_trees(rollouts, rewarded)
         }
         None => AdvantageBatch::new(rollouts),
     };
@@ -348,6 +353,25 @@ pub fn compute_with_kl(
         .advantage
         .estimate(&batch)
         .with_context(|| format!("estimator {name}"))?;
+    // AT2PO node values (the turn credit): their size shows whether credit reaches the loss.
+    let node_values: Vec<f64> = batch
+        .trees
+        .iter()
+        .zip(&out.trees)
+        .flat_map(|(tree, v)| {
+            tree.nodes
+                .iter()
+                .zip(&v.values)
+                .filter(|(n, _)| n.parent.is_some())
+                .map(|(_, x)| x.abs())
+        })
+        .collect();
+    if !node_values.is_empty() {
+        metrics.insert(
+            "tree/node_value/abs_mean".into(),
+            node_values.iter().sum::<f64>() / node_values.len() as f64,
+        );
+    }
     let mut rows = Vec::with_capacity(kept.len());
     let mut all = Vec::new();
     for ((&i, ro), adv) in kept.iter().zip(&batch.rollouts).zip(&out.rollouts) {

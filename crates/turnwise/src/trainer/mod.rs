@@ -421,6 +421,13 @@ impl Trainer {
             let control = RolloutControl::from_config(r, cfg.task.format, &self.tokenizer)?;
             metrics.extend(all.stats.metrics(&control));
         }
+        metrics.extend(
+            batch
+                .trees
+                .as_ref()
+                .map(|t| t.metrics())
+                .unwrap_or_default(),
+        );
         for (k, v) in adv.metrics {
             metrics.insert(k, v);
         }

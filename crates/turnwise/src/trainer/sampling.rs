@@ -127,6 +127,8 @@ impl StepBatch {
             trees: self.trees.as_ref().map(|t| TreeBatch {
                 trees: t.trees.clone(),
                 leaf_of: idx.iter().map(|&i| t.leaf_of[i]).collect(),
+                forks: t.forks.clone(),
+                prompts: t.prompts,
             }),
             stats: self.stats.clone(),
             rounds: self.rounds,
