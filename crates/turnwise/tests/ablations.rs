@@ -277,3 +277,76 @@ fn mt_ppo_turn_rewards_change_the_update() {
         }
     });
 }
+
+/// Review B 3.1: MT-PPO places every intermediate reward at the end of its turn and the final
+/// reward once: with zero values and γ = λ = 1 the return at the first response token is
+/// `Σ R^I + R^F` (the final reward counted twice would add `R^F` again).
+#[test]
+fn mt_ppo_counts_the_final_reward_once() {
+    let t = trainer("mt-ppo", &[]);
+    let b = fixed_batch(&t);
+    let values: Vec<Vec<f32>> = b
+        .episodes
+        .iter()
+        .map(|e| vec![0.0; e.trajectory.flatten(true).ids.len()])
+        .collect();
+    let adv = compute(
+        &t.config,
+        &b.episodes,
+        &b.groups,
+        &b.scores,
+        &b.turn_rewards,
+        None,
+        None,
+        Some(&values),
+    )
+    .unwrap();
+    let mut checked = 0;
+    for ((row, tr), &score) in adv.rows.iter().zip(&b.turn_rewards).zip(&b.scores) {
+        let first = row.loss_mask.iter().position(|&m| m > 0).unwrap();
+        let expected: f64 = tr[..tr.len() - 1].iter().sum::<f64>() + score;
+        assert!(
+            (f64::from(row.returns[first]) - expected).abs() < 1e-5,
+            "return {} vs Σ R^I + R^F = {expected}",
+            row.returns[first]
+        );
+        checked += usize::from(score != 0.0);
+    }
+    assert!(checked > 0);
+}
+
+/// GiGPO's invalid-action penalty (spec §10, verl-agent): every step whose action was invalid
+/// gets its step reward and the episode score of its own step sample lowered by 0.1; the valid
+/// steps of the same trajectory keep the episode score.
+#[test]
+fn gigpo_penalises_only_the_invalid_steps() {
+    use turnwise::trainer::advantage::{place_rewards, rollout_of};
+    use turnwise_core::trajectory::TurnAction;
+    let t = trainer("gigpo", &[]);
+    let b = fixed_batch(&t);
+    let mut invalid_seen = 0;
+    for (e, &score) in b.episodes.iter().zip(&b.scores) {
+        let mut r = rollout_of(e, 0, score, &[], None);
+        let raw_steps = r.step_rewards.clone();
+        let raw: f64 = raw_steps.iter().sum();
+        let n = place_rewards(&t.config, e, &mut r).unwrap();
+        let scores = r.step_scores.clone().expect("step scores are set");
+        let mut count = 0;
+        for (k, turn) in e.trajectory.turns.iter().enumerate() {
+            let bad = matches!(turn.action, TurnAction::Invalid { .. });
+            let p = if bad { 0.1 } else { 0.0 };
+            assert!((r.step_rewards[k] - (raw_steps[k] - p)).abs() < 1e-12);
+            assert!((scores[k] - (raw - p)).abs() < 1e-12);
+            count += usize::from(bad);
+        }
+        assert_eq!(n, count);
+        invalid_seen += count;
+    }
+    assert!(invalid_seen > 0, "the tiny model wrote no invalid step");
+    // Switched off, nothing is penalised.
+    let off = trainer("gigpo", &["advantage.invalid_action_penalty=0.0"]);
+    let e = &b.episodes[0];
+    let mut r = rollout_of(e, 0, 0.0, &[], None);
+    assert_eq!(place_rewards(&off.config, e, &mut r).unwrap(), 0);
+    assert!(r.step_scores.is_none());
+}
