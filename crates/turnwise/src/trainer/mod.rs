@@ -349,18 +349,10 @@ impl Trainer {
         let mut ems = Vec::with_capacity(episodes.len());
         let mut format_ok = 0usize;
         for (ep, gold) in episodes.iter_mut().zip(&golds) {
-            let response = ep.response_text();
-            let turns: Vec<TurnText<'_>> = ep
-                .turn_texts
-                .iter()
-                .map(|(g, o)| TurnText {
-                    generated: g,
-                    observation: o.as_deref(),
-                })
-                .collect();
+            let turns = reward_turns(ep);
             let out = cfg
                 .reward
-                .score(&RewardInput::new(&response, gold).with_turns(&turns))
+                .score(&RewardInput::from_turns(&turns, gold))
                 .with_context(|| format!("scoring {}", ep.trajectory.id))?;
             format_ok += usize::from(out.format_ok);
             ems.push(out.em);
@@ -669,6 +661,19 @@ impl Trainer {
         self.tokenizer.save(dir.join("tokenizer.json"))?;
         Ok(())
     }
+}
+
+/// An episode's turns as the rewards read them: each agent turn's generated text and the
+/// observation after it. Never the prompt; rewards take answers and format verdicts from the
+/// agent's text only ([`turnwise_core::reward::agent`]).
+pub fn reward_turns(ep: &Episode) -> Vec<TurnText<'_>> {
+    ep.turn_texts
+        .iter()
+        .map(|(g, o)| TurnText {
+            generated: g,
+            observation: o.as_deref(),
+        })
+        .collect()
 }
 
 /// Fisher-Yates shuffle with the run's generator.
