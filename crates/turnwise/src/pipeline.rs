@@ -37,8 +37,13 @@ use crate::trainer::rejection::{RsftProgress, RsftReport};
 /// EM moved 1.7–3.7 points in 40–100 steps (seed 0). At 0.7 the rollouts make the greedy
 /// policy's errors, and RL fixes them: from the same warm start, greedy 55.8 % → 63.5 % and
 /// sampled (T = 0.7) 47.8 % → 58.2 % after 100 steps; lr 6e-4 diverged.
+///
+/// The agent format and reward stay Search-R1's with plain `em` (the a2tgpo preset's are the
+/// boxed format and `boxed_em`): every quickstart figure was measured with them.
 pub const QUICKSTART_OVERRIDES: &[&str] = &[
     "preset=\"quickstart\"",
+    "task.format=\"search_r1\"",
+    "reward.name=\"em\"",
     "task.world.person_name_pool=40",
     "task.rl_subject_fraction=0.4",
     "sft.steps=1100",
@@ -450,6 +455,8 @@ mod tests {
         let sets: Vec<String> = QUICKSTART_OVERRIDES.iter().map(|s| s.to_string()).collect();
         let cfg = TrainConfig::resolve(Some("a2tgpo"), None, &sets).unwrap();
         assert_eq!(cfg.preset, "quickstart");
+        assert_eq!(cfg.task.format, crate::config::AgentFormatName::SearchR1);
+        assert_eq!(cfg.reward.name(), "em");
         assert_eq!(cfg.sft.steps, 1100);
         assert_eq!(cfg.run.steps, 100);
         assert_eq!(cfg.rollout.temperature, 0.7);

@@ -270,6 +270,29 @@ impl RewardConfig {
         }
     }
 
+    /// The agent formats whose answers and tags this reward reads correctly: the boxed
+    /// rewards need [`Format::Boxed`] (the EM string is inside `\boxed{}`), Search-R1's format
+    /// reward and MT-PPO's turn rubric need Search-R1 turns, `t2po_em` needs T2PO steps, and
+    /// `em`/`sub_em`/`f1` read their own `format` setting (Search-R1 and T2PO share the plain
+    /// `<answer>` block). Configs check it against the task's format.
+    pub fn reads_format(&self, format: Format) -> bool {
+        let plain = matches!(format, Format::SearchR1 | Format::T2po);
+        match self {
+            RewardConfig::BoxedEm(_) | RewardConfig::DeepResearchF1(_) => format == Format::Boxed,
+            RewardConfig::SearchR1Format(_) | RewardConfig::MtPpoTurn(_) => {
+                format == Format::SearchR1
+            }
+            RewardConfig::T2poEm(_) => format == Format::T2po,
+            RewardConfig::SearchR1Em(_) | RewardConfig::IgpoF1(_) => plain,
+            RewardConfig::Em(c) | RewardConfig::SubEm(c) | RewardConfig::F1(c) => match c.format {
+                Format::Boxed => format == Format::Boxed,
+                Format::SearchR1 | Format::T2po => plain,
+            },
+            // The verifiers rubric reads its own chat fields, none of the three formats.
+            RewardConfig::MtGrpoTwoTurn(_) => true,
+        }
+    }
+
     /// Whether [`RewardConfig::score`] needs [`RewardInput::turns`].
     pub fn needs_turns(&self) -> bool {
         matches!(

@@ -814,6 +814,19 @@ impl TrainConfig {
             field: "reward",
             message: e.to_string(),
         })?;
+        let format = self.task.format.grammar();
+        if !self.reward.reads_format(format) {
+            return bad(
+                "reward",
+                format!(
+                    "the {} reward does not read the {format} agent format of task.format \
+                     (boxed_em and deep_research_f1 need \"boxed\", search_r1_format and \
+                     mt_ppo_turn \"search_r1\", t2po_em \"t2po\"; em, sub_em and f1 take \
+                     reward.format)",
+                    self.reward.name()
+                ),
+            );
+        }
         let est = turnwise_core::advantage::Estimator::name(&self.advantage);
         if est == "gae" && !self.critic.enabled {
             return bad(

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
-use turnwise_core::reward::{em, squad_f1, sub_em};
+use turnwise_core::grammar::search_r1::AnswerRule;
+use turnwise_core::reward::{RewardInput, em, squad_f1, sub_em};
 use turnwise_env::world::Split;
 
 use super::Trainer;
@@ -25,7 +26,9 @@ pub struct EvalResult {
     pub f1: f64,
     /// Substring EM.
     pub sub_em: f64,
-    /// Fraction of episodes that ended with a parsable answer.
+    /// Fraction of episodes whose agent wrote an answer (extracted from its own turns as the
+    /// rewards do: the last `<answer>` block, or for the boxed format the first block's last
+    /// `\boxed{}`).
     pub answered: f64,
     /// Fraction of turns with a valid format.
     pub format_ok: f64,
@@ -70,7 +73,7 @@ pub struct EvalEpisode {
     pub hops: usize,
     /// Accepted answers.
     pub golden_answers: Vec<String>,
-    /// The agent's final answer, if it gave one.
+    /// The agent's answer, extracted from its own turns as the rewards do, if it wrote one.
     pub answer: Option<String>,
     /// Exact match of `answer`.
     pub em: f64,
@@ -133,9 +136,15 @@ impl Trainer {
         let mut turns_total = 0usize;
         let mut fmt_ok = 0usize;
         let mut dumped = Vec::with_capacity(episodes.len());
+        let format = self.config.task.format.grammar();
         for (ep, q) in episodes.iter().zip(&questions) {
-            let answer = ep.answer.clone();
             let golds = &q.golden_answers;
+            // The rewards' extraction: an answer the agent wrote inside one of its own turns,
+            // never text of an observation or the prompt.
+            let turns = super::reward_turns(ep);
+            let answer = RewardInput::from_turns(&turns, golds)
+                .answer(format, AnswerRule::LastMatch)
+                .map(str::to_owned);
             let (e, f, s) = match &answer {
                 Some(a) => (em(a, golds), squad_f1(a, golds), sub_em(a, golds)),
                 None => (0.0, 0.0, 0.0),
