@@ -549,9 +549,12 @@ impl Default for CriticConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EvalConfig {
-    /// Held-out questions evaluated (test split of the world).
+    /// Questions per evaluation, from the start of one split; splits are never pooled. Before
+    /// and after RL the first `questions` test questions are evaluated (the run's reported
+    /// figures) and as many validation questions; the periodic evaluations of `every` use the
+    /// validation split. Each result is logged as `eval/<split>/<mode>/…` with its `n`.
     pub questions: usize,
-    /// Evaluate every N RL steps (0: only before and after).
+    /// Evaluate the validation split every N RL steps (0: only before and after RL).
     pub every: u64,
     /// Greedy decoding.
     pub greedy: bool,

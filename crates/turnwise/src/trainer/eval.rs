@@ -1,5 +1,6 @@
-//! Evaluation on held-out questions: EM, F1, SubEM, format validity, tool calls, turns and
-//! tokens per answer, broken down by hop count; greedy or sampled.
+//! Evaluation on one named split: EM, F1, SubEM, format validity, tool calls, turns and tokens
+//! per answer, broken down by hop count; greedy or sampled. Splits are never pooled: every
+//! result names its split and its number of questions.
 
 use std::collections::BTreeMap;
 
@@ -16,7 +17,10 @@ use turnwise_core::trajectory::Trajectory;
 /// Results of one evaluation.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct EvalResult {
-    /// Questions evaluated.
+    /// The split evaluated: `train`, `validation` or `test`.
+    pub split: String,
+    /// Questions evaluated: the first `n` of the split (fewer than asked when the split is
+    /// smaller).
     pub n: usize,
     /// Exact match.
     pub em: f64,
@@ -43,9 +47,11 @@ pub struct EvalResult {
 }
 
 impl EvalResult {
-    /// Metrics under `prefix` (e.g. `eval/greedy`).
+    /// Metrics under `prefix` (e.g. `eval/test/greedy`, see [`eval_prefix`]), with the number of
+    /// questions as `{prefix}/n`.
     pub fn to_metrics(&self, prefix: &str) -> BTreeMap<String, f64> {
         let mut m = BTreeMap::new();
+        m.insert(format!("{prefix}/n"), self.n as f64);
         m.insert(format!("{prefix}/em"), self.em);
         m.insert(format!("{prefix}/em_se"), self.em_se);
         m.insert(format!("{prefix}/f1"), self.f1);
@@ -60,6 +66,12 @@ impl EvalResult {
         }
         m
     }
+}
+
+/// The metrics prefix of an evaluation of `split` with decoding `mode` (`greedy`, `sampled`):
+/// `eval/<split>/<mode>`.
+pub fn eval_prefix(split: Split, mode: &str) -> String {
+    format!("eval/{}/{mode}", split.name())
 }
 
 /// One evaluated question: what was asked, what the agent did and how it scored.
@@ -86,31 +98,27 @@ pub struct EvalEpisode {
 }
 
 impl Trainer {
-    /// Evaluates on the first `n` questions of each split in `splits`, greedy (`temperature`
-    /// 0) or sampled.
+    /// Evaluates on the first `n` questions of `split`, greedy (`temperature` 0) or sampled.
     pub fn evaluate(
         &self,
-        splits: &[Split],
+        split: Split,
         n: usize,
         temperature: f64,
         seed: u64,
     ) -> Result<EvalResult> {
-        Ok(self.evaluate_with_episodes(splits, n, temperature, seed)?.0)
+        Ok(self.evaluate_with_episodes(split, n, temperature, seed)?.0)
     }
 
     /// [`Trainer::evaluate`], also returning one [`EvalEpisode`] per question (in the order
     /// the questions were asked) for inspection: `turnwise eval --dump FILE` writes them.
     pub fn evaluate_with_episodes(
         &self,
-        splits: &[Split],
+        split: Split,
         n: usize,
         temperature: f64,
         seed: u64,
     ) -> Result<(EvalResult, Vec<EvalEpisode>)> {
-        let questions: Vec<_> = splits
-            .iter()
-            .flat_map(|&s| self.task.questions(s).into_iter().take(n))
-            .collect();
+        let questions: Vec<_> = self.task.questions(split).into_iter().take(n).collect();
         let mut specs = Vec::with_capacity(questions.len());
         for (i, q) in questions.iter().enumerate() {
             specs.push(EpisodeSpec {
@@ -130,6 +138,7 @@ impl Trainer {
             episodes.extend(run_chains(&policy, chunk.to_vec(), &env, &decoding)?);
         }
         let mut r = EvalResult {
+            split: split.name().to_owned(),
             n: episodes.len(),
             ..EvalResult::default()
         };
