@@ -40,6 +40,10 @@ use crate::trainer::rejection::{RsftProgress, RsftReport};
 /// policy's errors, and RL fixes them: from the same warm start, greedy 55.8 % → 63.5 % and
 /// sampled (T = 0.7) 47.8 % → 58.2 % after 100 steps; lr 6e-4 diverged.
 ///
+/// The "held-out" figures above were measured when evaluations pooled `eval.questions`
+/// validation and `eval.questions` test questions into one figure; runs now report the test
+/// split (and the validation split apart).
+///
 /// The agent format and reward stay Search-R1's with plain `em` (the a2tgpo preset's are the
 /// boxed format and `boxed_em`): every quickstart figure was measured with them.
 pub const QUICKSTART_OVERRIDES: &[&str] = &[
