@@ -33,7 +33,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// The main job: generate a multi-hop world, warm-start a small model on oracle
-    /// demonstrations, train it with A2TGPO, and evaluate before and after on held-out questions.
+    /// demonstrations, train it with A2TGPO, and evaluate before and after on the test split.
     Quickstart {
         /// Run directory.
         #[arg(long, default_value = "runs/quickstart")]
@@ -272,7 +272,7 @@ pub fn run(cli: Cli) -> Result<()> {
             if cfg.rsft.enabled {
                 turnwise::pipeline::rejection_phase(&mut trainer, &cfg, None, quiet)?;
             }
-            let r = trainer.evaluate(&[Split::Validation], 100, 0.0, 0)?;
+            let r = trainer.evaluate(Split::Validation, 100, 0.0, 0)?;
             trainer.export(&out)?;
             println!(
                 "wrote {} (validation EM {:.1}% greedy on {} questions)",
@@ -318,8 +318,14 @@ pub fn run(cli: Cli) -> Result<()> {
                 "test" => Split::Test,
                 other => bail!("--split must be train, validation or test, got {other:?}"),
             };
-            let (r, episodes) =
-                trainer.evaluate_with_episodes(&[split], questions, temperature, 0)?;
+            let (r, episodes) = trainer.evaluate_with_episodes(split, questions, temperature, 0)?;
+            if r.n == 0 {
+                bail!(
+                    "the {} split of {} has no questions to evaluate",
+                    split.name(),
+                    run.display()
+                );
+            }
             if let Some(path) = dump {
                 let mut out = String::new();
                 for e in &episodes {
@@ -428,12 +434,21 @@ fn print_summary(s: &turnwise::pipeline::RunSummary) {
             .map(|r| format!("{:.1}% ± {:.1}", r.em * 100.0, r.em_se * 100.0))
             .unwrap_or_else(|| "-".into())
     };
+    let n = [&s.after_greedy, &s.after_sampled, &s.before_greedy]
+        .into_iter()
+        .flatten()
+        .map(|r| r.n)
+        .next()
+        .unwrap_or(0);
+    let v = &s.validation;
     println!(
-        "held-out EM greedy: {} -> {}; sampled: {} -> {} (warm start {:.0} s, RL {:.0} s, total {:.0} s)",
+        "test EM (n={n}) greedy: {} -> {}; sampled: {} -> {}; validation greedy: {} -> {} (warm start {:.0} s, RL {:.0} s, total {:.0} s)",
         pct(&s.before_greedy),
         pct(&s.after_greedy),
         pct(&s.before_sampled),
         pct(&s.after_sampled),
+        pct(&v.before_greedy),
+        pct(&v.after_greedy),
         s.sft_seconds,
         s.rl_seconds,
         s.total_seconds

@@ -1,5 +1,7 @@
-//! Whole runs: warm start, evaluation before, RL steps with metrics and checkpoints,
-//! evaluation after, report. `quickstart` is the same pipeline with the measured quickstart
+//! Whole runs: warm start, evaluation before, RL steps with metrics, checkpoints and periodic
+//! validation, evaluation after, report. The run's before/after figures are on the test split;
+//! the validation split is evaluated before, during (`eval.every`) and after RL. Splits are
+//! never pooled. `quickstart` is the same pipeline with the measured quickstart
 //! settings (notes/quickstart-recipe.md).
 
 use std::collections::BTreeMap;
@@ -12,7 +14,7 @@ use turnwise_env::world::Split;
 use crate::config::TrainConfig;
 use crate::run::{MetricsWriter, Progress, RunDir, write_report};
 use crate::trainer::Trainer;
-use crate::trainer::eval::EvalResult;
+use crate::trainer::eval::{EvalResult, eval_prefix};
 use crate::trainer::rejection::{RsftProgress, RsftReport};
 
 /// Overrides of the quickstart on top of the `a2tgpo` preset.
@@ -37,8 +39,17 @@ use crate::trainer::rejection::{RsftProgress, RsftReport};
 /// EM moved 1.7–3.7 points in 40–100 steps (seed 0). At 0.7 the rollouts make the greedy
 /// policy's errors, and RL fixes them: from the same warm start, greedy 55.8 % → 63.5 % and
 /// sampled (T = 0.7) 47.8 % → 58.2 % after 100 steps; lr 6e-4 diverged.
+///
+/// The "held-out" figures above were measured when evaluations pooled `eval.questions`
+/// validation and `eval.questions` test questions into one figure; runs now report the test
+/// split (and the validation split apart).
+///
+/// The agent format and reward stay Search-R1's with plain `em` (the a2tgpo preset's are the
+/// boxed format and `boxed_em`): every quickstart figure was measured with them.
 pub const QUICKSTART_OVERRIDES: &[&str] = &[
     "preset=\"quickstart\"",
+    "task.format=\"search_r1\"",
+    "reward.name=\"em\"",
     "task.world.person_name_pool=40",
     "task.rl_subject_fraction=0.4",
     "sft.steps=1100",
@@ -63,9 +74,9 @@ pub struct RunOptions {
     pub quiet: bool,
 }
 
-/// Evaluations before and after RL.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct RunSummary {
+/// Greedy and sampled evaluations of one split before and after RL.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct SplitEvaluations {
     /// Greedy evaluation of the warm-started model.
     pub before_greedy: Option<EvalResult>,
     /// Sampled evaluation of the warm-started model.
@@ -74,6 +85,23 @@ pub struct RunSummary {
     pub after_greedy: Option<EvalResult>,
     /// Sampled evaluation after RL.
     pub after_sampled: Option<EvalResult>,
+}
+
+/// Evaluations before and after RL: the run's figures on the test split (each [`EvalResult`]
+/// names its split and `n`), and the same on the validation split.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunSummary {
+    /// Greedy evaluation of the warm-started model on the test split.
+    pub before_greedy: Option<EvalResult>,
+    /// Sampled evaluation of the warm-started model on the test split.
+    pub before_sampled: Option<EvalResult>,
+    /// Greedy evaluation after RL on the test split.
+    pub after_greedy: Option<EvalResult>,
+    /// Sampled evaluation after RL on the test split.
+    pub after_sampled: Option<EvalResult>,
+    /// The same evaluations on the validation split (whose curve `eval.every` extends during
+    /// RL); empty when the task has no validation questions.
+    pub validation: SplitEvaluations,
     /// Seconds of the warm start (with the rejection-sampling fine-tuning when enabled).
     pub sft_seconds: f64,
     /// Seconds of the RL phase.
@@ -95,7 +123,9 @@ fn eval_line(name: &str, r: &EvalResult) -> String {
         .map(|(h, (e, n))| format!("{h}-hop {:.1}% (n={n})", e * 100.0))
         .collect();
     format!(
-        "{name:<22} EM {:5.1}% ± {:.1} | F1 {:5.1}% | answered {:5.1}% | {:.2} searches, {:.2} turns, {:.0} tokens | {}",
+        "{name:<22} {:<10} n={:<4} | EM {:5.1}% ± {:.1} | F1 {:5.1}% | answered {:5.1}% | {:.2} searches, {:.2} turns, {:.0} tokens | {}",
+        r.split,
+        r.n,
         r.em * 100.0,
         r.em_se * 100.0,
         r.f1 * 100.0,
@@ -165,7 +195,15 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
     // The warm-started weights: the KL reference, and what a resumed run reloads as reference.
     trainer.export(&dir.root().join(REFERENCE_DIR))?;
     trainer.freeze_reference()?;
-    let (before_greedy, before_sampled) = evaluate(&trainer, &cfg, "before RL", &mut log, quiet)?;
+    let (vg, vs) = evaluate(
+        &trainer,
+        &cfg,
+        "before RL",
+        Split::Validation,
+        &mut log,
+        quiet,
+    )?;
+    let (tg, ts) = evaluate(&trainer, &cfg, "before RL", Split::Test, &mut log, quiet)?;
     rl_phase(
         &mut trainer,
         &cfg,
@@ -174,8 +212,10 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
         quiet,
         t_start,
         sft_seconds,
-        before_greedy,
-        before_sampled,
+        Before {
+            test: (tg, ts),
+            validation: (vg, vs),
+        },
     )
 }
 
@@ -300,60 +340,85 @@ pub fn resume(run_dir: &Path, quiet: bool) -> Result<RunSummary> {
     let mut trainer = Trainer::load(cfg.clone(), &ck.path, Some(&dir.root().join(REFERENCE_DIR)))?;
     let mut log = dir.metrics_writer()?;
     let log_data = crate::run::read_metrics(dir.metrics_path())?;
-    let before = |prefix: &str| -> Option<EvalResult> {
+    // The evaluations before RL, as logged at step 0 (headline figures only).
+    let before = |split: Split, mode: &str| -> Option<EvalResult> {
+        let prefix = eval_prefix(split, mode);
+        let get = |r: &crate::run::MetricsRecord, k: &str| r.get(&format!("{prefix}/{k}"));
         log_data
             .records
             .iter()
-            .find(|r| r.phase == "eval" && r.step == 0 && r.get(&format!("{prefix}/em")).is_some())
+            .find(|r| r.phase == "eval" && r.step == 0 && get(r, "em").is_some())
             .map(|r| EvalResult {
-                em: r.get(&format!("{prefix}/em")).unwrap_or(0.0),
-                em_se: r.get(&format!("{prefix}/em_se")).unwrap_or(0.0),
+                split: split.name().to_owned(),
+                n: get(r, "n").unwrap_or(0.0) as usize,
+                em: get(r, "em").unwrap_or(0.0),
+                em_se: get(r, "em_se").unwrap_or(0.0),
+                f1: get(r, "f1").unwrap_or(0.0),
                 ..EvalResult::default()
             })
     };
-    let (bg, bs) = (before("eval/greedy"), before("eval/sampled"));
-    rl_phase(
-        &mut trainer,
-        &cfg,
-        &dir,
-        &mut log,
-        quiet,
-        t_start,
-        0.0,
-        bg,
-        bs,
-    )
+    let b = Before {
+        test: (
+            before(Split::Test, "greedy"),
+            before(Split::Test, "sampled"),
+        ),
+        validation: (
+            before(Split::Validation, "greedy"),
+            before(Split::Validation, "sampled"),
+        ),
+    };
+    rl_phase(&mut trainer, &cfg, &dir, &mut log, quiet, t_start, 0.0, b)
 }
 
+/// Greedy and sampled evaluations (as `cfg.eval` asks) of the first `eval.questions` questions
+/// of `split`, printed and logged at the trainer's step under `eval/<split>/<mode>/…`. A split
+/// without questions is skipped with a warning.
 fn evaluate(
     t: &Trainer,
     cfg: &TrainConfig,
     when: &str,
+    split: Split,
     log: &mut MetricsWriter,
     quiet: bool,
 ) -> Result<(Option<EvalResult>, Option<EvalResult>)> {
-    let heldout = [Split::Validation, Split::Test];
+    if t.task.questions(split).is_empty() {
+        tracing::warn!(
+            "the {} split has no questions: the {when} evaluation on it is skipped",
+            split.name()
+        );
+        return Ok((None, None));
+    }
     let mut g = None;
     let mut s = None;
     if cfg.eval.greedy {
-        let r = t.evaluate(&heldout, cfg.eval.questions, 0.0, cfg.seed ^ 0xe)?;
+        let r = t.evaluate(split, cfg.eval.questions, 0.0, cfg.seed ^ 0xe)?;
         say(quiet, eval_line(&format!("{when} greedy"), &r));
-        log.write(t.step, "eval", &r.to_metrics("eval/greedy"))?;
+        log.write(t.step, "eval", &r.to_metrics(&eval_prefix(split, "greedy")))?;
         g = Some(r);
     }
     if cfg.eval.sampled {
         let r = t.evaluate(
-            &heldout,
+            split,
             cfg.eval.questions,
             cfg.rollout.temperature,
             cfg.seed ^ 0xf,
         )?;
         let label = format!("{when} sampled T={}", cfg.rollout.temperature);
         say(quiet, eval_line(&label, &r));
-        log.write(t.step, "eval", &r.to_metrics("eval/sampled"))?;
+        log.write(
+            t.step,
+            "eval",
+            &r.to_metrics(&eval_prefix(split, "sampled")),
+        )?;
         s = Some(r);
     }
     Ok((g, s))
+}
+
+/// The (greedy, sampled) evaluations before RL, per split.
+struct Before {
+    test: (Option<EvalResult>, Option<EvalResult>),
+    validation: (Option<EvalResult>, Option<EvalResult>),
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -365,8 +430,7 @@ fn rl_phase(
     quiet: bool,
     t_start: Instant,
     sft_seconds: f64,
-    before_greedy: Option<EvalResult>,
-    before_sampled: Option<EvalResult>,
+    before: Before,
 ) -> Result<RunSummary> {
     let t_rl = Instant::now();
     let bar = Progress::new("RL", cfg.run.steps, quiet);
@@ -413,17 +477,38 @@ fn rl_phase(
             dir.prune_checkpoints(cfg.run.keep_checkpoints)?;
         }
         if cfg.eval.every > 0 && step.is_multiple_of(cfg.eval.every) && step != cfg.run.steps {
-            bar.suspend(|| evaluate(trainer, cfg, &format!("step {step}"), log, quiet))?;
+            bar.suspend(|| {
+                evaluate(
+                    trainer,
+                    cfg,
+                    &format!("step {step}"),
+                    Split::Validation,
+                    log,
+                    quiet,
+                )
+            })?;
         }
     }
     bar.finish(format!("{} steps", cfg.run.steps));
     let rl_seconds = t_rl.elapsed().as_secs_f64();
-    let (after_greedy, after_sampled) = evaluate(trainer, cfg, "after RL", log, quiet)?;
+    let (vg, vs) = evaluate(trainer, cfg, "after RL", Split::Validation, log, quiet)?;
+    let (after_greedy, after_sampled) =
+        evaluate(trainer, cfg, "after RL", Split::Test, log, quiet)?;
+    let Before {
+        test: (before_greedy, before_sampled),
+        validation: (before_vg, before_vs),
+    } = before;
     let summary = RunSummary {
         before_greedy,
         before_sampled,
         after_greedy,
         after_sampled,
+        validation: SplitEvaluations {
+            before_greedy: before_vg,
+            before_sampled: before_vs,
+            after_greedy: vg,
+            after_sampled: vs,
+        },
         sft_seconds,
         rl_seconds,
         total_seconds: t_start.elapsed().as_secs_f64(),
@@ -450,6 +535,8 @@ mod tests {
         let sets: Vec<String> = QUICKSTART_OVERRIDES.iter().map(|s| s.to_string()).collect();
         let cfg = TrainConfig::resolve(Some("a2tgpo"), None, &sets).unwrap();
         assert_eq!(cfg.preset, "quickstart");
+        assert_eq!(cfg.task.format, crate::config::AgentFormatName::SearchR1);
+        assert_eq!(cfg.reward.name(), "em");
         assert_eq!(cfg.sft.steps, 1100);
         assert_eq!(cfg.run.steps, 100);
         assert_eq!(cfg.rollout.temperature, 0.7);

@@ -17,6 +17,14 @@ use crate::config::{AgentFormatName, TaskConfig, TokenizerKind};
 /// Tags beyond the model crate's defaults that must be single tokens (T2PO's action block).
 pub const EXTRA_SPECIAL_TOKENS: &[&str] = &["<action>", "</action>"];
 
+/// The opening of the boxed format's answer, a single token of a fresh tokenizer when
+/// `task.format = "boxed"`. The word-level tokenizer splits text at punctuation and decodes
+/// with spaces between tokens, so `\boxed{Paris}` would come back as `\ boxed { Paris }`,
+/// which no `\boxed{}` extraction accepts; as one token it decodes as `\boxed{ Paris }`,
+/// whose boxed content normalizes to the gold. Only boxed tasks get it, so the vocabulary of
+/// the other formats is unchanged.
+pub const BOXED_OPEN_TOKEN: &str = "\\boxed{";
+
 impl AgentFormatName {
     /// The core grammar.
     pub fn grammar(self) -> Format {
@@ -326,9 +334,14 @@ impl WorldTask {
                 .iter()
                 .flat_map(|d| d.segments.iter().map(|(s, _)| s.clone())),
         );
+        let boxed: &[&str] = match self.config.format {
+            AgentFormatName::Boxed => &[BOXED_OPEN_TOKEN],
+            AgentFormatName::SearchR1 | AgentFormatName::T2po => &[],
+        };
         let specials: Vec<&str> = DEFAULT_SPECIAL_TOKENS
             .iter()
             .chain(EXTRA_SPECIAL_TOKENS)
+            .chain(boxed)
             .copied()
             .collect();
         let tok = match kind {

@@ -168,7 +168,7 @@ fn overlong_penalty_lowers_long_responses_only() {
             .unwrap();
         t.config
             .reward
-            .score(&RewardInput::new(&e.response_text(), &golds).with_turns(&turns))
+            .score(&RewardInput::from_turns(&turns, &golds))
             .unwrap()
             .score
     };

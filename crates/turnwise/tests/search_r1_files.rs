@@ -46,12 +46,12 @@ fn trains_on_search_r1_files_with_a_demonstrations_file() {
     t.freeze_reference().unwrap();
     let out = t.rl_step().unwrap();
     assert_eq!(out.episodes.len(), 2 * 3);
-    let r = t.evaluate(&[Split::Test], 4, 0.0, 0).unwrap();
+    let r = t.evaluate(Split::Test, 4, 0.0, 0).unwrap();
     assert_eq!(r.n, 4);
     // Hop counts come from the files' metadata.
     assert!(r.em_by_hops.keys().all(|&h| (1..=4).contains(&h)));
     // The per-episode view agrees with the aggregate, question by question.
-    let (r2, eps) = t.evaluate_with_episodes(&[Split::Test], 4, 0.0, 0).unwrap();
+    let (r2, eps) = t.evaluate_with_episodes(Split::Test, 4, 0.0, 0).unwrap();
     assert_eq!(eps.len(), 4);
     assert!((eps.iter().map(|e| e.em).sum::<f64>() / 4.0 - r2.em).abs() < 1e-12);
     for e in &eps {

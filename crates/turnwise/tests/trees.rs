@@ -9,7 +9,7 @@ use turnwise::rollout::{Decoding, Episode, EpisodeSpec};
 use turnwise::task::{WorldTask, prompt_text};
 use turnwise::trainer::Trainer;
 use turnwise::trainer::advantage::{AdvantageRows, compute};
-use turnwise_core::reward::{RewardInput, TurnText};
+use turnwise_core::reward::RewardInput;
 
 /// The tiny world and model of `common::tiny_overrides`, with `rollout.group_size` set to the
 /// leaves per prompt of the tree shape (`AT2PO_LEAVES` or `TREE_GRPO_LEAVES`), then `extra`.
@@ -89,18 +89,10 @@ fn fixture(preset: &str, extra: &[&str], prompts: usize, seed: u64) -> Fixture {
 
 /// The trainer's scoring of an episode (as in `Trainer::rl_step`): score and turn rewards.
 fn score(cfg: &TrainConfig, ep: &Episode, gold: &[String]) -> (f64, Vec<f64>) {
-    let response = ep.response_text();
-    let turns: Vec<TurnText<'_>> = ep
-        .turn_texts
-        .iter()
-        .map(|(g, o)| TurnText {
-            generated: g,
-            observation: o.as_deref(),
-        })
-        .collect();
+    let turns = turnwise::trainer::reward_turns(ep);
     let out = cfg
         .reward
-        .score(&RewardInput::new(&response, gold).with_turns(&turns))
+        .score(&RewardInput::from_turns(&turns, gold))
         .unwrap();
     (out.score, out.turn_rewards)
 }

@@ -46,7 +46,7 @@ fuzz_target!(|data: &[u8]| {
         .collect();
     for name in RewardConfig::NAMES {
         let cfg = RewardConfig::from_name(name).expect("known name");
-        let input = RewardInput::new(response, &golds).with_turns(&turns);
+        let input = RewardInput::from_turns(&turns, &golds);
         let _ = cfg.score(&input);
     }
     let _ = reward::normalize_answer(response);

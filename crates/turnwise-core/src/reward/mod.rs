@@ -9,9 +9,13 @@
 //! - [`mt_ppo`]: §2.4 MT-PPO final and intermediate turn rewards.
 //! - [`two_turn`]: §2.5 two-turn MT-GRPO rewards (verifiers rubrics).
 //! - [`t2po`]: §2.6 T2PO format penalty, paper and code placements.
+//! - [`agent`]: [`RewardInput`], the only view of a rollout a reward gets — answers from the
+//!   agent's own turns, format rules on the agent's text with observations reduced to
+//!   placeholders, never the prompt.
 //! - This file: [`RewardConfig`], the serde-named choice of reward used by presets, and
 //!   [`RewardConfig::score`], which scores one rollout given as a [`RewardInput`].
 
+pub mod agent;
 pub mod mt_ppo;
 pub mod outcome;
 pub mod t2po;
@@ -21,9 +25,10 @@ pub mod two_turn;
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::grammar::Format;
 use crate::grammar::search_r1::{self, AnswerRule};
-use crate::grammar::{Format, boxed};
 
+pub use agent::{NOTICE_PLACEHOLDER, RewardInput, TurnText, observation_placeholder};
 pub use outcome::{
     BoxedEmConfig, DeepResearchF1Config, OutcomeScore, OverlongConfig, SearchR1FormatConfig,
     overlong_penalty,
@@ -53,45 +58,6 @@ pub enum RewardError {
         /// What is wrong.
         detail: String,
     },
-}
-
-/// One agent turn as text: what the policy generated, and the observation the environment
-/// appended after it (if any).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TurnText<'a> {
-    /// The agent segment (stop string included).
-    pub generated: &'a str,
-    /// The observation after it (`<information>…`, ` <result>…`, tool reply), if any.
-    pub observation: Option<&'a str>,
-}
-
-/// A rollout to score.
-#[derive(Debug, Clone, Copy)]
-pub struct RewardInput<'a> {
-    /// The decoded response (special tokens skipped): all agent segments and observations in
-    /// order. For T2PO, the last step's output.
-    pub response: &'a str,
-    /// Per-turn texts; needed by `mt_ppo_turn`, `mt_grpo_two_turn` and `t2po_em`.
-    pub turns: &'a [TurnText<'a>],
-    /// Accepted answers. For `igpo_f1` a single string may hold several golds joined by
-    /// [`text::IGPO_ANSWER_SPLIT`].
-    pub golds: &'a [String],
-}
-
-impl<'a> RewardInput<'a> {
-    /// An input with no per-turn texts (enough for outcome-only rewards).
-    pub fn new(response: &'a str, golds: &'a [String]) -> Self {
-        Self {
-            response,
-            turns: &[],
-            golds,
-        }
-    }
-
-    /// Adds the per-turn texts.
-    pub fn with_turns(self, turns: &'a [TurnText<'a>]) -> Self {
-        Self { turns, ..self }
-    }
 }
 
 /// The score of a rollout.
@@ -143,14 +109,9 @@ impl Default for AnswerMetricConfig {
 }
 
 impl AnswerMetricConfig {
-    /// Extracts the answer string of `response` for this format.
-    pub fn extract<'t>(&self, response: &'t str) -> Option<&'t str> {
-        match self.format {
-            Format::Boxed => boxed::extract_answer(response),
-            Format::SearchR1 | Format::T2po => {
-                search_r1::extract_answer(response, self.answer_rule)
-            }
-        }
+    /// The answer the agent wrote, extracted for this format ([`RewardInput::answer`]).
+    pub fn extract<'t>(&self, input: &RewardInput<'t>) -> Option<&'t str> {
+        input.answer(self.format, self.answer_rule)
     }
 }
 
@@ -309,6 +270,29 @@ impl RewardConfig {
         }
     }
 
+    /// The agent formats whose answers and tags this reward reads correctly: the boxed
+    /// rewards need [`Format::Boxed`] (the EM string is inside `\boxed{}`), Search-R1's format
+    /// reward and MT-PPO's turn rubric need Search-R1 turns, `t2po_em` needs T2PO steps, and
+    /// `em`/`sub_em`/`f1` read their own `format` setting (Search-R1 and T2PO share the plain
+    /// `<answer>` block). Configs check it against the task's format.
+    pub fn reads_format(&self, format: Format) -> bool {
+        let plain = matches!(format, Format::SearchR1 | Format::T2po);
+        match self {
+            RewardConfig::BoxedEm(_) | RewardConfig::DeepResearchF1(_) => format == Format::Boxed,
+            RewardConfig::SearchR1Format(_) | RewardConfig::MtPpoTurn(_) => {
+                format == Format::SearchR1
+            }
+            RewardConfig::T2poEm(_) => format == Format::T2po,
+            RewardConfig::SearchR1Em(_) | RewardConfig::IgpoF1(_) => plain,
+            RewardConfig::Em(c) | RewardConfig::SubEm(c) | RewardConfig::F1(c) => match c.format {
+                Format::Boxed => format == Format::Boxed,
+                Format::SearchR1 | Format::T2po => plain,
+            },
+            // The verifiers rubric reads its own chat fields, none of the three formats.
+            RewardConfig::MtGrpoTwoTurn(_) => true,
+        }
+    }
+
     /// Whether [`RewardConfig::score`] needs [`RewardInput::turns`].
     pub fn needs_turns(&self) -> bool {
         matches!(
@@ -320,14 +304,17 @@ impl RewardConfig {
     /// Scores one rollout.
     pub fn score(&self, input: &RewardInput<'_>) -> Result<RewardOutput, RewardError> {
         self.validate()?;
-        if self.needs_turns() && input.turns.is_empty() {
+        if self.needs_turns() && input.turns().is_empty() {
             return Err(RewardError::MissingTurns {
                 reward: self.name(),
             });
         }
-        let (response, golds) = (input.response, input.golds);
+        let golds = input.golds;
+        // Format rules read the agent's text with observations reduced to placeholders;
+        // answers come from inside one agent turn (see `agent`).
+        let view = input.format_view();
         let metric = |c: &AnswerMetricConfig, f: fn(&str, &[String]) -> f64| {
-            let answer = c.extract(response);
+            let answer = c.extract(input);
             let value = answer.map_or(0.0, |a| f(a, golds));
             RewardOutput {
                 score: value,
@@ -337,26 +324,38 @@ impl RewardConfig {
                 reason: if answer.is_some() {
                     String::new()
                 } else {
-                    "no answer could be extracted".to_owned()
+                    "the agent wrote no <answer> block".to_owned()
                 },
             }
         };
         Ok(match self {
-            RewardConfig::BoxedEm(c) => {
-                RewardOutput::from_outcome(outcome::boxed_em_reward(response, golds, c))
-            }
-            RewardConfig::DeepResearchF1(c) => {
-                RewardOutput::from_outcome(outcome::deep_research_f1_reward(response, golds, c))
-            }
-            RewardConfig::SearchR1Em(c) => RewardOutput::from_outcome(
-                outcome::search_r1_em_reward(response, golds, c.answer_rule),
+            RewardConfig::BoxedEm(c) => RewardOutput::from_outcome(outcome::boxed_em_from(
+                &view,
+                input.first_answer_block(),
+                golds,
+                c,
+            )),
+            RewardConfig::DeepResearchF1(c) => RewardOutput::from_outcome(
+                outcome::deep_research_f1_from(&view, input.first_answer_block(), golds, c),
             ),
+            RewardConfig::SearchR1Em(c) => RewardOutput::from_outcome(outcome::search_r1_em_from(
+                input.last_answer_block(c.answer_rule),
+                golds,
+            )),
             RewardConfig::SearchR1Format(c) => {
-                RewardOutput::from_outcome(outcome::search_r1_format_reward(response, golds, c))
+                // Retrieval credit reads what the environment returned (off by default).
+                let observations: String = input.observations().collect();
+                RewardOutput::from_outcome(outcome::search_r1_format_from(
+                    &view,
+                    outcome::search_r1_retrieval_correct(&observations, golds),
+                    input.last_answer_block(c.answer_rule),
+                    golds,
+                    c,
+                ))
             }
             RewardConfig::MtPpoTurn(c) => {
-                let turn_rewards = mt_ppo::turn_rewards(input.turns, golds, c);
-                let last = input.turns.last().map_or("", |t| t.generated);
+                let turn_rewards = mt_ppo::turn_rewards(input.turns(), golds, c);
+                let last = input.turns().last().map_or("", |t| t.generated);
                 let violation = crate::grammar::mt_ppo::final_turn_format(last).err();
                 let em = search_r1::extract_answer(last, AnswerRule::LastMatch)
                     .map_or(0.0, |a| em(a, golds));
@@ -369,8 +368,8 @@ impl RewardConfig {
                 }
             }
             RewardConfig::MtGrpoTwoTurn(_) => {
-                let mut msgs = Vec::with_capacity(2 * input.turns.len());
-                for t in input.turns {
+                let mut msgs = Vec::with_capacity(2 * input.turns().len());
+                for t in input.turns() {
                     msgs.push(two_turn::Message {
                         role: two_turn::Role::Assistant,
                         content: t.generated,
@@ -394,7 +393,7 @@ impl RewardConfig {
                 }
             }
             RewardConfig::T2poEm(c) => {
-                let steps: Vec<&str> = input.turns.iter().map(|t| t.generated).collect();
+                let steps: Vec<&str> = input.agent_turns().collect();
                 let turn_rewards = t2po::step_rewards(&steps, golds, c);
                 let last =
                     crate::grammar::t2po::parse_turn(steps.last().copied().unwrap_or(""), c.script);
@@ -417,23 +416,25 @@ impl RewardConfig {
             RewardConfig::F1(c) => metric(c, squad_f1::<String>),
             RewardConfig::IgpoF1(c) => {
                 let gt = golds.join(text::IGPO_ANSWER_SPLIT);
-                let score = text::igpo_score(response, &gt, c.metric);
-                let failure = match c.metric {
-                    IgpoMetric::NoFormatF1 => false,
-                    IgpoMetric::F1 | IgpoMetric::Em => score == text::IGPO_FORMAT_FAILURE,
-                };
-                let format_ok = !failure
-                    && text::igpo_tags_balanced(&response.to_lowercase())
-                    && response.to_lowercase().contains("<answer>");
+                // IGPO lowercases before looking for tags; the first block inside one turn.
+                let lowered: Vec<String> = input.agent_turns().map(str::to_lowercase).collect();
+                let answer = lowered.iter().find_map(|t| {
+                    crate::grammar::scan::first_block(t, "<answer>", "</answer>").map(|b| b.content)
+                });
+                let score = text::igpo_score_from(&view, answer, &gt, c.metric);
+                let balanced = text::igpo_tags_balanced(&view.to_lowercase());
+                let format_ok = balanced && answer.is_some();
                 RewardOutput {
                     score,
                     turn_rewards: Vec::new(),
-                    em: text::igpo_score(response, &gt, IgpoMetric::Em).max(0.0),
+                    em: text::igpo_score_from(&view, answer, &gt, IgpoMetric::Em).max(0.0),
                     format_ok,
                     reason: if format_ok {
                         String::new()
+                    } else if !balanced {
+                        "unbalanced tags".to_owned()
                     } else {
-                        "unbalanced tags or no <answer>".to_owned()
+                        "the agent wrote no <answer> block".to_owned()
                     },
                 }
             }
@@ -535,13 +536,13 @@ mod tests {
         let r = "<think>x</think><answer>\\boxed{Rolling Stones}</answer>";
         let out = RewardConfig::from_name("boxed_em")
             .unwrap()
-            .score(&RewardInput::new(r, &g))
+            .score(&RewardInput::single_turn(r, &g))
             .unwrap();
         assert_close(out.score, 0.0, TOL, "boxed_em wrong");
         assert!(out.format_ok);
         let out = RewardConfig::from_name("boxed_em")
             .unwrap()
-            .score(&RewardInput::new(
+            .score(&RewardInput::single_turn(
                 "<think>x</think><answer>Beatles</answer>",
                 &g,
             ))
@@ -551,7 +552,7 @@ mod tests {
 
         let f1 = RewardConfig::from_name("f1").unwrap();
         let out = f1
-            .score(&RewardInput::new(
+            .score(&RewardInput::single_turn(
                 "<answer>Peter Schmeichel goalkeeper</answer>",
                 &golds(&["Peter Schmeichel"]),
             ))
@@ -560,7 +561,7 @@ mod tests {
 
         let igpo = RewardConfig::from_name("igpo_f1").unwrap();
         let out = igpo
-            .score(&RewardInput::new(
+            .score(&RewardInput::single_turn(
                 "<answer>U.S. Army</answer>",
                 &golds(&["US Army"]),
             ))
@@ -569,7 +570,7 @@ mod tests {
 
         let mt = RewardConfig::from_name("mt_ppo_turn").unwrap();
         assert_eq!(
-            mt.score(&RewardInput::new("x", &g)).unwrap_err(),
+            mt.score(&RewardInput::from_turns(&[], &g)).unwrap_err(),
             RewardError::MissingTurns {
                 reward: "mt_ppo_turn"
             }
@@ -584,9 +585,7 @@ mod tests {
                 observation: None,
             },
         ];
-        let out = mt
-            .score(&RewardInput::new("", &g).with_turns(&turns))
-            .unwrap();
+        let out = mt.score(&RewardInput::from_turns(&turns, &g)).unwrap();
         // Turn 1: +0.1 format, +0.3 retrieval, −0.1·1 search = 0.3; final: 1.0.
         assert_all_close(&out.turn_rewards, &[0.3, 1.0], TOL, "mt_ppo turns");
         assert_close(out.score, 1.0, TOL, "mt_ppo score");
@@ -596,7 +595,7 @@ mod tests {
             ..Default::default()
         });
         assert!(matches!(
-            bad.score(&RewardInput::new("", &g)),
+            bad.score(&RewardInput::single_turn("", &g)),
             Err(RewardError::InvalidConfig { .. })
         ));
     }

@@ -127,15 +127,24 @@ pub fn intermediate_reward_from(
     }
 }
 
-/// Intermediate reward of one turn given its text (agent segment + observation).
+/// Intermediate reward of one turn given its text: the format rule reads the agent segment
+/// followed by the observation's [`observation_placeholder`](super::agent::observation_placeholder)
+/// (its wrapper tags, no passages); the retrieval credit reads the observation.
 pub fn intermediate_reward<S: AsRef<str>>(
     turn: &TurnText<'_>,
     golds: &[S],
     n_search: usize,
     cfg: &MtPpoConfig,
 ) -> IntermediateReward {
+    // The format rule sees the agent's text and only the observation's wrapper tags; the
+    // retrieval credit reads the passages (see `super::agent`).
+    let placeholder = turn
+        .observation
+        .map(super::agent::observation_placeholder)
+        .unwrap_or_default();
+    let format_ok =
+        mt_ppo::intermediate_turn_format(&format!("{}{placeholder}", turn.generated)).is_ok();
     let obs = turn.observation.unwrap_or("");
-    let format_ok = mt_ppo::intermediate_turn_format(&format!("{}{obs}", turn.generated)).is_ok();
     intermediate_reward_from(format_ok, retrieval_hit(obs, golds), n_search, cfg)
 }
 

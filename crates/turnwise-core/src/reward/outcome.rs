@@ -74,12 +74,25 @@ pub fn boxed_em_reward<S: AsRef<str>>(
     golds: &[S],
     cfg: &BoxedEmConfig,
 ) -> OutcomeScore {
+    boxed_em_from(response, boxed::extract_answer_block(response), golds, cfg)
+}
+
+/// [`boxed_em_reward`] from its parts: `checked` is the text the format rule and the
+/// multi-tool rule read, `block` the content of the answer block (`None`: no answer block).
+/// [`super::RewardConfig::score`] passes the agent's text ([`super::RewardInput::format_view`])
+/// and an answer block written inside one agent turn.
+pub fn boxed_em_from<S: AsRef<str>>(
+    checked: &str,
+    block: Option<&str>,
+    golds: &[S],
+    cfg: &BoxedEmConfig,
+) -> OutcomeScore {
     if cfg.check_format
-        && let Err(v) = boxed::validate_format(response)
+        && let Err(v) = boxed::validate_format(checked)
     {
         return OutcomeScore::format_failure(cfg.format_failure, v);
     }
-    let Some(block) = boxed::extract_answer_block(response) else {
+    let Some(block) = block else {
         return OutcomeScore::format_failure(
             cfg.format_failure,
             FormatViolation::new("cannot extract answer"),
@@ -93,7 +106,7 @@ pub fn boxed_em_reward<S: AsRef<str>>(
     };
     let f1 = squad_f1(answer, golds);
     let em = em(answer, golds);
-    let score = if f1 > 0.0 && response.contains("</search>") && response.contains("</python>") {
+    let score = if f1 > 0.0 && checked.contains("</search>") && checked.contains("</python>") {
         f1 + cfg.multi_tool_bonus
     } else if f1 > 0.0 {
         em
@@ -141,15 +154,25 @@ pub fn deep_research_f1_reward<S: AsRef<str>>(
     golds: &[S],
     cfg: &DeepResearchF1Config,
 ) -> OutcomeScore {
+    deep_research_f1_from(response, boxed::extract_answer_block(response), golds, cfg)
+}
+
+/// [`deep_research_f1_reward`] from its parts, as [`boxed_em_from`].
+pub fn deep_research_f1_from<S: AsRef<str>>(
+    checked: &str,
+    block: Option<&str>,
+    golds: &[S],
+    cfg: &DeepResearchF1Config,
+) -> OutcomeScore {
     let check = if cfg.require_boxed {
-        boxed::validate_format(response)
+        boxed::validate_format(checked)
     } else {
-        boxed::validate_tags(response)
+        boxed::validate_tags(checked)
     };
     if let Err(v) = check {
         return OutcomeScore::format_failure(cfg.format_failure, v);
     }
-    let Some(block) = boxed::extract_answer_block(response) else {
+    let Some(block) = block else {
         return OutcomeScore::format_failure(
             cfg.format_failure,
             FormatViolation::new("cannot extract answer"),
@@ -169,7 +192,7 @@ pub fn deep_research_f1_reward<S: AsRef<str>>(
         crate::grammar::scan::py_strip(block)
     };
     let f1 = squad_f1(answer, golds);
-    let score = if f1 > 0.0 && response.contains("</search>") && response.contains("</python>") {
+    let score = if f1 > 0.0 && checked.contains("</search>") && checked.contains("</python>") {
         f1 + cfg.multi_tool_bonus
     } else {
         f1
@@ -192,7 +215,12 @@ pub fn search_r1_em_reward<S: AsRef<str>>(
     golds: &[S],
     rule: AnswerRule,
 ) -> OutcomeScore {
-    match search_r1::extract_answer(response, rule) {
+    search_r1_em_from(search_r1::extract_answer(response, rule), golds)
+}
+
+/// [`search_r1_em_reward`] of an already extracted answer (`None`: no answer, reward 0).
+pub fn search_r1_em_from<S: AsRef<str>>(answer: Option<&str>, golds: &[S]) -> OutcomeScore {
+    match answer {
         None => OutcomeScore::format_failure(0.0, FormatViolation::new("no <answer> block")),
         Some(a) => {
             let e = em(a, golds);
@@ -264,14 +292,34 @@ pub fn search_r1_format_reward<S: AsRef<str>>(
     golds: &[S],
     cfg: &SearchR1FormatConfig,
 ) -> OutcomeScore {
-    let validity = search_r1::validate_sequence(response);
+    search_r1_format_from(
+        response,
+        search_r1_retrieval_correct(response, golds),
+        search_r1::extract_answer(response, cfg.answer_rule),
+        golds,
+        cfg,
+    )
+}
+
+/// [`search_r1_format_reward`] from its parts: `checked` is the text the sequence rule
+/// ([`search_r1::validate_sequence`]) reads, `retrieved` whether some `<information>` block
+/// held a gold, `answer` the extracted answer. [`super::RewardConfig::score`] passes the
+/// agent's text ([`super::RewardInput::format_view`]), the observations' retrieval and an
+/// answer written inside one agent turn.
+pub fn search_r1_format_from<S: AsRef<str>>(
+    checked: &str,
+    retrieved: bool,
+    answer: Option<&str>,
+    golds: &[S],
+    cfg: &SearchR1FormatConfig,
+) -> OutcomeScore {
+    let validity = search_r1::validate_sequence(checked);
     let valid = validity.is_ok();
-    let retrieval = if valid && search_r1_retrieval_correct(response, golds) {
+    let retrieval = if valid && retrieved {
         cfg.retrieval_score
     } else {
         0.0
     };
-    let answer = search_r1::extract_answer(response, cfg.answer_rule);
     let (e, f1) = answer.map_or((0.0, 0.0), |a| (em(a, golds), squad_f1(a, golds)));
     let score = match (answer, e == 1.0, valid) {
         (None, _, true) => cfg.structure_format_score + retrieval,

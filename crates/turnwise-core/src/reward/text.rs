@@ -187,20 +187,35 @@ pub fn igpo_tags_balanced(text: &str) -> bool {
 /// format failure (−2.0, or 0 for [`IgpoMetric::NoFormatF1`]); otherwise the first `<answer>`
 /// block is scored by [`igpo_f1`] or [`igpo_em`].
 pub fn igpo_score(response: &str, ground_truth: &str, metric: IgpoMetric) -> f64 {
+    let lower = response.to_lowercase();
+    let answer = scan::first_block(&lower, "<answer>", "</answer>").map(|b| b.content);
+    igpo_score_from(&lower, answer, ground_truth, metric)
+}
+
+/// [`igpo_score`] from its parts: `checked` is the text the tag-balance rule reads, `answer`
+/// the content of the first `<answer>` block (`None`: no answer block, a format failure).
+/// [`super::RewardConfig::score`] passes the agent's text
+/// ([`super::RewardInput::format_view`]) and a block written inside one agent turn.
+pub fn igpo_score_from(
+    checked: &str,
+    answer: Option<&str>,
+    ground_truth: &str,
+    metric: IgpoMetric,
+) -> f64 {
     let failure = match metric {
         IgpoMetric::NoFormatF1 => 0.0,
         IgpoMetric::F1 | IgpoMetric::Em => IGPO_FORMAT_FAILURE,
     };
-    let response = response.to_lowercase();
     let ground_truth = ground_truth.to_lowercase();
     let golds = split_igpo_golds(&ground_truth);
-    if !igpo_tags_balanced(&response) {
+    if !igpo_tags_balanced(&checked.to_lowercase()) {
         return failure;
     }
-    let Some(block) = scan::first_block(&response, "<answer>", "</answer>") else {
+    let Some(answer) = answer else {
         return failure;
     };
-    let answer = py_strip(block.content);
+    let answer = answer.to_lowercase();
+    let answer = py_strip(&answer);
     match metric {
         IgpoMetric::Em => igpo_em(answer, &golds),
         IgpoMetric::F1 | IgpoMetric::NoFormatF1 => igpo_f1(answer, &golds),

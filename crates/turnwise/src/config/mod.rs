@@ -706,9 +706,12 @@ impl OverlongBufferConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EvalConfig {
-    /// Held-out questions evaluated (test split of the world).
+    /// Questions per evaluation, from the start of one split; splits are never pooled. Before
+    /// and after RL the first `questions` test questions are evaluated (the run's reported
+    /// figures) and as many validation questions; the periodic evaluations of `every` use the
+    /// validation split. Each result is logged as `eval/<split>/<mode>/…` with its `n`.
     pub questions: usize,
-    /// Evaluate every N RL steps (0: only before and after).
+    /// Evaluate the validation split every N RL steps (0: only before and after RL).
     pub every: u64,
     /// Greedy decoding.
     pub greedy: bool,
@@ -977,6 +980,19 @@ impl TrainConfig {
             field: "reward",
             message: e.to_string(),
         })?;
+        let format = self.task.format.grammar();
+        if !self.reward.reads_format(format) {
+            return bad(
+                "reward",
+                format!(
+                    "the {} reward does not read the {format} agent format of task.format \
+                     (boxed_em and deep_research_f1 need \"boxed\", search_r1_format and \
+                     mt_ppo_turn \"search_r1\", t2po_em \"t2po\"; em, sub_em and f1 take \
+                     reward.format)",
+                    self.reward.name()
+                ),
+            );
+        }
         let est = turnwise_core::advantage::Estimator::name(&self.advantage);
         if est == "gae" && !self.critic.enabled {
             return bad(

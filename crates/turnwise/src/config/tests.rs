@@ -263,3 +263,49 @@ fn branch_penalty_default_follows_the_spec() {
     let d = RolloutConfig::default();
     assert_eq!(d.tree_count * d.leaves_per_tree(), d.group_size);
 }
+
+/// Each preset's reward is the one spec §10 names, in an agent format it can read; a reward
+/// that cannot read `task.format` is refused, naming the field.
+#[test]
+fn preset_rewards_match_their_agent_format() {
+    for (preset, reward, format) in [
+        ("a2tgpo", "boxed_em", AgentFormatName::Boxed),
+        ("at2po", "boxed_em", AgentFormatName::Boxed),
+        ("grpo", "boxed_em", AgentFormatName::Boxed),
+        ("gspo", "boxed_em", AgentFormatName::Boxed),
+        ("dapo", "boxed_em", AgentFormatName::Boxed),
+        ("igpo", "igpo_f1", AgentFormatName::SearchR1),
+        ("tree-grpo", "search_r1_format", AgentFormatName::SearchR1),
+        ("t2po", "t2po_em", AgentFormatName::T2po),
+        ("mt-ppo", "mt_ppo_turn", AgentFormatName::SearchR1),
+    ] {
+        let cfg = TrainConfig::resolve(Some(preset), None, &[]).unwrap();
+        assert_eq!(
+            (cfg.reward.name(), cfg.task.format),
+            (reward, format),
+            "{preset}"
+        );
+    }
+    for (preset, set) in [
+        ("grpo", "task.format=\"search_r1\""),
+        ("igpo", "task.format=\"boxed\""),
+        ("tree-grpo", "task.format=\"t2po\""),
+        ("t2po", "task.format=\"search_r1\""),
+    ] {
+        let e = TrainConfig::resolve(Some(preset), None, &[set.into()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("reward") && e.contains("task.format"),
+            "{preset}: {e}"
+        );
+    }
+    // em reads the format it is told; the plain answer block serves Search-R1 and T2PO.
+    TrainConfig::resolve(
+        Some("grpo"),
+        None,
+        &["reward={name=\"em\", format=\"boxed\"}".into()],
+    )
+    .unwrap();
+    TrainConfig::resolve(Some("gigpo"), None, &["task.format=\"t2po\"".into()]).unwrap();
+}

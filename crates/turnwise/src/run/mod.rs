@@ -13,7 +13,8 @@
 //! Metric names follow verl (`actor/pg_loss`, `actor/pg_clipfrac`, `actor/ppo_kl`, `actor/entropy`,
 //! `actor/grad_norm`, `critic/score/mean`, `critic/advantages/{mean,max,min}`,
 //! `response_length/mean`, `timing_s/*`) and the diagnostics of spec §7; evaluations are logged as
-//! `eval/<mode>/<metric>` with per-hop EM as `eval/<mode>/em/hop<N>`.
+//! `eval/<split>/<mode>/<metric>` (split `validation` or `test`, never pooled; `n` = questions)
+//! with per-hop EM as `eval/<split>/<mode>/em/hop<N>`.
 //!
 //! [`Progress`] draws progress bars on a terminal and logs a line every few percent elsewhere.
 

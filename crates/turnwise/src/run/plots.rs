@@ -78,12 +78,26 @@ pub fn default_plot_specs() -> Vec<PlotSpec> {
         ),
         PlotSpec::new("em", "Exact match")
             .series("train", &["train/em", "critic/em/mean", "reward/em"])
-            .series("eval (greedy)", &["eval/greedy/em", "eval/em"])
-            .series("eval (sampled)", &["eval/sampled/em"]),
+            .series("validation (greedy)", &["eval/validation/greedy/em"])
+            .series(
+                "test (greedy)",
+                &["eval/test/greedy/em", "eval/greedy/em", "eval/em"],
+            )
+            .series(
+                "test (sampled)",
+                &["eval/test/sampled/em", "eval/sampled/em"],
+            ),
         PlotSpec::new("f1", "F1")
             .series("train", &["train/f1"])
-            .series("eval (greedy)", &["eval/greedy/f1", "eval/f1"])
-            .series("eval (sampled)", &["eval/sampled/f1"]),
+            .series("validation (greedy)", &["eval/validation/greedy/f1"])
+            .series(
+                "test (greedy)",
+                &["eval/test/greedy/f1", "eval/greedy/f1", "eval/f1"],
+            )
+            .series(
+                "test (sampled)",
+                &["eval/test/sampled/f1", "eval/sampled/f1"],
+            ),
         PlotSpec::new("entropy", "Policy entropy").series("entropy", &["actor/entropy"]),
         PlotSpec::new("kl", "KL divergence")
             .series("ppo_kl (old‖new)", &["actor/ppo_kl"])
@@ -96,12 +110,23 @@ pub fn default_plot_specs() -> Vec<PlotSpec> {
             .series("agent tokens", &["response_length/agent_mean"]),
         PlotSpec::new("turns", "Turns per trajectory")
             .series("train", &["env/turns/mean", "num_turns/mean"])
-            .series("eval (greedy)", &["eval/greedy/turns", "eval/turns"]),
+            .series(
+                "validation (greedy)",
+                &[
+                    "eval/validation/greedy/turns",
+                    "eval/greedy/turns",
+                    "eval/turns",
+                ],
+            ),
         PlotSpec::new("tool_calls", "Tool calls per trajectory")
             .series("train", &["env/tool_calls/mean", "tool_call_counts/mean"])
             .series(
-                "eval (greedy)",
-                &["eval/greedy/tool_calls", "eval/tool_calls"],
+                "validation (greedy)",
+                &[
+                    "eval/validation/greedy/tool_calls",
+                    "eval/greedy/tool_calls",
+                    "eval/tool_calls",
+                ],
             ),
         PlotSpec::new("grad_norm", "Gradient norm (before clipping)")
             .series("grad_norm", &["actor/grad_norm"]),
@@ -203,7 +228,11 @@ mod tests {
                 w.write(
                     step,
                     "eval",
-                    [("eval/greedy/em", s / 20.0), ("eval/greedy/turns", 2.5)],
+                    [
+                        ("eval/test/greedy/em", s / 20.0),
+                        ("eval/validation/greedy/em", s / 25.0),
+                        ("eval/validation/greedy/turns", 2.5),
+                    ],
                 )
                 .unwrap();
             }
@@ -227,13 +256,20 @@ mod tests {
         let em = std::fs::read_to_string(&plots[1].path).unwrap();
         assert_eq!(
             polylines(&em),
-            vec![("train".to_string(), 12), ("eval (greedy)".to_string(), 3)]
+            vec![
+                ("train".to_string(), 12),
+                ("validation (greedy)".to_string(), 3),
+                ("test (greedy)".to_string(), 3)
+            ]
         );
-        assert_eq!(plots[1].points, 15);
+        assert_eq!(plots[1].points, 18);
         // The NaN entropy is skipped.
         let entropy = std::fs::read_to_string(&plots[2].path).unwrap();
         assert_eq!(polylines(&entropy), vec![("entropy".to_string(), 11)]);
-        assert_eq!(plots[4].keys, vec!["env/turns/mean", "eval/greedy/turns"]);
+        assert_eq!(
+            plots[4].keys,
+            vec!["env/turns/mean", "eval/validation/greedy/turns"]
+        );
     }
 
     #[test]

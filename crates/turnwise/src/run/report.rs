@@ -64,6 +64,7 @@ const MAIN: &[(&str, &[&str], Better)] = &[
 
 /// Evaluation metrics shown first, in this order; the others follow by name.
 const EVAL_ORDER: &[&str] = &[
+    "n",
     "em",
     "em_se",
     "f1",
@@ -246,6 +247,15 @@ fn write_eval(out: &mut String, log: &MetricsLog) {
             format!("eval/{mode}")
         };
         let _ = writeln!(out, "### {}\n", cell(&title));
+        if let Some((split, decoding)) = mode.split_once('/')
+            && matches!(split, "train" | "validation" | "test")
+        {
+            let _ = writeln!(
+                out,
+                "The {split} split, {} decoding; `n` is the number of questions evaluated.\n",
+                cell(decoding)
+            );
+        }
         let names: BTreeSet<&str> = rows
             .iter()
             .flat_map(|r| r.1.keys().map(String::as_str))
@@ -286,6 +296,7 @@ fn write_eval(out: &mut String, log: &MetricsLog) {
             let mut line = format!("| {step} |");
             for c in &cols {
                 let s = match vals.get(*c) {
+                    Some(v) if *c == "n" => format!("{v}"),
                     Some(v) if RATES.contains(c) && (0.0..=1.0).contains(v) => pct(*v),
                     Some(v) => num(*v),
                     None => "".into(),
@@ -408,8 +419,8 @@ fn write_config(out: &mut String, config: &str) {
 }
 
 /// Renders `report.md`: the run's lines and phases, a table of the first, last and best values
-/// of the main metrics, the evaluations (one table per mode, EM by hop when `eval/<mode>/em/hopN`
-/// keys exist), the plots, a timing summary and the configuration.
+/// of the main metrics, the evaluations (one table per split and mode, `eval/<split>/<mode>/…`,
+/// with the number of questions `n`, EM by hop when `eval/<split>/<mode>/em/hopN` keys exist), the plots, a timing summary and the configuration.
 pub fn render_report(input: &ReportInput<'_>) -> String {
     let log = input.log;
     let mut out = String::new();

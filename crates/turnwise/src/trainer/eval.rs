@@ -1,10 +1,12 @@
-//! Evaluation on held-out questions: EM, F1, SubEM, format validity, tool calls, turns and
-//! tokens per answer, broken down by hop count; greedy or sampled.
+//! Evaluation on one named split: EM, F1, SubEM, format validity, tool calls, turns and tokens
+//! per answer, broken down by hop count; greedy or sampled. Splits are never pooled: every
+//! result names its split and its number of questions.
 
 use std::collections::BTreeMap;
 
 use anyhow::Result;
-use turnwise_core::reward::{em, squad_f1, sub_em};
+use turnwise_core::grammar::search_r1::AnswerRule;
+use turnwise_core::reward::{RewardInput, em, squad_f1, sub_em};
 use turnwise_env::world::Split;
 
 use super::Trainer;
@@ -15,7 +17,10 @@ use turnwise_core::trajectory::Trajectory;
 /// Results of one evaluation.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct EvalResult {
-    /// Questions evaluated.
+    /// The split evaluated: `train`, `validation` or `test`.
+    pub split: String,
+    /// Questions evaluated: the first `n` of the split (fewer than asked when the split is
+    /// smaller).
     pub n: usize,
     /// Exact match.
     pub em: f64,
@@ -25,7 +30,9 @@ pub struct EvalResult {
     pub f1: f64,
     /// Substring EM.
     pub sub_em: f64,
-    /// Fraction of episodes that ended with a parsable answer.
+    /// Fraction of episodes whose agent wrote an answer (extracted from its own turns as the
+    /// rewards do: the last `<answer>` block, or for the boxed format the first block's last
+    /// `\boxed{}`).
     pub answered: f64,
     /// Fraction of turns with a valid format.
     pub format_ok: f64,
@@ -40,9 +47,11 @@ pub struct EvalResult {
 }
 
 impl EvalResult {
-    /// Metrics under `prefix` (e.g. `eval/greedy`).
+    /// Metrics under `prefix` (e.g. `eval/test/greedy`, see [`eval_prefix`]), with the number of
+    /// questions as `{prefix}/n`.
     pub fn to_metrics(&self, prefix: &str) -> BTreeMap<String, f64> {
         let mut m = BTreeMap::new();
+        m.insert(format!("{prefix}/n"), self.n as f64);
         m.insert(format!("{prefix}/em"), self.em);
         m.insert(format!("{prefix}/em_se"), self.em_se);
         m.insert(format!("{prefix}/f1"), self.f1);
@@ -59,6 +68,12 @@ impl EvalResult {
     }
 }
 
+/// The metrics prefix of an evaluation of `split` with decoding `mode` (`greedy`, `sampled`):
+/// `eval/<split>/<mode>`.
+pub fn eval_prefix(split: Split, mode: &str) -> String {
+    format!("eval/{}/{mode}", split.name())
+}
+
 /// One evaluated question: what was asked, what the agent did and how it scored.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct EvalEpisode {
@@ -70,7 +85,7 @@ pub struct EvalEpisode {
     pub hops: usize,
     /// Accepted answers.
     pub golden_answers: Vec<String>,
-    /// The agent's final answer, if it gave one.
+    /// The agent's answer, extracted from its own turns as the rewards do, if it wrote one.
     pub answer: Option<String>,
     /// Exact match of `answer`.
     pub em: f64,
@@ -83,31 +98,27 @@ pub struct EvalEpisode {
 }
 
 impl Trainer {
-    /// Evaluates on the first `n` questions of each split in `splits`, greedy (`temperature`
-    /// 0) or sampled.
+    /// Evaluates on the first `n` questions of `split`, greedy (`temperature` 0) or sampled.
     pub fn evaluate(
         &self,
-        splits: &[Split],
+        split: Split,
         n: usize,
         temperature: f64,
         seed: u64,
     ) -> Result<EvalResult> {
-        Ok(self.evaluate_with_episodes(splits, n, temperature, seed)?.0)
+        Ok(self.evaluate_with_episodes(split, n, temperature, seed)?.0)
     }
 
     /// [`Trainer::evaluate`], also returning one [`EvalEpisode`] per question (in the order
     /// the questions were asked) for inspection: `turnwise eval --dump FILE` writes them.
     pub fn evaluate_with_episodes(
         &self,
-        splits: &[Split],
+        split: Split,
         n: usize,
         temperature: f64,
         seed: u64,
     ) -> Result<(EvalResult, Vec<EvalEpisode>)> {
-        let questions: Vec<_> = splits
-            .iter()
-            .flat_map(|&s| self.task.questions(s).into_iter().take(n))
-            .collect();
+        let questions: Vec<_> = self.task.questions(split).into_iter().take(n).collect();
         let mut specs = Vec::with_capacity(questions.len());
         for (i, q) in questions.iter().enumerate() {
             specs.push(EpisodeSpec {
@@ -127,15 +138,22 @@ impl Trainer {
             episodes.extend(run_chains(&policy, chunk.to_vec(), &env, &decoding)?);
         }
         let mut r = EvalResult {
+            split: split.name().to_owned(),
             n: episodes.len(),
             ..EvalResult::default()
         };
         let mut turns_total = 0usize;
         let mut fmt_ok = 0usize;
         let mut dumped = Vec::with_capacity(episodes.len());
+        let format = self.config.task.format.grammar();
         for (ep, q) in episodes.iter().zip(&questions) {
-            let answer = ep.answer.clone();
             let golds = &q.golden_answers;
+            // The rewards' extraction: an answer the agent wrote inside one of its own turns,
+            // never text of an observation or the prompt.
+            let turns = super::reward_turns(ep);
+            let answer = RewardInput::from_turns(&turns, golds)
+                .answer(format, AnswerRule::LastMatch)
+                .map(str::to_owned);
             let (e, f, s) = match &answer {
                 Some(a) => (em(a, golds), squad_f1(a, golds), sub_em(a, golds)),
                 None => (0.0, 0.0, 0.0),

@@ -665,6 +665,19 @@ impl Trainer {
     }
 }
 
+/// An episode's turns as the rewards read them: each agent turn's generated text and the
+/// observation after it. Never the prompt; rewards take answers and format verdicts from the
+/// agent's text only ([`turnwise_core::reward::agent`]).
+pub fn reward_turns(ep: &Episode) -> Vec<turnwise_core::reward::TurnText<'_>> {
+    ep.turn_texts
+        .iter()
+        .map(|(g, o)| turnwise_core::reward::TurnText {
+            generated: g,
+            observation: o.as_deref(),
+        })
+        .collect()
+}
+
 /// Fisher-Yates shuffle with the run's generator.
 pub fn shuffle<T>(v: &mut [T], rng: &mut TurnRng) {
     for i in (1..v.len()).rev() {

@@ -8,7 +8,7 @@
 //! [`crate::config::RsftConfig`].
 
 use anyhow::{Context, Result, bail};
-use turnwise_core::reward::{RewardInput, TurnText};
+use turnwise_core::reward::RewardInput;
 use turnwise_model::model::weights::sorted_vars;
 use turnwise_model::optim::AdamW;
 use turnwise_model::rng::TurnRng;
@@ -280,18 +280,10 @@ impl Trainer {
         ep: &Episode,
         gold: &[String],
     ) -> Result<turnwise_core::reward::RewardOutput> {
-        let response = ep.response_text();
-        let turns: Vec<TurnText<'_>> = ep
-            .turn_texts
-            .iter()
-            .map(|(g, o)| TurnText {
-                generated: g,
-                observation: o.as_deref(),
-            })
-            .collect();
+        let turns = super::reward_turns(ep);
         self.config
             .reward
-            .score(&RewardInput::new(&response, gold).with_turns(&turns))
+            .score(&RewardInput::from_turns(&turns, gold))
             .with_context(|| format!("scoring {}", ep.trajectory.id))
     }
 

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use turnwise_core::reward::{RewardInput, TurnText, overlong_penalty};
+use turnwise_core::reward::{RewardInput, overlong_penalty};
 
 use super::Trainer;
 use crate::config::RolloutStrategy;
@@ -226,18 +226,11 @@ impl Trainer {
             ..StepBatch::default()
         };
         for (ep, gold) in episodes.iter_mut().zip(&golds) {
-            let response = ep.response_text();
-            let turns: Vec<TurnText<'_>> = ep
-                .turn_texts
-                .iter()
-                .map(|(g, o)| TurnText {
-                    generated: g,
-                    observation: o.as_deref(),
-                })
-                .collect();
+            // The reward reads the agent's turns only (never the prompt or a notice's text).
+            let turns = super::reward_turns(ep);
             let out = cfg
                 .reward
-                .score(&RewardInput::new(&response, gold).with_turns(&turns))
+                .score(&RewardInput::from_turns(&turns, gold))
                 .with_context(|| format!("scoring {}", ep.trajectory.id))?;
             let penalty = overlong_cfg
                 .as_ref()

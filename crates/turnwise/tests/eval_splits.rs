@@ -1,0 +1,131 @@
+//! Evaluation names its split and is never pooled: a tiny run evaluates the test split before
+//! and after RL and the validation split before, during and after, each with `n` equal to
+//! `eval.questions`, in what it prints to summary.json, metrics.jsonl and report.md.
+
+use turnwise::config::TrainConfig;
+use turnwise::pipeline::{RunOptions, run};
+use turnwise::run::{RunDir, read_metrics};
+use turnwise::trainer::Trainer;
+use turnwise_env::world::Split;
+
+mod common;
+use common::tiny_overrides;
+
+const QUESTIONS: usize = 3;
+
+#[test]
+fn a_run_reports_each_split_with_its_own_n() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let mut sets = tiny_overrides();
+    sets.extend([
+        format!("eval.questions={QUESTIONS}"),
+        "eval.every=1".into(),
+        "run.steps=2".into(),
+    ]);
+    let cfg = TrainConfig::resolve(Some("grpo"), None, &sets).unwrap();
+    let summary = run(
+        cfg,
+        &RunOptions {
+            dir: dir.clone(),
+            quiet: true,
+        },
+        false,
+    )
+    .unwrap();
+    // The run's figures are on the test split; the validation ones are reported apart.
+    let v = &summary.validation;
+    for (split, r) in [
+        ("test", &summary.before_greedy),
+        ("test", &summary.before_sampled),
+        ("test", &summary.after_greedy),
+        ("test", &summary.after_sampled),
+        ("validation", &v.before_greedy),
+        ("validation", &v.before_sampled),
+        ("validation", &v.after_greedy),
+        ("validation", &v.after_sampled),
+    ] {
+        let r = r.as_ref().expect("evaluated");
+        assert_eq!((r.split.as_str(), r.n), (split, QUESTIONS));
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(json["before_greedy"]["split"], "test");
+    assert_eq!(json["after_sampled"]["n"], QUESTIONS);
+    assert_eq!(json["validation"]["after_greedy"]["split"], "validation");
+    assert_eq!(json["validation"]["before_sampled"]["n"], QUESTIONS);
+
+    // metrics.jsonl: every eval line is one split and one decoding mode, with its n.
+    let run_dir = RunDir::open(&dir).unwrap();
+    let log = read_metrics(run_dir.metrics_path()).unwrap();
+    let mut seen: Vec<(u64, String)> = Vec::new();
+    for r in log.phase("eval") {
+        let prefixes: std::collections::BTreeSet<String> = r
+            .values
+            .keys()
+            .map(|k| k.split('/').take(3).collect::<Vec<_>>().join("/"))
+            .collect();
+        assert_eq!(
+            prefixes.len(),
+            1,
+            "one split and mode per line: {prefixes:?}"
+        );
+        let prefix = prefixes.into_iter().next().unwrap();
+        let n = r.get(&format!("{prefix}/n"));
+        assert_eq!(n, Some(QUESTIONS as f64), "{prefix} at step {}", r.step);
+        seen.push((r.step, prefix));
+    }
+    let expect = |steps: &[u64], prefix: &str| {
+        for s in steps {
+            assert!(
+                seen.contains(&(*s, prefix.to_string())),
+                "{prefix} at step {s}: {seen:?}"
+            );
+        }
+        let n = seen.iter().filter(|(_, p)| p == prefix).count();
+        assert_eq!(n, steps.len(), "{prefix}: {seen:?}");
+    };
+    // Test before and after RL only; validation before, at eval.every and after.
+    expect(&[0, 2], "eval/test/greedy");
+    expect(&[0, 2], "eval/test/sampled");
+    expect(&[0, 1, 2], "eval/validation/greedy");
+    expect(&[0, 1, 2], "eval/validation/sampled");
+
+    // report.md has one table per split and mode, with n.
+    let md = std::fs::read_to_string(run_dir.report_path()).unwrap();
+    for title in [
+        "### eval/test/greedy\n\nThe test split, greedy decoding",
+        "### eval/validation/sampled\n\nThe validation split, sampled decoding",
+    ] {
+        assert!(md.contains(title), "{title}:\n{md}");
+    }
+    assert!(md.contains("| step | n | em |"), "{md}");
+    assert!(md.contains(&format!("| 0 | {QUESTIONS} |")), "{md}");
+}
+
+/// `Trainer::evaluate` asks exactly the first `n` questions of the one split it is given.
+#[test]
+fn evaluate_asks_the_first_n_questions_of_one_split() {
+    let cfg = TrainConfig::resolve(Some("grpo"), None, &tiny_overrides()).unwrap();
+    let mut t = Trainer::new(cfg).unwrap();
+    t.warm_start(&mut |_, _, _| {}).unwrap();
+    for split in [Split::Validation, Split::Test] {
+        let (r, episodes) = t.evaluate_with_episodes(split, 5, 0.0, 0).unwrap();
+        assert_eq!((r.split.as_str(), r.n), (split.name(), 5));
+        let asked: Vec<&str> = episodes.iter().map(|e| e.question_id.as_str()).collect();
+        let first: Vec<&str> = t
+            .task
+            .questions(split)
+            .iter()
+            .take(5)
+            .map(|q| q.id.as_str())
+            .collect();
+        assert_eq!(asked, first);
+        let m = r.to_metrics(&turnwise::trainer::eval::eval_prefix(split, "greedy"));
+        assert_eq!(m[&format!("eval/{}/greedy/n", split.name())], 5.0);
+    }
+    // More questions than the split has: n is what was evaluated.
+    let all = t.task.questions(Split::Test).len();
+    let r = t.evaluate(Split::Test, all + 10, 0.0, 0).unwrap();
+    assert_eq!(r.n, all);
+}
