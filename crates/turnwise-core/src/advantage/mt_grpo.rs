@@ -300,11 +300,17 @@ mod tests {
         let out = MtGrpoConfig::default().estimate(&batch).unwrap();
         // Turn 0 (all process): [0.3, 0, 0.3] → mean 0.2, std_u 0.173205.
         let t0 = |x: f64| (x - 0.2) / (0.03f64.sqrt() + 1e-6);
-        // Turn 1 finals {1.0, 0.2}: ±0.4 / (std_u 0.565685 + ε); B's −0.1 alone → 0; B's final
-        // at turn 2 alone → 0.
+        // Turn 1 finals {1.0, 0.2}: ±0.4 / (std_u 0.565685 + ε). B's −0.1 is alone in its
+        // turn-1 group and B's final 0.2 alone at turn 2: singletons keep their raw reward.
+        // Ā sums the turn advantages from turn k on.
         let f = 0.4 / (0.32f64.sqrt() + 1e-6);
         assert_all_close(&out.rollouts[0].turns, &[t0(0.3) + f, f], TOL, "A");
-        assert_all_close(&out.rollouts[1].turns, &[t0(0.0), 0.0, 0.0], TOL, "B");
+        assert_all_close(
+            &out.rollouts[1].turns,
+            &[t0(0.0) - 0.1 + 0.2, -0.1 + 0.2, 0.2],
+            TOL,
+            "B",
+        );
         assert_all_close(&out.rollouts[2].turns, &[t0(0.3) - f, -f], TOL, "C");
         let mixed = MtGrpoConfig {
             state_key: TurnGroupKey::PromptTurn,
