@@ -157,9 +157,152 @@ fn parse_eval_key(key: &str) -> Option<(String, EvalKey)> {
     Some((head.join("/"), EvalKey::Name(last.to_string())))
 }
 
+/// The metrics that show each method's defining mechanism at work (spec §7); a row appears
+/// only when the run logged it.
+const MECHANISM: &[(&str, &[&str], Better)] = &[
+    (
+        "clipped at the upper bound",
+        &["actor/pg_clipfrac_high"],
+        Better::Neither,
+    ),
+    (
+        "clipped at the lower bound",
+        &["actor/pg_clipfrac_low"],
+        Better::Neither,
+    ),
+    (
+        "dual-clipped",
+        &["actor/pg_clipfrac_lower"],
+        Better::Neither,
+    ),
+    (
+        "A2TGPO clip scale, min",
+        &["a2tgpo/clip_scale/min"],
+        Better::Neither,
+    ),
+    (
+        "A2TGPO clip scale, max",
+        &["a2tgpo/clip_scale/max"],
+        Better::Neither,
+    ),
+    (
+        "A2TGPO turn-group size",
+        &["a2tgpo/turn_group/group_size/mean"],
+        Better::Neither,
+    ),
+    (
+        "A2TGPO singleton turns",
+        &["a2tgpo/turn_group/singleton_share"],
+        Better::Neither,
+    ),
+    ("IG of turn 0", &["info_gain/turn_0/mean"], Better::Neither),
+    ("IG of turn 1", &["info_gain/turn_1/mean"], Better::Neither),
+    (
+        "clipping-bias scale",
+        &["actor/clip_bias_scale"],
+        Better::Neither,
+    ),
+    (
+        "clipping-bias clipped tokens",
+        &["actor/clip_bias_num_clipped"],
+        Better::Neither,
+    ),
+    (
+        "KL in the reward",
+        &["actor/reward_kl_penalty"],
+        Better::Neither,
+    ),
+    (
+        "KL-in-reward coefficient",
+        &["actor/reward_kl_penalty_coeff"],
+        Better::Neither,
+    ),
+    ("tree leaves per prompt", &["tree/leaves"], Better::Neither),
+    ("tree depth", &["tree/depth/mean"], Better::Neither),
+    ("fork entropy", &["tree/fork_entropy/mean"], Better::Neither),
+    (
+        "trees per group",
+        &["tree/labels_per_group"],
+        Better::Neither,
+    ),
+    (
+        "tree node value |V|",
+        &["tree/node_value/abs_mean"],
+        Better::Neither,
+    ),
+    (
+        "MT-PPO turn rewards placed",
+        &["mt_ppo/turn_rewards_placed"],
+        Better::Neither,
+    ),
+    (
+        "MT-GRPO turn-group size",
+        &["mt_grpo/turn_group/group_size/mean"],
+        Better::Neither,
+    ),
+    (
+        "MT-GRPO singleton turns",
+        &["mt_grpo/turn_group/singleton_share"],
+        Better::Neither,
+    ),
+    (
+        "anchor-group size",
+        &["gigpo/anchor_group/group_size/mean"],
+        Better::Neither,
+    ),
+    (
+        "anchor singletons",
+        &["gigpo/anchor_group/singleton_share"],
+        Better::Neither,
+    ),
+    (
+        "penalised steps",
+        &["gigpo/penalised_steps"],
+        Better::Neither,
+    ),
+    (
+        "thinking interventions",
+        &["rollout/tti_triggered"],
+        Better::Neither,
+    ),
+    (
+        "turn regenerations",
+        &["rollout/tds_regenerations"],
+        Better::Neither,
+    ),
+    (
+        "filtered groups",
+        &["batch/filtered_groups"],
+        Better::Neither,
+    ),
+    ("refill rounds", &["batch/refill_rounds"], Better::Neither),
+    (
+        "overlong penalty",
+        &["reward/overlong_penalty/mean"],
+        Better::Neither,
+    ),
+];
+
 fn write_main_table(out: &mut String, log: &MetricsLog) {
+    write_metric_table(
+        out,
+        log,
+        "Main metrics",
+        MAIN,
+        Some("No training metrics were logged."),
+    );
+    write_metric_table(out, log, "Mechanism at work", MECHANISM, None);
+}
+
+fn write_metric_table(
+    out: &mut String,
+    log: &MetricsLog,
+    heading: &str,
+    table: &[(&str, &[&str], Better)],
+    empty: Option<&str>,
+) {
     let mut rows = Vec::new();
-    for (label, keys, better) in MAIN {
+    for (label, keys, better) in table {
         let Some(key) = keys.iter().find(|k| log.has(k)) else {
             continue;
         };
@@ -192,11 +335,13 @@ fn write_main_table(out: &mut String, log: &MetricsLog) {
             pts.len()
         ));
     }
-    let _ = writeln!(out, "## Main metrics\n");
     if rows.is_empty() {
-        let _ = writeln!(out, "No training metrics were logged.\n");
+        if let Some(msg) = empty {
+            let _ = writeln!(out, "## {heading}\n\n{msg}\n");
+        }
         return;
     }
+    let _ = writeln!(out, "## {heading}\n");
     let _ = writeln!(
         out,
         "| metric | key | first | last | best | min | max | points |\n|---|---|---|---|---|---|---|---|"
@@ -573,6 +718,7 @@ mod tests {
                     ("train/em", if step == 4 { 0.9 } else { 0.05 * s }),
                     ("actor/entropy", 1.0 / s),
                     ("actor/pg_clipfrac", f64::NAN),
+                    ("a2tgpo/clip_scale/max", 1.0 + 0.02 * s),
                     ("timing_s/step", 60.0),
                     ("timing_s/gen", 45.0),
                     ("timing_s/update", 15.0),
@@ -592,6 +738,13 @@ mod tests {
         assert_eq!(path, run.report_path());
         let md = std::fs::read_to_string(&path).unwrap();
         assert!(md.starts_with("# Run report: my run\n"), "{md}");
+        // The mechanism table shows the logged mechanism metrics only.
+        assert!(md.contains("## Mechanism at work"), "{md}");
+        assert!(
+            md.contains("| A2TGPO clip scale, max | `a2tgpo/clip_scale/max` | 1.020 (step 1) | 1.120 (step 6)"),
+            "{md}"
+        );
+        assert!(!md.contains("tree leaves per prompt"), "{md}");
         assert!(
             md.contains("13 metrics lines (eval ×2, rsft ×3, sft ×2, train ×6)."),
             "{md}"
