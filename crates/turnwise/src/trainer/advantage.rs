@@ -376,18 +376,12 @@ pub fn compute_with_kl(
     let mut all = Vec::new();
     for ((&i, ro), adv) in kept.iter().zip(&batch.rollouts).zip(&out.rollouts) {
         let ep = &episodes[i];
-        let flat = ep.trajectory.flatten(cfg.rollout.train_on_forced);
-        let mut row = Row::new(
-            ep.trajectory.prompt_ids.clone(),
-            flat.ids.clone(),
-            flat.loss_mask.clone(),
-            flat.turn_id.clone(),
-        );
-        if adv.tokens.len() != flat.ids.len() {
+        let mut row = Row::from_trajectory(&ep.trajectory, cfg.rollout.train_on_forced);
+        if adv.tokens.len() != row.response.len() {
             bail!(
                 "estimator {name} returned {} token advantages for {} tokens of {}",
                 adv.tokens.len(),
-                flat.ids.len(),
+                row.response.len(),
                 ep.trajectory.id
             );
         }
@@ -401,7 +395,7 @@ pub fn compute_with_kl(
                 .map(|x| x as f32)
                 .collect();
         }
-        for (k, &m) in flat.loss_mask.iter().enumerate() {
+        for (k, &m) in row.loss_mask.iter().enumerate() {
             if m > 0 {
                 all.push(adv.tokens[k]);
             }

@@ -302,15 +302,7 @@ impl Trainer {
         let probe_rows: Vec<Row> = batch
             .episodes
             .iter()
-            .map(|e| {
-                let f = e.trajectory.flatten(r.train_on_forced);
-                Row::new(
-                    e.trajectory.prompt_ids.clone(),
-                    f.ids,
-                    f.loss_mask,
-                    f.turn_id,
-                )
-            })
+            .map(|e| Row::from_trajectory(&e.trajectory, r.train_on_forced))
             .collect();
 
         // Critic values of the states before each response token.

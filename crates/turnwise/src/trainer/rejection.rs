@@ -290,16 +290,8 @@ impl Trainer {
     /// The supervised row of an episode: the whole response, loss on the sampled agent tokens
     /// only (`None` when there is none).
     fn training_row(&self, ep: &Episode) -> Option<Row> {
-        let f = ep.trajectory.flatten(self.config.rollout.train_on_forced);
-        if !f.loss_mask.contains(&1) {
-            return None;
-        }
-        Some(Row::new(
-            ep.trajectory.prompt_ids.clone(),
-            f.ids,
-            f.loss_mask,
-            f.turn_id,
-        ))
+        let row = Row::from_trajectory(&ep.trajectory, self.config.rollout.train_on_forced);
+        row.loss_mask.contains(&1).then_some(row)
     }
 }
 

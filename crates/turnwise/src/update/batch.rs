@@ -27,6 +27,16 @@ pub struct Row {
 }
 
 impl Row {
+    /// The training row of a trajectory: its prompt, its flattened response, the loss mask
+    /// (forced tokens trained on only with `train_on_forced`) and the turn ids.
+    pub fn from_trajectory(
+        t: &turnwise_core::trajectory::Trajectory,
+        train_on_forced: bool,
+    ) -> Self {
+        let f = t.flatten(train_on_forced);
+        Self::new(t.prompt_ids.clone(), f.ids, f.loss_mask, f.turn_id)
+    }
+
     /// A row with every per-token field zero / unit except the mask and turn ids.
     pub fn new(
         prompt: Vec<u32>,
