@@ -279,7 +279,7 @@ pub enum DataCommand {
         #[arg(long, default_value_t = 0.0)]
         confusability: f64,
         /// Agent format of the oracle demonstrations (demonstrations.jsonl, for
-        /// `sft.demonstrations`): search_r1, boxed or t2po.
+        /// `sft.demonstrations`): search_r1, boxed, t2po or verifiers.
         #[arg(long, default_value = "search_r1")]
         format: String,
     },
@@ -562,7 +562,10 @@ pub fn run(cli: Cli) -> Result<()> {
                 "search_r1" => AgentFormatName::SearchR1,
                 "boxed" => AgentFormatName::Boxed,
                 "t2po" => AgentFormatName::T2po,
-                other => bail!("--format must be search_r1, boxed or t2po, got {other:?}"),
+                "verifiers" => AgentFormatName::Verifiers,
+                other => {
+                    bail!("--format must be search_r1, boxed, t2po or verifiers, got {other:?}")
+                }
             };
             let task_config = TaskConfig {
                 world: WorldConfig {

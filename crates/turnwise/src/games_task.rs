@@ -52,7 +52,7 @@ fn rules(kind: TaskEnv) -> &'static str {
              move inside <action> </action>: up, down, left or right (up is one row towards \
              the top). Rows of the board are separated by |."
         }
-        TaskEnv::Search => "",
+        TaskEnv::Search | TaskEnv::TwoTurn => "",
     }
 }
 
@@ -85,7 +85,9 @@ impl GameEnv {
                 max_steps: max_turns,
                 ..SokobanConfig::default()
             })?),
-            TaskEnv::Search => bail!("task.env = \"search\" is not a game"),
+            TaskEnv::Search | TaskEnv::TwoTurn => {
+                bail!("task.env = \"{}\" is not a game", kind.name())
+            }
         };
         Ok(Self { game })
     }
@@ -317,6 +319,7 @@ pub fn game_reward(ep: &Episode) -> RewardOutput {
         turn_rewards: Vec::new(),
         em: f64::from(u8::from(ep.won)),
         format_ok: bad == 0 && !turns.is_empty(),
+        parts: Vec::new(),
         reason: match (bad, turns.is_empty()) {
             (_, true) => "no turn".to_owned(),
             (0, false) => String::new(),

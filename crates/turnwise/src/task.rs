@@ -20,6 +20,19 @@ use crate::prompt::{PromptTemplate, Prompter};
 /// Tags beyond the model crate's defaults that must be single tokens (T2PO's action block).
 pub const EXTRA_SPECIAL_TOKENS: &[&str] = &["<action>", "</action>"];
 
+/// The tags and tool-call pieces of the verifiers format, single tokens of a fresh tokenizer when
+/// `task.format = "verifiers"` (so other formats' vocabularies are unchanged): the word-level
+/// tokenizer would split the JSON call at every punctuation mark and decode it with spaces
+/// inside its keys ([`turnwise_core::grammar::verifiers::TOOL_CALL_OPEN`]).
+pub const VERIFIERS_SPECIAL_TOKENS: &[&str] = &[
+    "<reasoning>",
+    "</reasoning>",
+    "<tool>",
+    "</tool>",
+    turnwise_core::grammar::verifiers::TOOL_CALL_OPEN,
+    turnwise_core::grammar::verifiers::TOOL_CALL_CLOSE,
+];
+
 /// The opening of the boxed format's answer, a single token of a fresh tokenizer when
 /// `task.format = "boxed"`. The word-level tokenizer splits text at punctuation and decodes
 /// with spaces between tokens, so `\boxed{Paris}` would come back as `\ boxed { Paris }`,
@@ -35,6 +48,7 @@ impl AgentFormatName {
             AgentFormatName::SearchR1 => Format::SearchR1,
             AgentFormatName::Boxed => Format::Boxed,
             AgentFormatName::T2po => Format::T2po,
+            AgentFormatName::Verifiers => Format::Verifiers,
         }
     }
 
@@ -44,6 +58,7 @@ impl AgentFormatName {
             AgentFormatName::SearchR1 => AgentFormat::SearchR1,
             AgentFormatName::Boxed => AgentFormat::Boxed,
             AgentFormatName::T2po => AgentFormat::T2po,
+            AgentFormatName::Verifiers => AgentFormat::Verifiers,
         }
     }
 }
@@ -472,14 +487,15 @@ impl WorldTask {
                 .iter()
                 .flat_map(|d| d.segments.iter().map(|(s, _)| s.clone())),
         );
-        let boxed: &[&str] = match self.config.format {
+        let format_tokens: &[&str] = match self.config.format {
             AgentFormatName::Boxed => &[BOXED_OPEN_TOKEN],
+            AgentFormatName::Verifiers => VERIFIERS_SPECIAL_TOKENS,
             AgentFormatName::SearchR1 | AgentFormatName::T2po => &[],
         };
         let specials: Vec<&str> = DEFAULT_SPECIAL_TOKENS
             .iter()
             .chain(EXTRA_SPECIAL_TOKENS)
-            .chain(boxed)
+            .chain(format_tokens)
             .copied()
             .collect();
         if vocab_size <= specials.len() {
@@ -519,6 +535,7 @@ pub fn encode_demo(tok: &TextTokenizer, demo: &Demonstration) -> Result<EncodedD
 pub fn stop_token_ids(tok: &TextTokenizer, format: AgentFormatName) -> Vec<u32> {
     let tags: &[&str] = match format {
         AgentFormatName::T2po => &["</action>"],
+        AgentFormatName::Verifiers => &["</tool>", "</answer>"],
         AgentFormatName::SearchR1 | AgentFormatName::Boxed => &["</search>", "</answer>"],
     };
     tags.iter()

@@ -9,6 +9,7 @@
 //! | [`Format::SearchR1`] (Search-R1, MT-PPO, ST-PPO, Tree-GRPO) | `<think>` `<search>` | `<information>…</information>` | `<answer>…</answer>` |
 //! | [`Format::Boxed`] (A2TGPO, AT2PO) | `<think>` `<search>` | ` <result>\n…\n</result>` | `<answer>…\boxed{X}…</answer>` |
 //! | [`Format::T2po`] (T2PO, GiGPO / verl-agent) | `<think>…</think><action>…</action>` | next prompt | `<answer>` inside the action |
+//! | [`Format::Verifiers`] (MT-GRPO two-turn, verifiers) | `<reasoning>` `<tool>{json}</tool>` | ` <result>\n…\n</result>` | `<answer>…</answer>` |
 //!
 //! The module has two layers:
 //!
@@ -31,10 +32,11 @@ pub mod mt_ppo;
 pub mod scan;
 pub mod search_r1;
 pub mod t2po;
+pub mod verifiers;
 
 use serde::{Deserialize, Serialize};
 
-/// The three agent output formats of spec §1.3.
+/// The agent output formats: the three of spec §1.3 and the verifiers tool format of spec §2.5.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Format {
@@ -47,11 +49,20 @@ pub enum Format {
     /// T2PO / GiGPO (verl-agent): `<think>…</think><action>…</action>` per step sample; in the
     /// search environment the action holds one `<search>` or `<answer>` block.
     T2po,
+    /// MT-GRPO's two-turn task (turn-level-rewards.md App. E, verifiers):
+    /// `<reasoning>…</reasoning>` then `<tool>{"name": …, "args": …}</tool>` or
+    /// `<answer>…</answer>`; tool output ` <result>\n…\n</result>` ([`verifiers`]).
+    Verifiers,
 }
 
 impl Format {
     /// Every format, in declaration order.
-    pub const ALL: [Format; 3] = [Format::SearchR1, Format::Boxed, Format::T2po];
+    pub const ALL: [Format; 4] = [
+        Format::SearchR1,
+        Format::Boxed,
+        Format::T2po,
+        Format::Verifiers,
+    ];
 
     /// The name used in configs (`"search_r1"`, `"boxed"`, `"t2po"`).
     pub fn name(self) -> &'static str {
@@ -59,6 +70,7 @@ impl Format {
             Format::SearchR1 => "search_r1",
             Format::Boxed => "boxed",
             Format::T2po => "t2po",
+            Format::Verifiers => "verifiers",
         }
     }
 
@@ -71,6 +83,7 @@ impl Format {
             Format::SearchR1 => &search_r1::STOP_STRINGS,
             Format::Boxed => &boxed::STOP_STRINGS,
             Format::T2po => &t2po::STOP_STRINGS,
+            Format::Verifiers => &verifiers::STOP_STRINGS,
         }
     }
 }
@@ -83,7 +96,7 @@ impl std::fmt::Display for Format {
 
 /// Error of [`Format::from_str`](std::str::FromStr::from_str).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown agent format {0:?}; known formats: search_r1, boxed, t2po")]
+#[error("unknown agent format {0:?}; known formats: search_r1, boxed, t2po, verifiers")]
 pub struct UnknownFormat(pub String);
 
 impl std::str::FromStr for Format {
@@ -183,6 +196,10 @@ pub mod rules {
     pub const T2PO_RELAXED: &str = "t2po_relaxed";
     /// verl-agent `search_projection` validity (`is_action_valid`, spec §2.6).
     pub const ACTION_VALID: &str = "action_valid";
+    /// A complete `<reasoning>…</reasoning>` block precedes the action (verifiers format).
+    pub const REASONING: &str = "reasoning";
+    /// The `<tool>` call is JSON naming a known tool with its arguments (verifiers format).
+    pub const TOOL_CALL: &str = "tool_call";
 }
 
 /// Outcome of one named format check.
@@ -265,11 +282,13 @@ pub struct ParsedTurn {
 /// - [`Format::Boxed`]: [`boxed::parse_turn`] (AT2PO: last `<search>` query, empty = invalid).
 /// - [`Format::T2po`]: [`t2po::parse_turn`] (V_strict with [`t2po::TargetScript::English`],
 ///   relaxed `<action>`, verl-agent projection).
+/// - [`Format::Verifiers`]: [`verifiers::parse_turn`] (verifiers `XMLParser` and `ToolEnv`).
 pub fn parse_turn(format: Format, text: &str) -> ParsedTurn {
     match format {
         Format::SearchR1 => search_r1::parse_turn(text),
         Format::Boxed => boxed::parse_turn(text),
         Format::T2po => t2po::parse_turn(text, t2po::TargetScript::default()),
+        Format::Verifiers => verifiers::parse_turn(text),
     }
 }
 

@@ -165,7 +165,7 @@ impl<'a> RewardInput<'a> {
     pub fn answer(&self, format: Format, rule: AnswerRule) -> Option<&'a str> {
         match format {
             Format::Boxed => boxed::extract_boxed(self.first_answer_block()?),
-            Format::SearchR1 | Format::T2po => self.last_answer_block(rule),
+            Format::SearchR1 | Format::T2po | Format::Verifiers => self.last_answer_block(rule),
         }
     }
 }

@@ -74,6 +74,9 @@ pub struct RewardOutput {
     pub format_ok: bool,
     /// Why the format was rejected, empty otherwise.
     pub reason: String,
+    /// The named components of a reward made of several (the two-turn rubrics), for the
+    /// training metrics (`reward/{name}`); empty for single-part rewards.
+    pub parts: Vec<(&'static str, f64)>,
 }
 
 impl RewardOutput {
@@ -84,6 +87,7 @@ impl RewardOutput {
             em: s.em,
             format_ok: s.format_violation.is_none(),
             reason: s.format_violation.map(|v| v.reason).unwrap_or_default(),
+            parts: Vec::new(),
         }
     }
 }
@@ -131,10 +135,16 @@ pub struct IgpoConfig {
     pub metric: IgpoMetric,
 }
 
-/// Settings of `mt_grpo_two_turn` (none; the weights are fixed by the reference rubrics).
+/// Settings of `mt_grpo_two_turn` (the rubric weights are fixed by the reference rubrics).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TwoTurnConfig {}
+#[serde(default, deny_unknown_fields)]
+pub struct TwoTurnConfig {
+    /// The episode score is the outcome total (false, the default: MT-GRPO and the paper's
+    /// outcome-only baseline GRPO-OR) or the turn-level plus outcome total (true: the paper's
+    /// merged-reward baseline GRPO-MR, turn-level-rewards.md App. E.3). The turn rewards are
+    /// `[turn-level total, outcome total]` either way.
+    pub merge_turn_rewards: bool,
+}
 
 /// A reward, named as in presets. Serialized as a table with a `name` field and the
 /// settings (`{"name": "boxed_em", "format_failure": 0.0}`); a bare string (`"boxed_em"`)
@@ -276,7 +286,7 @@ impl RewardConfig {
     /// `em`/`sub_em`/`f1` read their own `format` setting (Search-R1 and T2PO share the plain
     /// `<answer>` block). Configs check it against the task's format.
     pub fn reads_format(&self, format: Format) -> bool {
-        let plain = matches!(format, Format::SearchR1 | Format::T2po);
+        let plain = matches!(format, Format::SearchR1 | Format::T2po | Format::Verifiers);
         match self {
             RewardConfig::BoxedEm(_) | RewardConfig::DeepResearchF1(_) => format == Format::Boxed,
             RewardConfig::SearchR1Format(_) | RewardConfig::MtPpoTurn(_) => {
@@ -286,10 +296,10 @@ impl RewardConfig {
             RewardConfig::SearchR1Em(_) | RewardConfig::IgpoF1(_) => plain,
             RewardConfig::Em(c) | RewardConfig::SubEm(c) | RewardConfig::F1(c) => match c.format {
                 Format::Boxed => format == Format::Boxed,
-                Format::SearchR1 | Format::T2po => plain,
+                Format::SearchR1 | Format::T2po | Format::Verifiers => plain,
             },
-            // The verifiers rubric reads its own chat fields, none of the three formats.
-            RewardConfig::MtGrpoTwoTurn(_) => true,
+            // The verifiers rubric reads `<reasoning>`, `<tool>`, `<result>` and `<answer>`.
+            RewardConfig::MtGrpoTwoTurn(_) => format == Format::Verifiers,
         }
     }
 
@@ -326,6 +336,7 @@ impl RewardConfig {
                 } else {
                     "the agent wrote no <answer> block".to_owned()
                 },
+                parts: Vec::new(),
             }
         };
         Ok(match self {
@@ -365,9 +376,10 @@ impl RewardConfig {
                     em,
                     format_ok: violation.is_none(),
                     reason: violation.map(|v| v.reason).unwrap_or_default(),
+                    parts: Vec::new(),
                 }
             }
-            RewardConfig::MtGrpoTwoTurn(_) => {
+            RewardConfig::MtGrpoTwoTurn(c) => {
                 let mut msgs = Vec::with_capacity(2 * input.turns().len());
                 for t in input.turns() {
                     msgs.push(two_turn::Message {
@@ -383,13 +395,25 @@ impl RewardConfig {
                 }
                 let r = two_turn::TwoTurnRewards::compute(&msgs, golds);
                 RewardOutput {
-                    score: r.outcome_total(),
+                    score: if c.merge_turn_rewards {
+                        r.turn_total() + r.outcome_total()
+                    } else {
+                        r.outcome_total()
+                    },
                     turn_rewards: vec![r.turn_total(), r.outcome_total()],
                     em: r.exact_match,
                     // No binary format rule here: "ok" = maximal XML tag usage (every
                     // assistant message uses each of its tags exactly once).
                     format_ok: (r.xml_tag_usage - 0.2).abs() < 1e-12,
                     reason: String::new(),
+                    parts: vec![
+                        ("tool_execution", r.tool_execution),
+                        ("search_result_presence", r.search_result_presence),
+                        ("final_answer_presence", r.final_answer_presence),
+                        ("exact_match", r.exact_match),
+                        ("xml_tag_usage", r.xml_tag_usage),
+                        ("format", r.format),
+                    ],
                 }
             }
             RewardConfig::T2poEm(c) => {
@@ -409,6 +433,7 @@ impl RewardConfig {
                         .first_failure()
                         .map(|v| v.reason.clone())
                         .unwrap_or_default(),
+                    parts: Vec::new(),
                 }
             }
             RewardConfig::Em(c) => metric(c, em::<String>),
@@ -436,6 +461,7 @@ impl RewardConfig {
                     } else {
                         "the agent wrote no <answer> block".to_owned()
                     },
+                    parts: Vec::new(),
                 }
             }
         })

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use turnwise_core::grammar::{Action, Format, parse_turn, search_r1};
+use turnwise_core::grammar::{Action, Format, parse_turn, search_r1, verifiers};
 use turnwise_core::reward::em;
 
 use super::{EnvError, Environment, Observation, StepInfo, StepResult, Task};
@@ -128,7 +128,7 @@ impl Environment for SearchEnv {
             None => TextBudget::Unlimited,
         };
         let style = match format {
-            Format::Boxed => ObservationStyle::Result,
+            Format::Boxed | Format::Verifiers => ObservationStyle::Result,
             Format::SearchR1 | Format::T2po => ObservationStyle::SearchR1,
         };
         let e = self
@@ -194,7 +194,11 @@ impl Environment for SearchEnv {
             Action::Invalid { reason } => {
                 info.valid_action = false;
                 info.feedback = Some(reason.clone());
-                search_r1::INVALID_ACTION_FEEDBACK.to_owned()
+                match format {
+                    // A failed tool call is answered inside <result> with an `Error:` text.
+                    Format::Verifiers => verifiers::invalid_observation(action_text, reason),
+                    _ => search_r1::INVALID_ACTION_FEEDBACK.to_owned(),
+                }
             }
         };
         if !e.done && e.steps >= max_turns {

@@ -29,13 +29,16 @@ pub enum AgentFormat {
     /// T2PO / GiGPO: `<think>…</think><action><search>q</search></action>` and
     /// `<think>…</think><action><answer>a</answer></action>`; observations as Search-R1's.
     T2po,
+    /// MT-GRPO's two-turn task (verifiers): `<reasoning>…</reasoning>\n<tool>{json}</tool>`
+    /// and `<reasoning>…</reasoning>\n<answer>a</answer>`; observations as the boxed format's.
+    Verifiers,
 }
 
 impl AgentFormat {
     /// How this format wraps retrieved passages.
     pub fn observation_style(self) -> ObservationStyle {
         match self {
-            AgentFormat::Boxed => ObservationStyle::Result,
+            AgentFormat::Boxed | AgentFormat::Verifiers => ObservationStyle::Result,
             AgentFormat::SearchR1 | AgentFormat::T2po => ObservationStyle::SearchR1,
         }
     }
@@ -43,6 +46,9 @@ impl AgentFormat {
     /// The text the agent writes for one turn.
     pub fn render_action(self, think: &str, action: &Action) -> String {
         let inner = match (self, action) {
+            (AgentFormat::Verifiers, Action::Search(q)) => {
+                turnwise_core::grammar::verifiers::tool_call(q)
+            }
             (_, Action::Search(q)) => format!("<search>{q}</search>"),
             (AgentFormat::Boxed, Action::Answer(a)) => format!("<answer>\\boxed{{{a}}}</answer>"),
             (_, Action::Answer(a)) => format!("<answer>{a}</answer>"),
@@ -52,6 +58,7 @@ impl AgentFormat {
             AgentFormat::SearchR1 | AgentFormat::Boxed => {
                 format!("<think>{think}</think>\n{inner}")
             }
+            AgentFormat::Verifiers => format!("<reasoning>{think}</reasoning>\n{inner}"),
         }
     }
 }

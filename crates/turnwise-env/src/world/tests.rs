@@ -342,7 +342,12 @@ fn oracle_without_noise_answers_everything_and_noise_lowers_em() {
         }
         (correct as f64 / w.questions.len() as f64, transcripts)
     };
-    for format in [AgentFormat::SearchR1, AgentFormat::Boxed, AgentFormat::T2po] {
+    for format in [
+        AgentFormat::SearchR1,
+        AgentFormat::Boxed,
+        AgentFormat::T2po,
+        AgentFormat::Verifiers,
+    ] {
         let (score, ts) = em(OracleConfig {
             format,
             ..OracleConfig::default()
@@ -373,6 +378,31 @@ fn oracle_without_noise_answers_everything_and_noise_lowers_em() {
             AgentFormat::T2po => {
                 assert!(text.contains("</think><action><search>"), "{text}");
                 assert!(text.ends_with("</answer></action>"), "{text}");
+            }
+            AgentFormat::Verifiers => {
+                assert!(
+                    text.starts_with("<reasoning>I need to search for "),
+                    "{text}"
+                );
+                assert!(
+                    text.contains("\"}}</tool> <result>\nDoc 1(Title: "),
+                    "{text}"
+                );
+                assert!(text.ends_with("</answer>"), "{text}");
+                // Every tool call parses back to its query.
+                for turn in &ts.last().unwrap().turns {
+                    if let super::oracle::Action::Search(q) = &turn.action {
+                        let call = format.render_action(&turn.think, &turn.action);
+                        assert_eq!(
+                            turnwise_core::grammar::parse_turn(
+                                turnwise_core::grammar::Format::Verifiers,
+                                &call
+                            )
+                            .action,
+                            turnwise_core::grammar::Action::Search { query: q.clone() }
+                        );
+                    }
+                }
             }
         }
         let segs = ts[0].segments();

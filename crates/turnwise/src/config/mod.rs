@@ -79,6 +79,9 @@ pub enum AgentFormatName {
     Boxed,
     /// T2PO `<think>…</think><action>…</action>`.
     T2po,
+    /// MT-GRPO's two-turn task (verifiers): `<reasoning>`, a JSON `<tool>` call answered in
+    /// `<result>`, `<answer>`.
+    Verifiers,
 }
 
 /// The environment episodes run in (`task.env`).
@@ -92,21 +95,55 @@ pub enum TaskEnv {
     FrozenLake,
     /// Sokoban: push every box onto a target (`task.game`).
     Sokoban,
+    /// MT-GRPO's two-turn search task (turn-level-rewards.md App. E): the search world's
+    /// one-hop questions, exactly one search turn and one answer turn, in the verifiers format,
+    /// scored by the verifiable turn and outcome rubrics (`mt_grpo_two_turn`).
+    TwoTurn,
 }
 
 impl TaskEnv {
-    /// The name configs use (`"search"`, `"frozen_lake"`, `"sokoban"`).
+    /// Every environment.
+    pub const ALL: [TaskEnv; 4] = [
+        TaskEnv::Search,
+        TaskEnv::FrozenLake,
+        TaskEnv::Sokoban,
+        TaskEnv::TwoTurn,
+    ];
+
+    /// The name configs use (`"search"`, `"frozen_lake"`, `"sokoban"`, `"two_turn"`).
     pub fn name(self) -> &'static str {
         match self {
             TaskEnv::Search => "search",
             TaskEnv::FrozenLake => "frozen_lake",
             TaskEnv::Sokoban => "sokoban",
+            TaskEnv::TwoTurn => "two_turn",
         }
     }
 
     /// Whether this is a text game (FrozenLake, Sokoban).
     pub fn is_game(self) -> bool {
-        self != TaskEnv::Search
+        matches!(self, TaskEnv::FrozenLake | TaskEnv::Sokoban)
+    }
+
+    /// What choosing this environment sets, as `key=value` overrides applied over the preset
+    /// and under the user's config file and `--set`s (which may change them where the
+    /// environment allows): games play T2PO-format moves and are scored by their return;
+    /// the two-turn task is the verifiers format with one search and one answer turn on
+    /// one-hop questions, scored by the two-turn rubrics.
+    pub fn overrides(self) -> &'static [&'static str] {
+        match self {
+            TaskEnv::Search => &[],
+            TaskEnv::FrozenLake | TaskEnv::Sokoban => {
+                &["task.format=\"t2po\"", "reward.name=\"em\""]
+            }
+            TaskEnv::TwoTurn => &[
+                "task.format=\"verifiers\"",
+                "reward.name=\"mt_grpo_two_turn\"",
+                "task.max_turns=2",
+                "task.max_tool_calls=1",
+                "task.world.questions.hop_weights=[1.0, 0.0, 0.0, 0.0]",
+            ],
+        }
     }
 }
 
@@ -916,7 +953,33 @@ impl TrainConfig {
         file: Option<&Path>,
         sets: &[String],
     ) -> Result<Self, ConfigError> {
+        // The environment decides a layer between the preset and the user's settings, and the
+        // user's settings may choose the environment: merge once to learn it.
+        let first = Self::layers(preset, file, sets, None)?;
+        let env = match first.get("task").and_then(|t| t.get("env")) {
+            None => TaskEnv::Search,
+            Some(v) => v.clone().try_into().map_err(|_| ConfigError::Field {
+                field: "task.env".into(),
+                message: format!(
+                    "unknown environment {v}; known: {}",
+                    TaskEnv::ALL.map(TaskEnv::name).join(", ")
+                ),
+            })?,
+        };
+        Self::from_table(Self::layers(preset, file, sets, Some(env))?)
+    }
+
+    /// The merged TOML of the layers, lowest first: the preset (with the quickstart's
+    /// overrides), then for `env` its [`TaskEnv::overrides`] and the preset's own
+    /// `[for_env.<env>]` table, then `file`, then `sets`.
+    fn layers(
+        preset: Option<&str>,
+        file: Option<&Path>,
+        sets: &[String],
+        env: Option<TaskEnv>,
+    ) -> Result<toml::Table, ConfigError> {
         let mut doc = toml::Table::new();
+        let mut for_env = toml::Table::new();
         if let Some(name) = preset {
             let base = if name == presets::QUICKSTART {
                 presets::QUICKSTART_BASE
@@ -924,13 +987,27 @@ impl TrainConfig {
                 name
             };
             let text = presets::get(base)?;
-            merge(&mut doc, parse_table(text, &format!("preset {base}"))?);
+            let mut table = parse_table(text, &format!("preset {base}"))?;
+            if let Some(v) = table.remove(presets::FOR_ENV) {
+                for_env = presets::for_env_table(base, v)?;
+            }
+            merge(&mut doc, table);
             // The run records the preset it was made from (a file or `--set preset=…` may
             // still rename it).
             doc.insert("preset".into(), toml::Value::String(name.to_string()));
             if name == presets::QUICKSTART {
                 for arg in presets::QUICKSTART_OVERRIDES {
                     apply_override(&mut doc, arg)?;
+                }
+            }
+        }
+        if let Some(env) = env {
+            for arg in env.overrides() {
+                apply_override(&mut doc, arg)?;
+            }
+            if let Some(toml::Value::Table(t)) = for_env.remove(env.name()) {
+                for arg in presets::flatten_overrides(&t) {
+                    apply_override(&mut doc, &arg)?;
                 }
             }
         }
@@ -951,11 +1028,18 @@ impl TrainConfig {
         // Paths given with `--set` are relative to the working directory. Every path is stored
         // absolute, so `resume` and `eval` work from any directory.
         absolutize_paths(&mut doc, Path::new(""))?;
-        Self::from_table(doc)
+        Ok(doc)
     }
 
     /// Deserializes a resolved TOML table, naming the offending field on error.
     pub fn from_table(doc: toml::Table) -> Result<Self, ConfigError> {
+        let cfg = Self::deserialize_table(doc)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// [`TrainConfig::from_table`] without [`TrainConfig::validate`].
+    fn deserialize_table(doc: toml::Table) -> Result<Self, ConfigError> {
         let text = toml::to_string(&doc).map_err(|e| ConfigError::Parse {
             source_name: "resolved config".into(),
             message: e.to_string(),
@@ -969,7 +1053,6 @@ impl TrainConfig {
                 field: e.path().to_string(),
                 message: first_line(&e.inner().to_string()),
             })?;
-        cfg.validate()?;
         Ok(cfg)
     }
 
@@ -1023,6 +1106,7 @@ impl TrainConfig {
             return bad("task.max_turns", "must be at least 1".into());
         }
         self.validate_game()?;
+        self.validate_two_turn()?;
         if self.task.topk == 0 {
             return bad("task.topk", "must be at least 1".into());
         }
@@ -1247,6 +1331,50 @@ impl TrainConfig {
 
     /// Checks the tree shape of tree strategies, and that `rollout.group_size` equals the leaves
     /// per prompt it produces (the trainer groups episodes by prompt with that size).
+    /// `task.env = "two_turn"`: the verifiers format, exactly one search turn and one answer
+    /// turn (turn-level-rewards.md App. E).
+    fn validate_two_turn(&self) -> Result<(), ConfigError> {
+        let bad = |field, message: String| Err(ConfigError::Invalid { field, message });
+        let t = &self.task;
+        if t.format == AgentFormatName::Verifiers && self.rollout.tti.enabled {
+            return bad(
+                "rollout.tti.enabled",
+                "T2PO's thinking intervention ends <think> spans; the verifiers format has none"
+                    .into(),
+            );
+        }
+        if t.env != TaskEnv::TwoTurn {
+            return Ok(());
+        }
+        if t.format != AgentFormatName::Verifiers {
+            return bad(
+                "task.format",
+                "task.env = \"two_turn\" is played in the verifiers format (<reasoning>, \
+                 <tool>, <result>, <answer>): set task.format = \"verifiers\" or leave it unset"
+                    .into(),
+            );
+        }
+        if t.max_turns != 2 {
+            return bad(
+                "task.max_turns",
+                format!(
+                    "task.env = \"two_turn\" has exactly two turns (one search, one answer), got \
+                     {}",
+                    t.max_turns
+                ),
+            );
+        }
+        if t.max_tool_calls != Some(1) {
+            return bad(
+                "task.max_tool_calls",
+                "task.env = \"two_turn\" allows exactly one tool call: set it to 1 or leave it \
+                 unset"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
     /// `task.env` and `[task.game]`: games play T2PO-format actions, need their maps and do
     /// not read Search-R1 files.
     fn validate_game(&self) -> Result<(), ConfigError> {
@@ -1326,7 +1454,7 @@ impl TrainConfig {
                     );
                 }
             }
-            TaskEnv::Search => {}
+            TaskEnv::Search | TaskEnv::TwoTurn => {}
         }
         Ok(())
     }

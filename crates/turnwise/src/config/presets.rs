@@ -31,6 +31,54 @@ pub const PRESETS: &[(&str, &str)] = &[
     ("t2po", include_str!("../../../../presets/t2po.toml")),
 ];
 
+/// The table of a preset that holds its settings per environment: `[for_env.two_turn]` is
+/// applied over the environment's own settings when `task.env = "two_turn"` (see
+/// [`super::TaskEnv::overrides`]), and under the user's file and `--set`s.
+pub const FOR_ENV: &str = "for_env";
+
+/// The `[for_env]` table of preset `preset`, checked to name known environments only.
+pub fn for_env_table(preset: &str, value: toml::Value) -> Result<toml::Table, ConfigError> {
+    let bad = |message: String| ConfigError::Invalid {
+        field: "for_env",
+        message: format!("preset {preset}: {message}"),
+    };
+    let toml::Value::Table(t) = value else {
+        return Err(bad("must be a table of environments".into()));
+    };
+    for (env, v) in &t {
+        if !super::TaskEnv::ALL.iter().any(|e| e.name() == env) {
+            return Err(bad(format!("unknown environment {env:?}")));
+        }
+        if !v.is_table() {
+            return Err(bad(format!("[for_env.{env}] must be a table")));
+        }
+    }
+    Ok(t)
+}
+
+/// A table of settings as `key=value` overrides, leaves in order, with each table's `name` and
+/// `estimator` first (setting those resets the table, see [`super::apply_override`]).
+pub fn flatten_overrides(table: &toml::Table) -> Vec<String> {
+    fn walk(prefix: &str, table: &toml::Table, out: &mut Vec<String>) {
+        let mut keys: Vec<&String> = table.keys().collect();
+        keys.sort_by_key(|k| !matches!(k.as_str(), "name" | "estimator"));
+        for k in keys {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match &table[k] {
+                toml::Value::Table(t) => walk(&key, t, out),
+                v => out.push(format!("{key}={v}")),
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk("", table, &mut out);
+    out
+}
+
 /// The TOML text of preset `name`.
 pub fn get(name: &str) -> Result<&'static str, ConfigError> {
     PRESETS

@@ -1,4 +1,5 @@
 use super::*;
+use turnwise_core::advantage::Estimator;
 
 #[test]
 fn every_preset_resolves_and_validates() {
@@ -434,44 +435,111 @@ fn numeric_settings_are_range_checked_under_their_key() {
 }
 
 #[test]
-fn task_env_selects_a_game_and_games_need_the_t2po_format() {
-    let resolve = |sets: &[&str]| {
+fn task_env_selects_a_game_with_its_format_and_reward() {
+    let resolve_with = |preset: &str, sets: &[&str]| {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        TrainConfig::resolve(Some("gigpo"), None, &sets)
+        TrainConfig::resolve(Some(preset), None, &sets)
     };
+    let resolve = |sets: &[&str]| resolve_with("gigpo", sets);
     assert_eq!(resolve(&[]).unwrap().task.env, TaskEnv::Search);
-    let cfg = resolve(&["task.env=\"sokoban\"", "task.format=\"t2po\""]).unwrap();
-    assert_eq!(cfg.task.env, TaskEnv::Sokoban);
-    let e = resolve(&["task.env=\"frozen_lake\""])
+    // The environment sets the T2PO format and the plain outcome, over any preset's.
+    for preset in ["gigpo", "grpo", "t2po"] {
+        let cfg = resolve_with(preset, &["task.env=\"sokoban\""]).unwrap();
+        assert_eq!(cfg.task.env, TaskEnv::Sokoban);
+        assert_eq!(cfg.task.format, AgentFormatName::T2po, "{preset}");
+        assert_eq!(cfg.reward.name(), "em", "{preset}");
+    }
+    // What the user sets wins, and is checked.
+    let e = resolve(&["task.env=\"frozen_lake\"", "task.format=\"boxed\""])
         .unwrap_err()
         .to_string();
     assert!(e.contains("task.format") && e.contains("t2po"), "{e}");
     let e = resolve(&["task.env=\"chess\""]).unwrap_err().to_string();
-    assert!(e.contains("task.env") || e.contains("chess"), "{e}");
-    let e = resolve(&[
-        "task.env=\"frozen_lake\"",
-        "task.format=\"t2po\"",
-        "task.game.hole_prob=1.0",
-    ])
-    .unwrap_err()
-    .to_string();
+    assert!(e.contains("task.env") && e.contains("chess"), "{e}");
+    let e = resolve(&["task.env=\"frozen_lake\"", "task.game.hole_prob=1.0"])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("task.game.hole_prob"), "{e}");
-    // The t2po preset's reward scores search actions; a game needs the plain outcome.
-    let e = TrainConfig::resolve(
-        Some("t2po"),
-        None,
-        &["task.env=\"frozen_lake\"".to_string()],
+    // The t2po reward scores search actions; a game needs the plain outcome.
+    let e = resolve_with(
+        "t2po",
+        &["task.env=\"frozen_lake\"", "reward.name=\"t2po_em\""],
     )
     .unwrap_err()
     .to_string();
     assert!(e.contains("reward.name"), "{e}");
-    let sets: Vec<String> = [
-        "task.env=\"frozen_lake\"",
-        "reward.name=\"em\"",
-        "advantage.invalid_action_penalty=0.1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    TrainConfig::resolve(Some("t2po"), None, &sets).unwrap();
+    // An environment chosen in a config file works the same.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.toml");
+    std::fs::write(&file, "[task]\nenv = \"frozen_lake\"\n").unwrap();
+    let cfg = TrainConfig::resolve(Some("grpo"), Some(&file), &[]).unwrap();
+    assert_eq!(cfg.task.format, AgentFormatName::T2po);
+}
+
+#[test]
+fn the_two_turn_task_sets_its_format_turns_rubrics_and_the_presets_credit() {
+    let resolve = |preset: &str, sets: &[&str]| {
+        let mut all = vec!["task.env=\"two_turn\"".to_string()];
+        all.extend(sets.iter().map(|s| s.to_string()));
+        TrainConfig::resolve(Some(preset), None, &all)
+    };
+    let cfg = resolve("mt-grpo", &[]).unwrap();
+    assert_eq!(cfg.task.format, AgentFormatName::Verifiers);
+    assert_eq!((cfg.task.max_turns, cfg.task.max_tool_calls), (2, Some(1)));
+    assert_eq!(cfg.task.world.questions.hop_weights, [1.0, 0.0, 0.0, 0.0]);
+    assert_eq!(cfg.reward.name(), "mt_grpo_two_turn");
+    // The mt-grpo preset's [for_env.two_turn] table: the paper's two-turn credit.
+    assert_eq!(cfg.advantage.name(), "mt_grpo_code");
+    // The paper's baselines from the same preset: GRPO-OR and GRPO-MR.
+    let or = resolve("mt-grpo", &["advantage.estimator=\"grpo\""]).unwrap();
+    assert_eq!(or.advantage.name(), "grpo");
+    assert_eq!(or.optim.ppo_epochs, cfg.optim.ppo_epochs);
+    let mr = resolve(
+        "mt-grpo",
+        &[
+            "advantage.estimator=\"grpo\"",
+            "reward.merge_turn_rewards=true",
+        ],
+    )
+    .unwrap();
+    assert!(mr.to_toml().contains("merge_turn_rewards = true"));
+    // Other presets keep their own estimator.
+    assert_eq!(resolve("grpo", &[]).unwrap().advantage.name(), "grpo");
+    // Without the environment the preset is the K-turn MT-GRPO of the search world.
+    let search = TrainConfig::resolve(Some("mt-grpo"), None, &[]).unwrap();
+    assert_eq!(search.advantage.name(), "mt_grpo");
+    assert_eq!(search.task.format, AgentFormatName::SearchR1);
+    // Two turns, one tool call, the verifiers format: each named when changed.
+    for (set, key) in [
+        ("task.max_turns=3", "task.max_turns"),
+        ("task.max_tool_calls=2", "task.max_tool_calls"),
+        ("task.format=\"search_r1\"", "task.format"),
+    ] {
+        let e = resolve("mt-grpo", &[set]).unwrap_err().to_string();
+        assert!(e.contains(key), "{set}: {e}");
+    }
+    // A reward that cannot read the verifiers format is refused.
+    let e = resolve("mt-grpo", &["reward.name=\"boxed_em\""])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("reward"), "{e}");
+}
+
+#[test]
+fn preset_env_tables_name_known_environments() {
+    let e = super::presets::for_env_table("x", toml::Value::String("y".into()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("for_env"), "{e}");
+    let t: toml::Table = toml::from_str("[chess.advantage]\nestimator = \"grpo\"").unwrap();
+    let e = super::presets::for_env_table("x", toml::Value::Table(t))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("chess"), "{e}");
+    let t: toml::Table =
+        toml::from_str("[a]\nclip = 1\nestimator = \"grpo\"\n[a.b]\nname = \"n\"").unwrap();
+    assert_eq!(
+        super::presets::flatten_overrides(&t),
+        ["a.estimator=\"grpo\"", "a.b.name=\"n\"", "a.clip=1"]
+    );
 }

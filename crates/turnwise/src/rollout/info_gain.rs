@@ -31,6 +31,10 @@ pub fn probe_suffix_text(format: AgentFormatName) -> (&'static str, &'static str
             "<think>I have found the answer.</think><action><answer>",
             "</answer></action>",
         ),
+        AgentFormatName::Verifiers => (
+            "<reasoning>I have found the answer.</reasoning>\n<answer>",
+            "</answer>",
+        ),
     }
 }
 

@@ -390,6 +390,14 @@ impl Trainer {
         metrics.insert("train/em".into(), mean(&all.ems));
         let format_ok = all.format_ok.iter().filter(|&&ok| ok).count();
         metrics.insert("train/format_ok".into(), format_ok as f64 / n);
+        // The parts of a composite reward (the two-turn rubrics), each a batch mean.
+        let mut parts: BTreeMap<&str, f64> = BTreeMap::new();
+        for (name, v) in all.reward_parts.iter().flatten() {
+            *parts.entry(name).or_default() += v / n;
+        }
+        for (name, v) in parts {
+            metrics.insert(format!("reward/{name}"), v);
+        }
         if cfg.overlong_buffer.enable {
             metrics.insert("reward/overlong_penalty/mean".into(), mean(&all.overlong));
             let hit = all.overlong.iter().filter(|&&p| p < 0.0).count();

@@ -42,6 +42,8 @@ pub struct StepBatch {
     pub ems: Vec<f64>,
     /// Whether each episode's format was valid.
     pub format_ok: Vec<bool>,
+    /// The named parts of each episode's reward (the two-turn rubrics; empty otherwise).
+    pub reward_parts: Vec<Vec<(&'static str, f64)>>,
     /// DAPO overlong penalty added to each episode's score (0 when off or short enough).
     pub overlong: Vec<f64>,
     /// Information gains (IGPO, A2TGPO).
@@ -75,6 +77,7 @@ impl StepBatch {
         self.turn_rewards.append(&mut other.turn_rewards);
         self.ems.append(&mut other.ems);
         self.format_ok.append(&mut other.format_ok);
+        self.reward_parts.append(&mut other.reward_parts);
         self.overlong.append(&mut other.overlong);
         self.info_gain = match (self.info_gain.take(), other.info_gain) {
             (Some(mut a), Some(b)) => {
@@ -118,6 +121,7 @@ impl StepBatch {
             turn_rewards: idx.iter().map(|&i| self.turn_rewards[i].clone()).collect(),
             ems: pick(&self.ems),
             format_ok: idx.iter().map(|&i| self.format_ok[i]).collect(),
+            reward_parts: idx.iter().map(|&i| self.reward_parts[i].clone()).collect(),
             overlong: pick(&self.overlong),
             info_gain: self.info_gain.as_ref().map(|ig| ProbeResult {
                 gains: idx.iter().map(|&i| ig.gains[i].clone()).collect(),
@@ -222,6 +226,7 @@ impl Trainer {
             turn_rewards: Vec::with_capacity(n),
             ems: Vec::with_capacity(n),
             format_ok: Vec::with_capacity(n),
+            reward_parts: Vec::with_capacity(n),
             overlong: Vec::with_capacity(n),
             ..StepBatch::default()
         };
@@ -234,6 +239,7 @@ impl Trainer {
                 .map_or(0.0, |c| overlong_penalty(ep.trajectory.response_len(), c));
             let score = out.score + penalty;
             batch.format_ok.push(out.format_ok);
+            batch.reward_parts.push(out.parts.clone());
             batch.ems.push(out.em);
             batch.scores.push(score);
             batch.overlong.push(penalty);
