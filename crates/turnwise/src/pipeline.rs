@@ -91,7 +91,19 @@ fn eval_line(name: &str, r: &EvalResult) -> String {
         .iter()
         .map(|(h, (e, n))| format!("{h}-hop {:.1}% (n={n})", e * 100.0))
         .collect();
-    format!(
+    // The two-turn rubrics' turn-level parts: did the tool run, and was the gold in its result.
+    let rubric = match (
+        r.reward_parts.get("tool_execution"),
+        r.reward_parts.get("search_result_presence"),
+    ) {
+        (Some(tool), Some(gold)) => format!(
+            " | tool ran {:.1}%, gold in result {:.1}%",
+            tool / 0.2 * 100.0,
+            gold / 0.5 * 100.0
+        ),
+        _ => String::new(),
+    };
+    let line = format!(
         "{name:<22} {:<10} n={:<4} | EM {:5.1}% ± {:.1} | F1 {:5.1}% | answered {:5.1}% | {:.2} searches, {:.2} turns, {:.0} tokens | {}",
         r.split,
         r.n,
@@ -103,7 +115,8 @@ fn eval_line(name: &str, r: &EvalResult) -> String {
         r.turns,
         r.agent_tokens,
         hops.join(", ")
-    )
+    );
+    line + &rubric
 }
 
 /// Runs the whole pipeline of `cfg` in a new run directory `opts.dir` (an existing run

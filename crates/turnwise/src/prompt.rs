@@ -7,6 +7,8 @@
 //!   `make_prefix`, template `base`), which tells the model about `<think>`, `<search>`,
 //!   `<information>` and `<answer>`; the question is stripped and gets a `?` when it has none, as
 //!   there;
+//! - `verifiers`: the instruction of MT-GRPO's two-turn task (turn-level-rewards.md App. E.5, in
+//!   our words): `<reasoning>`, one JSON `<tool>` call answered in `<result>`, `<answer>`;
 //! - `data`: the `prompt` field of a Search-R1 data line (a list of chat messages
 //!   `[{"role": "user", "content": ...}]`);
 //! - `custom`: a user template (`task.prompt.text`, minijinja, with `{{ question }}`).
@@ -17,8 +19,9 @@
 //! the prompt (for `data`, the messages' contents joined by newlines).
 //!
 //! `template = "auto"` (the default) picks, per question: `custom` when `text` is set, else
-//! `data` when the question has a `prompt` field, else `search_r1` when a chat template is in
-//! use (a pre-trained chat model needs the tool instructions), else `builtin`. A generated world
+//! `data` when the question has a `prompt` field, else, when a chat template is in use (a
+//! pre-trained chat model needs the tool instructions), the agent format's instruction
+//! (`verifiers` for `task.format = "verifiers"`, else `search_r1`), else `builtin`. A generated world
 //! with a fresh model therefore gets exactly the built-in prompts.
 
 use anyhow::{Context, Result, bail};
@@ -37,6 +40,8 @@ pub enum PromptTemplate {
     Builtin,
     /// Search-R1's instruction prompt ([`search_r1_prompt`]).
     SearchR1,
+    /// The two-turn task's instruction in the verifiers format ([`verifiers_prompt`]).
+    Verifiers,
     /// The `prompt` field of the data line (every question must have one).
     Data,
     /// The minijinja template of `task.prompt.text`.
@@ -50,6 +55,7 @@ impl PromptTemplate {
             Self::Auto => "auto",
             Self::Builtin => "builtin",
             Self::SearchR1 => "search_r1",
+            Self::Verifiers => "verifiers",
             Self::Data => "data",
             Self::Custom => "custom",
         }
@@ -98,7 +104,10 @@ impl PromptConfig {
             }
             (
                 Some(_),
-                t @ (PromptTemplate::Builtin | PromptTemplate::SearchR1 | PromptTemplate::Data),
+                t @ (PromptTemplate::Builtin
+                | PromptTemplate::SearchR1
+                | PromptTemplate::Verifiers
+                | PromptTemplate::Data),
             ) => {
                 return Err((
                     "task.prompt.text",
@@ -150,6 +159,23 @@ pub fn search_r1_prompt(question: &str) -> String {
     )
 }
 
+/// The instruction of the two-turn task in the verifiers format (the structure of
+/// turn-level-rewards.md App. E.5's system prompt, in our words, for our `search` tool).
+pub fn verifiers_prompt(question: &str) -> String {
+    format!(
+        "Answer the given question. You may call one tool, once. First think inside \
+         <reasoning> and </reasoning>. Then call the tool with a JSON command inside <tool> and \
+         </tool> that gives \"name\", the tool, and \"args\", its arguments. The only tool is \
+         search: it takes a \"query\" and returns the top matching passages inside <result> \
+         and </result>, for example <tool>{{\"name\": \"search\", \"args\": {{\"query\": \
+         \"capital of France\"}}}}</tool>. After the result, think again inside <reasoning> and \
+         </reasoning>, then give the short final answer inside <answer> and </answer>, for \
+         example <answer> Paris </answer>. Do not call the tool a second time; if its result \
+         does not help, answer from what you know. Question: {}\n",
+        question.trim()
+    )
+}
+
 fn render_custom(t: &ChatTemplate, question: &str) -> Result<String> {
     Ok(t.render_with(&[], false, &serde_json::json!({ "question": question }))?)
 }
@@ -157,6 +183,8 @@ fn render_custom(t: &ChatTemplate, question: &str) -> Result<String> {
 /// The resolved prompt settings of a task: renders questions into prompt text.
 pub struct Prompter {
     template: PromptTemplate,
+    /// The instruction `auto` uses with a chat template (the agent format's).
+    instruction: PromptTemplate,
     custom: Option<ChatTemplate>,
     chat: Option<ChatTemplate>,
 }
@@ -193,9 +221,21 @@ impl Prompter {
         };
         Ok(Self {
             template: config.template,
+            instruction: PromptTemplate::SearchR1,
             custom,
             chat,
         })
+    }
+
+    /// The instruction `template = "auto"` gives a chat model: the verifiers instruction for
+    /// the verifiers format (`verifiers = true`), else Search-R1's.
+    pub fn with_verifiers_instruction(mut self, verifiers: bool) -> Self {
+        self.instruction = if verifiers {
+            PromptTemplate::Verifiers
+        } else {
+            PromptTemplate::SearchR1
+        };
+        self
     }
 
     /// Whether messages go through a chat template.
@@ -209,7 +249,7 @@ impl Prompter {
         match self.template {
             PromptTemplate::Auto if self.custom.is_some() => PromptTemplate::Custom,
             PromptTemplate::Auto if has_data => PromptTemplate::Data,
-            PromptTemplate::Auto if self.chat.is_some() => PromptTemplate::SearchR1,
+            PromptTemplate::Auto if self.chat.is_some() => self.instruction,
             PromptTemplate::Auto => PromptTemplate::Builtin,
             t => t,
         }
@@ -247,6 +287,7 @@ impl Prompter {
             )
             .context("rendering task.prompt.text")?,
             PromptTemplate::SearchR1 => search_r1_prompt(question),
+            PromptTemplate::Verifiers => verifiers_prompt(question),
             PromptTemplate::Builtin | PromptTemplate::Auto => builtin_prompt(question),
         };
         match &self.chat {
@@ -339,6 +380,31 @@ mod tests {
         };
         let e = Prompter::new(&cfg, None).unwrap_err().to_string();
         assert!(e.contains("chat_template"), "{e}");
+    }
+
+    #[test]
+    fn a_chat_model_in_the_verifiers_format_gets_the_two_turn_instruction() {
+        let p = Prompter::new(&PromptConfig::default(), Some(chatml()))
+            .unwrap()
+            .with_verifiers_instruction(true);
+        assert_eq!(p.source(false), PromptTemplate::Verifiers);
+        let r = p.render(" who wrote hamlet? ", None).unwrap();
+        assert!(
+            r.starts_with("<|im_start|>user\nAnswer the given question."),
+            "{r}"
+        );
+        // The example call in the instruction is one the environment runs.
+        let example = turnwise_core::grammar::verifiers::tool_call("capital of France");
+        assert!(r.contains(&example), "{r}");
+        for tag in ["<reasoning>", "<tool>", "<result>", "<answer>"] {
+            assert!(r.contains(tag), "{tag}");
+        }
+        assert!(r.ends_with("Question: who wrote hamlet?\n<|im_end|>\n<|im_start|>assistant\n"));
+        // A fresh model keeps the built-in prompt.
+        let p = Prompter::new(&PromptConfig::default(), None)
+            .unwrap()
+            .with_verifiers_instruction(true);
+        assert_eq!(p.render("q", None).unwrap(), builtin_prompt("q"));
     }
 
     #[test]

@@ -219,7 +219,8 @@ impl WorldTask {
             questions,
             rl_reserved,
             corpus_texts,
-            prompter: Prompter::new(&config.prompt, None)?,
+            prompter: Prompter::new(&config.prompt, None)?
+                .with_verifiers_instruction(config.format == AgentFormatName::Verifiers),
         })
     }
 
@@ -279,7 +280,8 @@ impl WorldTask {
             questions,
             rl_reserved,
             corpus_texts,
-            prompter: Prompter::new(&config.prompt, None)?,
+            prompter: Prompter::new(&config.prompt, None)?
+                .with_verifiers_instruction(config.format == AgentFormatName::Verifiers),
         })
     }
 
@@ -296,7 +298,8 @@ impl WorldTask {
             questions,
             rl_reserved,
             corpus_texts: Vec::new(),
-            prompter: Prompter::new(&config.prompt, None)?,
+            prompter: Prompter::new(&config.prompt, None)?
+                .with_verifiers_instruction(config.format == AgentFormatName::Verifiers),
         })
     }
 
@@ -329,7 +332,8 @@ impl WorldTask {
     /// Renders prompts through `chat` (the model folder's chat template, `None` for a fresh
     /// model or a folder without one) as `task.prompt.chat_template` says.
     pub fn set_chat_template(&mut self, chat: Option<ChatTemplate>) -> Result<()> {
-        self.prompter = Prompter::new(&self.config.prompt, chat)?;
+        self.prompter = Prompter::new(&self.config.prompt, chat)?
+            .with_verifiers_instruction(self.config.format == AgentFormatName::Verifiers);
         Ok(())
     }
 

@@ -283,11 +283,16 @@ fn two_turn_trains_and_evaluates_through_the_cli() {
             "reward/tool_execution",
             "reward/search_result_presence",
             "reward/exact_match",
+            "mt_grpo/turn_credit/abs_mean",
+            "mt_grpo/no_tool_result_share",
         ] {
             assert!(s[k].is_number(), "{k} missing from {s}");
         }
         assert!(s["env/turns/mean"].as_f64().unwrap() <= 2.0);
     }
+    let report = std::fs::read_to_string(run.join("report.md")).unwrap();
+    assert!(report.contains("MT-GRPO first-turn credit"), "{report}");
+    assert!(report.contains("two-turn: tool executed"), "{report}");
     let eval = turnwise(
         &["eval".into(), "--run".into(), "run".into(), "-q".into()],
         dir.path(),

@@ -406,14 +406,7 @@ impl RewardConfig {
                     // assistant message uses each of its tags exactly once).
                     format_ok: (r.xml_tag_usage - 0.2).abs() < 1e-12,
                     reason: String::new(),
-                    parts: vec![
-                        ("tool_execution", r.tool_execution),
-                        ("search_result_presence", r.search_result_presence),
-                        ("final_answer_presence", r.final_answer_presence),
-                        ("exact_match", r.exact_match),
-                        ("xml_tag_usage", r.xml_tag_usage),
-                        ("format", r.format),
-                    ],
+                    parts: r.parts(),
                 }
             }
             RewardConfig::T2poEm(c) => {

@@ -209,6 +209,16 @@ pub fn format_reward(msgs: &[Message<'_>]) -> f64 {
     0.2 * scores.iter().sum::<f64>() / scores.len() as f64
 }
 
+/// The names of the six rewards, as [`crate::reward::RewardOutput::parts`] lists them.
+pub const PARTS: [&str; 6] = [
+    "tool_execution",
+    "search_result_presence",
+    "final_answer_presence",
+    "exact_match",
+    "xml_tag_usage",
+    "format",
+];
+
 /// All six rewards of one rollout.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct TwoTurnRewards {
@@ -227,6 +237,21 @@ pub struct TwoTurnRewards {
 }
 
 impl TwoTurnRewards {
+    /// The six rewards, named as in [`PARTS`].
+    pub fn parts(&self) -> Vec<(&'static str, f64)> {
+        PARTS
+            .into_iter()
+            .zip([
+                self.tool_execution,
+                self.search_result_presence,
+                self.final_answer_presence,
+                self.exact_match,
+                self.xml_tag_usage,
+                self.format,
+            ])
+            .collect()
+    }
+
     /// Computes every reward.
     pub fn compute<S: AsRef<str>>(msgs: &[Message<'_>], golds: &[S]) -> Self {
         Self {

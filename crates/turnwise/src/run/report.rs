@@ -258,6 +258,31 @@ const MECHANISM: &[(&str, &[&str], Better)] = &[
         Better::Neither,
     ),
     (
+        "MT-GRPO first-turn credit |c·A_turn|",
+        &["mt_grpo/turn_credit/abs_mean"],
+        Better::Neither,
+    ),
+    (
+        "MT-GRPO episodes without a tool result",
+        &["mt_grpo/no_tool_result_share"],
+        Better::Neither,
+    ),
+    (
+        "two-turn: tool executed",
+        &["reward/tool_execution"],
+        Better::Higher,
+    ),
+    (
+        "two-turn: gold in the result",
+        &["reward/search_result_presence"],
+        Better::Higher,
+    ),
+    (
+        "two-turn: exact match",
+        &["reward/exact_match"],
+        Better::Higher,
+    ),
+    (
         "anchor-group size",
         &["gigpo/anchor_group/group_size/mean"],
         Better::Neither,

@@ -508,6 +508,22 @@ pub fn mechanism_metrics(
                 .flat_map(|r| (0..r.num_turns).map(move |k| (r.group, k, k + 1 == r.num_turns))),
         ));
     }
+    if name == "mt_grpo_code" {
+        // The two-turn code's turn term: the first turn's advantage minus the answer turn's
+        // (c·A_turn) on episodes with a tool result; the others get the combined reward.
+        let credit: Vec<f64> = rs
+            .iter()
+            .zip(&out.rollouts)
+            .filter(|(r, _)| r.num_turns >= 2)
+            .map(|(_, o)| (o.turns[0] - o.turns[1]).abs())
+            .collect();
+        m.insert("mt_grpo/turn_credit/abs_mean".into(), mean(&credit));
+        let single = rs.iter().filter(|r| r.num_turns < 2).count();
+        m.insert(
+            "mt_grpo/no_tool_result_share".into(),
+            single as f64 / rs.len().max(1) as f64,
+        );
+    }
     if matches!(name, "gigpo" | "t2po") {
         m.extend(group_stats(
             "gigpo/anchor_group",

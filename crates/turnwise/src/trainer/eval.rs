@@ -51,6 +51,10 @@ pub struct EvalResult {
     /// task.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub invalid_actions: Option<f64>,
+    /// The parts of a composite training reward (the two-turn rubrics: `tool_execution`,
+    /// `search_result_presence`, …), each a mean over the questions; empty otherwise.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub reward_parts: BTreeMap<String, f64>,
 }
 
 impl EvalResult {
@@ -77,6 +81,9 @@ impl EvalResult {
         }
         if let Some(v) = self.invalid_actions {
             m.insert(format!("{prefix}/invalid_actions"), v);
+        }
+        for (name, v) in &self.reward_parts {
+            m.insert(format!("{prefix}/{REWARD_PART}{name}"), *v);
         }
         m
     }
@@ -113,9 +120,17 @@ impl EvalResult {
             em_by_hops,
             steps_to_success: field("steps_to_success"),
             invalid_actions: field("invalid_actions"),
+            // The parts a reward may log (the two-turn rubrics).
+            reward_parts: turnwise_core::reward::two_turn::PARTS
+                .iter()
+                .filter_map(|p| Some(((*p).to_owned(), field(&format!("{REWARD_PART}{p}"))?)))
+                .collect(),
         })
     }
 }
+
+/// The key prefix of a reward part in an evaluation's metrics (`eval/test/greedy/r_exact_match`).
+pub const REWARD_PART: &str = "r_";
 
 /// The metrics prefix of an evaluation of `split` with decoding `mode` (`greedy`, `sampled`):
 /// `eval/<split>/<mode>`.
@@ -196,6 +211,16 @@ impl Trainer {
         let mut dumped = Vec::with_capacity(episodes.len());
         let format = self.config.task.format.grammar();
         let game = self.task.game.is_some();
+        // A composite reward's parts (the two-turn rubrics), as training logs them.
+        let parts_of = |ep: &crate::rollout::Episode, golds: &[String]| -> Result<Vec<_>> {
+            if game {
+                return Ok(Vec::new());
+            }
+            Ok(self
+                .task
+                .score_episode(&self.config.reward, ep, golds)?
+                .parts)
+        };
         let (mut won, mut won_turns, mut invalid) = (0usize, 0usize, 0usize);
         for (ep, q) in episodes.iter().zip(&questions) {
             let golds = &q.golden_answers;
@@ -224,6 +249,9 @@ impl Trainer {
                 .iter()
                 .filter(|t| matches!(t.action, TurnAction::Invalid { .. }))
                 .count();
+            for (name, v) in parts_of(ep, golds)? {
+                *r.reward_parts.entry(name.to_owned()).or_default() += v;
+            }
             r.em += e;
             r.f1 += f;
             r.sub_em += s;
@@ -259,6 +287,9 @@ impl Trainer {
         r.tool_calls /= n;
         r.turns /= n;
         r.agent_tokens /= n;
+        for v in r.reward_parts.values_mut() {
+            *v /= n;
+        }
         r.format_ok = fmt_ok as f64 / turns_total.max(1) as f64;
         r.em_se = (r.em * (1.0 - r.em) / n).sqrt();
         if game {
