@@ -133,7 +133,7 @@ fn sokoban_trains_and_evaluates_through_the_cli() {
 }
 
 /// Per prompt group, the sizes of the anchor-state groups of the steps after the first (the
-/// first step's anchor is the prompt, shared by the whole group by construction).
+/// first step's anchor, the map's starting board, is shared by the whole group).
 fn later_step_anchor_groups(t: &mut Trainer) -> Vec<usize> {
     let batch = t.generate_round(&[0, 1, 2], 0, 0).unwrap();
     let mut sizes: BTreeMap<(usize, String), usize> = BTreeMap::new();
@@ -169,16 +169,122 @@ fn game_rollouts_share_anchor_states() {
     );
 }
 
+/// Plays `texts` as the agent's turns on question `q` of `t`'s task through the rollout's
+/// episode bookkeeping (what a rollout records, with made-up log-probs).
+fn play(t: &Trainer, q: &turnwise::task::QaItem, texts: &[String]) -> turnwise::rollout::Episode {
+    use turnwise::rollout::{Decoding, EpisodeSpec, EpisodeState};
+    use turnwise::task::WorldTask;
+    use turnwise_model::sampling::{Completion, FinishReason};
+
+    let policy = t.rollout_policy();
+    let decoding = Decoding {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: 0,
+        max_turn_tokens: 16,
+        max_response_tokens: 200,
+    };
+    let spec = EpisodeSpec {
+        id: "e".into(),
+        prompt_uid: q.id.clone(),
+        prompt_ids: t.tokenizer.encode(&t.task.prompt(q).unwrap()).unwrap(),
+        task: WorldTask::env_task(q),
+        seed: 0,
+    };
+    let mut state = EpisodeState::start(spec, t.task.env().unwrap()).unwrap();
+    for text in texts {
+        let tokens = t.tokenizer.encode(text).unwrap();
+        let n = tokens.len();
+        let completion = Completion {
+            tokens,
+            logprobs: vec![-0.5; n],
+            entropies: vec![0.5; n],
+            top_logprobs: vec![Vec::new(); n],
+            finish: FinishReason::Length,
+        };
+        state.apply_turn(&policy, completion, &decoding).unwrap();
+    }
+    state.finish()
+}
+
+/// GiGPO's anchor of a step is the state the agent acted in (spec §3.7), step 0 included: a
+/// game's step 0 is anchored by the starting board, so a later step back on it (after a move
+/// the game could not parse) joins the anchor group of the map's first steps; the search
+/// world's step 0 stays anchored by its prompt.
+#[test]
+fn a_later_step_on_the_starting_board_shares_step_zeros_anchor_group() {
+    use turnwise::trainer::advantage::compute;
+    use turnwise_env::world::Split;
+
+    let cfg = TrainConfig::resolve(Some("gigpo"), None, &tiny_game("frozen_lake")).unwrap();
+    let t = Trainer::new(cfg.clone()).unwrap();
+    let game = t.task.game.as_ref().expect("a game task");
+    let k = game
+        .maps(Split::Train)
+        .iter()
+        .position(|m| (2..6).contains(&m.solution.len()))
+        .unwrap();
+    let map = &game.maps(Split::Train)[k];
+    let q = t.task.questions(Split::Train)[k];
+    let solution: Vec<String> = map.solution.iter().map(|d| d.to_action_text()).collect();
+    let mut detour = vec!["<think>goal</think><action>goal</action>".to_string()];
+    detour.extend(solution.iter().cloned());
+    // Two rollouts of the map: the solver's moves, and one unparsable turn first.
+    let episodes = vec![play(&t, q, &solution), play(&t, q, &detour)];
+    let anchors: Vec<Vec<String>> = episodes
+        .iter()
+        .map(|ep| rollout_of(ep, 0, ep.env_return, &[], None).anchors)
+        .collect();
+    assert_eq!(anchors[0][0], map.board);
+    assert_eq!(anchors[1][0], map.board);
+    assert_eq!(
+        anchors[1][1], map.board,
+        "the unparsable turn left the board"
+    );
+    assert_ne!(anchors[0][1], map.board, "the first move changed the board");
+    // Through the trainer's estimator: every step shares its anchor group with a step of the
+    // other rollout (the detour's step 1 with both step 0s), none is alone.
+    let n = episodes.len();
+    let scores: Vec<f64> = episodes.iter().map(|e| e.env_return).collect();
+    let rows = compute(
+        &cfg,
+        &episodes,
+        &vec![0; n],
+        &scores,
+        &vec![Vec::new(); n],
+        None,
+        None,
+        None,
+    )
+    .unwrap();
+    assert_eq!(rows.metrics["gigpo/anchor_group/singleton_share"], 0.0);
+
+    // The search world: step 0's state is the question, anchored by the prompt; step 1 by the
+    // observation of step 0.
+    let mut sets = common::tiny_overrides();
+    sets.push("task.format=\"t2po\"".into());
+    let t = Trainer::new(TrainConfig::resolve(Some("gigpo"), None, &sets).unwrap()).unwrap();
+    let q = t.task.questions(Split::Train)[0];
+    let ep = play(
+        &t,
+        q,
+        &[
+            "<think>look</think><action><search>capital</search></action>".into(),
+            "<think>done</think><action><answer>x</answer></action>".into(),
+        ],
+    );
+    let anchors = rollout_of(&ep, 0, 0.0, &[], None).anchors;
+    assert_eq!(anchors[0], format!("prompt:{}", q.id));
+    assert_eq!(Some(&anchors[1]), ep.turn_texts[0].1.as_ref());
+}
+
 /// The solver's moves played through the rollout's episode bookkeeping: a won episode of
 /// valid moves (recorded as moves, not invalid turns), scored 1 by the game's reward, with no
 /// GiGPO invalid-action penalty; an unparsable turn is the one penalised.
 #[test]
 fn solver_moves_through_the_rollout_are_valid_and_win() {
-    use turnwise::rollout::{Decoding, EpisodeSpec, EpisodeState};
-    use turnwise::task::WorldTask;
     use turnwise_core::trajectory::TurnAction;
     use turnwise_env::world::Split;
-    use turnwise_model::sampling::{Completion, FinishReason};
 
     let cfg = TrainConfig::resolve(Some("gigpo"), None, &tiny_game("frozen_lake")).unwrap();
     let t = Trainer::new(cfg.clone()).unwrap();
@@ -191,37 +297,7 @@ fn solver_moves_through_the_rollout_are_valid_and_win() {
         .unwrap();
     let map = &game.maps(Split::Train)[k];
     let q = t.task.questions(Split::Train)[k];
-    let policy = t.rollout_policy();
-    let decoding = Decoding {
-        temperature: 1.0,
-        top_p: 1.0,
-        top_k: 0,
-        max_turn_tokens: 16,
-        max_response_tokens: 200,
-    };
-    let play = |texts: &[String]| {
-        let spec = EpisodeSpec {
-            id: "e".into(),
-            prompt_uid: "p".into(),
-            prompt_ids: t.tokenizer.encode(&t.task.prompt(q).unwrap()).unwrap(),
-            task: WorldTask::env_task(q),
-            seed: 0,
-        };
-        let mut state = EpisodeState::start(spec, t.task.env().unwrap()).unwrap();
-        for text in texts {
-            let tokens = t.tokenizer.encode(text).unwrap();
-            let n = tokens.len();
-            let completion = Completion {
-                tokens,
-                logprobs: vec![-0.5; n],
-                entropies: vec![0.5; n],
-                top_logprobs: vec![Vec::new(); n],
-                finish: FinishReason::Length,
-            };
-            state.apply_turn(&policy, completion, &decoding).unwrap();
-        }
-        state.finish()
-    };
+    let play = |texts: &[String]| play(&t, q, texts);
     let penalised = |ep: &turnwise::rollout::Episode| {
         let out = t.task.score_episode(&cfg.reward, ep, &[]).unwrap();
         let mut r = rollout_of(ep, 0, out.score, &out.turn_rewards, None);
