@@ -86,6 +86,19 @@ fn trains_and_evaluates_through_the_cli(env: &str) {
             );
         }
     }
+    // The RL step lines (logged on stderr off a terminal) and the closing summary name the
+    // success rate, not EM.
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("rl    1/2") && l.contains(" success ") && l.contains(" invalid ")),
+        "{stderr}"
+    );
+    assert!(
+        stdout.lines().any(|l| l.starts_with("test success (n=3)")),
+        "{stdout}"
+    );
     let run = tmp.path().join("run");
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
@@ -95,17 +108,42 @@ fn trains_and_evaluates_through_the_cli(env: &str) {
             (r["split"].as_str(), r["n"].as_u64()),
             (Some("test"), Some(3))
         );
-        let success = r["em"].as_f64().unwrap();
-        assert!((0.0..=1.0).contains(&success));
-        let invalid = r["invalid_actions"].as_f64().expect("invalid-action rate");
-        assert!((0.0..=1.0).contains(&invalid));
-        assert!(r["steps_to_success"].as_f64().is_some());
+        assert_game_figures(r);
     }
     let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     assert!(metrics.contains("eval/test/greedy/invalid_actions"));
+    assert!(metrics.contains("eval/test/sampled/steps_to_success"));
+    assert!(metrics.contains("\"train/invalid_actions\""));
     assert!(metrics.contains("gigpo/anchor_group/singleton_share"));
+    for search_only in ["/f1\"", "/sub_em\"", "/answered\"", "tool_calls", "/em/hop"] {
+        assert!(!metrics.contains(search_only), "{search_only} logged");
+    }
+    // report.md: the evaluation tables show success, steps to success and invalid actions,
+    // and no search column; the main table the training success and invalid-action rates.
     let report = std::fs::read_to_string(run.join("report.md")).unwrap();
-    assert!(report.contains("invalid_actions"), "{report}");
+    assert!(
+        report.contains(
+            "| step | n | success | success_se | steps_to_success | invalid_actions | format_ok |"
+        ),
+        "{report}"
+    );
+    assert!(report.contains("Success "), "{report}");
+    assert!(report.contains("| train success |"), "{report}");
+    assert!(report.contains("| train invalid actions |"), "{report}");
+    for search_only in [
+        "| em |",
+        "| f1 |",
+        "sub_em",
+        "answered",
+        "tool_calls",
+        "-hop",
+        "| train EM |",
+    ] {
+        assert!(
+            !report.contains(search_only),
+            "{search_only} in the report:\n{report}"
+        );
+    }
 
     // `turnwise eval` reads the run's task back: the same game, held-out maps.
     let args: Vec<String> = ["eval", "--run", "run", "--questions", "2"]
@@ -119,7 +157,32 @@ fn trains_and_evaluates_through_the_cli(env: &str) {
         (r["split"].as_str(), r["n"].as_u64()),
         (Some("test"), Some(2))
     );
-    assert!(r["invalid_actions"].as_f64().is_some());
+    assert_game_figures(&r);
+}
+
+/// A game's evaluation as JSON (summary.json, `turnwise eval`): the success rate, steps to
+/// success and the invalid-action rate, and none of the search task's figures.
+fn assert_game_figures(r: &serde_json::Value) {
+    let rate = |k: &str| {
+        let v = r[k].as_f64().unwrap_or_else(|| panic!("no {k} in {r}"));
+        assert!((0.0..=1.0).contains(&v), "{k} = {v}");
+    };
+    rate("success");
+    rate("success_se");
+    rate("invalid_actions");
+    rate("format_ok");
+    assert!(r["steps_to_success"].as_f64().is_some(), "{r}");
+    for search_only in [
+        "em",
+        "em_se",
+        "f1",
+        "sub_em",
+        "answered",
+        "tool_calls",
+        "em_by_hops",
+    ] {
+        assert!(r.get(search_only).is_none(), "{search_only} in {r}");
+    }
 }
 
 #[test]
