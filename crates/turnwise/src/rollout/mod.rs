@@ -357,7 +357,7 @@ impl EpisodeState {
             observation: step.info.retrieved.clone().or(observation.clone()),
             searches_so_far: step.info.searches_so_far,
             env_reward: Some(step.reward),
-            anchor: std::mem::replace(&mut l.state, Some(step.observation.text.clone())),
+            anchor: l.state.replace(step.observation.text.clone()),
         });
         l.turn_texts.push((text, observation.clone()));
         if step.done {
