@@ -751,8 +751,13 @@ fn print_summary(s: &turnwise::pipeline::RunSummary, quiet: bool) {
         .next()
         .unwrap_or(0);
     let v = &s.validation;
+    let game = [&s.after_greedy, &s.before_greedy]
+        .into_iter()
+        .flatten()
+        .any(|r| r.is_game());
     println!(
-        "test EM (n={n}) greedy: {} -> {}; sampled: {} -> {}; validation greedy: {} -> {} (warm start {:.0} s, RL {:.0} s, total {:.0} s)",
+        "test {} (n={n}) greedy: {} -> {}; sampled: {} -> {}; validation greedy: {} -> {} (warm start {:.0} s, RL {:.0} s, total {:.0} s)",
+        if game { "success" } else { "EM" },
         pct(&s.before_greedy),
         pct(&s.after_greedy),
         pct(&s.before_sampled),

@@ -477,7 +477,12 @@ fn rl_phase(
         dir.write_samples(step, &traj)?;
         let line = step_line(step, cfg.run.steps, &out.metrics);
         let em = out.metrics.get("train/em").copied().unwrap_or(f64::NAN);
-        bar.set_message(format!("em {em:.3}"));
+        let what = if trainer.task.game.is_some() {
+            "success"
+        } else {
+            "em"
+        };
+        bar.set_message(format!("{what} {em:.3}"));
         bar.step_line(&line);
         let last = step == cfg.run.steps;
         if cfg.eval.every > 0 && step.is_multiple_of(cfg.eval.every) && !last {
@@ -511,8 +516,8 @@ fn rl_phase(
     Ok(summary)
 }
 
-/// One RL step's line: score, EM, kept rollouts, the loss, clip fraction, entropy, gradient
-/// norm, length and timing. Metrics a step did not produce (no group carried signal, so no
+/// One RL step's line: score, EM (a game's success and invalid-action rates), kept rollouts,
+/// the loss, clip fraction, entropy, gradient norm, length and timing. Metrics a step did not produce (no group carried signal, so no
 /// update) are named as such rather than printed as NaN.
 fn step_line(step: u64, steps: u64, m: &BTreeMap<String, f64>) -> String {
     let g = |k: &str| m.get(k).copied().filter(|v| v.is_finite());
@@ -531,10 +536,14 @@ fn step_line(step: u64, steps: u64, m: &BTreeMap<String, f64>) -> String {
     } else {
         "no update (no group carried signal)".into()
     };
+    // A game's EM is its success rate, shown with its invalid-action rate.
+    let em = match g("train/invalid_actions") {
+        Some(v) => format!("success {} invalid {v:.3}", f("train/em", 3)),
+        None => format!("em {}", f("train/em", 3)),
+    };
     format!(
-        "rl {step:>4}/{steps} score {} em {} kept {} {update} len {} ({} s: gen {}, update {})",
+        "rl {step:>4}/{steps} score {} {em} kept {} {update} len {} ({} s: gen {}, update {})",
         f("critic/score/mean", 3),
-        f("train/em", 3),
         f("batch/kept_rollouts", 0),
         f("response_length/mean", 0),
         f("timing_s/step", 1),

@@ -86,6 +86,19 @@ fn trains_and_evaluates_through_the_cli(env: &str) {
             );
         }
     }
+    // The RL step lines (logged on stderr off a terminal) and the closing summary name the
+    // success rate, not EM.
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("rl    1/2") && l.contains(" success ") && l.contains(" invalid ")),
+        "{stderr}"
+    );
+    assert!(
+        stdout.lines().any(|l| l.starts_with("test success (n=3)")),
+        "{stdout}"
+    );
     let run = tmp.path().join("run");
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
@@ -95,17 +108,42 @@ fn trains_and_evaluates_through_the_cli(env: &str) {
             (r["split"].as_str(), r["n"].as_u64()),
             (Some("test"), Some(3))
         );
-        let success = r["em"].as_f64().unwrap();
-        assert!((0.0..=1.0).contains(&success));
-        let invalid = r["invalid_actions"].as_f64().expect("invalid-action rate");
-        assert!((0.0..=1.0).contains(&invalid));
-        assert!(r["steps_to_success"].as_f64().is_some());
+        assert_game_figures(r);
     }
     let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     assert!(metrics.contains("eval/test/greedy/invalid_actions"));
+    assert!(metrics.contains("eval/test/sampled/steps_to_success"));
+    assert!(metrics.contains("\"train/invalid_actions\""));
     assert!(metrics.contains("gigpo/anchor_group/singleton_share"));
+    for search_only in ["/f1\"", "/sub_em\"", "/answered\"", "tool_calls", "/em/hop"] {
+        assert!(!metrics.contains(search_only), "{search_only} logged");
+    }
+    // report.md: the evaluation tables show success, steps to success and invalid actions,
+    // and no search column; the main table the training success and invalid-action rates.
     let report = std::fs::read_to_string(run.join("report.md")).unwrap();
-    assert!(report.contains("invalid_actions"), "{report}");
+    assert!(
+        report.contains(
+            "| step | n | success | success_se | steps_to_success | invalid_actions | format_ok |"
+        ),
+        "{report}"
+    );
+    assert!(report.contains("Success "), "{report}");
+    assert!(report.contains("| train success |"), "{report}");
+    assert!(report.contains("| train invalid actions |"), "{report}");
+    for search_only in [
+        "| em |",
+        "| f1 |",
+        "sub_em",
+        "answered",
+        "tool_calls",
+        "-hop",
+        "| train EM |",
+    ] {
+        assert!(
+            !report.contains(search_only),
+            "{search_only} in the report:\n{report}"
+        );
+    }
 
     // `turnwise eval` reads the run's task back: the same game, held-out maps.
     let args: Vec<String> = ["eval", "--run", "run", "--questions", "2"]
@@ -119,7 +157,32 @@ fn trains_and_evaluates_through_the_cli(env: &str) {
         (r["split"].as_str(), r["n"].as_u64()),
         (Some("test"), Some(2))
     );
-    assert!(r["invalid_actions"].as_f64().is_some());
+    assert_game_figures(&r);
+}
+
+/// A game's evaluation as JSON (summary.json, `turnwise eval`): the success rate, steps to
+/// success and the invalid-action rate, and none of the search task's figures.
+fn assert_game_figures(r: &serde_json::Value) {
+    let rate = |k: &str| {
+        let v = r[k].as_f64().unwrap_or_else(|| panic!("no {k} in {r}"));
+        assert!((0.0..=1.0).contains(&v), "{k} = {v}");
+    };
+    rate("success");
+    rate("success_se");
+    rate("invalid_actions");
+    rate("format_ok");
+    assert!(r["steps_to_success"].as_f64().is_some(), "{r}");
+    for search_only in [
+        "em",
+        "em_se",
+        "f1",
+        "sub_em",
+        "answered",
+        "tool_calls",
+        "em_by_hops",
+    ] {
+        assert!(r.get(search_only).is_none(), "{search_only} in {r}");
+    }
 }
 
 #[test]
@@ -133,7 +196,7 @@ fn sokoban_trains_and_evaluates_through_the_cli() {
 }
 
 /// Per prompt group, the sizes of the anchor-state groups of the steps after the first (the
-/// first step's anchor is the prompt, shared by the whole group by construction).
+/// first step's anchor, the map's starting board, is shared by the whole group).
 fn later_step_anchor_groups(t: &mut Trainer) -> Vec<usize> {
     let batch = t.generate_round(&[0, 1, 2], 0, 0).unwrap();
     let mut sizes: BTreeMap<(usize, String), usize> = BTreeMap::new();
@@ -169,16 +232,122 @@ fn game_rollouts_share_anchor_states() {
     );
 }
 
+/// Plays `texts` as the agent's turns on question `q` of `t`'s task through the rollout's
+/// episode bookkeeping (what a rollout records, with made-up log-probs).
+fn play(t: &Trainer, q: &turnwise::task::QaItem, texts: &[String]) -> turnwise::rollout::Episode {
+    use turnwise::rollout::{Decoding, EpisodeSpec, EpisodeState};
+    use turnwise::task::WorldTask;
+    use turnwise_model::sampling::{Completion, FinishReason};
+
+    let policy = t.rollout_policy();
+    let decoding = Decoding {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: 0,
+        max_turn_tokens: 16,
+        max_response_tokens: 200,
+    };
+    let spec = EpisodeSpec {
+        id: "e".into(),
+        prompt_uid: q.id.clone(),
+        prompt_ids: t.tokenizer.encode(&t.task.prompt(q).unwrap()).unwrap(),
+        task: WorldTask::env_task(q),
+        seed: 0,
+    };
+    let mut state = EpisodeState::start(spec, t.task.env().unwrap()).unwrap();
+    for text in texts {
+        let tokens = t.tokenizer.encode(text).unwrap();
+        let n = tokens.len();
+        let completion = Completion {
+            tokens,
+            logprobs: vec![-0.5; n],
+            entropies: vec![0.5; n],
+            top_logprobs: vec![Vec::new(); n],
+            finish: FinishReason::Length,
+        };
+        state.apply_turn(&policy, completion, &decoding).unwrap();
+    }
+    state.finish()
+}
+
+/// GiGPO's anchor of a step is the state the agent acted in (spec §3.7), step 0 included: a
+/// game's step 0 is anchored by the starting board, so a later step back on it (after a move
+/// the game could not parse) joins the anchor group of the map's first steps; the search
+/// world's step 0 stays anchored by its prompt.
+#[test]
+fn a_later_step_on_the_starting_board_shares_step_zeros_anchor_group() {
+    use turnwise::trainer::advantage::compute;
+    use turnwise_env::world::Split;
+
+    let cfg = TrainConfig::resolve(Some("gigpo"), None, &tiny_game("frozen_lake")).unwrap();
+    let t = Trainer::new(cfg.clone()).unwrap();
+    let game = t.task.game.as_ref().expect("a game task");
+    let k = game
+        .maps(Split::Train)
+        .iter()
+        .position(|m| (2..6).contains(&m.solution.len()))
+        .unwrap();
+    let map = &game.maps(Split::Train)[k];
+    let q = t.task.questions(Split::Train)[k];
+    let solution: Vec<String> = map.solution.iter().map(|d| d.to_action_text()).collect();
+    let mut detour = vec!["<think>goal</think><action>goal</action>".to_string()];
+    detour.extend(solution.iter().cloned());
+    // Two rollouts of the map: the solver's moves, and one unparsable turn first.
+    let episodes = vec![play(&t, q, &solution), play(&t, q, &detour)];
+    let anchors: Vec<Vec<String>> = episodes
+        .iter()
+        .map(|ep| rollout_of(ep, 0, ep.env_return, &[], None).anchors)
+        .collect();
+    assert_eq!(anchors[0][0], map.board);
+    assert_eq!(anchors[1][0], map.board);
+    assert_eq!(
+        anchors[1][1], map.board,
+        "the unparsable turn left the board"
+    );
+    assert_ne!(anchors[0][1], map.board, "the first move changed the board");
+    // Through the trainer's estimator: every step shares its anchor group with a step of the
+    // other rollout (the detour's step 1 with both step 0s), none is alone.
+    let n = episodes.len();
+    let scores: Vec<f64> = episodes.iter().map(|e| e.env_return).collect();
+    let rows = compute(
+        &cfg,
+        &episodes,
+        &vec![0; n],
+        &scores,
+        &vec![Vec::new(); n],
+        None,
+        None,
+        None,
+    )
+    .unwrap();
+    assert_eq!(rows.metrics["gigpo/anchor_group/singleton_share"], 0.0);
+
+    // The search world: step 0's state is the question, anchored by the prompt; step 1 by the
+    // observation of step 0.
+    let mut sets = common::tiny_overrides();
+    sets.push("task.format=\"t2po\"".into());
+    let t = Trainer::new(TrainConfig::resolve(Some("gigpo"), None, &sets).unwrap()).unwrap();
+    let q = t.task.questions(Split::Train)[0];
+    let ep = play(
+        &t,
+        q,
+        &[
+            "<think>look</think><action><search>capital</search></action>".into(),
+            "<think>done</think><action><answer>x</answer></action>".into(),
+        ],
+    );
+    let anchors = rollout_of(&ep, 0, 0.0, &[], None).anchors;
+    assert_eq!(anchors[0], format!("prompt:{}", q.id));
+    assert_eq!(Some(&anchors[1]), ep.turn_texts[0].1.as_ref());
+}
+
 /// The solver's moves played through the rollout's episode bookkeeping: a won episode of
 /// valid moves (recorded as moves, not invalid turns), scored 1 by the game's reward, with no
 /// GiGPO invalid-action penalty; an unparsable turn is the one penalised.
 #[test]
 fn solver_moves_through_the_rollout_are_valid_and_win() {
-    use turnwise::rollout::{Decoding, EpisodeSpec, EpisodeState};
-    use turnwise::task::WorldTask;
     use turnwise_core::trajectory::TurnAction;
     use turnwise_env::world::Split;
-    use turnwise_model::sampling::{Completion, FinishReason};
 
     let cfg = TrainConfig::resolve(Some("gigpo"), None, &tiny_game("frozen_lake")).unwrap();
     let t = Trainer::new(cfg.clone()).unwrap();
@@ -191,37 +360,7 @@ fn solver_moves_through_the_rollout_are_valid_and_win() {
         .unwrap();
     let map = &game.maps(Split::Train)[k];
     let q = t.task.questions(Split::Train)[k];
-    let policy = t.rollout_policy();
-    let decoding = Decoding {
-        temperature: 1.0,
-        top_p: 1.0,
-        top_k: 0,
-        max_turn_tokens: 16,
-        max_response_tokens: 200,
-    };
-    let play = |texts: &[String]| {
-        let spec = EpisodeSpec {
-            id: "e".into(),
-            prompt_uid: "p".into(),
-            prompt_ids: t.tokenizer.encode(&t.task.prompt(q).unwrap()).unwrap(),
-            task: WorldTask::env_task(q),
-            seed: 0,
-        };
-        let mut state = EpisodeState::start(spec, t.task.env().unwrap()).unwrap();
-        for text in texts {
-            let tokens = t.tokenizer.encode(text).unwrap();
-            let n = tokens.len();
-            let completion = Completion {
-                tokens,
-                logprobs: vec![-0.5; n],
-                entropies: vec![0.5; n],
-                top_logprobs: vec![Vec::new(); n],
-                finish: FinishReason::Length,
-            };
-            state.apply_turn(&policy, completion, &decoding).unwrap();
-        }
-        state.finish()
-    };
+    let play = |texts: &[String]| play(&t, q, texts);
     let penalised = |ep: &turnwise::rollout::Episode| {
         let out = t.task.score_episode(&cfg.reward, ep, &[]).unwrap();
         let mut r = rollout_of(ep, 0, out.score, &out.turn_rewards, None);

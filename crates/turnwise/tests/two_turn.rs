@@ -290,6 +290,21 @@ fn two_turn_trains_and_evaluates_through_the_cli() {
         }
         assert!(s["env/turns/mean"].as_f64().unwrap() <= 2.0);
     }
+    // Every evaluation reports the rubrics, and summary.json (rebuilt from the log) keeps them.
+    let evals: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v["phase"] == "eval")
+        .collect();
+    assert!(!evals.is_empty());
+    assert!(
+        evals
+            .iter()
+            .any(|e| e["eval/test/greedy/r_tool_execution"].is_number()),
+        "no rubric in the eval lines"
+    );
+    let summary = std::fs::read_to_string(run.join("summary.json")).unwrap();
+    assert!(summary.contains("search_result_presence"), "{summary}");
     let report = std::fs::read_to_string(run.join("report.md")).unwrap();
     assert!(report.contains("MT-GRPO first-turn credit"), "{report}");
     assert!(report.contains("two-turn: tool executed"), "{report}");

@@ -245,7 +245,10 @@ pub struct TurnRecord {
     /// Environment reward of this step (text games, per-step envs), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env_reward: Option<f64>,
-    /// The state the agent acted in, for anchor-state grouping (GiGPO, spec §3.7).
+    /// The state the agent acted in, for anchor-state grouping (GiGPO, spec §3.7): the
+    /// observation before this turn (for the first turn the environment's first observation,
+    /// e.g. a game's starting board); `None` when unrecorded, or for a first turn whose state is
+    /// the task's question itself, which the prompt stands for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anchor: Option<String>,
 }

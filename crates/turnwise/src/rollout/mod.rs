@@ -117,6 +117,10 @@ struct Live {
     /// Response offset where each turn's agent tokens start.
     turn_starts: Vec<usize>,
     turn_control: Vec<TurnControl>,
+    /// The state the next turn acts in, its GiGPO anchor (spec §3.7): the last observation,
+    /// at first the environment's first one (a game's starting board); `None` while that is
+    /// the task's question itself (the search world), which the prompt stands for.
+    state: Option<String>,
 }
 
 /// A per-turn seed derived from the episode seed (splitmix64 of seed and turn).
@@ -135,8 +139,11 @@ pub struct EpisodeState {
 impl EpisodeState {
     /// Resets `env` for `spec` and returns the episode at its first turn.
     pub fn start(spec: EpisodeSpec, mut env: Box<dyn Environment>) -> Result<Self> {
-        env.reset(&spec.task)
-            .with_context(|| format!("resetting the environment for {}", spec.task.id))?;
+        let first = env
+            .reset(&spec.task)
+            .with_context(|| format!("resetting the environment for {}", spec.task.id))?
+            .text;
+        let state = Some(first).filter(|o| spec.task.prompt.as_ref() != Some(o));
         let traj = Trajectory {
             id: spec.id.clone(),
             prompt_uid: spec.prompt_uid.clone(),
@@ -163,6 +170,7 @@ impl EpisodeState {
                 last_logprobs: Vec::new(),
                 turn_starts: Vec::new(),
                 turn_control: Vec::new(),
+                state,
             },
         })
     }
@@ -349,7 +357,7 @@ impl EpisodeState {
             observation: step.info.retrieved.clone().or(observation.clone()),
             searches_so_far: step.info.searches_so_far,
             env_reward: Some(step.reward),
-            anchor: Some(step.observation.text.clone()),
+            anchor: l.state.replace(step.observation.text.clone()),
         });
         l.turn_texts.push((text, observation.clone()));
         if step.done {
@@ -427,6 +435,7 @@ impl EpisodeState {
                 last_logprobs: self.live.last_logprobs.clone(),
                 turn_starts: self.live.turn_starts.clone(),
                 turn_control: self.live.turn_control.clone(),
+                state: self.live.state.clone(),
             },
         })
     }

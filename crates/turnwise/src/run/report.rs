@@ -26,6 +26,11 @@ const MAIN: &[(&str, &[&str], Better)] = &[
         Better::Higher,
     ),
     ("train EM", &["train/em", "critic/em/mean"], Better::Higher),
+    (
+        "train invalid actions",
+        &["train/invalid_actions"],
+        Better::Lower,
+    ),
     ("train format ok", &["train/format_ok"], Better::Higher),
     ("entropy", &["actor/entropy"], Better::Neither),
     ("KL (old‖new)", &["actor/ppo_kl"], Better::Neither),
@@ -67,6 +72,8 @@ const EVAL_ORDER: &[&str] = &[
     "n",
     "em",
     "em_se",
+    "steps_to_success",
+    "invalid_actions",
     "f1",
     "sub_em",
     "answered",
@@ -320,12 +327,36 @@ const MECHANISM: &[(&str, &[&str], Better)] = &[
     ),
 ];
 
+/// Whether the run played a game (its evaluations have an invalid-action rate): its EM is the
+/// success rate, and is labelled so.
+fn is_game(log: &MetricsLog) -> bool {
+    log.keys()
+        .iter()
+        .any(|k| k.starts_with("eval/") && k.ends_with("/invalid_actions"))
+}
+
+/// The label of an evaluation column: a game's `em` is its success rate.
+fn eval_label(name: &str, game: bool) -> &str {
+    match name {
+        "em" if game => "success",
+        "em_se" if game => "success_se",
+        _ => name,
+    }
+}
+
 fn write_main_table(out: &mut String, log: &MetricsLog) {
+    let main: Vec<(&str, &[&str], Better)> = MAIN
+        .iter()
+        .map(|&(label, keys, better)| match label {
+            "train EM" if is_game(log) => ("train success", keys, better),
+            _ => (label, keys, better),
+        })
+        .collect();
     write_metric_table(
         out,
         log,
         "Main metrics",
-        MAIN,
+        &main,
         Some("No training metrics were logged."),
     );
     write_metric_table(out, log, "Mechanism at work", MECHANISM, None);
@@ -429,19 +460,21 @@ fn write_eval(out: &mut String, log: &MetricsLog) {
             format!("eval/{mode}")
         };
         let _ = writeln!(out, "### {}\n", cell(&title));
+        let names: BTreeSet<&str> = rows
+            .iter()
+            .flat_map(|r| r.1.keys().map(String::as_str))
+            .collect();
+        let game = names.contains("invalid_actions");
         if let Some((split, decoding)) = mode.split_once('/')
             && matches!(split, "train" | "validation" | "test")
         {
             let _ = writeln!(
                 out,
-                "The {split} split, {} decoding; `n` is the number of questions evaluated.\n",
-                cell(decoding)
+                "The {split} split, {} decoding; `n` is the number of {} evaluated.\n",
+                cell(decoding),
+                if game { "maps" } else { "questions" }
             );
         }
-        let names: BTreeSet<&str> = rows
-            .iter()
-            .flat_map(|r| r.1.keys().map(String::as_str))
-            .collect();
         let mut cols: Vec<&str> = EVAL_ORDER
             .iter()
             .copied()
@@ -455,7 +488,8 @@ fn write_eval(out: &mut String, log: &MetricsLog) {
         {
             let _ = writeln!(
                 out,
-                "EM {} (step {}) → {} (step {}): {:+.1} points.\n",
+                "{} {} (step {}) → {} (step {}): {:+.1} points.\n",
+                if game { "Success" } else { "EM" },
                 pct(*a),
                 first.0,
                 pct(*b),
@@ -466,7 +500,7 @@ fn write_eval(out: &mut String, log: &MetricsLog) {
         let mut header = String::from("| step |");
         let mut rule = String::from("|---|");
         for c in &cols {
-            let _ = write!(header, " {} |", cell(c));
+            let _ = write!(header, " {} |", cell(eval_label(c, game)));
             rule.push_str("---|");
         }
         for h in &hops {

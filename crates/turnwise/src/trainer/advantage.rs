@@ -145,14 +145,14 @@ pub fn rollout_of(
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            // The state a step acts in: the observation before it (the question for step 0).
-            if i == 0 {
-                format!("prompt:{}", ep.trajectory.prompt_uid)
-            } else {
-                ep.trajectory.turns[i - 1]
-                    .anchor
-                    .clone()
-                    .unwrap_or_else(|| t.index.to_string())
+            // The state a step acts in, as the rollout recorded it: the observation before it,
+            // for step 0 the environment's first one (a game's starting board, which later
+            // steps may return to). A first step whose state is the question itself (the
+            // search world) is anchored by the prompt.
+            match &t.anchor {
+                Some(a) => a.clone(),
+                None if i == 0 => format!("prompt:{}", ep.trajectory.prompt_uid),
+                None => t.index.to_string(),
             }
         })
         .collect();

@@ -15,7 +15,13 @@ use crate::task::WorldTask;
 use turnwise_core::trajectory::{Trajectory, TurnAction};
 
 /// Results of one evaluation.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+///
+/// A game's evaluation ([`EvalResult::is_game`]) is serialized (`turnwise eval`, summary.json)
+/// and logged with its own figures only: the success rate (`success` and `success_se`; logged
+/// as `em` and `em_se`), steps to success and the invalid-action rate, with format validity,
+/// turns and tokens; the search task's answer figures (F1, SubEM, answered, searches, EM by hop)
+/// are left out.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct EvalResult {
     /// The split evaluated: `train`, `validation` or `test`.
     pub split: String,
@@ -45,42 +51,82 @@ pub struct EvalResult {
     /// EM and question count by hop count (questions of unknown hop count are left out).
     pub em_by_hops: BTreeMap<usize, (f64, usize)>,
     /// Games: mean turns of the won episodes (0 when none was won); `None` for the search task.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub steps_to_success: Option<f64>,
     /// Games: fraction of turns whose action the game could not parse; `None` for the search
     /// task.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub invalid_actions: Option<f64>,
     /// The parts of a composite training reward (the two-turn rubrics: `tool_execution`,
     /// `search_result_presence`, …), each a mean over the questions; empty otherwise.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub reward_parts: BTreeMap<String, f64>,
 }
 
+impl serde::Serialize for EvalResult {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("split", &self.split)?;
+        m.serialize_entry("n", &self.n)?;
+        if self.is_game() {
+            m.serialize_entry("success", &self.em)?;
+            m.serialize_entry("success_se", &self.em_se)?;
+            m.serialize_entry("steps_to_success", &self.steps_to_success)?;
+            m.serialize_entry("invalid_actions", &self.invalid_actions)?;
+            m.serialize_entry("format_ok", &self.format_ok)?;
+            m.serialize_entry("turns", &self.turns)?;
+            m.serialize_entry("agent_tokens", &self.agent_tokens)?;
+            return m.end();
+        }
+        m.serialize_entry("em", &self.em)?;
+        m.serialize_entry("em_se", &self.em_se)?;
+        m.serialize_entry("f1", &self.f1)?;
+        m.serialize_entry("sub_em", &self.sub_em)?;
+        m.serialize_entry("answered", &self.answered)?;
+        m.serialize_entry("format_ok", &self.format_ok)?;
+        m.serialize_entry("tool_calls", &self.tool_calls)?;
+        m.serialize_entry("turns", &self.turns)?;
+        m.serialize_entry("agent_tokens", &self.agent_tokens)?;
+        m.serialize_entry("em_by_hops", &self.em_by_hops)?;
+        if !self.reward_parts.is_empty() {
+            m.serialize_entry("reward_parts", &self.reward_parts)?;
+        }
+        m.end()
+    }
+}
+
 impl EvalResult {
+    /// Whether this is a game's evaluation (it has the invalid-action rate).
+    pub fn is_game(&self) -> bool {
+        self.invalid_actions.is_some()
+    }
+
     /// Metrics under `prefix` (e.g. `eval/test/greedy`, see [`eval_prefix`]), with the number of
-    /// questions as `{prefix}/n`.
+    /// questions as `{prefix}/n`; a game's only with its own figures (see [`EvalResult`]).
     pub fn to_metrics(&self, prefix: &str) -> BTreeMap<String, f64> {
         let mut m = BTreeMap::new();
         m.insert(format!("{prefix}/n"), self.n as f64);
         m.insert(format!("{prefix}/em"), self.em);
         m.insert(format!("{prefix}/em_se"), self.em_se);
+        m.insert(format!("{prefix}/format_ok"), self.format_ok);
+        m.insert(format!("{prefix}/turns"), self.turns);
+        m.insert(format!("{prefix}/agent_tokens"), self.agent_tokens);
+        if self.is_game() {
+            m.insert(
+                format!("{prefix}/steps_to_success"),
+                self.steps_to_success.unwrap_or(0.0),
+            );
+            m.insert(
+                format!("{prefix}/invalid_actions"),
+                self.invalid_actions.unwrap_or(0.0),
+            );
+            return m;
+        }
         m.insert(format!("{prefix}/f1"), self.f1);
         m.insert(format!("{prefix}/sub_em"), self.sub_em);
         m.insert(format!("{prefix}/answered"), self.answered);
-        m.insert(format!("{prefix}/format_ok"), self.format_ok);
         m.insert(format!("{prefix}/tool_calls"), self.tool_calls);
-        m.insert(format!("{prefix}/turns"), self.turns);
-        m.insert(format!("{prefix}/agent_tokens"), self.agent_tokens);
         for (h, (e, n)) in &self.em_by_hops {
             m.insert(format!("{prefix}/em/hop{h}"), *e);
             m.insert(format!("{prefix}/n/hop{h}"), *n as f64);
-        }
-        if let Some(v) = self.steps_to_success {
-            m.insert(format!("{prefix}/steps_to_success"), v);
-        }
-        if let Some(v) = self.invalid_actions {
-            m.insert(format!("{prefix}/invalid_actions"), v);
         }
         for (name, v) in &self.reward_parts {
             m.insert(format!("{prefix}/{REWARD_PART}{name}"), *v);

@@ -421,12 +421,33 @@ impl Trainer {
             .map(|e| e.trajectory.num_turns() as f64)
             .collect();
         metrics.insert("env/turns/mean".into(), mean(&turns));
-        let searches: Vec<f64> = all
-            .episodes
-            .iter()
-            .map(|e| e.trajectory.search_count() as f64)
-            .collect();
-        metrics.insert("env/tool_calls/mean".into(), mean(&searches));
+        if self.task.game.is_some() {
+            // A game has no searches; its invalid-action rate over the batch's turns instead.
+            let (turns, invalid) = all.episodes.iter().fold((0, 0), |(n, bad), e| {
+                let t = &e.trajectory.turns;
+                let b = t
+                    .iter()
+                    .filter(|t| {
+                        matches!(
+                            t.action,
+                            turnwise_core::trajectory::TurnAction::Invalid { .. }
+                        )
+                    })
+                    .count();
+                (n + t.len(), bad + b)
+            });
+            metrics.insert(
+                "train/invalid_actions".into(),
+                invalid as f64 / turns.max(1) as f64,
+            );
+        } else {
+            let searches: Vec<f64> = all
+                .episodes
+                .iter()
+                .map(|e| e.trajectory.search_count() as f64)
+                .collect();
+            metrics.insert("env/tool_calls/mean".into(), mean(&searches));
+        }
         if let Some(ig) = &all.info_gain {
             metrics.insert("info_gain/probes".into(), ig.probes as f64);
             metrics.insert("info_gain/probe_failures".into(), ig.failures as f64);
