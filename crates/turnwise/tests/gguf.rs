@@ -195,7 +195,14 @@ fn gguf_smollm2_real_file_matches_transformers() {
         stop_token_ids: vec![2],
         ..Default::default()
     };
-    let out = generate(&model, &[prompt_ids.clone()], &[0], &params, Some(&tok)).unwrap();
+    let out = generate(
+        &model,
+        std::slice::from_ref(&prompt_ids),
+        &[0],
+        &params,
+        Some(&tok),
+    )
+    .unwrap();
     assert_eq!(out[0].tokens, ids(&exp["greedy_ids"]));
     let text = tok.decode(&out[0].tokens, false).unwrap();
     assert_eq!(text, exp["greedy_text"].as_str().unwrap());

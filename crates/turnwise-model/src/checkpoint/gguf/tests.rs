@@ -199,12 +199,17 @@ fn gguf_tiny_tokenizers_match_transformers() {
     assert_ne!(numbers, &exp["qwen2"]["encoded"][3]);
 }
 
+/// A GGUF file's metadata entries.
+type Meta = Vec<(String, Value)>;
+/// A GGUF file's tensors.
+type QTensors = Vec<(String, QTensor)>;
+
 /// A copy of the GGUF `src` with its metadata and tensors edited, written by candle.
 fn rewrite(
     src: &Path,
     dst: &Path,
-    edit_meta: impl FnOnce(&mut Vec<(String, Value)>),
-    edit_tensors: impl FnOnce(&mut Vec<(String, QTensor)>),
+    edit_meta: impl FnOnce(&mut Meta),
+    edit_tensors: impl FnOnce(&mut QTensors),
 ) {
     let bytes = std::fs::read(src).unwrap();
     let mut reader = Cursor::new(&bytes);
@@ -234,7 +239,7 @@ fn rewrite(
     gguf_file::write(&mut out, &meta_refs, &tensor_refs).unwrap();
 }
 
-fn set(meta: &mut Vec<(String, Value)>, key: &str, value: Value) {
+fn set(meta: &mut Meta, key: &str, value: Value) {
     meta.retain(|(k, _)| k != key);
     meta.push((key.to_string(), value));
 }
@@ -374,14 +379,12 @@ fn load_err(path: &Path) -> String {
 fn gguf_errors_name_the_file_and_the_problem() {
     let dir = tempfile::tempdir().unwrap();
     let src = fixture("llama");
-    let case = |name: &str,
-                meta: &dyn Fn(&mut Vec<(String, Value)>),
-                tensors: &dyn Fn(&mut Vec<(String, QTensor)>)| {
+    let case = |name: &str, meta: &dyn Fn(&mut Meta), tensors: &dyn Fn(&mut QTensors)| {
         let path = dir.path().join(format!("{name}.gguf"));
         rewrite(&src, &path, meta, tensors);
         load_err(&path)
     };
-    let none = |_: &mut Vec<(String, QTensor)>| {};
+    let none = |_: &mut QTensors| {};
 
     let e = case(
         "arch",
