@@ -69,6 +69,9 @@ pub enum ModelError {
         /// What is wrong.
         reason: String,
     },
+    /// A GGUF file could not be loaded (the error names the file).
+    #[error(transparent)]
+    Gguf(#[from] crate::checkpoint::gguf::GgufError),
     /// A tokenizer could not be built, trained, loaded, saved or run.
     #[error("tokenizer: {0}")]
     Tokenizer(String),

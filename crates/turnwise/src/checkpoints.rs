@@ -122,8 +122,8 @@ pub fn export_checkpoint(
 pub struct EvalSource<'a> {
     /// `--run DIR`.
     pub run: Option<&'a Path>,
-    /// `--checkpoint PATH`: a checkpoint folder of a run, or a Hugging Face folder (an `sft
-    /// --out` or `turnwise export` folder, or any supported checkpoint).
+    /// `--checkpoint PATH`: a checkpoint folder of a run, a Hugging Face folder (an `sft
+    /// --out` or `turnwise export` folder, or any supported checkpoint), or a GGUF file.
     pub checkpoint: Option<&'a Path>,
     /// `--preset NAME`: the task of a folder that carries no config.
     pub preset: Option<&'a str>,
@@ -191,8 +191,9 @@ pub fn open_for_eval(source: &EvalSource<'_>) -> Result<(Trainer, String)> {
         }
         (None, None) => bail!("give --run DIR or --checkpoint PATH"),
     };
-    if !path.is_dir() {
-        bail!("{} is not a directory", path.display());
+    let gguf = path.is_file() && turnwise_model::checkpoint::gguf::is_gguf_file(&path);
+    if !path.is_dir() && !gguf {
+        bail!("{} is neither a directory nor a GGUF file", path.display());
     }
     if path.join("trainer_state.json").is_file() && path.join("optimizer.safetensors").is_file() {
         // A run's checkpoint: loaded as resuming would (prompts, chat template, step).
@@ -200,8 +201,10 @@ pub fn open_for_eval(source: &EvalSource<'_>) -> Result<(Trainer, String)> {
         let desc = format!("checkpoint {} (RL step {})", path.display(), t.step);
         return Ok((t, desc));
     }
-    // A Hugging Face folder: the model of `model.init_from`, the task of the config.
+    // A Hugging Face folder or a GGUF file: the model of `model.init_from`, the task of the
+    // config.
     cfg.model.init_from = Some(path.clone());
     let t = Trainer::new(cfg)?;
-    Ok((t, format!("model folder {}", path.display())))
+    let what = if gguf { "GGUF file" } else { "model folder" };
+    Ok((t, format!("{what} {}", path.display())))
 }

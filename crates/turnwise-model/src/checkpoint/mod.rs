@@ -8,8 +8,10 @@
 //! - `trainer_state.json` — [`TrainerState`].
 //!
 //! [`hf`] completes a folder into what `transformers` loads (tokenizer and generation configs,
-//! the source checkpoint's config fields).
+//! the source checkpoint's config fields); [`gguf`] loads llama.cpp GGUF files (weights,
+//! tokenizer and chat template) as such a model.
 
+pub mod gguf;
 pub mod hf;
 
 use std::path::Path;
@@ -25,6 +27,7 @@ use crate::model::weights::{
 };
 use crate::optim::{AdamW, AdamWConfig, LrSchedule};
 
+pub use gguf::{GgufCheckpoint, GgufError, load_gguf};
 pub use hf::{HfMetadata, export_hf_folder, write_hf_metadata};
 
 /// Version of the checkpoint layout written by this crate.

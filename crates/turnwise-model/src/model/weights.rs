@@ -120,7 +120,7 @@ pub fn set_mode_644(path: &Path) -> Result<()> {
 }
 
 /// Counts the NaN and infinite values of a floating-point tensor (0 for integer tensors).
-fn non_finite_count(t: &Tensor) -> Result<usize> {
+pub(crate) fn non_finite_count(t: &Tensor) -> Result<usize> {
     Ok(match t.dtype() {
         DType::F64 => t
             .flatten_all()?

@@ -271,8 +271,9 @@ pub enum TokenizerKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelSpec {
-    /// A Hugging Face folder (config.json, *.safetensors, tokenizer.json) to start from instead
-    /// of a fresh model.
+    /// A Hugging Face folder (config.json, *.safetensors, tokenizer.json), a GGUF file, or a
+    /// packaged model's name (`smollm2-135m-instruct`, fetched into the cache directory) to start
+    /// from instead of a fresh model (see [`crate::model_source`]).
     pub init_from: Option<PathBuf>,
     /// Tokenizer of a fresh model.
     pub tokenizer: TokenizerKind,
@@ -1829,6 +1830,13 @@ pub fn absolutize_paths(doc: &mut toml::Table, base: &Path) -> Result<(), Config
         };
         let path = Path::new(s.as_str());
         if path.is_absolute() || s.is_empty() {
+            continue;
+        }
+        // A packaged model's name is not a path (unless a folder of that name is there).
+        if *key == "model.init_from"
+            && crate::model_source::is_model_name(s)
+            && !base.join(path).exists()
+        {
             continue;
         }
         let abs = std::path::absolute(base.join(path)).map_err(|source| ConfigError::Io {

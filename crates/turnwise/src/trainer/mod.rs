@@ -116,24 +116,15 @@ fn critic_adamw(cfg: &TrainConfig) -> AdamWConfig {
 
 impl Trainer {
     /// A fresh run: builds the task, trains a tokenizer and initialises a model (or loads
-    /// `model.init_from`).
+    /// `model.init_from`: a Hugging Face folder, a GGUF file or a packaged model's name, see
+    /// [`crate::model_source`]).
     pub fn new(config: TrainConfig) -> Result<Self> {
         let mut task = WorldTask::build(&config.task)?;
         let (tokenizer, model_config, varmap, hf_meta) = match &config.model.init_from {
-            Some(dir) => {
-                let (mc, tensors) =
-                    turnwise_model::model::weights::load_hf(dir, DType::F32, &Device::Cpu)
-                        .with_context(|| format!("loading the model in {}", dir.display()))?;
-                let vm = turnwise_model::model::weights::varmap_from_tensors(
-                    &mc,
-                    &tensors,
-                    &dir.display().to_string(),
-                )?;
-                let tok = TextTokenizer::from_file(dir.join("tokenizer.json"))
-                    .with_context(|| format!("loading {}/tokenizer.json", dir.display()))?;
-                let meta = HfMetadata::from_folder(dir)?;
-                task.set_chat_template(chat_template_of(&meta, dir)?)?;
-                (tok, mc, vm, meta)
+            Some(source) => {
+                let m = crate::model_source::load_init_model(source)?;
+                task.set_chat_template(chat_template_of(&m.meta, source)?)?;
+                (m.tokenizer, m.config, m.varmap, m.meta)
             }
             None => {
                 task.set_chat_template(None)?;

