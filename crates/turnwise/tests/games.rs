@@ -7,7 +7,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use turnwise::config::TrainConfig;
 use turnwise::trainer::Trainer;
@@ -48,12 +48,7 @@ fn tiny_game(env: &str) -> Vec<String> {
 }
 
 fn turnwise(args: &[String], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_turnwise"))
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("the turnwise binary runs")
+    common::turnwise_in(args, cwd)
 }
 
 fn text(b: &[u8]) -> String {

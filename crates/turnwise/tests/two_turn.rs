@@ -6,7 +6,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use turnwise::config::TrainConfig;
 use turnwise::rollout::{Decoding, Episode, EpisodeSpec, EpisodeState};
@@ -232,12 +232,7 @@ fn mt_grpo_turn_credit_differs_from_the_papers_baselines() {
 }
 
 fn turnwise(args: &[String], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_turnwise"))
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("the turnwise binary runs")
+    common::turnwise_in(args, cwd)
 }
 
 /// `turnwise train --preset mt-grpo --set task.env=two_turn …` then `turnwise eval --run`:

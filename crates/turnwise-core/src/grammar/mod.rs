@@ -322,17 +322,23 @@ pub(crate) fn check_single_action(text: &str) -> Result<(), FormatViolation> {
     Ok(())
 }
 
-/// Shared reason for a turn without a complete action block: names the first unclosed action
-/// tag when there is one.
+/// Shared reason for a turn without a complete `<search>`/`<answer>` block: names the first
+/// unclosed action tag when there is one.
 pub(crate) fn missing_action(text: &str) -> FormatViolation {
-    for (open, close) in [("<search>", "</search>"), ("<answer>", "</answer>")] {
-        if let Some(p) = text.find(open)
-            && scan::find_from(text, close, p + open.len()).is_none()
+    missing_action_of(text, ["search", "answer"])
+}
+
+/// [`missing_action`] for the action tags `tags` (`["tool", "answer"]` in the verifiers format).
+pub(crate) fn missing_action_of(text: &str, tags: [&str; 2]) -> FormatViolation {
+    for tag in tags {
+        let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+        if let Some(p) = text.find(&open)
+            && scan::find_from(text, &close, p + open.len()).is_none()
         {
             return FormatViolation::at(format!("unclosed {open}"), p);
         }
     }
-    FormatViolation::new("no complete <search> or <answer> block")
+    FormatViolation::new(format!("no complete <{}> or <{}> block", tags[0], tags[1]))
 }
 
 #[cfg(test)]

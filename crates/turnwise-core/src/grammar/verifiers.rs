@@ -120,7 +120,7 @@ pub fn parse_turn(text: &str) -> ParsedTurn {
             }
         }
         (None, None) => {
-            let v = missing(text);
+            let v = super::missing_action_of(text, ["tool", "answer"]);
             verdict.push(rules::ACTION, Err(v.clone()));
             (Action::Invalid { reason: v.reason }, None, text.len())
         }
@@ -173,17 +173,6 @@ fn check_single(text: &str) -> Result<(), FormatViolation> {
         return Err(FormatViolation::new("both <tool> and <answer> present"));
     }
     Ok(())
-}
-
-fn missing(text: &str) -> FormatViolation {
-    for (open, close) in [("<tool>", "</tool>"), ("<answer>", "</answer>")] {
-        if let Some(p) = text.find(open)
-            && scan::find_from(text, close, p + open.len()).is_none()
-        {
-            return FormatViolation::at(format!("unclosed {open}"), p);
-        }
-    }
-    FormatViolation::new("no complete <tool> or <answer> block")
 }
 
 #[cfg(test)]

@@ -62,3 +62,14 @@ pub fn phase_lines(path: &std::path::Path, phase: &str) -> Vec<serde_json::Value
         })
         .collect()
 }
+
+/// Runs the `turnwise` binary with `args` in `cwd` (no `RUST_LOG` from the caller's shell).
+#[allow(dead_code)]
+pub fn turnwise_in(args: &[String], cwd: &std::path::Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_turnwise"))
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("the turnwise binary runs")
+}
