@@ -14,6 +14,7 @@
 //!   intervention, turn resampling, dynamic sampling).
 //! - [`info_gain`]: per-turn information gain from answer log-probabilities.
 //! - [`diagnostics`]: metrics computed from trajectories and advantages.
+//! - [`pip`]: packaged data and models fetched from PyPI into a cache.
 //!
 //! Formulas, defaults and test vectors follow `docs/algorithms.md` (in the repository root); section numbers in the
 //! doc comments (e.g. "§3.5") refer to it.
@@ -23,6 +24,7 @@ pub mod control;
 pub mod diagnostics;
 pub mod grammar;
 pub mod info_gain;
+pub mod pip;
 pub mod reward;
 pub mod trajectory;
 

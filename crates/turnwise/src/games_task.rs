@@ -334,20 +334,25 @@ pub fn game_reward(ep: &Episode) -> RewardOutput {
 mod tests {
     use super::*;
 
-    fn lake(max_turns: usize) -> GameTask {
+    /// The game `env` with `max_turns` turns and `[train, validation, test]` maps.
+    fn game(env: TaskEnv, max_turns: usize, [train, validation, test]: [usize; 3]) -> GameTask {
         let config = TaskConfig {
-            env: TaskEnv::FrozenLake,
+            env,
             format: crate::config::AgentFormatName::T2po,
             max_turns,
             game: GameConfig {
-                train: 30,
-                validation: 10,
-                test: 10,
+                train,
+                validation,
+                test,
                 ..GameConfig::default()
             },
             ..TaskConfig::default()
         };
         GameTask::build(&config).unwrap()
+    }
+
+    fn lake(max_turns: usize) -> GameTask {
+        game(TaskEnv::FrozenLake, max_turns, [30, 10, 10])
     }
 
     #[test]
@@ -398,19 +403,7 @@ mod tests {
 
     #[test]
     fn sokoban_maps_fit_and_their_demonstrations_win() {
-        let config = TaskConfig {
-            env: TaskEnv::Sokoban,
-            format: crate::config::AgentFormatName::T2po,
-            max_turns: 20,
-            game: GameConfig {
-                train: 8,
-                validation: 2,
-                test: 2,
-                ..GameConfig::default()
-            },
-            ..TaskConfig::default()
-        };
-        let task = GameTask::build(&config).unwrap();
+        let task = game(TaskEnv::Sokoban, 20, [8, 2, 2]);
         let mut rng = SplitMix64::new(3);
         for m in task.maps(Split::Train) {
             assert!((1..=20).contains(&m.solution.len()));

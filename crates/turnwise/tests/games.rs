@@ -16,7 +16,6 @@ use turnwise::trainer::advantage::rollout_of;
 /// Overrides that shrink a game run to seconds.
 fn tiny_game(env: &str) -> Vec<String> {
     let mut sets: Vec<String> = [
-        "task.format=\"t2po\"",
         "task.game.train=12",
         "task.game.validation=3",
         "task.game.test=3",
@@ -227,42 +226,20 @@ fn game_rollouts_share_anchor_states() {
     );
 }
 
-/// Plays `texts` as the agent's turns on question `q` of `t`'s task through the rollout's
-/// episode bookkeeping (what a rollout records, with made-up log-probs).
-fn play(t: &Trainer, q: &turnwise::task::QaItem, texts: &[String]) -> turnwise::rollout::Episode {
-    use turnwise::rollout::{Decoding, EpisodeSpec, EpisodeState};
-    use turnwise::task::WorldTask;
-    use turnwise_model::sampling::{Completion, FinishReason};
+/// The first training map whose shortest solution has a length passing `fits`, with its
+/// question.
+fn train_map(
+    t: &Trainer,
+    fits: impl Fn(usize) -> bool,
+) -> (&turnwise::games_task::GameMap, &turnwise::task::QaItem) {
+    let split = turnwise_env::world::Split::Train;
+    let maps = t.task.game.as_ref().expect("a game task").maps(split);
+    let k = maps.iter().position(|m| fits(m.solution.len())).unwrap();
+    (&maps[k], t.task.questions(split)[k])
+}
 
-    let policy = t.rollout_policy();
-    let decoding = Decoding {
-        temperature: 1.0,
-        top_p: 1.0,
-        top_k: 0,
-        max_turn_tokens: 16,
-        max_response_tokens: 200,
-    };
-    let spec = EpisodeSpec {
-        id: "e".into(),
-        prompt_uid: q.id.clone(),
-        prompt_ids: t.tokenizer.encode(&t.task.prompt(q).unwrap()).unwrap(),
-        task: WorldTask::env_task(q),
-        seed: 0,
-    };
-    let mut state = EpisodeState::start(spec, t.task.env().unwrap()).unwrap();
-    for text in texts {
-        let tokens = t.tokenizer.encode(text).unwrap();
-        let n = tokens.len();
-        let completion = Completion {
-            tokens,
-            logprobs: vec![-0.5; n],
-            entropies: vec![0.5; n],
-            top_logprobs: vec![Vec::new(); n],
-            finish: FinishReason::Length,
-        };
-        state.apply_turn(&policy, completion, &decoding).unwrap();
-    }
-    state.finish()
+fn play(t: &Trainer, q: &turnwise::task::QaItem, texts: &[String]) -> turnwise::rollout::Episode {
+    common::play_turns(t, q, texts)
 }
 
 /// GiGPO's anchor of a step is the state the agent acted in (spec §3.7), step 0 included: a
@@ -276,14 +253,7 @@ fn a_later_step_on_the_starting_board_shares_step_zeros_anchor_group() {
 
     let cfg = TrainConfig::resolve(Some("gigpo"), None, &tiny_game("frozen_lake")).unwrap();
     let t = Trainer::new(cfg.clone()).unwrap();
-    let game = t.task.game.as_ref().expect("a game task");
-    let k = game
-        .maps(Split::Train)
-        .iter()
-        .position(|m| (2..6).contains(&m.solution.len()))
-        .unwrap();
-    let map = &game.maps(Split::Train)[k];
-    let q = t.task.questions(Split::Train)[k];
+    let (map, q) = train_map(&t, |n| (2..6).contains(&n));
     let solution: Vec<String> = map.solution.iter().map(|d| d.to_action_text()).collect();
     let mut detour = vec!["<think>goal</think><action>goal</action>".to_string()];
     detour.extend(solution.iter().cloned());
@@ -342,19 +312,11 @@ fn a_later_step_on_the_starting_board_shares_step_zeros_anchor_group() {
 #[test]
 fn solver_moves_through_the_rollout_are_valid_and_win() {
     use turnwise_core::trajectory::TurnAction;
-    use turnwise_env::world::Split;
 
     let cfg = TrainConfig::resolve(Some("gigpo"), None, &tiny_game("frozen_lake")).unwrap();
     let t = Trainer::new(cfg.clone()).unwrap();
-    let game = t.task.game.as_ref().expect("a game task");
     // A map with room for one wasted turn within task.max_turns = 6.
-    let k = game
-        .maps(Split::Train)
-        .iter()
-        .position(|m| m.solution.len() < 6)
-        .unwrap();
-    let map = &game.maps(Split::Train)[k];
-    let q = t.task.questions(Split::Train)[k];
+    let (map, q) = train_map(&t, |n| n < 6);
     let play = |texts: &[String]| play(&t, q, texts);
     let penalised = |ep: &turnwise::rollout::Episode| {
         let out = t.task.score_episode(&cfg.reward, ep, &[]).unwrap();

@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use serde_json::Value;
 use turnwise::checkpoints::{EvalSource, open_for_eval};
 use turnwise::config::TrainConfig;
@@ -88,17 +88,8 @@ fn gguf_model_names_are_not_paths() {
 /// The last-position logits of `ids`.
 fn last_logits(model: &Transformer, ids: &[u32]) -> Vec<f32> {
     let n = ids.len();
-    let t = |v: Vec<u32>| Tensor::from_vec(v, (1, n), &Device::Cpu).unwrap();
-    let logits = model
-        .forward(
-            &t(ids.to_vec()),
-            &t((0..n as u32).collect()),
-            &t(vec![1; n]),
-            None,
-        )
-        .unwrap();
-    logits
-        .squeeze(0)
+    model
+        .forward_sequence(ids)
         .unwrap()
         .get(n - 1)
         .unwrap()

@@ -9,12 +9,10 @@ use std::path::Path;
 use std::process::Output;
 
 use turnwise::config::TrainConfig;
-use turnwise::rollout::{Decoding, Episode, EpisodeSpec, EpisodeState};
-use turnwise::task::WorldTask;
+use turnwise::rollout::Episode;
 use turnwise::trainer::Trainer;
 use turnwise_core::trajectory::TurnAction;
 use turnwise_env::world::Split;
-use turnwise_model::sampling::{Completion, FinishReason};
 
 fn tiny(extra: &[&str]) -> Vec<String> {
     let mut sets = common::tiny_overrides();
@@ -24,42 +22,9 @@ fn tiny(extra: &[&str]) -> Vec<String> {
     sets
 }
 
-/// Plays the agent turns `texts` (encoded with the run's tokenizer, as if sampled) on
-/// training question `q`.
+/// Plays the agent turns `texts` on training question `q`.
 fn play(t: &Trainer, q: usize, texts: &[&str]) -> Episode {
-    let question = t.task.questions(Split::Train)[q];
-    let spec = EpisodeSpec {
-        id: format!("q{q}"),
-        prompt_uid: format!("q{q}"),
-        prompt_ids: t
-            .tokenizer
-            .encode(&t.task.prompt(question).unwrap())
-            .unwrap(),
-        task: WorldTask::env_task(question),
-        seed: 0,
-    };
-    let policy = t.rollout_policy();
-    let decoding = Decoding {
-        temperature: 1.0,
-        top_p: 1.0,
-        top_k: 0,
-        max_turn_tokens: 64,
-        max_response_tokens: 400,
-    };
-    let mut state = EpisodeState::start(spec, t.task.env().unwrap()).unwrap();
-    for text in texts {
-        let tokens = t.tokenizer.encode(text).unwrap();
-        let n = tokens.len();
-        let completion = Completion {
-            tokens,
-            logprobs: vec![-0.5; n],
-            entropies: vec![0.5; n],
-            top_logprobs: vec![Vec::new(); n],
-            finish: FinishReason::Length,
-        };
-        state.apply_turn(&policy, completion, &decoding).unwrap();
-    }
-    state.finish()
+    common::play_turns(t, t.task.questions(Split::Train)[q], texts)
 }
 
 /// The oracle's two turns for training question `q`: the tool call and the answer turn.

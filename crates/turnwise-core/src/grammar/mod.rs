@@ -295,13 +295,27 @@ pub fn parse_turn(format: Format, text: &str) -> ParsedTurn {
 /// Shared check: the first `<think>` is closed by a `</think>` that ends at or before `limit`
 /// (the start of the action block, or the end of the text).
 pub(crate) fn check_think(text: &str, limit: usize) -> Result<(), FormatViolation> {
-    let Some(open) = text.find("<think>") else {
-        return Err(FormatViolation::new("missing <think>"));
+    check_block_before(text, "think", limit)
+}
+
+/// The first `<tag>` is closed by a `</tag>` that ends at or before `limit` (the reasoning
+/// block before the action: `think`, or the verifiers format's `reasoning`).
+pub(crate) fn check_block_before(
+    text: &str,
+    tag: &str,
+    limit: usize,
+) -> Result<(), FormatViolation> {
+    let (open_tag, close_tag) = (format!("<{tag}>"), format!("</{tag}>"));
+    let Some(open) = text.find(&open_tag) else {
+        return Err(FormatViolation::new(format!("missing {open_tag}")));
     };
-    match scan::find_from(text, "</think>", open + "<think>".len()) {
-        Some(close) if close + "</think>".len() <= limit => Ok(()),
-        Some(close) => Err(FormatViolation::at("</think> after the action", close)),
-        None => Err(FormatViolation::at("unclosed <think>", open)),
+    match scan::find_from(text, &close_tag, open + open_tag.len()) {
+        Some(close) if close + close_tag.len() <= limit => Ok(()),
+        Some(close) => Err(FormatViolation::at(
+            format!("{close_tag} after the action"),
+            close,
+        )),
+        None => Err(FormatViolation::at(format!("unclosed {open_tag}"), open)),
     }
 }
 

@@ -125,7 +125,10 @@ pub fn parse_turn(text: &str) -> ParsedTurn {
             (Action::Invalid { reason: v.reason }, None, text.len())
         }
     };
-    verdict.push(rules::REASONING, check_reasoning(text, limit));
+    verdict.push(
+        rules::REASONING,
+        super::check_block_before(text, "reasoning", limit),
+    );
     verdict.push(rules::SINGLE_ACTION, check_single(text));
     ParsedTurn {
         action,
@@ -148,17 +151,6 @@ pub fn invalid_observation(text: &str, reason: &str) -> String {
         format!(" <result>\n{reason}\n</result>")
     } else {
         NO_ACTION_FEEDBACK.to_owned()
-    }
-}
-
-fn check_reasoning(text: &str, limit: usize) -> Result<(), FormatViolation> {
-    let Some(open) = text.find("<reasoning>") else {
-        return Err(FormatViolation::new("missing <reasoning>"));
-    };
-    match scan::find_from(text, "</reasoning>", open + "<reasoning>".len()) {
-        Some(close) if close + "</reasoning>".len() <= limit => Ok(()),
-        Some(close) => Err(FormatViolation::at("</reasoning> after the action", close)),
-        None => Err(FormatViolation::at("unclosed <reasoning>", open)),
     }
 }
 

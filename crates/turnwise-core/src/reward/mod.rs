@@ -303,6 +303,15 @@ impl RewardConfig {
         }
     }
 
+    /// The names of the parts [`RewardConfig::score`] reports in [`RewardOutput::parts`] (the
+    /// two-turn rubrics); empty for a single-part reward.
+    pub fn part_names(&self) -> &'static [&'static str] {
+        match self {
+            RewardConfig::MtGrpoTwoTurn(_) => &two_turn::PARTS,
+            _ => &[],
+        }
+    }
+
     /// Whether [`RewardConfig::score`] needs [`RewardInput::turns`].
     pub fn needs_turns(&self) -> bool {
         matches!(

@@ -317,6 +317,17 @@ fn for_each_json_line(
     Ok(())
 }
 
+impl From<turnwise_core::pip::PipError> for CorpusError {
+    fn from(e: turnwise_core::pip::PipError) -> Self {
+        match e {
+            turnwise_core::pip::PipError::Io { path, source } => CorpusError::Io { path, source },
+            turnwise_core::pip::PipError::Fetch { what, message } => {
+                CorpusError::Fetch { what, message }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

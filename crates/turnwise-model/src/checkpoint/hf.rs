@@ -483,7 +483,6 @@ json.dump(out, open(sys.argv[2], "w"))
     #[test]
     fn transformers_loads_exports_with_the_same_logits() {
         use crate::model::Transformer;
-        use candle_core::Tensor;
         use std::process::Command;
 
         let python = std::env::var("TURNWISE_PYTHON").unwrap_or_else(|_| "python3".into());
@@ -530,17 +529,8 @@ json.dump(out, open(sys.argv[2], "w"))
             let dir = tmp.path().join(format!("m{k}"));
             export_hf_folder(&dir, &cfg, &vm, &tok, &meta).unwrap();
             let model = Transformer::detached_from_varmap(&cfg, &vm).unwrap();
-            let n = ids.len();
-            let t = |v: Vec<u32>| Tensor::from_vec(v, (1, n), &Device::Cpu).unwrap();
             let logits = model
-                .forward(
-                    &t(ids.clone()),
-                    &t((0..n as u32).collect()),
-                    &t(vec![1; n]),
-                    None,
-                )
-                .unwrap()
-                .squeeze(0)
+                .forward_sequence(&ids)
                 .unwrap()
                 .to_vec2::<f32>()
                 .unwrap();

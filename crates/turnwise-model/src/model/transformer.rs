@@ -341,6 +341,21 @@ impl Transformer {
         self.logits(&h)
     }
 
+    /// Logits `[T, V]` of one unpadded sequence `ids` (positions `0..T`, no cache): what a
+    /// reference implementation's forward of the same ids gives.
+    pub fn forward_sequence(&self, ids: &[u32]) -> Result<Tensor> {
+        let n = ids.len();
+        let device = self.device();
+        let t = |v: Vec<u32>| Tensor::from_vec(v, (1, n), device);
+        let logits = self.forward(
+            &t(ids.to_vec())?,
+            &t((0..n as u32).collect())?,
+            &t(vec![1; n])?,
+            None,
+        )?;
+        Ok(logits.squeeze(0)?)
+    }
+
     /// Final hidden states `[B, T, hidden]` (after the last norm); see [`Transformer::forward`].
     pub fn forward_hidden(
         &self,

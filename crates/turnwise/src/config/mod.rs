@@ -947,17 +947,29 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
-    /// Resolves preset `preset` (if any), then `file` (if any), then each `key=value` of `sets`
-    /// (dotted keys, TOML values; a bare word is a string), and validates the result.
+    /// Resolves preset `preset` (if any), then the settings of the chosen `task.env`
+    /// ([`TaskEnv::overrides`] and the preset's `[for_env.<env>]` table), then `file` (if any),
+    /// then each `key=value` of `sets` (dotted keys, TOML values; a bare word is a string), and
+    /// validates the result.
     pub fn resolve(
         preset: Option<&str>,
         file: Option<&Path>,
         sets: &[String],
     ) -> Result<Self, ConfigError> {
+        let (base, mut for_env) = Self::preset_layer(preset)?;
+        let file_layer = file.map(Self::file_layer).transpose()?;
+        // The user's layers: the config file, then each `--set`.
+        let user = |doc: &mut toml::Table| -> Result<(), ConfigError> {
+            if let Some(t) = &file_layer {
+                merge(doc, t.clone());
+            }
+            sets.iter().try_for_each(|arg| apply_override(doc, arg))
+        };
         // The environment decides a layer between the preset and the user's settings, and the
-        // user's settings may choose the environment: merge once to learn it.
-        let first = Self::layers(preset, file, sets, None)?;
-        let env = match first.get("task").and_then(|t| t.get("env")) {
+        // user's settings may choose the environment: merge them once to learn it.
+        let mut probe = base.clone();
+        user(&mut probe)?;
+        let env = match probe.get("task").and_then(|t| t.get("env")) {
             None => TaskEnv::Search,
             Some(v) => v.clone().try_into().map_err(|_| ConfigError::Field {
                 field: "task.env".into(),
@@ -967,80 +979,64 @@ impl TrainConfig {
                 ),
             })?,
         };
-        Self::from_table(Self::layers(preset, file, sets, Some(env))?)
-    }
-
-    /// The merged TOML of the layers, lowest first: the preset (with the quickstart's
-    /// overrides), then for `env` its [`TaskEnv::overrides`] and the preset's own
-    /// `[for_env.<env>]` table, then `file`, then `sets`.
-    fn layers(
-        preset: Option<&str>,
-        file: Option<&Path>,
-        sets: &[String],
-        env: Option<TaskEnv>,
-    ) -> Result<toml::Table, ConfigError> {
-        let mut doc = toml::Table::new();
-        let mut for_env = toml::Table::new();
-        if let Some(name) = preset {
-            let base = if name == presets::QUICKSTART {
-                presets::QUICKSTART_BASE
-            } else {
-                name
-            };
-            let text = presets::get(base)?;
-            let mut table = parse_table(text, &format!("preset {base}"))?;
-            if let Some(v) = table.remove(presets::FOR_ENV) {
-                for_env = presets::for_env_table(base, v)?;
-            }
-            merge(&mut doc, table);
-            // The run records the preset it was made from (a file or `--set preset=…` may
-            // still rename it).
-            doc.insert("preset".into(), toml::Value::String(name.to_string()));
-            if name == presets::QUICKSTART {
-                for arg in presets::QUICKSTART_OVERRIDES {
-                    apply_override(&mut doc, arg)?;
-                }
-            }
-        }
-        if let Some(env) = env {
-            for arg in env.overrides() {
-                apply_override(&mut doc, arg)?;
-            }
-            if let Some(toml::Value::Table(t)) = for_env.remove(env.name()) {
-                for arg in presets::flatten_overrides(&t) {
-                    apply_override(&mut doc, &arg)?;
-                }
-            }
-        }
-        if let Some(path) = file {
-            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
-                path: path.to_path_buf(),
-                source,
-            })?;
-            let mut table = parse_table(&text, &path.display().to_string())?;
-            // Paths in a config file are relative to the file, wherever the command runs.
-            let base = path.parent().unwrap_or(Path::new(""));
-            absolutize_paths(&mut table, base)?;
-            merge(&mut doc, table);
-        }
-        for arg in sets {
+        let mut doc = base;
+        for arg in env.overrides() {
             apply_override(&mut doc, arg)?;
         }
+        if let Some(toml::Value::Table(t)) = for_env.remove(env.name()) {
+            for arg in presets::flatten_overrides(&t) {
+                apply_override(&mut doc, &arg)?;
+            }
+        }
+        user(&mut doc)?;
         // Paths given with `--set` are relative to the working directory. Every path is stored
         // absolute, so `resume` and `eval` work from any directory.
         absolutize_paths(&mut doc, Path::new(""))?;
-        Ok(doc)
+        Self::from_table(doc)
+    }
+
+    /// The preset's layer (with the quickstart's overrides) and its `[for_env]` table (see
+    /// [`presets::FOR_ENV`]); empty without a preset.
+    fn preset_layer(preset: Option<&str>) -> Result<(toml::Table, toml::Table), ConfigError> {
+        let (mut doc, mut for_env) = (toml::Table::new(), toml::Table::new());
+        let Some(name) = preset else {
+            return Ok((doc, for_env));
+        };
+        let base = if name == presets::QUICKSTART {
+            presets::QUICKSTART_BASE
+        } else {
+            name
+        };
+        let mut table = parse_table(presets::get(base)?, &format!("preset {base}"))?;
+        if let Some(v) = table.remove(presets::FOR_ENV) {
+            for_env = presets::for_env_table(base, v)?;
+        }
+        merge(&mut doc, table);
+        // The run records the preset it was made from (a file or `--set preset=…` may still
+        // rename it).
+        doc.insert("preset".into(), toml::Value::String(name.to_string()));
+        if name == presets::QUICKSTART {
+            for arg in presets::QUICKSTART_OVERRIDES {
+                apply_override(&mut doc, arg)?;
+            }
+        }
+        Ok((doc, for_env))
+    }
+
+    /// A config file as a layer, its paths made absolute relative to the file (wherever the
+    /// command runs).
+    fn file_layer(path: &Path) -> Result<toml::Table, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut table = parse_table(&text, &path.display().to_string())?;
+        absolutize_paths(&mut table, path.parent().unwrap_or(Path::new("")))?;
+        Ok(table)
     }
 
     /// Deserializes a resolved TOML table, naming the offending field on error.
     pub fn from_table(doc: toml::Table) -> Result<Self, ConfigError> {
-        let cfg = Self::deserialize_table(doc)?;
-        cfg.validate()?;
-        Ok(cfg)
-    }
-
-    /// [`TrainConfig::from_table`] without [`TrainConfig::validate`].
-    fn deserialize_table(doc: toml::Table) -> Result<Self, ConfigError> {
         let text = toml::to_string(&doc).map_err(|e| ConfigError::Parse {
             source_name: "resolved config".into(),
             message: e.to_string(),
@@ -1054,6 +1050,7 @@ impl TrainConfig {
                 field: e.path().to_string(),
                 message: first_line(&e.inner().to_string()),
             })?;
+        cfg.validate()?;
         Ok(cfg)
     }
 

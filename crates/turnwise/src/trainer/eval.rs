@@ -257,9 +257,11 @@ impl Trainer {
         let mut dumped = Vec::with_capacity(episodes.len());
         let format = self.config.task.format.grammar();
         let game = self.task.game.is_some();
-        // A composite reward's parts (the two-turn rubrics), as training logs them.
+        // A composite reward's parts (the two-turn rubrics), as training logs them; other
+        // rewards have none and are not scored again.
+        let has_parts = !game && !self.config.reward.part_names().is_empty();
         let parts_of = |ep: &crate::rollout::Episode, golds: &[String]| -> Result<Vec<_>> {
-            if game {
+            if !has_parts {
                 return Ok(Vec::new());
             }
             Ok(self

@@ -73,3 +73,47 @@ pub fn turnwise_in(args: &[String], cwd: &std::path::Path) -> std::process::Outp
         .output()
         .expect("the turnwise binary runs")
 }
+
+/// Plays `texts` as the agent's turns on question `q` of `t`'s task through the rollout's
+/// episode bookkeeping (what a rollout records, each text encoded with the run's tokenizer as if
+/// sampled, with made-up log-probs).
+#[allow(dead_code)]
+pub fn play_turns<S: AsRef<str>>(
+    t: &turnwise::trainer::Trainer,
+    q: &turnwise::task::QaItem,
+    texts: &[S],
+) -> turnwise::rollout::Episode {
+    use turnwise::rollout::{Decoding, EpisodeSpec, EpisodeState};
+    use turnwise::task::WorldTask;
+    use turnwise_model::sampling::{Completion, FinishReason};
+
+    let policy = t.rollout_policy();
+    let decoding = Decoding {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: 0,
+        max_turn_tokens: 64,
+        max_response_tokens: 400,
+    };
+    let spec = EpisodeSpec {
+        id: format!("play-{}", q.id),
+        prompt_uid: q.id.clone(),
+        prompt_ids: t.tokenizer.encode(&t.task.prompt(q).unwrap()).unwrap(),
+        task: WorldTask::env_task(q),
+        seed: 0,
+    };
+    let mut state = EpisodeState::start(spec, t.task.env().unwrap()).unwrap();
+    for text in texts {
+        let tokens = t.tokenizer.encode(text.as_ref()).unwrap();
+        let n = tokens.len();
+        let completion = Completion {
+            tokens,
+            logprobs: vec![-0.5; n],
+            entropies: vec![0.5; n],
+            top_logprobs: vec![Vec::new(); n],
+            finish: FinishReason::Length,
+        };
+        state.apply_turn(&policy, completion, &decoding).unwrap();
+    }
+    state.finish()
+}

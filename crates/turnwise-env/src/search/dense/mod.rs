@@ -125,3 +125,14 @@ impl DenseError {
         }
     }
 }
+
+impl From<turnwise_core::pip::PipError> for DenseError {
+    fn from(e: turnwise_core::pip::PipError) -> Self {
+        match e {
+            turnwise_core::pip::PipError::Io { path, source } => DenseError::Io { path, source },
+            turnwise_core::pip::PipError::Fetch { what, message } => {
+                DenseError::Fetch { what, message }
+            }
+        }
+    }
+}

