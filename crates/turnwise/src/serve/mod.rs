@@ -1,0 +1,348 @@
+//! `turnwise serve`: the policy over HTTP, in the wire formats of the inference engines the
+//! field runs, so that anything that drives SGLang or vLLM (a remote rollout backend, an
+//! LLM-judge reward, an evaluation harness) can drive a turnwise model.
+//!
+//! Routes ([`http`]):
+//! - `POST /generate`: SGLang's native API, token ids in (`input_ids`) and out (`output_ids`,
+//!   `meta_info.output_token_logprobs` as `[log-prob, id, null]`, `meta_info.weight_version`);
+//! - `POST /v1/completions` and `POST /v1/chat/completions`: OpenAI's, with vLLM's
+//!   `return_token_ids` and `return_tokens_as_token_ids`;
+//! - `POST /update_weights_from_disk` (a Hugging Face folder of the same architecture, as a
+//!   trainer writes after each step), `GET /get_weight_version`, `GET /health`,
+//!   `GET /health_generate`, `GET /get_model_info`, `GET /v1/models`, and
+//!   `GET /get_server_info` (queue and engine counters: steps, tokens, the largest batch).
+//!
+//! Every request's sequences join one continuously batched [`SamplingEngine`] on the engine
+//! thread ([`worker`]): concurrent clients share its batch. At most
+//! [`ServeConfig::max_queue`] sequences wait or run; beyond it requests get 503. A malformed
+//! request gets 400 naming the field (`sampling_params.temperature: must be >= 0`).
+//!
+//! Log-probs are those of the distribution each token was drawn from: the temperature-scaled
+//! softmax before top-k/top-p truncation (temperature 1 when greedy), the log-probs a policy
+//! loss recomputes. The server binds 127.0.0.1 unless told otherwise.
+//!
+//! [`SamplingEngine`]: turnwise_model::sampling::SamplingEngine
+
+pub mod http;
+pub mod protocol;
+pub mod worker;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use turnwise_env::server::BackgroundServer;
+use turnwise_model::ModelConfig;
+use turnwise_model::model::Transformer;
+use turnwise_model::sampling::EngineConfig;
+
+use crate::checkpoints::{pick_checkpoint, run_config};
+use crate::model_source::{ModelTensors, load_init_tensors};
+use crate::run::RunDir;
+use crate::trainer::checkpoint_metadata;
+use worker::{Shared, WorkerHandle};
+
+/// Settings of `turnwise serve`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServeConfig {
+    /// Address to bind (default `127.0.0.1:30000`, SGLang's port; port 0 picks one).
+    pub addr: SocketAddr,
+    /// The model name answers carry and `/v1/models` lists (default: the model's file or
+    /// folder name).
+    pub name: Option<String>,
+    /// Most sequences decoding at once.
+    pub max_batch_size: usize,
+    /// Most sequences waiting or running; beyond it requests get 503.
+    pub max_queue: usize,
+    /// Largest request body in bytes (413 beyond).
+    pub max_body_bytes: usize,
+    /// Header and body read timeout per connection.
+    pub read_timeout: Duration,
+    /// The weight version reported until the first reload.
+    pub weight_version: String,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], 30000)),
+            name: None,
+            max_batch_size: 64,
+            max_queue: 1024,
+            max_body_bytes: 64 << 20,
+            read_timeout: Duration::from_secs(300),
+            weight_version: "0".into(),
+        }
+    }
+}
+
+impl ServeConfig {
+    fn validate(&self) -> Result<()> {
+        if self.max_batch_size == 0 {
+            bail!("max_batch_size must be at least 1");
+        }
+        if self.max_queue == 0 {
+            bail!("max_queue must be at least 1");
+        }
+        if self.max_body_bytes == 0 {
+            bail!("max_body_bytes must be at least 1");
+        }
+        if self.read_timeout.is_zero() {
+            bail!("read_timeout must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// A model to serve: a run directory (its latest complete checkpoint), a checkpoint or Hugging
+/// Face folder, a GGUF file, or a packaged model's name (`smollm2-135m-instruct`).
+pub struct ServedModel {
+    /// What was loaded.
+    pub path: PathBuf,
+    /// Weights, tokenizer, metadata.
+    pub tensors: ModelTensors,
+}
+
+/// Loads what `spec` names (see [`ServedModel`]).
+pub fn load_served(spec: &Path) -> Result<ServedModel> {
+    if spec.is_dir() && spec.join("config.toml").is_file() && spec.join("checkpoints").is_dir() {
+        let run = RunDir::open(spec)?;
+        let cfg = run_config(&run)?;
+        let ck = pick_checkpoint(&run, None)?;
+        let (path, mut tensors) = load_init_tensors(&ck.path)?;
+        tensors.meta = checkpoint_metadata(&ck.path, cfg.model.init_from.as_deref())?;
+        return Ok(ServedModel { path, tensors });
+    }
+    let (path, tensors) = load_init_tensors(spec)?;
+    Ok(ServedModel { path, tensors })
+}
+
+/// Loads the weights of `path` for a reload; refuses a model whose configuration differs from
+/// `config` (the one served).
+pub fn load_weights(path: &Path, config: &ModelConfig) -> Result<(Transformer, PathBuf)> {
+    if !path.exists() {
+        bail!("{} does not exist", path.display());
+    }
+    let served = load_served(path)?;
+    let new = &served.tensors.config;
+    if new != config {
+        bail!(
+            "{} is a different architecture: {}",
+            served.path.display(),
+            config_difference(config, new)
+        );
+    }
+    let model = Transformer::from_tensors(
+        new,
+        &served.tensors.tensors,
+        &served.path.display().to_string(),
+    )?;
+    Ok((model, served.path))
+}
+
+/// The fields where two model configurations differ, as `name: served → new`.
+fn config_difference(a: &ModelConfig, b: &ModelConfig) -> String {
+    let (va, vb) = (
+        serde_json::to_value(a).unwrap_or_default(),
+        serde_json::to_value(b).unwrap_or_default(),
+    );
+    let mut diffs = Vec::new();
+    if let (Some(ma), Some(mb)) = (va.as_object(), vb.as_object()) {
+        for (k, x) in ma {
+            let y = mb.get(k).cloned().unwrap_or_default();
+            if *x != y {
+                diffs.push(format!("{k}: served {x}, new {y}"));
+            }
+        }
+    }
+    if diffs.is_empty() {
+        "the configurations differ".into()
+    } else {
+        diffs.join(", ")
+    }
+}
+
+/// The token ids that end a generation: the model's EOS (`eos_token` of its tokenizer config,
+/// else `<|endoftext|>`), the ids of its `generation_config.json` `eos_token_id`, and
+/// `<|im_end|>` when the chat template is ChatML.
+pub fn eos_ids(m: &ModelTensors) -> Vec<u32> {
+    let mut ids = Vec::new();
+    let mut push = |id: Option<u32>| {
+        if let Some(id) = id
+            && !ids.contains(&id)
+        {
+            ids.push(id);
+        }
+    };
+    push(
+        m.meta
+            .eos_token(&m.tokenizer)
+            .and_then(|t| m.tokenizer.token_to_id(&t)),
+    );
+    if let Some(v) = m
+        .meta
+        .generation_config
+        .as_ref()
+        .and_then(|g| g.get("eos_token_id"))
+    {
+        match v {
+            serde_json::Value::Number(n) => push(n.as_u64().map(|n| n as u32)),
+            serde_json::Value::Array(a) => {
+                for n in a {
+                    push(n.as_u64().map(|n| n as u32));
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Ok(Some(_)) = m.meta.chat_template() {
+        push(m.tokenizer.token_to_id("<|im_end|>"));
+    }
+    ids
+}
+
+/// A policy server running in the background (its own threads), for tests and for the
+/// trainer's own use. Dropping it stops it.
+pub struct PolicyServer {
+    server: Option<BackgroundServer>,
+    engine: Option<std::thread::JoinHandle<()>>,
+    name: String,
+}
+
+impl PolicyServer {
+    /// Starts serving `model` under `config`; returns once the socket is bound.
+    pub fn start(model: ServedModel, config: &ServeConfig) -> Result<Self> {
+        let (app, engine) = build_app(model, config)?;
+        let name = app.name.clone();
+        let router = http::router(app, config.max_body_bytes);
+        let server =
+            BackgroundServer::start_router("policy", router, config.addr, config.read_timeout)
+                .context("starting the policy server")?;
+        Ok(Self {
+            server: Some(server),
+            engine: Some(engine),
+            name,
+        })
+    }
+
+    /// `http://ip:port`.
+    pub fn url(&self) -> String {
+        self.server
+            .as_ref()
+            .map(BackgroundServer::url)
+            .unwrap_or_default()
+    }
+
+    /// The served model's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Stops accepting requests, finishes those in flight, stops the engine thread.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<()> {
+        if let Some(s) = self.server.take() {
+            s.shutdown()?;
+        }
+        if let Some(t) = self.engine.take() {
+            t.join()
+                .map_err(|_| anyhow::anyhow!("the engine thread panicked"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PolicyServer {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            tracing::error!(error = %e, "policy server shutdown failed");
+        }
+    }
+}
+
+/// The handlers' state and the engine thread over `model`.
+fn build_app(
+    model: ServedModel,
+    config: &ServeConfig,
+) -> Result<(Arc<http::App>, std::thread::JoinHandle<()>)> {
+    config.validate()?;
+    let ServedModel { path, tensors } = model;
+    let chat = tensors
+        .meta
+        .chat_template()
+        .with_context(|| format!("reading the chat template of {}", path.display()))?;
+    let eos_ids = eos_ids(&tensors);
+    let transformer = Transformer::from_tensors(
+        &tensors.config,
+        &tensors.tensors,
+        &path.display().to_string(),
+    )?;
+    let name = config.name.clone().unwrap_or_else(|| {
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "turnwise".into())
+    });
+    let shared = Arc::new(Shared::new(
+        config.weight_version.clone(),
+        path.clone(),
+        config.max_queue,
+    ));
+    let (worker, engine) = WorkerHandle::spawn(
+        transformer,
+        tensors.tokenizer.clone(),
+        EngineConfig {
+            max_batch_size: config.max_batch_size,
+        },
+        Arc::clone(&shared),
+    )
+    .context("starting the engine thread")?;
+    tracing::info!(
+        model = %path.display(),
+        params = tensors.config.num_parameters(),
+        chat_template = chat.is_some(),
+        eos = ?eos_ids,
+        "serving"
+    );
+    let app = Arc::new(http::App {
+        worker,
+        shared,
+        tokenizer: tensors.tokenizer,
+        chat,
+        eos_ids,
+        config: tensors.config,
+        name,
+        seeds: AtomicU64::new(0x5eed),
+        requests: AtomicU64::new(0),
+    });
+    Ok((app, engine))
+}
+
+/// Serves `model` in the foreground until Ctrl-C; prints the address once bound.
+pub fn serve_foreground(model: ServedModel, config: &ServeConfig) -> Result<()> {
+    let (app, engine) = build_app(model, config)?;
+    let router = http::router(app, config.max_body_bytes);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("building the tokio runtime")?;
+    runtime.block_on(turnwise_env::server::serve_router(
+        "policy",
+        router,
+        config.addr,
+        config.read_timeout,
+        |addr| println!("turnwise serve: listening on http://{addr}"),
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        },
+    ))?;
+    drop(runtime);
+    let _ = engine.join();
+    Ok(())
+}

@@ -1,0 +1,522 @@
+//! `turnwise serve` with a real HTTP client: SGLang's and OpenAI's shapes, token ids equal to
+//! what the sampling engine draws alone, log-probs equal to a teacher-forced recomputation,
+//! weight reloads, 32 concurrent clients, malformed input. The model is the committed tiny
+//! GGUF fixture (Llama architecture, 301-token BPE vocabulary, ChatML template).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{D, Tensor};
+use serde_json::{Value, json};
+use turnwise::model_source::load_init_tensors;
+use turnwise::serve::{PolicyServer, ServeConfig, load_served};
+use turnwise_model::checkpoint::export_hf_folder;
+use turnwise_model::model::Transformer;
+use turnwise_model::model::weights::varmap_from_tensors;
+use turnwise_model::sampling::{SamplingParams, generate};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../turnwise-model/src/checkpoint/fixtures/gguf/tiny-llama.gguf")
+}
+
+fn config(max_queue: usize) -> ServeConfig {
+    ServeConfig {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        max_queue,
+        ..Default::default()
+    }
+}
+
+fn start(max_queue: usize) -> PolicyServer {
+    PolicyServer::start(load_served(&fixture()).unwrap(), &config(max_queue)).unwrap()
+}
+
+fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(std::time::Duration::from_secs(120))
+        .build()
+        .unwrap()
+}
+
+fn post(url: &str, body: &Value) -> (u16, Value) {
+    let r = client().post(url).json(body).send().unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().unwrap())
+}
+
+fn post_raw(url: &str, body: &str) -> (u16, Value) {
+    let r = client()
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().unwrap())
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Log-probs of `out` after `prompt` under `model` at `temperature` (1 when 0), teacher-forced.
+fn recompute(model: &Transformer, prompt: &[u32], out: &[u32], temperature: f64) -> Vec<f32> {
+    let all: Vec<u32> = prompt.iter().chain(out).copied().collect();
+    let logits = model.forward_sequence(&all).unwrap();
+    let t = if temperature > 0.0 { temperature } else { 1.0 };
+    let lp = candle_nn::ops::log_softmax(&(logits / t).unwrap(), D::Minus1)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    (0..out.len())
+        .map(|i| lp[prompt.len() + i - 1][out[i] as usize])
+        .collect()
+}
+
+fn local_model() -> Transformer {
+    let (_, m) = load_init_tensors(&fixture()).unwrap();
+    Transformer::from_tensors(&m.config, &m.tensors, "fixture").unwrap()
+}
+
+const PROMPT: [u32; 6] = [5, 17, 42, 99, 7, 250];
+
+#[test]
+fn generate_returns_the_engines_tokens_and_recomputable_logprobs() {
+    let server = start(1024);
+    let url = format!("{}/generate", server.url());
+    let model = local_model();
+    for (temperature, top_p) in [(0.0, 1.0), (1.0, 1.0), (0.7, 0.9)] {
+        let (status, v) = post(
+            &url,
+            &json!({"input_ids": PROMPT, "return_logprob": true,
+                    "sampling_params": {"max_new_tokens": 24, "temperature": temperature,
+                                        "top_p": top_p, "sampling_seed": 11, "ignore_eos": true}}),
+        );
+        assert_eq!(status, 200, "{v}");
+        let out = ids(&v["output_ids"]);
+        assert_eq!(out.len(), 24);
+        let meta = &v["meta_info"];
+        assert_eq!(meta["prompt_tokens"], 6);
+        assert_eq!(meta["completion_tokens"], 24);
+        assert_eq!(meta["finish_reason"]["type"], "length");
+        assert_eq!(meta["weight_version"], "0");
+        let lps: Vec<(f64, u32)> = meta["output_token_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e[0].as_f64().unwrap(), e[1].as_u64().unwrap() as u32))
+            .collect();
+        // slime and AReaL read the ids from the log-prob entries: they must be the output ids.
+        assert_eq!(lps.iter().map(|e| e.1).collect::<Vec<_>>(), out);
+
+        // The same draw as the sampling engine alone, with the same seed.
+        let params = SamplingParams {
+            temperature,
+            top_p,
+            max_new_tokens: 24,
+            ..Default::default()
+        };
+        let local = generate(&model, &[PROMPT.to_vec()], &[11], &params, None).unwrap();
+        assert_eq!(local[0].tokens, out, "temperature {temperature}");
+
+        // Log-probs as a trainer recomputes them (1e-5).
+        let re = recompute(&model, &PROMPT, &out, temperature);
+        for (i, ((lp, _), r)) in lps.iter().zip(&re).enumerate() {
+            assert!(
+                (*lp as f32 - r).abs() < 1e-5,
+                "temperature {temperature}, token {i}: served {lp}, recomputed {r}"
+            );
+        }
+    }
+    // Batches and n: one answer per prompt × sample, in order; text prompts are tokenized.
+    let (status, v) = post(
+        &url,
+        &json!({"input_ids": [PROMPT, [3, 4, 5]],
+                "sampling_params": {"max_new_tokens": 4, "n": 2, "temperature": 0}}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let arr = v.as_array().unwrap();
+    assert_eq!(arr.len(), 4);
+    assert_eq!(arr[0]["meta_info"]["prompt_tokens"], 6);
+    assert_eq!(arr[2]["meta_info"]["prompt_tokens"], 3);
+    assert_eq!(
+        arr[0]["output_ids"], arr[1]["output_ids"],
+        "greedy samples agree"
+    );
+    let (status, v) = post(
+        &url,
+        &json!({"text": "hello", "sampling_params": {"max_new_tokens": 3}}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert!(v["text"].is_string());
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn openai_routes_answer_in_openai_shapes_with_token_ids() {
+    let server = start(1024);
+    let base = server.url();
+    let model = local_model();
+    let (status, v) = post(
+        &format!("{base}/v1/completions"),
+        &json!({"model": "tiny", "prompt": PROMPT, "max_tokens": 10, "temperature": 0,
+                "logprobs": 2, "return_token_ids": true, "ignore_eos": true}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "text_completion");
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "length");
+    let out = ids(&c["token_ids"]);
+    assert_eq!(ids(&c["prompt_token_ids"]), PROMPT.to_vec());
+    let lps: Vec<f32> = c["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    let re = recompute(&model, &PROMPT, &out, 0.0);
+    for (a, b) in lps.iter().zip(&re) {
+        assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+    }
+    assert_eq!(
+        c["logprobs"]["top_logprobs"][0].as_object().unwrap().len(),
+        2
+    );
+    assert_eq!(v["usage"]["completion_tokens"], 10);
+    // vLLM's token naming.
+    let (_, v) = post(
+        &format!("{base}/v1/completions"),
+        &json!({"prompt": PROMPT, "max_tokens": 3, "logprobs": 0,
+                "return_tokens_as_token_ids": true}),
+    );
+    assert!(
+        v["choices"][0]["logprobs"]["tokens"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("token_id:")
+    );
+
+    // Chat: the messages go through the GGUF's ChatML template.
+    let (status, v) = post(
+        &format!("{base}/v1/chat/completions"),
+        &json!({"messages": [{"role": "system", "content": "Be brief."},
+                             {"role": "user", "content": "What is the capital of France?"}],
+                "max_tokens": 8, "temperature": 0, "logprobs": true, "top_logprobs": 3,
+                "return_token_ids": true}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    let c = &v["choices"][0];
+    assert_eq!(c["message"]["role"], "assistant");
+    assert!(c["message"]["content"].is_string());
+    let prompt = ids(&v["prompt_token_ids"]);
+    let m = load_init_tensors(&fixture()).unwrap().1;
+    let im_start = m.tokenizer.token_to_id("<|im_start|>").unwrap();
+    assert_eq!(prompt[0], im_start, "rendered with the chat template");
+    let out = ids(&c["token_ids"]);
+    let content = c["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), out.len());
+    assert_eq!(content[0]["top_logprobs"].as_array().unwrap().len(), 3);
+    let re = recompute(&model, &prompt, &out, 0.0);
+    for (e, r) in content.iter().zip(&re) {
+        assert!((e["logprob"].as_f64().unwrap() as f32 - r).abs() < 1e-5);
+    }
+    // A stop at the ChatML end token ends with finish_reason "stop" when it is generated.
+    if c["finish_reason"] == "stop" {
+        let im_end = m.tokenizer.token_to_id("<|im_end|>").unwrap();
+        assert_eq!(*out.last().unwrap(), im_end);
+    }
+
+    let r = client().get(format!("{base}/v1/models")).send().unwrap();
+    let v: Value = r.json().unwrap();
+    assert_eq!(v["data"][0]["id"], server.name());
+    assert_eq!(
+        client()
+            .get(format!("{base}/health"))
+            .send()
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        client()
+            .get(format!("{base}/health_generate"))
+            .send()
+            .unwrap()
+            .status(),
+        200
+    );
+    server.shutdown().unwrap();
+}
+
+/// The fixture with its final norm scaled: the same architecture, other answers.
+fn perturbed_folder(dir: &Path) -> PathBuf {
+    let (_, m) = load_init_tensors(&fixture()).unwrap();
+    let mut tensors: HashMap<String, Tensor> = m.tensors.clone();
+    for (name, t) in tensors.iter_mut() {
+        if name.contains("mlp.down_proj") || name == "model.norm.weight" {
+            *t = (t.clone() * -3.0).unwrap();
+        }
+    }
+    let varmap = varmap_from_tensors(&m.config, &tensors, "perturbed").unwrap();
+    let out = dir.join("step-1");
+    export_hf_folder(&out, &m.config, &varmap, &m.tokenizer, &m.meta).unwrap();
+    out
+}
+
+#[test]
+fn weight_reload_changes_the_next_answer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = start(1024);
+    let base = server.url();
+    let ask = || {
+        let (status, v) = post(
+            &format!("{base}/generate"),
+            &json!({"input_ids": PROMPT, "return_logprob": true,
+                    "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": true}}),
+        );
+        assert_eq!(status, 200, "{v}");
+        v
+    };
+    let before = ask();
+    let version = |b: &str| -> Value {
+        client()
+            .get(format!("{b}/get_weight_version"))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    };
+    assert_eq!(version(&base)["weight_version"], "0");
+
+    let folder = perturbed_folder(tmp.path());
+    let (status, v) = post(
+        &format!("{base}/update_weights_from_disk"),
+        &json!({"model_path": folder, "weight_version": "step-1"}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["success"], true);
+    assert_eq!(version(&base)["weight_version"], "step-1");
+    let after = ask();
+    assert_eq!(after["meta_info"]["weight_version"], "step-1");
+    assert_ne!(
+        before["output_ids"], after["output_ids"],
+        "new weights, new answer"
+    );
+    // The new answer is the new weights' own greedy answer, with their log-probs.
+    let (_, m) = load_init_tensors(&folder).unwrap();
+    let new_model = Transformer::from_tensors(&m.config, &m.tensors, "new").unwrap();
+    let out = ids(&after["output_ids"]);
+    let local = generate(
+        &new_model,
+        &[PROMPT.to_vec()],
+        &[0],
+        &SamplingParams {
+            temperature: 0.0,
+            max_new_tokens: 12,
+            ..Default::default()
+        },
+        None,
+    )
+    .unwrap();
+    assert_eq!(local[0].tokens, out);
+
+    // A folder that is not there, or of another architecture, is refused; the weights stay.
+    let (status, v) = post(
+        &format!("{base}/update_weights_from_disk"),
+        &json!({"model_path": tmp.path().join("missing")}),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["success"], false);
+    assert!(
+        v["message"].as_str().unwrap().contains("does not exist"),
+        "{v}"
+    );
+    let qwen = fixture().with_file_name("tiny-qwen2.gguf");
+    let (status, v) = post(
+        &format!("{base}/update_weights_from_disk"),
+        &json!({"model_path": qwen}),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("different architecture"),
+        "{v}"
+    );
+    assert_eq!(version(&base)["weight_version"], "step-1");
+    // Without a version, a numeric one counts up.
+    let (status, _) = post(
+        &format!("{base}/update_weights_from_disk"),
+        &json!({"model_path": fixture()}),
+    );
+    assert_eq!(status, 200);
+    assert_eq!(
+        ask()["output_ids"],
+        before["output_ids"],
+        "back to the first weights"
+    );
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn thirty_two_concurrent_clients_share_the_batch_without_errors() {
+    let server = start(1024);
+    let url = format!("{}/generate", server.url());
+    let body = |i: u64| {
+        json!({"input_ids": [PROMPT[0], 10 + i as u32, 20, 30 + i as u32],
+               "return_logprob": true,
+               "sampling_params": {"max_new_tokens": 16, "temperature": 1.0,
+                                   "sampling_seed": i, "ignore_eos": true}})
+    };
+    // Each client's answer alone (one at a time) ...
+    let alone: Vec<Value> = (0..32).map(|i| post(&url, &body(i)).1).collect();
+    // ... equals its answer among 32 concurrent clients (3 requests each).
+    let handles: Vec<_> = (0..32u64)
+        .map(|i| {
+            let url = url.clone();
+            let b = body(i);
+            std::thread::spawn(move || {
+                (0..3)
+                    .map(|_| post(&url, &b))
+                    .collect::<Vec<(u16, Value)>>()
+            })
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        for (status, v) in h.join().unwrap() {
+            assert_eq!(status, 200, "client {i}: {v}");
+            assert_eq!(v["output_ids"], alone[i]["output_ids"], "client {i}");
+            let a = v["meta_info"]["output_token_logprobs"].as_array().unwrap();
+            let b = alone[i]["meta_info"]["output_token_logprobs"]
+                .as_array()
+                .unwrap();
+            for (x, y) in a.iter().zip(b) {
+                assert!((x[0].as_f64().unwrap() - y[0].as_f64().unwrap()).abs() < 1e-5);
+            }
+        }
+    }
+    // The concurrent requests were decoded together, not one after another.
+    let info: Value = client()
+        .get(format!("{}/get_server_info", server.url()))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let peak = info["engine"]["peak_batch"].as_u64().unwrap();
+    assert!(peak >= 8, "largest batch {peak}: {info}");
+    assert_eq!(info["engine"]["sequences"], 32 + 96);
+    assert_eq!(info["in_flight"], 0);
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn malformed_requests_get_4xx_naming_the_field() {
+    let server = start(2);
+    let base = server.url();
+    let g = format!("{base}/generate");
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        (&g, "{not json".into(), 400, "body"),
+        (
+            &g,
+            json!({"sampling_params": {}}).to_string(),
+            400,
+            "input_ids",
+        ),
+        (
+            &g,
+            json!({"input_ids": PROMPT, "sampling_params": {"temperature": -1}}).to_string(),
+            400,
+            "sampling_params.temperature",
+        ),
+        (
+            &g,
+            json!({"input_ids": PROMPT, "sampling_params": {"temperature": "hot"}}).to_string(),
+            400,
+            "sampling_params.temperature",
+        ),
+        (
+            &g,
+            json!({"input_ids": [1, 2, 999999]}).to_string(),
+            400,
+            "input_ids[2]",
+        ),
+        (&g, json!({"input_ids": []}).to_string(), 400, "input_ids"),
+        (
+            &g,
+            json!({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 0}}).to_string(),
+            400,
+            "sampling_params.max_new_tokens",
+        ),
+        (
+            &g,
+            json!({"input_ids": PROMPT, "stream": true}).to_string(),
+            400,
+            "stream",
+        ),
+        (
+            &g,
+            json!({"input_ids": PROMPT, "sampling_params": {"top_p": 0}}).to_string(),
+            400,
+            "sampling_params.top_p",
+        ),
+        // More sequences than the queue holds (2): 503, nothing admitted.
+        (
+            &g,
+            json!({"input_ids": PROMPT, "sampling_params": {"n": 3}}).to_string(),
+            503,
+            "overloaded",
+        ),
+    ];
+    let c = format!("{base}/v1/completions");
+    let ch = format!("{base}/v1/chat/completions");
+    let more: Vec<(&str, String, u16, &str)> = vec![
+        (&c, json!({"max_tokens": 3}).to_string(), 400, "prompt"),
+        (
+            &c,
+            json!({"prompt": "x", "max_tokens": -3}).to_string(),
+            400,
+            "max_tokens",
+        ),
+        (
+            &c,
+            json!({"prompt": "x", "logprobs": 50}).to_string(),
+            400,
+            "logprobs",
+        ),
+        (&ch, json!({"messages": []}).to_string(), 400, "messages"),
+        (
+            &ch,
+            json!({"messages": [{"role": "wizard", "content": "hi"}]}).to_string(),
+            400,
+            "messages[0].role",
+        ),
+        (
+            &ch,
+            json!({"messages": [{"role": "user"}]}).to_string(),
+            400,
+            "messages[0]",
+        ),
+    ];
+    for (url, body, status, field) in cases.into_iter().chain(more) {
+        let (s, v) = post_raw(url, &body);
+        assert_eq!(s, status, "{body} → {v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(field), "{body}: {msg} should name {field}");
+    }
+    let r = client().get(format!("{base}/nope")).send().unwrap();
+    assert_eq!(r.status(), 404);
+    // The server still answers after all of that.
+    let (s, _) = post(
+        &g,
+        &json!({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}}),
+    );
+    assert_eq!(s, 200);
+    server.shutdown().unwrap();
+}
