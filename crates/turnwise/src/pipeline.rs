@@ -196,6 +196,8 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
     // The warm-started weights: the KL reference, and what a resumed run reloads as reference.
     trainer.export(&dir.root().join(REFERENCE_DIR))?;
     trainer.freeze_reference()?;
+    // Remote rollouts: the servers evaluate and roll out the warm-started weights.
+    trainer.sync_remote(&dir.root().join(WEIGHTS_DIR))?;
     evaluate(
         &trainer,
         &cfg,
@@ -210,6 +212,10 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
     save_checkpoint(&trainer, &cfg, &dir)?;
     rl_phase(&mut trainer, &cfg, &dir, &mut log, quiet)
 }
+
+/// The folder of a run where the weights for remote rollout servers are written
+/// (`weights/step-N`, the last two kept).
+pub const WEIGHTS_DIR: &str = "weights";
 
 /// The metrics phase of the run's timing lines.
 const TIMING_PHASE: &str = "timing";
@@ -337,12 +343,23 @@ pub fn resume(run_dir: &Path, quiet: bool) -> Result<RunSummary> {
             .with_context(|| format!("parsing {}", dir.config_path().display()))?,
     )?;
     let reference = dir.root().join(REFERENCE_DIR);
+    // Rollout servers that are down stop the resume before any checkpoint is looked at.
+    if cfg.rollout.backend == crate::config::RolloutBackend::Remote {
+        crate::rollout::remote::RemoteBackend::connect(&cfg.rollout.remote)
+            .context("rollout.backend = \"remote\"")?;
+    }
     let mut loaded = None;
     for ck in dir.checkpoints()?.into_iter().rev().filter(|c| c.complete) {
         match Trainer::load(cfg.clone(), &ck.path, Some(&reference)) {
             Ok(t) => {
                 loaded = Some((ck, t));
                 break;
+            }
+            Err(e)
+                if e.chain()
+                    .any(|c| c.is::<crate::rollout::remote::ServerUnavailable>()) =>
+            {
+                return Err(e);
             }
             Err(e) => {
                 let aside = ck
@@ -463,8 +480,12 @@ fn rl_phase(
 ) -> Result<RunSummary> {
     let bar = Progress::per_step("RL", cfg.run.steps, quiet);
     bar.set_position(trainer.step);
+    trainer.sync_remote(&dir.root().join(WEIGHTS_DIR))?;
     while trainer.step < cfg.run.steps {
-        let out = trainer.rl_step()?;
+        let mut out = trainer.rl_step()?;
+        if let Some(secs) = trainer.sync_remote(&dir.root().join(WEIGHTS_DIR))? {
+            out.metrics.insert("timing_s/weight_sync".into(), secs);
+        }
         let step = trainer.step;
         bar.set_position(step);
         log.write(step, "train", &out.metrics)?;

@@ -139,6 +139,10 @@ pub struct AgentSegment {
     /// sampled. Empty means no token was forced.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub forced: Vec<bool>,
+    /// The weight version (optimizer step) of the policy that generated the turn, when an
+    /// inference server reported it (remote rollouts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_version: Option<u64>,
 }
 
 impl AgentSegment {
@@ -151,6 +155,7 @@ impl AgentSegment {
             entropy: None,
             top_confidence: None,
             forced: Vec::new(),
+            weight_version: None,
         }
     }
 

@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 pub use retry::RetryPolicy;
-pub(crate) use retry::{Idempotency, error_chain, post_json};
+pub use retry::{Idempotency, PostFailure, error_chain, post_json};
 
 use crate::search::{Document, Hit, RetrievalError, Retriever};
 
@@ -53,7 +53,7 @@ impl Default for ClientConfig {
 
 impl ClientConfig {
     /// Builds the underlying blocking reqwest client.
-    pub(crate) fn build_client(&self) -> Result<reqwest::blocking::Client, reqwest::Error> {
+    pub fn build_client(&self) -> Result<reqwest::blocking::Client, reqwest::Error> {
         let mut builder = reqwest::blocking::Client::builder()
             .timeout(self.timeout)
             .connect_timeout(self.connect_timeout)
@@ -73,7 +73,7 @@ pub(crate) fn random_nonce() -> u32 {
 
 /// Normalizes a base URL (`http://host:port`, with or without trailing slash or a path prefix)
 /// and appends `path`.
-pub(crate) fn join_url(base: &str, path: &str) -> String {
+pub fn join_url(base: &str, path: &str) -> String {
     format!(
         "{}/{}",
         base.trim_end_matches('/'),

@@ -79,7 +79,7 @@ pub(crate) fn jitter_rng() -> SplitMix64 {
 
 /// Which failures a request may be retried after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Idempotency {
+pub enum Idempotency {
     /// Safe to repeat: retry on connection errors, timeouts, 408, 429 and 5xx.
     Idempotent,
     /// Not safe to repeat (it changes server state): retry only when the connection could not
@@ -89,13 +89,13 @@ pub(crate) enum Idempotency {
 
 /// The last failure of [`post_json`], as text naming the cause.
 #[derive(Debug)]
-pub(crate) struct PostFailure {
+pub struct PostFailure {
     /// What went wrong, with attempt count and elapsed time.
     pub message: String,
 }
 
 /// Formats an error and its `source()` chain as `"a: b: c"`.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut cur = e.source();
     while let Some(s) = cur {
@@ -138,7 +138,7 @@ fn error_body_message(body: &str) -> String {
 ///
 /// `headers` are extra `(name, value)` pairs (e.g. an authorization header; values are never
 /// included in error messages).
-pub(crate) fn post_json(
+pub fn post_json(
     client: &reqwest::blocking::Client,
     url: &str,
     body: &Value,

@@ -471,6 +471,72 @@ pub struct RolloutConfig {
     /// history. Chain rollouts only. The training rows still hold the whole trajectory (see
     /// `rollout::RolloutControl`).
     pub memory_window: Option<usize>,
+    /// Where turns are generated: `local` (the trainer's own sampling engine, default) or
+    /// `remote` (SGLang, vLLM or `turnwise serve` servers over HTTP; see [`RemoteConfig`]).
+    pub backend: RolloutBackend,
+    /// The inference servers of `backend = "remote"`.
+    pub remote: RemoteConfig,
+}
+
+/// Where rollout turns are generated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RolloutBackend {
+    /// The trainer's own continuously batched sampling engine.
+    #[default]
+    Local,
+    /// Inference servers over HTTP (`rollout.remote`): every turn is sent as token ids and the
+    /// returned ids and log-probs are recorded as sampled; after each optimizer step the policy
+    /// is written as a Hugging Face folder and the servers reload it.
+    Remote,
+}
+
+/// The wire protocol of remote rollout servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RemoteProtocol {
+    /// SGLang's native `/generate` and `/update_weights_from_disk` (also `turnwise serve`).
+    #[default]
+    Sglang,
+    /// vLLM's OpenAI `/v1/completions` with token ids. Stock vLLM cannot reload full weights
+    /// over HTTP, so training with it needs `sync_weights = false` (the servers keep their
+    /// weights: evaluation, or off-policy data collection).
+    Vllm,
+}
+
+/// Settings of the remote rollout backend (`rollout.remote`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RemoteConfig {
+    /// Base URLs of the servers (`http://host:port`); turns are spread over them in turn.
+    pub urls: Vec<String>,
+    /// Their protocol.
+    pub protocol: RemoteProtocol,
+    /// The `model` field sent to vLLM (absent: none is sent).
+    pub model: Option<String>,
+    /// Seconds one request may take before it counts as failed (default 300).
+    pub timeout_secs: f64,
+    /// Attempts per request, the first included: 5xx answers and transport errors are retried
+    /// with backoff, 4xx answers never (default 3).
+    pub max_attempts: u32,
+    /// Most requests in flight at once, all servers together (default 64).
+    pub concurrency: usize,
+    /// Write the policy after each optimizer step and make the servers load it (default true).
+    pub sync_weights: bool,
+}
+
+impl Default for RemoteConfig {
+    fn default() -> Self {
+        Self {
+            urls: Vec::new(),
+            protocol: RemoteProtocol::Sglang,
+            model: None,
+            timeout_secs: 300.0,
+            max_attempts: 3,
+            concurrency: 64,
+            sync_weights: true,
+        }
+    }
 }
 
 /// T2PO Token-level Thinking Intervention settings (spec §6.2, t2po.md §4.2, Alg. 1).
@@ -620,6 +686,8 @@ impl Default for RolloutConfig {
             tti: TtiConfig::default(),
             tds: TdsConfig::default(),
             memory_window: None,
+            backend: RolloutBackend::Local,
+            remote: RemoteConfig::default(),
         }
     }
 }
@@ -1782,6 +1850,68 @@ impl TrainConfig {
                         .into(),
                 );
             }
+        }
+        self.validate_remote()
+    }
+
+    fn validate_remote(&self) -> Result<(), ConfigError> {
+        let bad = |field, message: String| Err(ConfigError::Invalid { field, message });
+        let r = &self.rollout;
+        let rc = &r.remote;
+        if r.backend == RolloutBackend::Local {
+            return Ok(());
+        }
+        if rc.urls.is_empty() {
+            return bad(
+                "rollout.remote.urls",
+                "rollout.backend = \"remote\" needs at least one server URL".into(),
+            );
+        }
+        if let Some(u) = rc
+            .urls
+            .iter()
+            .find(|u| !(u.starts_with("http://") || u.starts_with("https://")))
+        {
+            return bad(
+                "rollout.remote.urls",
+                format!("{u:?} is not an http:// or https:// URL"),
+            );
+        }
+        if !(rc.timeout_secs > 0.0 && rc.timeout_secs.is_finite()) {
+            return bad(
+                "rollout.remote.timeout_secs",
+                format!("must be a positive number, got {}", rc.timeout_secs),
+            );
+        }
+        if rc.max_attempts == 0 {
+            return bad("rollout.remote.max_attempts", "must be at least 1".into());
+        }
+        if rc.concurrency == 0 {
+            return bad("rollout.remote.concurrency", "must be at least 1".into());
+        }
+        // What needs the sampling engine itself (per-token hooks, forks, entropies).
+        let local_only = [
+            ("rollout.strategy", r.strategy != RolloutStrategy::Chain),
+            ("rollout.tti.enabled", r.tti.enabled),
+            ("rollout.tds.enabled", r.tds.enabled),
+        ];
+        if let Some((field, _)) = local_only.into_iter().find(|(_, on)| *on) {
+            return bad(
+                field,
+                "needs the local sampling engine (per-token hooks, forks and entropies): \
+                 rollout.backend = \"remote\" rolls out chains without thinking intervention \
+                 or turn resampling"
+                    .into(),
+            );
+        }
+        if rc.protocol == RemoteProtocol::Vllm && rc.sync_weights {
+            return bad(
+                "rollout.remote.sync_weights",
+                "stock vLLM cannot reload full weights over HTTP (see \
+                 docs/scaling.md); use protocol = \"sglang\" (SGLang or turnwise serve), or \
+                 set sync_weights = false to sample from the servers' own weights"
+                    .into(),
+            );
         }
         Ok(())
     }

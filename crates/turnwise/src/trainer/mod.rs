@@ -68,6 +68,8 @@ pub struct Trainer {
     /// Consecutive steps whose critic update skipped every mini-batch (non-finite loss or
     /// gradient); `optim.max_bad_updates` of them stop the run.
     consecutive_bad_critic: usize,
+    /// The rollout servers of `rollout.backend = "remote"`.
+    remote: Option<crate::rollout::remote::RemoteBackend>,
 }
 
 /// What one RL step produced.
@@ -168,6 +170,13 @@ impl Trainer {
         };
         let stop_ids = stop_token_ids(&tokenizer, config.task.format);
         let rng = TurnRng::seed_from_u64(config.seed ^ 0x7475_726e);
+        let remote = match config.rollout.backend {
+            crate::config::RolloutBackend::Local => None,
+            crate::config::RolloutBackend::Remote => Some(
+                crate::rollout::remote::RemoteBackend::connect(&config.rollout.remote)
+                    .context("rollout.backend = \"remote\"")?,
+            ),
+        };
         let kl_ctrl = match config.algorithm.use_kl_in_reward {
             true => Some(config.algorithm.kl_ctrl.build()?),
             false => None,
@@ -190,6 +199,7 @@ impl Trainer {
             stop_ids,
             consecutive_bad: 0,
             consecutive_bad_critic: 0,
+            remote,
         })
     }
 
@@ -199,7 +209,32 @@ impl Trainer {
             model: &self.sampler,
             tokenizer: &self.tokenizer,
             stop_ids: &self.stop_ids,
+            remote: self.remote.as_ref(),
+            version: self.step,
         }
+    }
+
+    /// With remote rollouts, makes the servers serve the trainer's current weights (version
+    /// = its step) unless they already do: writes them as a Hugging Face folder under
+    /// `weights_dir` (see [`crate::rollout::remote::write_weights_folder`]) and asks every
+    /// server to load it. Returns the seconds it took, `None` when there was nothing to do.
+    pub fn sync_remote(&self, weights_dir: &Path) -> Result<Option<f64>> {
+        let Some(remote) = &self.remote else {
+            return Ok(None);
+        };
+        if !self.config.rollout.remote.sync_weights || remote.synced_version() == Some(self.step) {
+            return Ok(None);
+        }
+        let t0 = Instant::now();
+        let folder = crate::rollout::remote::write_weights_folder(weights_dir, self.step, |d| {
+            self.export(d)
+        })?;
+        remote
+            .sync(&folder, self.step)
+            .with_context(|| format!("syncing the weights of step {}", self.step))?;
+        let secs = t0.elapsed().as_secs_f64();
+        tracing::debug!(step = self.step, secs, "rollout servers synced");
+        Ok(Some(secs))
     }
 
     /// Supervised warm start on oracle demonstrations of the training split. `on_step` gets
