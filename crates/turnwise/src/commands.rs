@@ -47,7 +47,7 @@ pub enum Command {
     },
     /// Train with a preset (see `turnwise presets`), a config file and overrides.
     Train {
-        /// Preset name: grpo, dr-grpo, rloo, dapo, gspo, ppo, mt-grpo, mt-ppo, igpo, a2tgpo,
+        /// Preset name: grpo, dr-grpo, rloo, dapo, gspo, ppo, mt-grpo, mt-ppo, mt-ppo-judge, igpo, a2tgpo,
         /// at2po, tree-grpo, turn-ppo, s-ppo, st-ppo, s-grpo, gigpo, t2po or quickstart.
         #[arg(long)]
         preset: Option<String>,

@@ -14,6 +14,7 @@ pub mod checkpoints;
 pub mod config;
 pub mod games_task;
 pub mod model_source;
+pub mod parallel;
 pub mod pipeline;
 pub mod prompt;
 pub mod rollout;

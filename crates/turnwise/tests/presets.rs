@@ -33,6 +33,8 @@ fn shared_warm_start(preset: &str) -> anyhow::Result<std::path::PathBuf> {
     let mut sets = tiny_overrides();
     sets.extend(ROOM.map(String::from));
     sets.extend(["sft.steps=300".to_string(), "sft.batch_size=8".to_string()]);
+    // The warm start needs no judge (mt-ppo-judge would serve SmolLM2 for it).
+    sets.push("judge.enabled=false".into());
     let cfg = TrainConfig::resolve(Some(preset), None, &sets)?;
     let mut t = Trainer::new(cfg)?;
     t.warm_start(&mut |_, loss, _| assert!(loss.is_finite()))?;
@@ -51,6 +53,12 @@ fn run_preset(
 ) -> anyhow::Result<Vec<std::collections::BTreeMap<String, f64>>> {
     let mut sets = tiny_overrides();
     sets.extend(ROOM.map(String::from));
+    if name == "mt-ppo-judge" {
+        // SmolLM2 would judge in seconds per rollout: the tiny GGUF fixture stands in.
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../turnwise-model/src/checkpoint/fixtures/gguf/tiny-llama.gguf");
+        sets.push(format!("judge.serve=\"{}\"", fixture.display()));
+    }
     let shape = TrainConfig::resolve(Some(name), None, &[])?.rollout;
     if let Some(n) = shape.tree_leaves_per_prompt() {
         sets.push(format!("rollout.group_size={n}"));
@@ -167,6 +175,12 @@ fn signature(name: &str, s: &Steps) -> anyhow::Result<()> {
             if name == "mt-ppo" {
                 some(s, "mt_ppo/turn_rewards_placed", pos)?;
             }
+        }
+        "mt-ppo-judge" => {
+            // Judged by the tiny GGUF fixture (see run_preset): every rollout reaches the
+            // served judge; a random model writes no verdict, so the rules score them.
+            every(s, "judge/episodes", pos)?;
+            every(s, "critic/vf_explained_var", f64::is_finite)?;
         }
         "mt-grpo" => {
             every(s, "mt_grpo/turn_group/groups", pos)?;

@@ -988,6 +988,73 @@ pub struct TrainConfig {
     pub eval: EvalConfig,
     /// Run bookkeeping.
     pub run: RunConfig,
+    /// LLM-judge turn rewards (turn-level-rewards.md §5, App. C.3).
+    pub judge: JudgeSettings,
+}
+
+/// What to do with an episode the judge could not score (the endpoint failed after its
+/// retries, or the reply held no usable scores).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JudgeFailure {
+    /// Score it with the verifiable rubric of `reward` instead (counted in `judge/failures`).
+    #[default]
+    Rubric,
+    /// Stop the step with the judge's error.
+    Error,
+}
+
+/// LLM-judge turn rewards (`[judge]`): each rollout's turns are sent to an OpenAI-compatible
+/// chat endpoint with the paper's per-turn rubric (turn-level-rewards.md App. C.3: final turn
+/// −1 / 0.2 / 1, intermediate turns format ±, information +0.3, search cost), and the judge's
+/// scores replace the verifiable turn rewards of `reward = "mt_ppo_turn"` (the same rubric,
+/// computed by rules). EM and format metrics still come from the rules.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JudgeSettings {
+    /// Turn the judge on.
+    pub enabled: bool,
+    /// A model to serve as the judge inside the run (`turnwise serve` on a free loopback
+    /// port): a packaged model's name (`smollm2-135m-instruct`, the offline default), a GGUF
+    /// file or a Hugging Face folder. Absent: ask `base_url`.
+    pub serve: Option<String>,
+    /// Base URL of the OpenAI-compatible API (`.../v1`) when `serve` is absent.
+    pub base_url: String,
+    /// The model name sent.
+    pub model: String,
+    /// Environment variable holding the API key (absent: none is sent).
+    pub api_key_env: Option<String>,
+    /// Seconds one judge request may take (default 120).
+    pub timeout_secs: f64,
+    /// Attempts per request, the first included (default 3).
+    pub max_attempts: u32,
+    /// Reply token limit (default 256).
+    pub max_tokens: u32,
+    /// Requests in flight at once (default 8).
+    pub concurrency: usize,
+    /// Directory of the verdict cache (absent: no cache): a rollout judged before is not sent
+    /// again.
+    pub cache_dir: Option<PathBuf>,
+    /// What to do when the judge fails on a rollout.
+    pub on_failure: JudgeFailure,
+}
+
+impl Default for JudgeSettings {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            serve: None,
+            base_url: "http://127.0.0.1:30000/v1".into(),
+            model: "turnwise".into(),
+            api_key_env: None,
+            timeout_secs: 120.0,
+            max_attempts: 3,
+            max_tokens: 256,
+            concurrency: 8,
+            cache_dir: None,
+            on_failure: JudgeFailure::Rubric,
+        }
+    }
 }
 
 impl Default for TrainConfig {
@@ -1010,6 +1077,7 @@ impl Default for TrainConfig {
             critic: CriticConfig::default(),
             eval: EvalConfig::default(),
             run: RunConfig::default(),
+            judge: JudgeSettings::default(),
         }
     }
 }
@@ -1851,7 +1919,53 @@ impl TrainConfig {
                 );
             }
         }
-        self.validate_remote()
+        self.validate_remote()?;
+        self.validate_judge()
+    }
+
+    fn validate_judge(&self) -> Result<(), ConfigError> {
+        let bad = |field, message: String| Err(ConfigError::Invalid { field, message });
+        let j = &self.judge;
+        if !j.enabled {
+            return Ok(());
+        }
+        if !matches!(self.reward, RewardConfig::MtPpoTurn(_)) {
+            return bad(
+                "judge.enabled",
+                format!(
+                    "the judge scores turns with MT-PPO's rubric: it needs reward = \
+                     \"mt_ppo_turn\", not {:?}",
+                    self.reward.name()
+                ),
+            );
+        }
+        if j.serve.is_none()
+            && !(j.base_url.starts_with("http://") || j.base_url.starts_with("https://"))
+        {
+            return bad(
+                "judge.base_url",
+                format!("{:?} is not an http:// or https:// URL", j.base_url),
+            );
+        }
+        if j.model.is_empty() {
+            return bad("judge.model", "must not be empty".into());
+        }
+        if !(j.timeout_secs > 0.0 && j.timeout_secs.is_finite()) {
+            return bad(
+                "judge.timeout_secs",
+                format!("must be a positive number, got {}", j.timeout_secs),
+            );
+        }
+        if j.max_attempts == 0 {
+            return bad("judge.max_attempts", "must be at least 1".into());
+        }
+        if j.concurrency == 0 {
+            return bad("judge.concurrency", "must be at least 1".into());
+        }
+        if j.max_tokens == 0 {
+            return bad("judge.max_tokens", "must be at least 1".into());
+        }
+        Ok(())
     }
 
     fn validate_remote(&self) -> Result<(), ConfigError> {
@@ -1928,6 +2042,8 @@ pub const PATH_KEYS: &[&str] = &[
     "task.search_r1.corpus",
     "model.init_from",
     "sft.demonstrations",
+    "judge.serve",
+    "judge.cache_dir",
 ];
 
 /// The table at the dotted path `path` in `doc`, if every part of it is a table.
@@ -1960,7 +2076,7 @@ pub fn absolutize_paths(doc: &mut toml::Table, base: &Path) -> Result<(), Config
             continue;
         }
         // A packaged model's name is not a path (unless a folder of that name is there).
-        if *key == "model.init_from"
+        if matches!(*key, "model.init_from" | "judge.serve")
             && crate::model_source::is_model_name(s)
             && !base.join(path).exists()
         {

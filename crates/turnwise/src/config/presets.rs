@@ -13,6 +13,10 @@ pub const PRESETS: &[(&str, &str)] = &[
     ("ppo", include_str!("../../../../presets/ppo.toml")),
     ("mt-grpo", include_str!("../../../../presets/mt-grpo.toml")),
     ("mt-ppo", include_str!("../../../../presets/mt-ppo.toml")),
+    (
+        "mt-ppo-judge",
+        include_str!("../../../../presets/mt-ppo-judge.toml"),
+    ),
     ("igpo", include_str!("../../../../presets/igpo.toml")),
     ("a2tgpo", include_str!("../../../../presets/a2tgpo.toml")),
     ("at2po", include_str!("../../../../presets/at2po.toml")),

@@ -120,32 +120,16 @@ impl RemoteBackend {
             bail!("{} seeds for {} contexts", seeds.len(), contexts.len());
         }
         let n = contexts.len();
-        let results: Vec<Mutex<Option<Result<RemoteTurn>>>> =
-            (0..n).map(|_| Mutex::new(None)).collect();
-        let cursor = AtomicUsize::new(0);
-        let workers = self.config.concurrency.min(n).max(1);
-        std::thread::scope(|scope| {
-            for _ in 0..workers {
-                scope.spawn(|| {
-                    loop {
-                        let i = cursor.fetch_add(1, Ordering::Relaxed);
-                        if i >= n {
-                            break;
-                        }
-                        let r = self.generate_one(&contexts[i], seeds[i], params);
-                        let failed = r.is_err();
-                        *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
-                        if failed {
-                            // Stop handing out work: the step fails anyway.
-                            cursor.store(n, Ordering::Relaxed);
-                        }
-                    }
-                });
-            }
-        });
+        let results = crate::parallel::map_indices(
+            n,
+            self.config.concurrency,
+            |i| self.generate_one(&contexts[i], seeds[i], params),
+            // Stop handing out work once a turn failed: the step fails anyway.
+            Result::is_err,
+        );
         let mut out = Vec::with_capacity(n);
         for (i, r) in results.into_iter().enumerate() {
-            match r.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            match r {
                 Some(Ok(t)) => out.push(t),
                 Some(Err(e)) => return Err(e.context(format!("remote turn {i} of {n}"))),
                 None => bail!("remote turn {i} of {n} was not generated (an earlier one failed)"),

@@ -3,6 +3,7 @@
 
 pub mod advantage;
 pub mod eval;
+pub mod judge;
 pub mod rejection;
 pub mod sampling;
 
@@ -70,6 +71,8 @@ pub struct Trainer {
     consecutive_bad_critic: usize,
     /// The rollout servers of `rollout.backend = "remote"`.
     remote: Option<crate::rollout::remote::RemoteBackend>,
+    /// The LLM judge of `[judge]`.
+    judge: Option<judge::TurnJudge>,
 }
 
 /// What one RL step produced.
@@ -177,6 +180,10 @@ impl Trainer {
                     .context("rollout.backend = \"remote\"")?,
             ),
         };
+        let judge = match config.judge.enabled {
+            true => Some(judge::TurnJudge::start(&config.judge).context("[judge]")?),
+            false => None,
+        };
         let kl_ctrl = match config.algorithm.use_kl_in_reward {
             true => Some(config.algorithm.kl_ctrl.build()?),
             false => None,
@@ -200,6 +207,7 @@ impl Trainer {
             consecutive_bad: 0,
             consecutive_bad_critic: 0,
             remote,
+            judge,
         })
     }
 
@@ -485,6 +493,9 @@ impl Trainer {
         if r.strategy == crate::config::RolloutStrategy::Chain {
             let control = RolloutControl::from_config(r, cfg.task.format, &self.tokenizer)?;
             metrics.extend(all.stats.metrics(&control));
+        }
+        if let Some(j) = &all.judge {
+            metrics.extend(j.metrics());
         }
         metrics.extend(
             batch

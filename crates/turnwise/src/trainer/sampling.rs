@@ -58,6 +58,8 @@ pub struct StepBatch {
     pub gen_seconds: f64,
     /// Seconds spent on information-gain probes.
     pub ig_seconds: f64,
+    /// What the LLM judge did (`[judge]`).
+    pub judge: Option<super::judge::JudgeStats>,
 }
 
 impl StepBatch {
@@ -102,6 +104,13 @@ impl StepBatch {
             (a, b) => a.or(b),
         };
         self.stats.merge(&other.stats);
+        self.judge = match (self.judge.take(), other.judge) {
+            (Some(mut a), Some(b)) => {
+                a.merge(&b);
+                Some(a)
+            }
+            (a, b) => a.or(b),
+        };
         self.rounds += other.rounds;
         self.gen_seconds += other.gen_seconds;
         self.ig_seconds += other.ig_seconds;
@@ -138,6 +147,7 @@ impl StepBatch {
             rounds: self.rounds,
             gen_seconds: self.gen_seconds,
             ig_seconds: self.ig_seconds,
+            judge: self.judge,
         }
     }
 }
@@ -181,6 +191,10 @@ impl Trainer {
         let decoding = self.decoding(r.temperature);
         let mut groups: Vec<usize> = (0..specs.len()).map(|i| i / r.group_size).collect();
         let golds: Vec<Vec<String>> = specs.iter().map(|s| s.task.answers.clone()).collect();
+        let questions: Vec<String> = specs
+            .iter()
+            .map(|s| s.task.prompt.clone().unwrap_or_default())
+            .collect();
         let mut stats = RolloutStats::default();
         let (mut episodes, trees) = match r.strategy {
             RolloutStrategy::Chain => {
@@ -207,12 +221,15 @@ impl Trainer {
                 (out.episodes, Some(out.trees))
             }
         };
-        let golds: Vec<Vec<String>> = match &trees {
-            None => golds,
+        let (golds, questions): (Vec<Vec<String>>, Vec<String>) = match &trees {
+            None => (golds, questions),
             Some(_) => groups
                 .iter()
-                .map(|&g| golds[g * r.group_size].clone())
-                .collect(),
+                .map(|&g| {
+                    let i = g * r.group_size;
+                    (golds[i].clone(), questions[i].clone())
+                })
+                .unzip(),
         };
 
         // Rewards, and DAPO's overlong shaping of the score (spec §2.7).
@@ -230,10 +247,17 @@ impl Trainer {
             overlong: Vec::with_capacity(n),
             ..StepBatch::default()
         };
-        for (ep, gold) in episodes.iter_mut().zip(&golds) {
-            // The reward reads the agent's turns only (never the prompt or a notice's text);
-            // a game's is the environment's return.
-            let out = self.task.score_episode(&cfg.reward, ep, gold)?;
+        // The reward reads the agent's turns only (never the prompt or a notice's text); a
+        // game's is the environment's return. The judge, when on, rescores the turns.
+        let mut outs = episodes
+            .iter()
+            .zip(&golds)
+            .map(|(ep, gold)| self.task.score_episode(&cfg.reward, ep, gold))
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(judge) = &self.judge {
+            batch.judge = Some(judge.rescore(&episodes, &questions, &golds, &mut outs)?);
+        }
+        for (ep, out) in episodes.iter_mut().zip(outs) {
             let penalty = overlong_cfg
                 .as_ref()
                 .map_or(0.0, |c| overlong_penalty(ep.trajectory.response_len(), c));

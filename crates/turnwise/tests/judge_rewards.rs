@@ -1,0 +1,202 @@
+//! LLM-judge turn rewards in training (`[judge]`): the judge's per-turn scores become the turn
+//! rewards the step trains on, verdicts are cached, a failing judge falls back to the rules or
+//! stops the step naming the judge, and `judge.serve` serves a model inside the run.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::Router;
+use axum::routing::post;
+use serde_json::{Value, json};
+use turnwise::config::TrainConfig;
+use turnwise::trainer::Trainer;
+use turnwise_env::server::BackgroundServer;
+
+/// The verdict of the stand-in judge: 0.25 for every intermediate turn and 0.75 for the last
+/// (values the rules never give: they move in steps of 0.1 and end in −1, 0.2 or 1).
+fn verdict(n_turns: usize) -> String {
+    let lines: String = (1..=n_turns)
+        .map(|k| format!("Turn{k}: {}\n", if k == n_turns { "0.75" } else { "0.25" }))
+        .collect();
+    format!("The turns are fine.\n<score>\n{lines}</score>")
+}
+
+/// An OpenAI-compatible chat endpoint that answers the turn rubric with [`verdict`] (or 500
+/// when `fail`), counting requests.
+fn stand_in_judge(fail: bool) -> (BackgroundServer, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = Arc::clone(&hits);
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        post(move |axum::Json(body): axum::Json<Value>| {
+            let h = Arc::clone(&h);
+            async move {
+                h.fetch_add(1, Ordering::SeqCst);
+                if fail {
+                    return (
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        axum::Json(json!({"error": {"message": "judge exploded"}})),
+                    );
+                }
+                let prompt = body["messages"][0]["content"].as_str().unwrap_or("");
+                // The evaluation data lists the turns as "Turn1:", "Turn2:", ...
+                let n = (1..)
+                    .take_while(|k| prompt.contains(&format!("Turn{k}:\n")))
+                    .count();
+                (
+                    axum::http::StatusCode::OK,
+                    axum::Json(json!({"choices": [{"message": {
+                        "role": "assistant", "content": verdict(n)}}]})),
+                )
+            }
+        }),
+    );
+    let server = BackgroundServer::start_router(
+        "judge",
+        app,
+        "127.0.0.1:0".parse().unwrap(),
+        std::time::Duration::from_secs(30),
+    )
+    .unwrap();
+    (server, hits)
+}
+
+fn judged(extra: &[String]) -> Vec<String> {
+    let mut s = common::tiny_overrides();
+    s.push("judge.enabled=true".into());
+    s.push("judge.max_attempts=1".into());
+    s.extend(extra.iter().cloned());
+    s
+}
+
+fn trainer(preset: &str, sets: &[String]) -> Trainer {
+    let mut t = Trainer::new(TrainConfig::resolve(Some(preset), None, sets).unwrap()).unwrap();
+    t.warm_start(&mut |_, _, _| {}).unwrap();
+    t.freeze_reference().unwrap();
+    t
+}
+
+#[test]
+fn judge_scores_are_the_turn_rewards_the_step_trains_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (server, hits) = stand_in_judge(false);
+    let cache = tmp.path().join("verdicts");
+    let sets = judged(&[
+        format!("judge.base_url=\"{}/v1\"", server.url()),
+        format!("judge.cache_dir=\"{}\"", cache.display()),
+    ]);
+    let mut t = trainer("mt-ppo", &sets);
+    let out = t.rl_step().unwrap();
+    assert_eq!(hits.load(Ordering::SeqCst), out.episodes.len());
+    assert_eq!(out.metrics["judge/failures"], 0.0, "{:?}", out.metrics);
+    for e in &out.episodes {
+        let n = e.trajectory.num_turns();
+        let want: Vec<f64> = (0..n)
+            .map(|k| if k + 1 == n { 0.75 } else { 0.25 })
+            .collect();
+        assert_eq!(e.trajectory.turn_rewards, want, "{}", e.trajectory.id);
+    }
+    let m = &out.metrics;
+    assert_eq!(m["judge/episodes"], out.episodes.len() as f64);
+    assert_eq!(m["judge/failures"], 0.0);
+    assert_eq!(
+        m["judge/rubric_agreement"], 0.0,
+        "the rules never give 0.25 or 0.75"
+    );
+    // The same rollouts again: answered from the cache, no request.
+    let before = hits.load(Ordering::SeqCst);
+    let judge = turnwise::trainer::judge::TurnJudge::start(&t.config.judge).unwrap();
+    let questions = vec!["q".to_string(); 1];
+    let golds = vec![vec!["a".to_string()]; 1];
+    let mut outs = vec![
+        turnwise_core::reward::RewardOutput {
+            score: 0.0,
+            turn_rewards: vec![0.0; out.episodes[0].trajectory.num_turns()],
+            em: 0.0,
+            format_ok: true,
+            reason: String::new(),
+            parts: Vec::new(),
+        };
+        1
+    ];
+    let eps = &out.episodes[..1];
+    judge.rescore(eps, &questions, &golds, &mut outs).unwrap();
+    judge.rescore(eps, &questions, &golds, &mut outs).unwrap();
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        before + 1,
+        "second verdict from the cache"
+    );
+
+    // Without the judge the same step trains on the rules' turn rewards.
+    let mut plain = common::tiny_overrides();
+    plain.push("judge.enabled=false".into());
+    let mut r = trainer("mt-ppo", &plain);
+    let o = r.rl_step().unwrap();
+    assert!(!o.metrics.contains_key("judge/episodes"));
+    for e in &o.episodes {
+        assert!(
+            e.trajectory
+                .turn_rewards
+                .iter()
+                .all(|x| (x - 0.25).abs() > 1e-9 && (x - 0.75).abs() > 1e-9)
+        );
+    }
+}
+
+#[test]
+fn a_failing_judge_falls_back_to_the_rules_or_stops_the_step() {
+    let (server, hits) = stand_in_judge(true);
+    let url = format!("{}/v1", server.url());
+    let mut t = trainer("mt-ppo", &judged(&[format!("judge.base_url=\"{url}\"")]));
+    let out = t.rl_step().unwrap();
+    let n = out.episodes.len() as f64;
+    assert_eq!(out.metrics["judge/failures"], n);
+    assert_eq!(hits.load(Ordering::SeqCst), out.episodes.len());
+    let mut t = trainer(
+        "mt-ppo",
+        &judged(&[
+            format!("judge.base_url=\"{url}\""),
+            "judge.on_failure=\"error\"".into(),
+        ]),
+    );
+    let e = format!("{:#}", t.rl_step().err().unwrap());
+    assert!(e.contains(&url) && e.contains("judge exploded"), "{e}");
+}
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../turnwise-model/src/checkpoint/fixtures/gguf/tiny-llama.gguf")
+}
+
+#[test]
+fn the_judge_preset_serves_its_judge_inside_the_run() {
+    // mt-ppo-judge serves SmolLM2-135M-Instruct; here the tiny GGUF fixture stands in (the
+    // preset test does the same). A random 3-layer model writes no verdict, so every rollout
+    // falls back to the rules; what is checked is the path: the run starts the server, the
+    // judge requests reach it through its chat template, and the step survives.
+    let sets = judged(&[format!("judge.serve=\"{}\"", fixture().display())]);
+    let cfg = TrainConfig::resolve(Some("mt-ppo-judge"), None, &sets).unwrap();
+    assert!(cfg.judge.enabled);
+    let mut t = trainer("mt-ppo-judge", &sets);
+    let out = t.rl_step().unwrap();
+    assert_eq!(out.metrics["judge/episodes"], out.episodes.len() as f64);
+    assert!(out.metrics["timing_s/judge"] > 0.0);
+
+    // The judge settings are checked by name.
+    for (set, field) in [
+        ("reward.name=\"em\"", "judge.enabled"),
+        ("judge.concurrency=0", "judge.concurrency"),
+        ("judge.timeout_secs=-1", "judge.timeout_secs"),
+    ] {
+        let mut s = judged(&[]);
+        s.push(set.into());
+        let e = TrainConfig::resolve(Some("mt-ppo"), None, &s)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(field), "{set}: {e}");
+    }
+}
