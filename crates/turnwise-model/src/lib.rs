@@ -61,6 +61,8 @@
 #[cfg(test)]
 mod bench;
 pub mod checkpoint;
+#[cfg(test)]
+mod cuda_parity;
 pub mod device;
 pub mod error;
 pub mod logprobs;

@@ -78,6 +78,28 @@ pub fn varmap_from_tensors(
     Ok(varmap)
 }
 
+/// A copy of `varmap`'s parameters (those `config` needs) converted to `dtype` on `device`: e.g.
+/// a CPU `f32` initialisation or checkpoint moved to a CUDA device in `bf16`
+/// ([`crate::device::default_dtype`]).
+pub fn convert_varmap(
+    config: &ModelConfig,
+    varmap: &VarMap,
+    dtype: DType,
+    device: &Device,
+) -> Result<VarMap> {
+    let mut tensors = HashMap::new();
+    for (name, var) in sorted_vars(varmap) {
+        let t = var.as_tensor().detach();
+        let t = if t.dtype().is_float() {
+            t.to_dtype(dtype)?
+        } else {
+            t
+        };
+        tensors.insert(name, t.to_device(device)?);
+    }
+    varmap_from_tensors(config, &tensors, "the converted model")
+}
+
 /// The `Var`s of a `VarMap`, sorted by name (a deterministic order for optimizers).
 pub fn sorted_vars(varmap: &VarMap) -> Vec<(String, Var)> {
     let data = varmap.data().lock().unwrap_or_else(|e| e.into_inner());

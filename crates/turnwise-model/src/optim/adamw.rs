@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use candle_core::{Tensor, Var};
+use candle_core::{DType, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
@@ -37,28 +37,50 @@ impl Default for AdamWConfig {
     }
 }
 
-/// AdamW over named `Var`s. Moments are kept in the parameters' dtype; the step count is
-/// global (a parameter without a gradient in some step is skipped and keeps its moments).
+/// AdamW over named `Var`s. The step count is global (a parameter without a gradient in some
+/// step is skipped and keeps its moments).
+///
+/// Mixed precision: for `f32`/`f64` parameters the moments are kept in the parameters' dtype.
+/// For `bf16`/`f16` parameters (the weights and activations of a CUDA model) the optimizer
+/// keeps an `f32` master copy of each parameter and `f32` moments, applies the update to the
+/// master copy and writes it back rounded to the parameter's dtype, so that updates smaller
+/// than the half type's resolution accumulate instead of rounding away.
 #[derive(Debug)]
 pub struct AdamW {
     config: AdamWConfig,
     vars: Vec<(String, Var)>,
     moments: BTreeMap<String, (Tensor, Tensor)>,
+    /// `f32` master copies of the half-precision parameters.
+    masters: BTreeMap<String, Tensor>,
     step: u64,
+}
+
+/// The dtype of the optimizer state of a `dtype` parameter: `f32` for half types.
+pub fn state_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F16 | DType::BF16 => DType::F32,
+        d => d,
+    }
 }
 
 impl AdamW {
     /// A fresh optimizer (zero moments, step 0) over `vars`.
     pub fn new(vars: Vec<(String, Var)>, config: AdamWConfig) -> Result<Self> {
         let mut moments = BTreeMap::new();
+        let mut masters = BTreeMap::new();
         for (name, var) in &vars {
-            let z = var.as_tensor().zeros_like()?;
+            let sd = state_dtype(var.dtype());
+            let z = var.as_tensor().zeros_like()?.to_dtype(sd)?;
             moments.insert(name.clone(), (z.clone(), z));
+            if sd != var.dtype() {
+                masters.insert(name.clone(), var.as_tensor().detach().to_dtype(sd)?);
+            }
         }
         Ok(Self {
             config,
             vars,
             moments,
+            masters,
             step: 0,
         })
     }
@@ -92,37 +114,61 @@ impl AdamW {
             let (m, v) = self.moments.get_mut(name).ok_or_else(|| {
                 ModelError::invalid_input("grads", format!("unknown parameter {name}"))
             })?;
-            let g = g.to_dtype(var.dtype())?;
+            let g = g.to_dtype(state_dtype(var.dtype()))?;
             *m = (m.affine(c.beta1, 0.0)? + g.affine(1.0 - c.beta1, 0.0)?)?;
             *v = (v.affine(c.beta2, 0.0)? + g.sqr()?.affine(1.0 - c.beta2, 0.0)?)?;
             let denom = (v.sqrt()?.affine(1.0 / bc2.sqrt(), 0.0)? + c.eps)?;
             let update = (m.affine(lr / bc1, 0.0)? / denom)?;
-            let p = var.as_tensor().detach();
+            let master = self.masters.get_mut(name);
+            let p = match &master {
+                Some(p) => (*p).clone(),
+                None => var.as_tensor().detach(),
+            };
             let decays = c.decay_vectors || p.rank() > 1;
             let p = if decays && c.weight_decay != 0.0 {
                 p.affine(1.0 - lr * c.weight_decay, 0.0)?
             } else {
                 p
             };
-            var.set(&(p - update)?)?;
+            let p = (p - update)?;
+            match master {
+                Some(slot) => {
+                    var.set(&p.to_dtype(var.dtype())?)?;
+                    *slot = p;
+                }
+                None => var.set(&p)?,
+            }
         }
         Ok(())
     }
 
-    /// The moments as named tensors (`{name}.exp_avg`, `{name}.exp_avg_sq`), for checkpoints.
+    /// The `f32` master copy of a half-precision parameter (`None` for `f32`/`f64` ones, which
+    /// are their own master).
+    pub fn master(&self, name: &str) -> Option<&Tensor> {
+        self.masters.get(name)
+    }
+
+    /// The moments as named tensors (`{name}.exp_avg`, `{name}.exp_avg_sq`), and the `f32`
+    /// master copies of half-precision parameters (`{name}.master`), for checkpoints.
     pub fn state_tensors(&self) -> HashMap<String, Tensor> {
         let mut out = HashMap::new();
         for (name, (m, v)) in &self.moments {
             out.insert(format!("{name}.exp_avg"), m.clone());
             out.insert(format!("{name}.exp_avg_sq"), v.clone());
         }
+        for (name, p) in &self.masters {
+            out.insert(format!("{name}.master"), p.clone());
+        }
         out
     }
 
     /// Restores moments and step count saved by [`AdamW::state_tensors`]; every parameter's
-    /// moments must be present with the parameter's shape.
+    /// moments must be present with the parameter's shape. A half-precision parameter's master
+    /// copy is restored when saved, else taken from the parameter's current value.
     pub fn load_state(&mut self, tensors: &HashMap<String, Tensor>, step: u64) -> Result<()> {
         for (name, var) in &self.vars {
+            let sd = state_dtype(var.dtype());
+            let device = var.device();
             let get = |suffix: &str| -> Result<Tensor> {
                 let key = format!("{name}.{suffix}");
                 let t = tensors.get(&key).ok_or_else(|| ModelError::MissingTensor {
@@ -136,11 +182,18 @@ impl AdamW {
                         found: t.dims().to_vec(),
                     });
                 }
-                Ok(t.to_dtype(var.dtype())?)
+                Ok(t.to_dtype(sd)?.to_device(device)?)
             };
             let m = get("exp_avg")?;
             let v = get("exp_avg_sq")?;
             self.moments.insert(name.clone(), (m, v));
+            if sd != var.dtype() {
+                let master = match tensors.contains_key(&format!("{name}.master")) {
+                    true => get("master")?,
+                    false => var.as_tensor().detach().to_dtype(sd)?,
+                };
+                self.masters.insert(name.clone(), master);
+            }
         }
         self.step = step;
         Ok(())

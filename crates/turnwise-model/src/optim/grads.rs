@@ -84,7 +84,8 @@ impl Gradients {
 /// Sums scaled gradients over micro-batches: `Σ scale_i · ∇loss_i`.
 ///
 /// With `scale_i = 1 / num_micro_batches` (or each micro-batch's share of the tokens) the sum
-/// equals the gradient of the whole mini-batch's loss.
+/// equals the gradient of the whole mini-batch's loss. Gradients of `bf16`/`f16` parameters are
+/// summed in `f32` (see [`crate::optim::adamw::state_dtype`]).
 #[derive(Debug, Default)]
 pub struct GradAccumulator {
     sum: Gradients,
@@ -103,7 +104,10 @@ impl GradAccumulator {
             let Some(g) = store.get(var.as_tensor()) else {
                 continue;
             };
-            let g = g.detach().affine(scale, 0.0)?;
+            let g = g
+                .detach()
+                .to_dtype(crate::optim::adamw::state_dtype(g.dtype()))?
+                .affine(scale, 0.0)?;
             let entry = match self.sum.grads.remove(name) {
                 Some(prev) => (prev + g)?,
                 None => g,

@@ -192,3 +192,66 @@ fn schedule_warms_up_and_decays_to_the_floor() {
         .is_err()
     );
 }
+
+#[test]
+fn bf16_parameters_keep_f32_master_weights_and_moments() {
+    use candle_core::Var;
+    // Steps of about lr = 1e-4 are below bf16's resolution at 1.0 (2⁻⁷): without an f32 master
+    // copy every update would round away and the weight would never move.
+    let dev = Device::Cpu;
+    let make = |dtype| {
+        let var = Var::from_tensor(&Tensor::ones((3, 4), dtype, &dev).unwrap()).unwrap();
+        let cfg = AdamWConfig {
+            weight_decay: 0.0,
+            ..AdamWConfig::default()
+        };
+        (
+            var.clone(),
+            AdamW::new(vec![("w".into(), var)], cfg).unwrap(),
+        )
+    };
+    let (w32, mut opt32) = make(DType::F32);
+    let (w16, mut opt16) = make(DType::BF16);
+    // The gradient of Σ w / 2 is 1/2 everywhere, in the parameter's dtype.
+    let grads_for = |opt: &AdamW| {
+        let loss = (opt.vars()[0].1.as_tensor() * 0.5)
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        Gradients::from_grad_store(&loss.backward().unwrap(), opt.vars())
+    };
+    for _ in 0..200 {
+        let g = grads_for(&opt32);
+        opt32.step(&g, 1e-4).unwrap();
+        let g = grads_for(&opt16);
+        opt16.step(&g, 1e-4).unwrap();
+    }
+    let want = w32.as_tensor().to_vec2::<f32>().unwrap()[0][0];
+    assert!((want - 0.98).abs() < 1e-3, "f32 reference moved to {want}");
+    let master = opt16.master("w").unwrap();
+    assert_eq!(master.dtype(), DType::F32);
+    let m = master.to_vec2::<f32>().unwrap()[0][0];
+    assert!((m - want).abs() < 1e-5, "master {m} vs f32 {want}");
+    // The bf16 weight is the master rounded to bf16.
+    assert_eq!(w16.dtype(), DType::BF16);
+    let got = w16
+        .as_tensor()
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap()[0][0];
+    assert!(
+        (got - want).abs() <= 2f32.powi(-8),
+        "bf16 weight {got} vs f32 {want}"
+    );
+    assert!(opt32.master("w").is_none());
+    // Moments and the master copy are saved in f32 and restored.
+    let state = opt16.state_tensors();
+    for key in ["w.exp_avg", "w.exp_avg_sq", "w.master"] {
+        assert_eq!(state[key].dtype(), DType::F32, "{key}");
+    }
+    let (_, mut again) = make(DType::BF16);
+    again.load_state(&state, opt16.step_count()).unwrap();
+    let restored = again.master("w").unwrap().to_vec2::<f32>().unwrap()[0][0];
+    assert_eq!(restored, m);
+}

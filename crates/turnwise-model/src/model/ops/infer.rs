@@ -38,7 +38,7 @@ fn has_avx512() -> bool {
 
 /// Whether `t` is a graph-free `f32` CPU tensor.
 fn plain_f32_cpu(t: &Tensor) -> bool {
-    t.dtype() == DType::F32 && t.device().is_cpu() && !t.track_op()
+    t.dtype() == DType::F32 && super::fused_on(t.device()) && !t.track_op()
 }
 
 /// The `f32` values of a contiguous CPU tensor's storage.

@@ -3,12 +3,14 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, D, DType, Layout, Result, Shape, Tensor};
 
-use super::{Real, contiguous, max, par_rows};
+use super::{Real, contiguous, fused_on, max, par_rows};
 
 /// For logits `[.., V]` and integer `targets: [..]` (same leading dims): `(logp, entropy)`,
 /// both `[..]`, where `logp = log_softmax(logits)[target]` and `entropy = −Σ p log p`. One
-/// fused pass forward and one backward (gradient for the logits); `f16`/`bf16` run in `f32`,
-/// other devices use [`token_logprobs_entropy_composed`].
+/// fused pass forward and one backward (gradient for the logits). `f16`/`bf16` logits are
+/// computed in `f32` and give `f32` results (a bf16 log-probability keeps 8 bits, too few for
+/// importance ratios). Off the CPU (or inside [`super::with_composed_ops`]) this is
+/// [`token_logprobs_entropy_composed`].
 pub fn token_logprobs_entropy(logits: &Tensor, targets: &Tensor) -> Result<(Tensor, Tensor)> {
     let dims = logits.dims();
     let Some((&v, lead)) = dims.split_last() else {
@@ -21,8 +23,9 @@ pub fn token_logprobs_entropy(logits: &Tensor, targets: &Tensor) -> Result<(Tens
             dims
         );
     }
+    let fused = fused_on(logits.device());
     match logits.dtype() {
-        DType::F32 | DType::F64 if logits.device().is_cpu() => {
+        DType::F32 | DType::F64 if fused => {
             let rows = lead.iter().product::<usize>();
             let tg = targets.to_dtype(DType::U32)?.flatten_all()?.contiguous()?;
             let packed = logits
@@ -33,20 +36,23 @@ pub fn token_logprobs_entropy(logits: &Tensor, targets: &Tensor) -> Result<(Tens
             let ent = packed.narrow(1, 1, 1)?.reshape(lead)?;
             Ok((logp, ent))
         }
-        DType::F16 | DType::BF16 if logits.device().is_cpu() => {
-            let (l, e) = token_logprobs_entropy(&logits.to_dtype(DType::F32)?, targets)?;
-            Ok((l.to_dtype(logits.dtype())?, e.to_dtype(logits.dtype())?))
+        DType::F16 | DType::BF16 if fused => {
+            token_logprobs_entropy(&logits.to_dtype(DType::F32)?, targets)
         }
         _ => token_logprobs_entropy_composed(logits, targets),
     }
 }
 
 /// [`token_logprobs_entropy`] composed from candle ops (log-softmax with the detached row
-/// maximum, `gather`, `exp`, `sum`): its reference and fallback.
+/// maximum, `gather`, `exp`, `sum`): its reference and fallback. Half-precision logits are
+/// computed in `f32` and give `f32` results, as in [`token_logprobs_entropy`].
 pub fn token_logprobs_entropy_composed(
     logits: &Tensor,
     targets: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
+    if matches!(logits.dtype(), DType::F16 | DType::BF16) {
+        return token_logprobs_entropy_composed(&logits.to_dtype(DType::F32)?, targets);
+    }
     let max = logits.max_keepdim(D::Minus1)?.detach();
     let z = logits.broadcast_sub(&max)?;
     let lse = z.exp()?.sum_keepdim(D::Minus1)?.log()?;

@@ -17,9 +17,17 @@
 //! [`infer`] holds a forward-only kernel for sampling on detached weights (`x Wᵀ` for a few
 //! rows without packing the weight), used only when nothing records a graph.
 //!
-//! Kernels run on `f32` and `f64`; `f16`/`bf16` inputs go through `f32`. Non-CPU devices fall
-//! back to the equivalent composition of candle ops. Large inputs are split over
-//! `CANDLE_NUM_THREADS` (else `RAYON_NUM_THREADS`, else all cores) scoped threads.
+//! Kernels run on `f32` and `f64`; `f16`/`bf16` inputs go through `f32`. Large inputs are split
+//! over `CANDLE_NUM_THREADS` (else `RAYON_NUM_THREADS`, else all cores) scoped threads.
+//!
+//! Off the CPU (CUDA) every op is the equivalent composition of candle ops (`*_composed`),
+//! which candle runs with its own GPU kernels and differentiates with its autograd:
+//! candle-nn's fused CUDA `softmax_last_dim`, `rms_norm` and `rope` have no backward pass, so
+//! they cannot stand in for training. The compositions compute softmax, log-softmax and the RMS
+//! statistic in `f32` when the input is `f16`/`bf16`, so bf16 activations lose no more than
+//! their own rounding. [`with_composed_ops`] (one thread) and `TURNWISE_COMPOSED_OPS=1` (the
+//! whole process) route the CPU through the same compositions, so that path is tested here
+//! against the fused kernels.
 
 pub mod infer;
 pub mod logprob;
@@ -30,15 +38,51 @@ pub mod softmax;
 #[cfg(test)]
 mod tests;
 
+use std::cell::Cell;
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub};
 use std::sync::OnceLock;
 
-use candle_core::{CpuStorage, Layout, WithDType};
+use candle_core::{CpuStorage, Device, Layout, WithDType};
 
 pub use logprob::token_logprobs_entropy;
 pub use rms_norm::rms_norm;
 pub use rope::rope;
 pub use softmax::{masked_softmax_last_dim, softmax_last_dim};
+
+thread_local! {
+    static FORCE_COMPOSED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether `TURNWISE_COMPOSED_OPS` (set to anything but `0` or empty) turns the fused CPU
+/// kernels off for the whole process (read once).
+fn composed_by_env() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        std::env::var("TURNWISE_COMPOSED_OPS").is_ok_and(|v| !v.is_empty() && v != "0")
+    })
+}
+
+/// Whether the fused CPU kernels serve tensors on `device`: only on the CPU, and not inside
+/// [`with_composed_ops`] or under `TURNWISE_COMPOSED_OPS=1`. Everywhere else the ops are their
+/// candle compositions (the GPU path).
+pub fn fused_on(device: &Device) -> bool {
+    device.is_cpu() && !FORCE_COMPOSED.with(Cell::get) && !composed_by_env()
+}
+
+/// Runs `f` with the fused CPU kernels turned off on this thread: every op in this module (and
+/// the forward-only [`infer`] kernel) takes the composition of candle ops that CUDA devices
+/// use. The backward pass of a graph built inside `f` follows the ops recorded then. Nests;
+/// restores the previous setting even if `f` panics.
+pub fn with_composed_ops<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            FORCE_COMPOSED.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(FORCE_COMPOSED.with(|c| c.replace(true)));
+    f()
+}
 
 /// The float types the kernels run on.
 pub(crate) trait Real:

@@ -3,11 +3,11 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, D, DType, Layout, Result, Shape, Tensor};
 
-use super::{Real, contiguous, dot, par_rows};
+use super::{Real, contiguous, dot, fused_on, par_rows};
 
 /// RMSNorm over the last dimension of `x` with weight `weight: [n]`, as one fused op with a
 /// hand-written backward (gradients for `x` and `weight`). `f16`/`bf16` run in `f32`; off the CPU
-/// this is [`rms_norm_composed`].
+/// (or inside [`super::with_composed_ops`]) this is [`rms_norm_composed`].
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
     let n = x.dim(D::Minus1)?;
     if weight.dims() != [n] {
@@ -16,11 +16,12 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
             weight.dims()
         );
     }
+    let fused = fused_on(x.device());
     match x.dtype() {
-        DType::F32 | DType::F64 if x.device().is_cpu() && weight.dtype() == x.dtype() => x
+        DType::F32 | DType::F64 if fused && weight.dtype() == x.dtype() => x
             .contiguous()?
             .apply_op2(&weight.contiguous()?, RmsNorm { eps }),
-        DType::F16 | DType::BF16 if x.device().is_cpu() => {
+        DType::F16 | DType::BF16 if fused => {
             let y = rms_norm(&x.to_dtype(DType::F32)?, &weight.to_dtype(DType::F32)?, eps)?;
             y.to_dtype(x.dtype())
         }

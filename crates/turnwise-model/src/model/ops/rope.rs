@@ -3,12 +3,13 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, D, DType, Layout, Result, Shape, Tensor};
 
-use super::{Real, par_rows};
+use super::{Real, fused_on, par_rows};
 
 /// `x·cos + rotate_half(x)·sin` for `x: [B, H, T, D]` (any strides, e.g. a transposed view) and
 /// `cos, sin: [B or 1, 1 or H, T, D]`, where `rotate_half(x) = cat(−x[D/2..], x[..D/2])`. One
 /// fused op with a hand-written backward for `x` (the tables are constants); the result is
-/// contiguous. Odd `D`, half types and non-CPU devices use [`rope_composed`].
+/// contiguous. Odd `D`, half types, non-CPU devices and [`super::with_composed_ops`] use
+/// [`rope_composed`].
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let (b, h, t, d) = x.dims4()?;
     for (name, tab) in [("cos", cos), ("sin", sin)] {
@@ -22,7 +23,7 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
         }
     }
     let fused = matches!(x.dtype(), DType::F32 | DType::F64)
-        && x.device().is_cpu()
+        && fused_on(x.device())
         && d % 2 == 0
         && cos.dtype() == x.dtype()
         && sin.dtype() == x.dtype()

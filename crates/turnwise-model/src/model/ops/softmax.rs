@@ -3,13 +3,25 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, D, DType, Layout, Result, Shape, Tensor};
 
-use super::{Real, contiguous, dot, max, par_rows};
+use super::{Real, contiguous, dot, fused_on, max, par_rows};
 
 /// `softmax(x)` over the last dimension, one fused op with a hand-written backward. Off the CPU
-/// (or for half types) this is `candle_nn::ops::softmax`.
+/// (or for half types, or inside [`super::with_composed_ops`]) this is [`softmax_composed`].
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
     match x.dtype() {
-        DType::F32 | DType::F64 if x.device().is_cpu() => x.contiguous()?.apply_op1(Softmax),
+        DType::F32 | DType::F64 if fused_on(x.device()) => x.contiguous()?.apply_op1(Softmax),
+        _ => softmax_composed(x),
+    }
+}
+
+/// `candle_nn::ops::softmax` over the last dimension, computed in `f32` for `f16`/`bf16` input
+/// (a bf16 sum over a long row would keep 8 bits) and returned in the input's dtype: the
+/// reference and fallback of [`softmax_last_dim`].
+pub fn softmax_composed(x: &Tensor) -> Result<Tensor> {
+    match x.dtype() {
+        DType::F16 | DType::BF16 => {
+            candle_nn::ops::softmax(&x.to_dtype(DType::F32)?, D::Minus1)?.to_dtype(x.dtype())
+        }
         _ => candle_nn::ops::softmax(x, D::Minus1),
     }
 }
@@ -38,7 +50,7 @@ pub fn masked_softmax_last_dim(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
     }
     match x.dtype() {
         DType::F32 | DType::F64
-            if x.device().is_cpu() && bias.dtype() == x.dtype() && !bias.track_op() =>
+            if fused_on(x.device()) && bias.dtype() == x.dtype() && !bias.track_op() =>
         {
             x.contiguous()?
                 .apply_op2(&bias.contiguous()?, MaskedSoftmax { tb })
@@ -56,14 +68,14 @@ fn bias_dims(bias: &Tensor) -> Result<(usize, usize, usize)> {
 }
 
 /// [`masked_softmax_last_dim`] composed from candle ops (`broadcast_add`, then
-/// `candle_nn::ops::softmax`): its reference and fallback.
+/// [`softmax_composed`], so in `f32` for half types): its reference and fallback.
 pub fn masked_softmax_composed(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
     let (bb, tb, k) = bias_dims(bias)?;
     let xd = x.dims().to_vec();
     let rest: usize = xd[1..xd.len() - 1].iter().product::<usize>() / tb.max(1);
     let x5 = x.reshape((bb, rest, tb, k))?;
-    let y = x5.broadcast_add(&bias.reshape((bb, 1, tb, k))?)?;
-    candle_nn::ops::softmax(&y, D::Minus1)?.reshape(xd)
+    let y = x5.broadcast_add(&bias.reshape((bb, 1, tb, k))?.to_dtype(x.dtype())?)?;
+    softmax_composed(&y)?.reshape(xd)
 }
 
 /// Writes `softmax(x + b)` of one row into `y` (`b` empty: no bias).
