@@ -219,21 +219,42 @@ pub struct BertModel {
     layers: Vec<Layer>,
 }
 
-/// Per-group buffers, reused across layers.
+/// A thread's buffers for [`BertModel::forward_group`], kept between calls (so a forward pass
+/// allocates nothing once its thread has seen a group as large): at most
+/// [`MAX_GROUP_ROWS`] × `(4·hidden + intermediate)` floats plus one head's scores.
+#[derive(Default)]
 struct Scratch {
     /// Hidden states `(rows, hidden)`.
     x: Vec<f32>,
     /// `(rows, 3·hidden)`.
     qkv: Vec<f32>,
-    /// Attention output, then each sub-layer's projection: `(rows, hidden)`.
+    /// Attention output `(rows, hidden)`.
     ctx: Vec<f32>,
+    /// Each sub-layer's projection `(rows, hidden)`.
     tmp: Vec<f32>,
     /// `(rows, intermediate)`.
     inter: Vec<f32>,
     /// One head's `(seq, seq)` attention scores.
     scores: Vec<f32>,
-    keys: Packed,
-    values: Packed,
+    keys: Option<Packed>,
+    values: Option<Packed>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+}
+
+/// A group's rows (tokens) are kept at about this many or fewer (a longer sequence is a group
+/// of its own): the buffers stay a few MB per thread, and the weights, streamed once per group
+/// and layer, are still read about 500 times per load.
+const MAX_GROUP_ROWS: usize = 512;
+
+/// `v[..n]`, growing `v` first when it is shorter.
+fn prefix(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
 }
 
 impl BertModel {
@@ -310,16 +331,20 @@ impl BertModel {
         self.embed_with(seqs, rayon::current_num_threads(), true)
     }
 
-    /// [`Self::embed`] in `groups` groups, on the AVX2 kernels when `simd` (and the CPU has
-    /// them), else on the portable ones.
+    /// [`Self::embed`] for `threads` threads (a multiple of `threads` groups of at most about
+    /// [`MAX_GROUP_ROWS`] tokens), on the AVX2 kernels when `simd` (and the CPU has them), else
+    /// on the portable ones.
     pub(crate) fn embed_with(
         &self,
         seqs: &[&[u32]],
-        groups: usize,
+        threads: usize,
         simd: bool,
     ) -> Result<Vec<f32>, DenseError> {
         self.check(seqs)?;
         let h = self.config.hidden_size;
+        let threads = threads.max(1);
+        let rows: usize = seqs.iter().map(|s| s.len()).sum();
+        let groups = rows.div_ceil(MAX_GROUP_ROWS * threads).max(1) * threads;
         let ranges = split_groups(seqs, groups, 2 * h + self.config.intermediate_size);
         let parts: Vec<Vec<f32>> = if ranges.len() <= 1 {
             vec![self.group_embeddings(seqs, simd)]
@@ -337,7 +362,10 @@ impl BertModel {
     #[cfg(test)]
     pub(crate) fn hidden_rows(&self, seqs: &[&[u32]], simd: bool) -> Result<Vec<f32>, DenseError> {
         self.check(seqs)?;
-        Ok(self.forward_group(seqs, simd))
+        let rows: usize = seqs.iter().map(|s| s.len()).sum();
+        let mut sc = Scratch::default();
+        self.forward_group(seqs, simd, &mut sc);
+        Ok(sc.x[..rows * self.config.hidden_size].to_vec())
     }
 
     fn check(&self, seqs: &[&[u32]]) -> Result<(), DenseError> {
@@ -366,107 +394,98 @@ impl BertModel {
     /// norm (floored at `1e-12`, as `torch.nn.functional.normalize`).
     fn group_embeddings(&self, seqs: &[&[u32]], simd: bool) -> Vec<f32> {
         let h = self.config.hidden_size;
-        let x = self.forward_group(seqs, simd);
         let mut out = vec![0f32; seqs.len() * h];
-        let mut row = 0;
-        for (seq, dst) in seqs.iter().zip(out.chunks_exact_mut(h)) {
-            let s = seq.len();
-            if s == 0 {
-                continue;
-            }
-            for xr in x[row * h..(row + s) * h].chunks_exact(h) {
-                for (d, &v) in dst.iter_mut().zip(xr) {
-                    *d += v;
-                }
-            }
-            row += s;
-            let inv_count = 1.0 / s as f32;
-            for d in dst.iter_mut() {
-                *d *= inv_count;
-            }
-            let norm = dst.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
-            for d in dst.iter_mut() {
-                *d /= norm;
-            }
-        }
+        SCRATCH.with_borrow_mut(|sc| {
+            self.forward_group(seqs, simd, sc);
+            pool_normalize(seqs, &sc.x, h, &mut out);
+        });
         out
     }
+}
 
-    /// The last hidden states `(tokens, hidden)` of the sequences' tokens, on this thread.
-    fn forward_group(&self, seqs: &[&[u32]], simd: bool) -> Vec<f32> {
+/// Each sequence's mean of its rows of `x` (`(tokens, h)`, the sequences' rows in order),
+/// scaled to unit L2 norm (floored at `1e-12`), into the rows of `out`; empty sequences leave
+/// their row at zero.
+fn pool_normalize(seqs: &[&[u32]], x: &[f32], h: usize, out: &mut [f32]) {
+    let mut row = 0;
+    for (seq, dst) in seqs.iter().zip(out.chunks_exact_mut(h)) {
+        let s = seq.len();
+        if s == 0 {
+            continue;
+        }
+        for xr in x[row * h..(row + s) * h].chunks_exact(h) {
+            for (d, &v) in dst.iter_mut().zip(xr) {
+                *d += v;
+            }
+        }
+        row += s;
+        let inv_count = 1.0 / s as f32;
+        for d in dst.iter_mut() {
+            *d *= inv_count;
+        }
+        let norm = dst.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
+        for d in dst.iter_mut() {
+            *d /= norm;
+        }
+    }
+}
+
+impl BertModel {
+    /// The last hidden states `(tokens, hidden)` of the sequences' tokens into `sc.x`, on this
+    /// thread.
+    fn forward_group(&self, seqs: &[&[u32]], simd: bool, sc: &mut Scratch) {
         let c = &self.config;
         let (h, inter) = (c.hidden_size, c.intermediate_size);
         let heads = c.num_attention_heads;
         let hd = h / heads;
         let rows: usize = seqs.iter().map(|s| s.len()).sum();
         let longest = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
-        let mut sc = Scratch {
-            x: vec![0f32; rows * h],
-            qkv: vec![0f32; rows * 3 * h],
-            ctx: vec![0f32; rows * h],
-            tmp: vec![0f32; rows * h],
-            inter: vec![0f32; rows * inter],
-            scores: vec![0f32; longest * longest],
-            keys: Packed::empty(),
-            values: Packed::empty(),
-        };
+        let x = prefix(&mut sc.x, rows * h);
+        let qkv_all = prefix(&mut sc.qkv, rows * 3 * h);
+        let ctx = prefix(&mut sc.ctx, rows * h);
+        let tmp = prefix(&mut sc.tmp, rows * h);
+        let inter_buf = prefix(&mut sc.inter, rows * inter);
+        let scores_buf = prefix(&mut sc.scores, longest * longest);
+        let keys = sc.keys.get_or_insert_with(Packed::empty);
+        let values = sc.values.get_or_insert_with(Packed::empty);
         // Embeddings: word + position + token type 0, then LayerNorm.
         let mut r = 0;
         for seq in seqs {
             for (t, &id) in seq.iter().enumerate() {
                 let id = id as usize;
-                sc.x[r * h..(r + 1) * h].copy_from_slice(&self.word[id * h..(id + 1) * h]);
-                sc.tmp[r * h..(r + 1) * h]
-                    .copy_from_slice(&self.position_type0[t * h..(t + 1) * h]);
+                x[r * h..(r + 1) * h].copy_from_slice(&self.word[id * h..(id + 1) * h]);
+                tmp[r * h..(r + 1) * h].copy_from_slice(&self.position_type0[t * h..(t + 1) * h]);
                 r += 1;
             }
         }
         let n = &self.emb_norm;
-        kernels::add_layer_norm(&mut sc.x, &sc.tmp, &n.gamma, &n.beta, n.eps, simd);
+        kernels::add_layer_norm(x, tmp, &n.gamma, &n.beta, n.eps, simd);
         for layer in &self.layers {
-            kernels::matmul(
-                &sc.x,
-                h,
-                rows,
-                &layer.qkv,
-                &mut sc.qkv,
-                3 * h,
-                Epilogue::None,
-                simd,
-            );
+            kernels::matmul(x, h, rows, &layer.qkv, qkv_all, 3 * h, Epilogue::None, simd);
             let mut r0 = 0;
             for seq in seqs {
                 let s = seq.len();
                 if s == 0 {
                     continue;
                 }
-                let qkv = &sc.qkv[r0 * 3 * h..(r0 + s) * 3 * h];
+                let qkv = &qkv_all[r0 * 3 * h..(r0 + s) * 3 * h];
                 for head in 0..heads {
                     let (q0, k0, v0) = (head * hd, h + head * hd, 2 * h + head * hd);
                     // scores = q·kᵀ (q pre-scaled), softmax over each sequence's own keys.
-                    sc.keys.repack_transposed(&qkv[k0..], s, hd, 3 * h);
-                    let scores = &mut sc.scores[..s * s];
-                    kernels::matmul(
-                        &qkv[q0..],
-                        3 * h,
-                        s,
-                        &sc.keys,
-                        scores,
-                        s,
-                        Epilogue::None,
-                        simd,
-                    );
+                    keys.repack_transposed(&qkv[k0..], s, hd, 3 * h);
+                    let scores = &mut scores_buf[..s * s];
+                    kernels::matmul(&qkv[q0..], 3 * h, s, keys, scores, s, Epilogue::None, simd);
                     for row in scores.chunks_exact_mut(s) {
                         kernels::softmax(row, simd);
                     }
                     // ctx[:, head] = probs·v.
-                    sc.values.repack_rows(&qkv[v0..], s, hd, 3 * h);
+                    values.repack_rows(&qkv[v0..], s, hd, 3 * h);
                     kernels::matmul(
                         scores,
                         s,
                         s,
-                        &sc.values,
-                        &mut sc.ctx[r0 * h + head * hd..],
+                        values,
+                        &mut ctx[r0 * h + head * hd..],
                         h,
                         Epilogue::None,
                         simd,
@@ -474,42 +493,32 @@ impl BertModel {
                 }
                 r0 += s;
             }
-            kernels::matmul(
-                &sc.ctx,
-                h,
-                rows,
-                &layer.attn_out,
-                &mut sc.tmp,
-                h,
-                Epilogue::None,
-                simd,
-            );
+            kernels::matmul(ctx, h, rows, &layer.attn_out, tmp, h, Epilogue::None, simd);
             let n = &layer.attn_norm;
-            kernels::add_layer_norm(&mut sc.x, &sc.tmp, &n.gamma, &n.beta, n.eps, simd);
+            kernels::add_layer_norm(x, tmp, &n.gamma, &n.beta, n.eps, simd);
             kernels::matmul(
-                &sc.x,
+                x,
                 h,
                 rows,
                 &layer.intermediate,
-                &mut sc.inter,
+                inter_buf,
                 inter,
                 Epilogue::Gelu,
                 simd,
             );
             kernels::matmul(
-                &sc.inter,
+                inter_buf,
                 inter,
                 rows,
                 &layer.output,
-                &mut sc.tmp,
+                tmp,
                 h,
                 Epilogue::None,
                 simd,
             );
             let n = &layer.output_norm;
-            kernels::add_layer_norm(&mut sc.x, &sc.tmp, &n.gamma, &n.beta, n.eps, simd);
+            kernels::add_layer_norm(x, tmp, &n.gamma, &n.beta, n.eps, simd);
         }
-        sc.x
     }
 }
 
@@ -643,12 +652,12 @@ mod tests {
                 let hidden = fused.hidden_rows(&seqs, simd).unwrap();
                 let d = max_diff(&hidden, &want_hidden);
                 assert!(d < 2e-5, "hidden {} simd {simd}: {d}", c.hidden_size);
-                for groups in [1, 3, 20] {
-                    let got = fused.embed_with(&seqs, groups, simd).unwrap();
+                for threads in [1, 3, 20] {
+                    let got = fused.embed_with(&seqs, threads, simd).unwrap();
                     let d = max_diff(&got, &want);
                     assert!(
                         d < 5e-6,
-                        "embeddings {} simd {simd} groups {groups}: {d}",
+                        "embeddings {} simd {simd} threads {threads}: {d}",
                         c.hidden_size
                     );
                 }
