@@ -522,7 +522,8 @@ impl BertModel {
     }
 }
 
-/// Splits `seqs` (in order) into at most `groups` contiguous ranges of about equal cost: a
+/// Splits `seqs` (in order) into at most `groups` contiguous non-empty ranges of about equal
+/// cost (fewer when one sequence outweighs several shares): a
 /// sequence of `s` tokens costs `s · (width + s)`: per token and layer the projections take
 /// `2·hidden·width` multiply-adds (`width` = 2·hidden + intermediate) and attention `2·hidden·s`.
 fn split_groups(seqs: &[&[u32]], groups: usize, width: usize) -> Vec<std::ops::Range<usize>> {
@@ -532,7 +533,15 @@ fn split_groups(seqs: &[&[u32]], groups: usize, width: usize) -> Vec<std::ops::R
     let mut ranges = Vec::with_capacity(groups);
     let (mut start, mut acc) = (0, 0.0);
     for (i, s) in seqs.iter().enumerate() {
-        acc += cost(s);
+        let c = cost(s);
+        let g = ranges.len() + 1;
+        let target = total * g as f64 / groups as f64;
+        // Cut before this sequence when that lands nearer the group's share than after it.
+        if g < groups && i > start && acc + c > target && acc + c - target > target - acc {
+            ranges.push(start..i);
+            start = i;
+        }
+        acc += c;
         let g = ranges.len() + 1;
         if g < groups && acc >= total * g as f64 / groups as f64 {
             ranges.push(start..i + 1);
