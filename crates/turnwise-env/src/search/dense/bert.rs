@@ -597,11 +597,7 @@ mod tests {
         put(pos.into(), &[c.max_position_embeddings, h], 0.0, 0.5);
         let types = "embeddings.token_type_embeddings.weight";
         put(types.into(), &[c.type_vocab_size, h], 0.0, 0.5);
-        let mut norm = |put: &mut dyn FnMut(String, &[usize], f32, f32), name: &str| {
-            put(format!("{name}.weight"), &[h], 1.0, 0.2);
-            put(format!("{name}.bias"), &[h], 0.0, 0.2);
-        };
-        norm(&mut put, "embeddings.LayerNorm");
+        let mut norms = vec!["embeddings.LayerNorm".to_string()];
         for l in 0..c.num_hidden_layers {
             let p = format!("encoder.layer.{l}");
             let mut dense = |name: String, out: usize, inp: usize| {
@@ -615,8 +611,12 @@ mod tests {
             dense(format!("{p}.attention.output.dense"), h, h);
             dense(format!("{p}.intermediate.dense"), i, h);
             dense(format!("{p}.output.dense"), h, i);
-            norm(&mut put, &format!("{p}.attention.output.LayerNorm"));
-            norm(&mut put, &format!("{p}.output.LayerNorm"));
+            norms.push(format!("{p}.attention.output.LayerNorm"));
+            norms.push(format!("{p}.output.LayerNorm"));
+        }
+        for name in norms {
+            put(format!("{name}.weight"), &[h], 1.0, 0.2);
+            put(format!("{name}.bias"), &[h], 0.0, 0.2);
         }
         out
     }
