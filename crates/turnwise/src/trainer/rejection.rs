@@ -233,7 +233,7 @@ impl Trainer {
 
         // Fine-tune.
         let t1 = std::time::Instant::now();
-        let mut opt = AdamW::new(sorted_vars(&self.varmap), adamw(&self.config, 0.1))?;
+        let mut opt = AdamW::new(self.trainable_vars(), adamw(&self.config, 0.1))?;
         let mut step = 0u64;
         for epoch in 1..=c.epochs {
             let mut order: Vec<usize> = (0..rows.len()).collect();

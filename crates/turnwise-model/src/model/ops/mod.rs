@@ -14,6 +14,9 @@
 //! - [`token_logprobs_entropy()`](logprob::token_logprobs_entropy): log-probability of a target
 //!   token and entropy of the softmax, per row of logits.
 //!
+//! [`frozen`] holds `x Wᵀ` for a frozen weight (the backward computes the input's gradient
+//! only), which LoRA training runs on.
+//!
 //! [`infer`] holds a forward-only kernel for sampling on detached weights (`x Wᵀ` for a few
 //! rows without packing the weight), used only when nothing records a graph.
 //!
@@ -21,6 +24,7 @@
 //! back to the equivalent composition of candle ops. Large inputs are split over
 //! `CANDLE_NUM_THREADS` (else `RAYON_NUM_THREADS`, else all cores) scoped threads.
 
+pub mod frozen;
 pub mod infer;
 pub mod logprob;
 pub mod rms_norm;
