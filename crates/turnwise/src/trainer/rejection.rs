@@ -8,7 +8,6 @@
 //! [`crate::config::RsftConfig`].
 
 use anyhow::{Context, Result, bail};
-use turnwise_model::model::weights::sorted_vars;
 use turnwise_model::optim::AdamW;
 use turnwise_model::rng::TurnRng;
 
@@ -294,6 +293,7 @@ impl Trainer {
 mod tests {
     use super::*;
     use crate::config::TrainConfig;
+    use turnwise_model::model::weights::sorted_vars;
 
     fn tiny(extra: &[&str]) -> TrainConfig {
         let mut sets: Vec<String> = [
