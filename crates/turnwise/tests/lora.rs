@@ -101,7 +101,10 @@ fn a_lora_run_trains_only_the_adapters_resumes_and_exports_merged() {
         );
     }
     let adapters = |step| read(&ck(&a, step).join(ADAPTER_DIR).join(ADAPTER_WEIGHTS_FILE));
-    assert!(adapters(0) != adapters(4), "the adapters did not move in RL");
+    assert!(
+        adapters(0) != adapters(4),
+        "the adapters did not move in RL"
+    );
     let ad4 = load_safetensors(
         ck(&a, 4).join(ADAPTER_DIR).join(ADAPTER_WEIGHTS_FILE),
         DType::F32,
@@ -140,7 +143,9 @@ fn a_lora_run_trains_only_the_adapters_resumes_and_exports_merged() {
     let train = common::phase_lines(&a.join("metrics.jsonl"), "train");
     assert_eq!(train.len(), 4);
     assert!(
-        train.windows(2).any(|w| w[0]["actor/entropy"] != w[1]["actor/entropy"]),
+        train
+            .windows(2)
+            .any(|w| w[0]["actor/entropy"] != w[1]["actor/entropy"]),
         "{train:?}"
     );
     let sft = common::phase_lines(&a.join("metrics.jsonl"), "sft");
@@ -176,7 +181,10 @@ fn a_lora_run_trains_only_the_adapters_resumes_and_exports_merged() {
     // the two orders of summation, see turnwise-model's lora tests).
     let out = tmp.path().join("export");
     turnwise::checkpoints::export_checkpoint(&a, None, &out, false).unwrap();
-    assert!(!out.join(ADAPTER_CONFIG_FILE).exists(), "a plain model at the root");
+    assert!(
+        !out.join(ADAPTER_CONFIG_FILE).exists(),
+        "a plain model at the root"
+    );
     assert!(out.join(ADAPTER_DIR).join(ADAPTER_WEIGHTS_FILE).is_file());
     let ids = [1u32, 5, 9, 2, 7, 3];
     let (mc, merged) = load_hf(&out, DType::F32, &Device::Cpu).unwrap();
@@ -194,9 +202,13 @@ fn a_lora_run_trains_only_the_adapters_resumes_and_exports_merged() {
         .zip(&lora)
         .map(|(x, y)| (x - y).abs())
         .fold(0f32, f32::max);
-    assert!(d <= 1e-5, "merged export differs from base + adapters by {d}");
+    assert!(
+        d <= 1e-5,
+        "merged export differs from base + adapters by {d}"
+    );
     let (_, base) = load_hf(ck(&a, 4), DType::F32, &Device::Cpu).unwrap();
-    let (lc, ad) = load_peft_adapter(ck(&a, 4).join(ADAPTER_DIR), DType::F32, &Device::Cpu).unwrap();
+    let (lc, ad) =
+        load_peft_adapter(ck(&a, 4).join(ADAPTER_DIR), DType::F32, &Device::Cpu).unwrap();
     let remerged = merge_adapters(&mc, &lc, &base, &ad).unwrap();
     let w = "model.layers.1.self_attn.o_proj.weight";
     assert_ne!(
@@ -258,7 +270,10 @@ fn step_seconds(
             Transformer::lora_from_varmaps(cfg, base, l, a, None).unwrap(),
             sorted_vars(a),
         ),
-        _ => (Transformer::from_varmap(cfg, base).unwrap(), sorted_vars(base)),
+        _ => (
+            Transformer::from_varmap(cfg, base).unwrap(),
+            sorted_vars(base),
+        ),
     };
     let trainable = vars.iter().map(|(_, v)| v.elem_count()).sum();
     let mut opt = AdamW::new(vars, AdamWConfig::default()).unwrap();
@@ -312,8 +327,16 @@ fn lora_step_time() {
     let cache = turnwise_env::corpus::wiki::default_cache_dir();
     let gguf = cache.join("SmolLM2-135M-Instruct.Q4_1.gguf");
     if gguf.is_file() {
-        let m = turnwise::model_source::load_init_model(Path::new("smollm2-135m-instruct")).unwrap();
-        models.push(("SmolLM2-135M".to_string(), m.config, Some(m.varmap), 4, 128, 3));
+        let m =
+            turnwise::model_source::load_init_model(Path::new("smollm2-135m-instruct")).unwrap();
+        models.push((
+            "SmolLM2-135M".to_string(),
+            m.config,
+            Some(m.varmap),
+            4,
+            128,
+            3,
+        ));
     } else {
         eprintln!("SmolLM2 not cached in {}: tiny model only", cache.display());
     }

@@ -209,12 +209,7 @@ pub fn load_checkpoint(dir: impl AsRef<Path>, dtype: DType, device: &Device) -> 
     let adapter_dir = dir.join(ADAPTER_DIR);
     let lora = if is_adapter_folder(&adapter_dir) {
         let (lc, tensors) = load_peft_adapter(&adapter_dir, dtype, device)?;
-        let adapters = adapters_varmap(
-            &config,
-            &lc,
-            &tensors,
-            &adapter_dir.display().to_string(),
-        )?;
+        let adapters = adapters_varmap(&config, &lc, &tensors, &adapter_dir.display().to_string())?;
         Some(LoraAdapters {
             config: lc,
             adapters,

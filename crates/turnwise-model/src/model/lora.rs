@@ -210,12 +210,23 @@ impl LoraConfig {
         let field = |k: &str| v.get(k).filter(|x| !x.is_null());
         match field("peft_type").and_then(Value::as_str) {
             Some("LORA") => {}
-            other => return Err(invalid("peft_type", format!("expected \"LORA\", got {other:?}"))),
+            other => {
+                return Err(invalid(
+                    "peft_type",
+                    format!("expected \"LORA\", got {other:?}"),
+                ));
+            }
         }
         for (k, ok) in [
             ("bias", field("bias").is_none_or(|b| b == "none")),
-            ("use_rslora", field("use_rslora").is_none_or(|b| b.as_bool() == Some(false))),
-            ("use_dora", field("use_dora").is_none_or(|b| b.as_bool() == Some(false))),
+            (
+                "use_rslora",
+                field("use_rslora").is_none_or(|b| b.as_bool() == Some(false)),
+            ),
+            (
+                "use_dora",
+                field("use_dora").is_none_or(|b| b.as_bool() == Some(false)),
+            ),
             (
                 "fan_in_fan_out",
                 field("fan_in_fan_out").is_none_or(|b| b.as_bool() == Some(false)),
@@ -293,7 +304,10 @@ pub fn init_adapters(
         } else {
             vec![0.0; n]
         };
-        tensors.insert(name, Tensor::from_vec(values, shape, device)?.to_dtype(dtype)?);
+        tensors.insert(
+            name,
+            Tensor::from_vec(values, shape, device)?.to_dtype(dtype)?,
+        );
     }
     adapters_varmap(model, lora, &tensors, "fresh adapters")
 }
@@ -382,11 +396,12 @@ pub fn save_peft_adapter(
     let dir = dir.as_ref();
     std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
     let cfg_path = dir.join(ADAPTER_CONFIG_FILE);
-    let text = serde_json::to_string_pretty(&lora.to_peft_json(base_model_name_or_path))
-        .map_err(|source| ModelError::Json {
+    let text = serde_json::to_string_pretty(&lora.to_peft_json(base_model_name_or_path)).map_err(
+        |source| ModelError::Json {
             what: cfg_path.display().to_string(),
             source,
-        })?;
+        },
+    )?;
     std::fs::write(&cfg_path, format!("{text}\n")).map_err(|e| ModelError::io(&cfg_path, e))?;
     set_mode_644(&cfg_path)?;
     let named: HashMap<String, Tensor> = adapters
@@ -424,7 +439,10 @@ pub fn load_peft_adapter(
     let tensors = raw
         .into_iter()
         .map(|(k, t)| {
-            let k = k.strip_prefix(PEFT_PREFIX).unwrap_or(&k).replace(".default.", ".");
+            let k = k
+                .strip_prefix(PEFT_PREFIX)
+                .unwrap_or(&k)
+                .replace(".default.", ".");
             (k, t)
         })
         .collect();

@@ -38,7 +38,10 @@ fn logits(model: &Transformer) -> Vec<f32> {
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 fn bits(t: &Tensor) -> Vec<u32> {
@@ -109,7 +112,10 @@ fn lora_parameter_count_and_shapes() {
     assert_eq!(n, cfg.num_hidden_layers * per_layer);
     let shapes: HashMap<_, _> = lora.adapter_shapes(&cfg).into_iter().collect();
     assert_eq!(shapes["model.layers.0.mlp.down_proj.lora_A.weight"], [4, i]);
-    assert_eq!(shapes["model.layers.1.self_attn.k_proj.lora_B.weight"], [kv, 4]);
+    assert_eq!(
+        shapes["model.layers.1.self_attn.k_proj.lora_B.weight"],
+        [kv, 4]
+    );
 }
 
 /// (a) Fresh adapters (B = 0) leave the logits exactly as the base model's, in the trained
@@ -227,11 +233,13 @@ fn lora_merged_export_matches_the_lora_forward() {
     let lora = all_targets();
     let adapters = init_adapters(&cfg, &lora, DType::F32, &Device::Cpu, 5).unwrap();
     randomize_b(&adapters, 2);
-    let ours = logits(
-        &Transformer::lora_detached_from_varmaps(&cfg, &base, &lora, &adapters).unwrap(),
-    );
+    let ours =
+        logits(&Transformer::lora_detached_from_varmaps(&cfg, &base, &lora, &adapters).unwrap());
     let plain = logits(&Transformer::detached_from_varmap(&cfg, &base).unwrap());
-    assert!(max_abs_diff(&ours, &plain) > 1e-2, "the adapters change the logits");
+    assert!(
+        max_abs_diff(&ours, &plain) > 1e-2,
+        "the adapters change the logits"
+    );
     let merged = merge_adapters(
         &cfg,
         &lora,
@@ -275,8 +283,12 @@ fn lora_adapter_folder_has_pefts_layout() {
     assert_eq!(v["lora_dropout"], 0.0);
     assert_eq!(v["target_modules"], json!(["q_proj", "v_proj"]));
     assert_eq!(v["base_model_name_or_path"], "smollm2-135m-instruct");
-    let raw = load_safetensors(dir.path().join(ADAPTER_WEIGHTS_FILE), DType::F32, &Device::Cpu)
-        .unwrap();
+    let raw = load_safetensors(
+        dir.path().join(ADAPTER_WEIGHTS_FILE),
+        DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
     assert_eq!(raw.len(), 2 * 2 * cfg.num_hidden_layers);
     for k in [
         "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
@@ -300,9 +312,8 @@ fn lora_checkpoint_resumes_bit_identically() {
         ..all_targets()
     };
     let train = |base: &VarMap, l: &LoraAdapters, opt: &mut AdamW, d: &LoraDropout, n: usize| {
-        let m =
-            Transformer::lora_from_varmaps(&cfg, base, &l.config, &l.adapters, Some(d.clone()))
-                .unwrap();
+        let m = Transformer::lora_from_varmaps(&cfg, base, &l.config, &l.adapters, Some(d.clone()))
+            .unwrap();
         for _ in 0..n {
             let loss = nll(&m, &SEQ);
             let g = Gradients::from_grad_store(&loss.backward().unwrap(), opt.vars());
@@ -332,10 +343,22 @@ fn lora_checkpoint_resumes_bit_identically() {
         base_model_name_or_path: Some("base"),
     };
     save_checkpoint_with_lora(dir.path(), &cfg, &base_b, Some(parts), &opt_b, &state).unwrap();
-    assert!(dir.path().join(ADAPTER_DIR).join(ADAPTER_WEIGHTS_FILE).is_file());
-    let moments = load_safetensors(dir.path().join("optimizer.safetensors"), DType::F32, &Device::Cpu)
-        .unwrap();
-    assert!(moments.keys().all(|k| k.contains("lora_")), "only adapter moments");
+    assert!(
+        dir.path()
+            .join(ADAPTER_DIR)
+            .join(ADAPTER_WEIGHTS_FILE)
+            .is_file()
+    );
+    let moments = load_safetensors(
+        dir.path().join("optimizer.safetensors"),
+        DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
+    assert!(
+        moments.keys().all(|k| k.contains("lora_")),
+        "only adapter moments"
+    );
 
     let Checkpoint {
         varmap: base_c,
@@ -357,7 +380,11 @@ fn lora_checkpoint_resumes_bit_identically() {
         );
     }
     for (name, t) in varmap_tensors(&base_a, true) {
-        assert_eq!(bits(&t), bits(&varmap_tensors(&base_c, true)[&name]), "{name}");
+        assert_eq!(
+            bits(&t),
+            bits(&varmap_tensors(&base_c, true)[&name]),
+            "{name}"
+        );
     }
 }
 
@@ -417,9 +444,16 @@ fn lora_peft_loads_the_adapters_with_the_same_logits() {
         rank: 4,
         alpha: 12.0,
         dropout: 0.1,
-        target_modules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "down_proj"]
-            .map(String::from)
-            .to_vec(),
+        target_modules: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "down_proj",
+        ]
+        .map(String::from)
+        .to_vec(),
     };
     let adapters = init_adapters(&cfg, &lora, DType::F32, &Device::Cpu, 5).unwrap();
     randomize_b(&adapters, 2);

@@ -574,7 +574,10 @@ fn lora_settings_are_validated_under_their_dotted_keys() {
         ("model.lora.dropout=1.0", "model.lora.dropout"),
         ("model.lora.dropout=-0.1", "model.lora.dropout"),
         ("model.lora.target_modules=[]", "model.lora.target_modules"),
-        ("model.lora.target_modules=[\"qkv_proj\"]", "model.lora.target_modules"),
+        (
+            "model.lora.target_modules=[\"qkv_proj\"]",
+            "model.lora.target_modules",
+        ),
         (
             "model.lora.target_modules=[\"q_proj\", \"q_proj\"]",
             "model.lora.target_modules",
@@ -582,12 +585,17 @@ fn lora_settings_are_validated_under_their_dotted_keys() {
         ("model.lora.rank=-1", "model.lora.rank"),
         ("model.lora.ranks=4", "ranks"),
     ] {
-        let e = resolve(&["model.lora.rank=4", set]).unwrap_err().to_string();
+        let e = resolve(&["model.lora.rank=4", set])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(key), "{set}: {e}");
     }
     // Checked even while LoRA is off, so that a typo surfaces before it is turned on.
     let e = resolve(&["model.lora.target_modules=[\"qproj\"]"])
         .unwrap_err()
         .to_string();
-    assert!(e.contains("model.lora.target_modules") && e.contains("qproj"), "{e}");
+    assert!(
+        e.contains("model.lora.target_modules") && e.contains("qproj"),
+        "{e}"
+    );
 }

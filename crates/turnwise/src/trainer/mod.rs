@@ -387,9 +387,11 @@ impl Trainer {
                 "reference policy",
             )?
             .with_lora(&l.adapters.config, &copy(&l.adapters.adapters)?, None)?,
-            None => {
-                Transformer::from_tensors(&self.model_config, &copy(&self.varmap)?, "reference policy")?
-            }
+            None => Transformer::from_tensors(
+                &self.model_config,
+                &copy(&self.varmap)?,
+                "reference policy",
+            )?,
         });
         Ok(())
     }
@@ -832,10 +834,10 @@ impl Trainer {
             t.reference = Some(match &t.lora {
                 // The warm-started adapters on the shared frozen base.
                 Some(_) if is_adapter_folder(&adapter_dir) => {
-                    let (lc, adapters) =
-                        load_peft_adapter(&adapter_dir, DType::F32, &Device::Cpu).with_context(
-                            || format!("loading the reference adapters {}", adapter_dir.display()),
-                        )?;
+                    let (lc, adapters) = load_peft_adapter(&adapter_dir, DType::F32, &Device::Cpu)
+                        .with_context(|| {
+                            format!("loading the reference adapters {}", adapter_dir.display())
+                        })?;
                     Transformer::from_tensors(
                         &t.model_config,
                         &varmap_tensors(&t.varmap, true),
