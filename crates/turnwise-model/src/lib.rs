@@ -74,4 +74,4 @@ pub mod sampling;
 pub mod tokenizer;
 
 pub use error::{ModelError, Result};
-pub use model::{Architecture, KvCache, ModelConfig, Transformer};
+pub use model::{Architecture, KvCache, LoraConfig, LoraDropout, ModelConfig, Transformer};

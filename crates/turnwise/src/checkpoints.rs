@@ -6,13 +6,16 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
-use turnwise_model::checkpoint::export_hf_folder;
+use turnwise_model::checkpoint::{ADAPTER_DIR, export_hf_folder_tensors};
+use turnwise_model::model::lora::{is_adapter_folder, load_peft_adapter, merge_adapters};
 use turnwise_model::model::weights::{load_hf, varmap_from_tensors};
 use turnwise_model::tokenizer::TextTokenizer;
 
 use crate::config::TrainConfig;
 use crate::run::{Checkpoint, RunDir};
-use crate::trainer::{EXPORT_CONFIG_FILE, Trainer, checkpoint_metadata, write_export_config};
+use crate::trainer::{
+    EXPORT_CONFIG_FILE, Trainer, checkpoint_metadata, write_export_adapter, write_export_config,
+};
 
 /// The resolved config of run directory `dir` (its `config.toml`).
 pub fn run_config(dir: &RunDir) -> Result<TrainConfig> {
@@ -107,11 +110,28 @@ pub fn export_checkpoint(
     prepare_out(out, overwrite, &[&ck.path, dir.root()])?;
     let (mc, tensors) = load_hf(&ck.path, DType::F32, &Device::Cpu)
         .with_context(|| format!("loading the checkpoint {}", ck.path.display()))?;
-    let varmap = varmap_from_tensors(&mc, &tensors, &ck.path.display().to_string())?;
+    // Checks the names and shapes of the weights.
+    varmap_from_tensors(&mc, &tensors, &ck.path.display().to_string())?;
+    // A LoRA checkpoint holds the frozen base and the adapters: the export is the merged model.
+    let adapter_dir = ck.path.join(ADAPTER_DIR);
+    let lora = match is_adapter_folder(&adapter_dir) {
+        true => Some(
+            load_peft_adapter(&adapter_dir, DType::F32, &Device::Cpu)
+                .with_context(|| format!("loading the adapters {}", adapter_dir.display()))?,
+        ),
+        false => None,
+    };
+    let tensors = match &lora {
+        Some((lc, adapters)) => merge_adapters(&mc, lc, &tensors, adapters)?,
+        None => tensors,
+    };
     let tokenizer = TextTokenizer::from_file(ck.path.join("tokenizer.json"))?;
     let meta = checkpoint_metadata(&ck.path, cfg.model.init_from.as_deref())?;
-    export_hf_folder(out, &mc, &varmap, &tokenizer, &meta)
+    export_hf_folder_tensors(out, &mc, &tensors, &tokenizer, &meta)
         .with_context(|| format!("exporting to {}", out.display()))?;
+    if let Some((lc, adapters)) = &lora {
+        write_export_adapter(out, lc, adapters, &cfg)?;
+    }
     write_export_config(out, &cfg)?;
     Ok(ck)
 }

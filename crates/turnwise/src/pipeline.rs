@@ -137,10 +137,19 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
     if let Some((_, prompt)) = trainer.task.first_prompt()? {
         std::fs::write(dir.root().join(FIRST_PROMPT_FILE), prompt)?;
     }
+    let trainable = match &trainer.lora {
+        Some(l) => format!(
+            "{} trainable (LoRA rank {} on {})",
+            trainer.num_trainable_parameters(),
+            l.adapters.config.rank,
+            l.adapters.config.target_modules.join(", ")
+        ),
+        None => "all trainable".to_string(),
+    };
     say(
         quiet,
         format!(
-            "model: {} parameters, vocabulary {}; preset {}",
+            "model: {} parameters, {trainable}, vocabulary {}; preset {}",
             trainer.model_config.num_parameters(),
             trainer.tokenizer.vocab_size(),
             cfg.preset
@@ -191,6 +200,14 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
                 SETUP_SECONDS.to_string(),
                 t_start.elapsed().as_secs_f64() - sft_seconds,
             ),
+            (
+                PARAMETERS.to_string(),
+                trainer.model_config.num_parameters() as f64,
+            ),
+            (
+                TRAINABLE_PARAMETERS.to_string(),
+                trainer.num_trainable_parameters() as f64,
+            ),
         ]),
     )?;
     // The warm-started weights: the KL reference, and what a resumed run reloads as reference.
@@ -223,6 +240,10 @@ const TIMING_PHASE: &str = "timing";
 const WARM_START_SECONDS: &str = "timing_s/warm_start";
 /// Seconds spent building the task, tokenizer and model before the warm start.
 const SETUP_SECONDS: &str = "timing_s/setup";
+/// The model's parameter count, logged on the step-0 timing line.
+pub const PARAMETERS: &str = "model/parameters";
+/// How many of them the optimizer trains (the LoRA adapters' with LoRA), on the same line.
+pub const TRAINABLE_PARAMETERS: &str = "model/trainable_parameters";
 /// Seconds of one evaluation (one split, one decoding), logged on its eval line.
 const EVAL_SECONDS: &str = "timing_s/eval";
 

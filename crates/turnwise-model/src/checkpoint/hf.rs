@@ -4,15 +4,16 @@
 //! other tokenizer files. A folder exported from a model loaded from a Hugging Face checkpoint
 //! carries the checkpoint's files; one of a fresh model gets generated ones.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+use candle_core::Tensor;
 use candle_nn::VarMap;
 use serde_json::{Value, json};
 
 use crate::error::{ModelError, Result};
 use crate::model::ModelConfig;
-use crate::model::weights::{export_hf, set_mode_644};
+use crate::model::weights::{export_hf, export_hf_tensors, set_mode_644};
 use crate::tokenizer::{ChatTemplate, END_OF_TEXT, IM_END, TextTokenizer, UNK};
 
 /// Tokenizer files copied verbatim from the source folder when present (`tokenizer.json` is
@@ -278,6 +279,20 @@ pub fn export_hf_folder(
 ) -> Result<()> {
     let dir = dir.as_ref();
     export_hf(dir, config, varmap)?;
+    write_hf_metadata(dir, tokenizer, meta)
+}
+
+/// [`export_hf_folder`] from named tensors (e.g. base weights with LoRA adapters merged in by
+/// [`crate::model::lora::merge_adapters`]).
+pub fn export_hf_folder_tensors(
+    dir: impl AsRef<Path>,
+    config: &ModelConfig,
+    tensors: &HashMap<String, Tensor>,
+    tokenizer: &TextTokenizer,
+    meta: &HfMetadata,
+) -> Result<()> {
+    let dir = dir.as_ref();
+    export_hf_tensors(dir, config, tensors)?;
     write_hf_metadata(dir, tokenizer, meta)
 }
 

@@ -5,7 +5,11 @@
 //! Layout of a checkpoint folder:
 //! - `config.json`, `model.safetensors` — a Hugging Face model folder (see `weights::load_hf`);
 //! - `optimizer.safetensors` — `{param}.exp_avg`, `{param}.exp_avg_sq`;
-//! - `trainer_state.json` — [`TrainerState`].
+//! - `trainer_state.json` — [`TrainerState`];
+//! - `adapter/` ([`ADAPTER_DIR`]), LoRA runs only — the adapters in PEFT's layout
+//!   (`adapter_config.json`, `adapter_model.safetensors`; see [`crate::model::lora`]). The
+//!   folder's `model.safetensors` then holds the frozen base weights, unmerged (so a resumed run
+//!   continues on the exact same base), and the optimizer moments are the adapters'.
 //!
 //! [`hf`] completes a folder into what `transformers` loads (tokenizer and generation configs,
 //! the source checkpoint's config fields); [`gguf`] loads llama.cpp GGUF files (weights,
@@ -22,13 +26,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
 use crate::model::ModelConfig;
+use crate::model::lora::{
+    LoraConfig, adapters_varmap, is_adapter_folder, load_peft_adapter, save_peft_adapter,
+};
+use crate::model::transformer::varmap_tensors;
 use crate::model::weights::{
     export_hf, load_hf, load_safetensors, save_safetensors, sorted_vars, varmap_from_tensors,
 };
 use crate::optim::{AdamW, AdamWConfig, LrSchedule};
 
 pub use gguf::{GgufCheckpoint, GgufError, load_gguf};
-pub use hf::{HfMetadata, export_hf_folder, write_hf_metadata};
+pub use hf::{HfMetadata, export_hf_folder, export_hf_folder_tensors, write_hf_metadata};
 
 /// Version of the checkpoint layout written by this crate.
 pub const CHECKPOINT_FORMAT_VERSION: u32 = 1;
@@ -64,16 +72,48 @@ impl TrainerState {
     }
 }
 
+/// The subfolder of a LoRA run's checkpoint (and export) that holds the adapters in PEFT's
+/// layout.
+pub const ADAPTER_DIR: &str = "adapter";
+
 /// A checkpoint loaded into fresh training objects.
 pub struct Checkpoint {
     /// The model configuration.
     pub config: ModelConfig,
-    /// Trainable weights.
+    /// The model's weights: all trainable, or the frozen base of a LoRA run.
     pub varmap: VarMap,
-    /// The optimizer over `varmap`'s variables with its moments and step restored.
+    /// The optimizer over the trainable variables (`varmap`'s, or the LoRA adapters') with its
+    /// moments and step restored.
     pub optimizer: AdamW,
     /// Step, schedule, RNG states and extra metadata.
     pub state: TrainerState,
+    /// The LoRA adapters, for a checkpoint of a LoRA run (one with an [`ADAPTER_DIR`]).
+    pub lora: Option<LoraAdapters>,
+}
+
+/// LoRA adapters with their configuration.
+pub struct LoraAdapters {
+    /// Rank, alpha, dropout and target modules.
+    pub config: LoraConfig,
+    /// The adapters' `Var`s, named as in [`LoraConfig::adapter_shapes`].
+    pub adapters: VarMap,
+}
+
+impl std::fmt::Debug for LoraAdapters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoraAdapters")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a LoRA run's checkpoint holds besides the frozen base weights.
+#[derive(Debug, Clone, Copy)]
+pub struct LoraParts<'a> {
+    /// The adapters and their configuration.
+    pub lora: &'a LoraAdapters,
+    /// `base_model_name_or_path` of `adapter_config.json`.
+    pub base_model_name_or_path: Option<&'a str>,
 }
 
 impl std::fmt::Debug for Checkpoint {
@@ -82,6 +122,7 @@ impl std::fmt::Debug for Checkpoint {
             .field("config", &self.config)
             .field("optimizer", &self.optimizer)
             .field("state", &self.state)
+            .field("lora", &self.lora)
             .finish_non_exhaustive()
     }
 }
@@ -92,6 +133,20 @@ pub fn save_checkpoint(
     dir: impl AsRef<Path>,
     config: &ModelConfig,
     varmap: &VarMap,
+    optimizer: &AdamW,
+    state: &TrainerState,
+) -> Result<()> {
+    save_checkpoint_with_lora(dir, config, varmap, None, optimizer, state)
+}
+
+/// [`save_checkpoint`] of a LoRA run when `lora` is given: `varmap` holds the frozen base
+/// weights (written as the folder's `model.safetensors`), the adapters go to [`ADAPTER_DIR`] in
+/// PEFT's layout, and `optimizer` is the adapters' optimizer.
+pub fn save_checkpoint_with_lora(
+    dir: impl AsRef<Path>,
+    config: &ModelConfig,
+    varmap: &VarMap,
+    lora: Option<LoraParts<'_>>,
     optimizer: &AdamW,
     state: &TrainerState,
 ) -> Result<()> {
@@ -107,6 +162,14 @@ pub fn save_checkpoint(
         });
     }
     export_hf(dir, config, varmap)?;
+    if let Some(l) = lora {
+        save_peft_adapter(
+            dir.join(ADAPTER_DIR),
+            &l.lora.config,
+            &varmap_tensors(&l.lora.adapters, true),
+            l.base_model_name_or_path,
+        )?;
+    }
     save_safetensors(
         &optimizer.state_tensors(),
         dir.join("optimizer.safetensors"),
@@ -143,14 +206,30 @@ pub fn load_checkpoint(dir: impl AsRef<Path>, dtype: DType, device: &Device) -> 
             ),
         });
     }
+    let adapter_dir = dir.join(ADAPTER_DIR);
+    let lora = if is_adapter_folder(&adapter_dir) {
+        let (lc, tensors) = load_peft_adapter(&adapter_dir, dtype, device)?;
+        let adapters = adapters_varmap(&config, &lc, &tensors, &adapter_dir.display().to_string())?;
+        Some(LoraAdapters {
+            config: lc,
+            adapters,
+        })
+    } else {
+        None
+    };
+    let trainable = match &lora {
+        Some(l) => sorted_vars(&l.adapters),
+        None => sorted_vars(&varmap),
+    };
     let moments = load_safetensors(dir.join("optimizer.safetensors"), dtype, device)?;
-    let mut optimizer = AdamW::new(sorted_vars(&varmap), state.optimizer.clone())?;
+    let mut optimizer = AdamW::new(trainable, state.optimizer.clone())?;
     optimizer.load_state(&moments, state.step)?;
     Ok(Checkpoint {
         config,
         varmap,
         optimizer,
         state,
+        lora,
     })
 }
 

@@ -3,6 +3,7 @@
 pub mod cache;
 pub mod config;
 pub mod critic;
+pub mod lora;
 pub mod ops;
 pub mod transformer;
 pub mod weights;
@@ -10,6 +11,7 @@ pub mod weights;
 pub use cache::KvCache;
 pub use config::{Architecture, ModelConfig};
 pub use critic::Critic;
+pub use lora::{LoraConfig, LoraDropout};
 pub use transformer::Transformer;
 
 #[cfg(test)]

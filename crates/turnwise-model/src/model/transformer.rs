@@ -14,16 +14,40 @@ use candle_nn::VarMap;
 use crate::error::{ModelError, Result};
 use crate::model::cache::KvCache;
 use crate::model::config::ModelConfig;
+use crate::model::lora::{LoraConfig, LoraDropout};
 use crate::model::ops;
 
 /// Additive attention bias for masked keys. Finite so that no row ever becomes NaN.
 const MASKED: f64 = -1e9;
 
-/// A dense layer `y = x Wᵀ + b` with Hugging Face weight layout `[out, in]`.
+/// A dense layer `y = x Wᵀ + b` with Hugging Face weight layout `[out, in]`, optionally with a
+/// LoRA adapter (`+ s · B A dropout(x)`).
 #[derive(Debug, Clone)]
 struct Linear {
     weight: Tensor,
     bias: Option<Tensor>,
+    lora: Option<Adapter>,
+}
+
+/// A LoRA adapter on a [`Linear`]: `a: [rank, in]`, `b: [out, rank]`, `scale = alpha / rank`,
+/// dropout on its input in training forwards.
+#[derive(Debug, Clone)]
+struct Adapter {
+    a: Tensor,
+    b: Tensor,
+    scale: f64,
+    dropout: Option<LoraDropout>,
+}
+
+impl Adapter {
+    /// `s · (dropout(x) Aᵀ) Bᵀ` for `x: [rows, in]`.
+    fn delta(&self, x: &Tensor) -> Result<Tensor> {
+        let x = match &self.dropout {
+            Some(d) => d.apply(x)?,
+            None => x.clone(),
+        };
+        Ok((x.matmul(&self.a.t()?)?.matmul(&self.b.t()?)? * self.scale)?)
+    }
 }
 
 impl Linear {
@@ -52,13 +76,17 @@ impl Linear {
             Some(ys) => ys,
             None => weights
                 .iter()
-                .map(|w| x.matmul(&w.t()?))
+                .map(|w| ops::frozen::linear(&x, w))
                 .collect::<candle_core::Result<Vec<_>>>()?,
         };
         layers
             .iter()
             .zip(ys)
             .map(|(l, y)| {
+                let y = match &l.lora {
+                    Some(a) => (y + a.delta(&x)?)?,
+                    None => y,
+                };
                 let y = match &l.bias {
                     Some(b) => y.broadcast_add(b)?,
                     None => y,
@@ -218,6 +246,7 @@ impl Transformer {
                 } else {
                     None
                 },
+                lora: None,
             })
         };
         let embed = get("model.embed_tokens.weight")?;
@@ -302,6 +331,124 @@ impl Transformer {
         Self::from_tensors(config, &varmap_tensors(varmap, true), "the VarMap")
     }
 
+    /// Puts LoRA adapters on the layers `lora` targets: `adapters` holds every tensor of
+    /// [`LoraConfig::adapter_shapes`] (extra tensors are ignored), `dropout` (training forwards
+    /// only) applies to the adapters' input. The model is as trainable as the adapters are: build
+    /// it from detached base weights and the adapters' `Var`s to train the adapters alone.
+    pub fn with_lora(
+        mut self,
+        lora: &LoraConfig,
+        adapters: &HashMap<String, Tensor>,
+        dropout: Option<LoraDropout>,
+    ) -> Result<Self> {
+        lora.validate()?;
+        let shapes: HashMap<String, Vec<usize>> =
+            lora.adapter_shapes(&self.config).into_iter().collect();
+        let dtype = self.dtype();
+        let get = |name: String| -> Result<Tensor> {
+            let t = adapters
+                .get(&name)
+                .ok_or_else(|| ModelError::MissingTensor {
+                    name: name.clone(),
+                    source_desc: "the LoRA adapters".into(),
+                })?;
+            if t.dims() != shapes[&name].as_slice() {
+                return Err(ModelError::ShapeMismatch {
+                    expected: shapes[&name].clone(),
+                    found: t.dims().to_vec(),
+                    name,
+                });
+            }
+            if t.dtype() != dtype {
+                return Err(ModelError::invalid_input(
+                    name,
+                    format!("dtype {:?} differs from the model's {:?}", t.dtype(), dtype),
+                ));
+            }
+            Ok(t.clone())
+        };
+        let dropout = dropout.filter(|d| d.p() > 0.0);
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            let a = &mut layer.attn;
+            let m = &mut layer.mlp;
+            for (name, block, linear) in [
+                ("q_proj", "self_attn", &mut a.q_proj),
+                ("k_proj", "self_attn", &mut a.k_proj),
+                ("v_proj", "self_attn", &mut a.v_proj),
+                ("o_proj", "self_attn", &mut a.o_proj),
+                ("gate_proj", "mlp", &mut m.gate),
+                ("up_proj", "mlp", &mut m.up),
+                ("down_proj", "mlp", &mut m.down),
+            ] {
+                linear.lora = if lora.targets(name) {
+                    let p = format!("model.layers.{i}.{block}.{name}");
+                    Some(Adapter {
+                        a: get(format!("{p}.lora_A.weight"))?,
+                        b: get(format!("{p}.lora_B.weight"))?,
+                        scale: lora.scaling(),
+                        dropout: dropout.clone(),
+                    })
+                } else {
+                    None
+                };
+            }
+        }
+        Ok(self)
+    }
+
+    /// A model whose only trainable tensors are LoRA adapters: the base weights are detached
+    /// views of `base` (frozen, shared, no gradient is computed for them) and the adapters the
+    /// `Var`s of `adapters` (see [`crate::model::lora::init_adapters`]).
+    pub fn lora_from_varmaps(
+        config: &ModelConfig,
+        base: &VarMap,
+        lora: &LoraConfig,
+        adapters: &VarMap,
+        dropout: Option<LoraDropout>,
+    ) -> Result<Self> {
+        Self::from_tensors(config, &varmap_tensors(base, true), "the VarMap")?.with_lora(
+            lora,
+            &varmap_tensors(adapters, false),
+            dropout,
+        )
+    }
+
+    /// The graph-free counterpart of [`Transformer::lora_from_varmaps`] for sampling: base and
+    /// adapters are detached views (no copy; optimizer updates of the adapters stay visible), and
+    /// there is no dropout.
+    pub fn lora_detached_from_varmaps(
+        config: &ModelConfig,
+        base: &VarMap,
+        lora: &LoraConfig,
+        adapters: &VarMap,
+    ) -> Result<Self> {
+        Self::from_tensors(config, &varmap_tensors(base, true), "the VarMap")?.with_lora(
+            lora,
+            &varmap_tensors(adapters, true),
+            None,
+        )
+    }
+
+    /// Whether any layer carries a LoRA adapter.
+    pub fn has_lora(&self) -> bool {
+        self.linears().any(|x| x.lora.is_some())
+    }
+
+    /// Every linear layer of the decoder layers.
+    fn linears(&self) -> impl Iterator<Item = &Linear> {
+        self.layers.iter().flat_map(|l| {
+            [
+                &l.attn.q_proj,
+                &l.attn.k_proj,
+                &l.attn.v_proj,
+                &l.attn.o_proj,
+                &l.mlp.gate,
+                &l.mlp.up,
+                &l.mlp.down,
+            ]
+        })
+    }
+
     /// The model's configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.config
@@ -318,9 +465,12 @@ impl Transformer {
     }
 
     /// Whether a forward pass records an autograd graph (built from `Var`s or from tensors
-    /// that are themselves results of tracked ops).
+    /// that are themselves results of tracked ops, base weights or LoRA adapters).
     pub fn tracks_gradients(&self) -> bool {
         self.embed.track_op()
+            || self
+                .linears()
+                .any(|x| x.lora.as_ref().is_some_and(|a| a.a.track_op()))
     }
 
     /// Logits `[B, T, V]` for token ids `ids: [B, T]`.
@@ -435,6 +585,7 @@ impl Transformer {
         Linear {
             weight: w.clone(),
             bias: None,
+            lora: None,
         }
         .forward(hidden)
     }

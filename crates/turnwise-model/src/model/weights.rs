@@ -265,10 +265,23 @@ pub fn load_hf(
 /// Writes a Hugging Face model folder (`config.json` + `model.safetensors`) from a `VarMap`,
 /// loadable by [`load_hf`] and by `transformers`.
 pub fn export_hf(dir: impl AsRef<Path>, config: &ModelConfig, varmap: &VarMap) -> Result<()> {
+    export_hf_tensors(
+        dir,
+        config,
+        &crate::model::transformer::varmap_tensors(varmap, true),
+    )
+}
+
+/// [`export_hf`] from named tensors (e.g. base weights with LoRA adapters merged in); every
+/// tensor of `tensors` is written.
+pub fn export_hf_tensors(
+    dir: impl AsRef<Path>,
+    config: &ModelConfig,
+    tensors: &HashMap<String, Tensor>,
+) -> Result<()> {
     let dir = dir.as_ref();
     std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
     let cfg_path = dir.join("config.json");
-    let tensors = crate::model::transformer::varmap_tensors(varmap, true);
     let mut json = config.to_hf_json();
     if let Some(embed) = tensors.get("model.embed_tokens.weight") {
         let name = match embed.dtype() {
@@ -285,5 +298,5 @@ pub fn export_hf(dir: impl AsRef<Path>, config: &ModelConfig, varmap: &VarMap) -
     })?;
     std::fs::write(&cfg_path, text).map_err(|e| ModelError::io(&cfg_path, e))?;
     set_mode_644(&cfg_path)?;
-    save_safetensors(&tensors, dir.join("model.safetensors"))
+    save_safetensors(tensors, dir.join("model.safetensors"))
 }

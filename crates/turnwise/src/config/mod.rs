@@ -291,6 +291,51 @@ pub struct ModelSpec {
     pub intermediate_size: usize,
     /// Longest sequence.
     pub max_position_embeddings: usize,
+    /// LoRA fine-tuning (`model.lora.*`; off unless `rank` ≥ 1).
+    pub lora: LoraSpec,
+}
+
+/// LoRA fine-tuning of the policy (`[model.lora]`): the base weights are frozen and shared by the
+/// trained policy, the sampler and the reference policy; only the adapters are trained (see
+/// `turnwise_model::model::lora`). The defaults other than `rank` are PEFT's `LoraConfig`
+/// defaults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoraSpec {
+    /// Rank `r` of every adapter; 0 (the default) turns LoRA off: full fine-tuning.
+    pub rank: usize,
+    /// `lora_alpha`: the adapters' output is scaled by `alpha / rank` (PEFT's default 8).
+    pub alpha: f64,
+    /// `lora_dropout`: dropout on the adapters' input in training forwards, in [0, 1).
+    pub dropout: f64,
+    /// The adapted layers by Hugging Face module name: any of `q_proj`, `k_proj`, `v_proj`,
+    /// `o_proj`, `gate_proj`, `up_proj`, `down_proj` (PEFT's default for Llama and Qwen2:
+    /// `q_proj` and `v_proj`).
+    pub target_modules: Vec<String>,
+}
+
+impl Default for LoraSpec {
+    fn default() -> Self {
+        let d = turnwise_model::LoraConfig::default();
+        Self {
+            rank: 0,
+            alpha: d.alpha,
+            dropout: d.dropout,
+            target_modules: d.target_modules,
+        }
+    }
+}
+
+impl LoraSpec {
+    /// The adapters' configuration, or `None` when LoRA is off (`rank` = 0).
+    pub fn to_lora_config(&self) -> Option<turnwise_model::LoraConfig> {
+        (self.rank > 0).then(|| turnwise_model::LoraConfig {
+            rank: self.rank,
+            alpha: self.alpha,
+            dropout: self.dropout,
+            target_modules: self.target_modules.clone(),
+        })
+    }
 }
 
 impl Default for ModelSpec {
@@ -306,6 +351,7 @@ impl Default for ModelSpec {
             num_kv_heads: 2,
             intermediate_size: 384,
             max_position_embeddings: 512,
+            lora: LoraSpec::default(),
         }
     }
 }
@@ -1798,6 +1844,44 @@ impl TrainConfig {
                          whole response, got {}",
                         r.max_response_tokens, m.max_position_embeddings
                     ),
+                });
+            }
+        }
+        // Checked whether or not LoRA is on, so that a typo is caught before it is turned on.
+        let l = &m.lora;
+        check(
+            positive(l.alpha),
+            "model.lora.alpha",
+            "a positive number",
+            l.alpha,
+        )?;
+        check(
+            unit_open(l.dropout),
+            "model.lora.dropout",
+            "in [0, 1)",
+            l.dropout,
+        )?;
+        let known = turnwise_model::model::lora::LORA_TARGETS;
+        if l.target_modules.is_empty() {
+            return Err(ConfigError::Invalid {
+                field: "model.lora.target_modules",
+                message: format!("must name at least one of {}", known.join(", ")),
+            });
+        }
+        for (i, name) in l.target_modules.iter().enumerate() {
+            if !known.contains(&name.as_str()) {
+                return Err(ConfigError::Invalid {
+                    field: "model.lora.target_modules",
+                    message: format!(
+                        "unknown module {name:?}; the adaptable ones are {}",
+                        known.join(", ")
+                    ),
+                });
+            }
+            if l.target_modules[..i].contains(name) {
+                return Err(ConfigError::Invalid {
+                    field: "model.lora.target_modules",
+                    message: format!("{name:?} is listed twice"),
                 });
             }
         }

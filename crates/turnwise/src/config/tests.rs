@@ -543,3 +543,59 @@ fn preset_env_tables_name_known_environments() {
         ["a.estimator=\"grpo\"", "a.b.name=\"n\"", "a.clip=1"]
     );
 }
+
+#[test]
+fn lora_settings_are_validated_under_their_dotted_keys() {
+    let resolve = |sets: &[&str]| {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        TrainConfig::resolve(Some("grpo"), None, &sets)
+    };
+    // Off by default, with PEFT's defaults for the other keys.
+    let c = resolve(&[]).unwrap();
+    assert_eq!(c.model.lora.rank, 0);
+    assert!(c.model.lora.to_lora_config().is_none());
+    assert_eq!(c.model.lora.alpha, 8.0);
+    assert_eq!(c.model.lora.target_modules, ["q_proj", "v_proj"]);
+    let c = resolve(&[
+        "model.lora.rank=4",
+        "model.lora.alpha=16",
+        "model.lora.dropout=0.05",
+        "model.lora.target_modules=[\"q_proj\", \"k_proj\", \"down_proj\"]",
+    ])
+    .unwrap();
+    let l = c.model.lora.to_lora_config().unwrap();
+    assert_eq!((l.rank, l.alpha, l.dropout), (4, 16.0, 0.05));
+    assert_eq!(l.target_modules, ["q_proj", "k_proj", "down_proj"]);
+    // The resolved config round-trips through TOML with the section.
+    let back = TrainConfig::from_table(c.to_toml().parse::<toml::Table>().unwrap()).unwrap();
+    assert_eq!(back.model.lora, c.model.lora);
+    for (set, key) in [
+        ("model.lora.alpha=0", "model.lora.alpha"),
+        ("model.lora.dropout=1.0", "model.lora.dropout"),
+        ("model.lora.dropout=-0.1", "model.lora.dropout"),
+        ("model.lora.target_modules=[]", "model.lora.target_modules"),
+        (
+            "model.lora.target_modules=[\"qkv_proj\"]",
+            "model.lora.target_modules",
+        ),
+        (
+            "model.lora.target_modules=[\"q_proj\", \"q_proj\"]",
+            "model.lora.target_modules",
+        ),
+        ("model.lora.rank=-1", "model.lora.rank"),
+        ("model.lora.ranks=4", "ranks"),
+    ] {
+        let e = resolve(&["model.lora.rank=4", set])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key), "{set}: {e}");
+    }
+    // Checked even while LoRA is off, so that a typo surfaces before it is turned on.
+    let e = resolve(&["model.lora.target_modules=[\"qproj\"]"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("model.lora.target_modules") && e.contains("qproj"),
+        "{e}"
+    );
+}

@@ -7,25 +7,29 @@ pub mod judge;
 pub mod rejection;
 pub mod sampling;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use turnwise_env::env::Environment;
 use turnwise_env::world::Split;
 use turnwise_model::checkpoint::{
-    HfMetadata, TrainerState, export_hf_folder, load_checkpoint, save_checkpoint, write_hf_metadata,
+    ADAPTER_DIR, HfMetadata, LoraAdapters, LoraParts, TrainerState, export_hf_folder_tensors,
+    load_checkpoint, save_checkpoint_with_lora, write_hf_metadata,
 };
 use turnwise_model::loss::KlController;
+use turnwise_model::model::lora::{
+    init_adapters, is_adapter_folder, load_peft_adapter, merge_adapters, save_peft_adapter,
+};
 use turnwise_model::model::transformer::varmap_tensors;
 use turnwise_model::model::weights::{init_varmap, sorted_vars};
 use turnwise_model::optim::{AdamW, AdamWConfig, DecayShape, LrSchedule};
 use turnwise_model::rng::TurnRng;
 use turnwise_model::tokenizer::TextTokenizer;
-use turnwise_model::{Architecture, ModelConfig, Transformer};
+use turnwise_model::{Architecture, LoraDropout, ModelConfig, Transformer};
 
 use crate::config::TrainConfig;
 use crate::rollout::{Decoding, Episode, Policy, RolloutControl};
@@ -42,8 +46,10 @@ pub struct Trainer {
     pub tokenizer: TextTokenizer,
     /// Model configuration.
     pub model_config: ModelConfig,
-    /// Trainable weights.
+    /// The model's weights: all trained, or, with LoRA, the frozen base.
     pub varmap: VarMap,
+    /// The LoRA adapters (`model.lora.rank` ≥ 1): then the only trained weights.
+    pub lora: Option<LoraState>,
     /// The policy with gradients.
     pub policy: Transformer,
     /// The same weights without a graph, for rollouts.
@@ -74,6 +80,21 @@ pub struct Trainer {
     /// The LLM judge of `[judge]`.
     judge: Option<judge::TurnJudge>,
 }
+
+/// The LoRA adapters of a run with `model.lora.rank` ≥ 1.
+pub struct LoraState {
+    /// The adapters and their configuration.
+    pub adapters: LoraAdapters,
+    /// Dropout of the training forwards (its mask counter is saved with checkpoints).
+    pub dropout: LoraDropout,
+}
+
+/// `trainer_state.json`'s `extra` key of the LoRA dropout's mask counter.
+const LORA_DROPOUT_CALLS: &str = "lora_dropout_calls";
+
+/// Mixed into `seed` for the adapters' initialisation and the dropout masks.
+const LORA_INIT_SEED: u64 = 0x4c6f_5241;
+const LORA_DROPOUT_SEED: u64 = 0x4c6f_5244;
 
 /// What one RL step produced.
 pub struct StepOutput {
@@ -148,26 +169,106 @@ impl Trainer {
             }
         };
         log_first_prompt(&task)?;
-        let mut t = Self::assemble(config, task, tokenizer, model_config, varmap, None, 0)?;
+        let lora = match config.model.lora.to_lora_config() {
+            Some(lc) => {
+                if config.model.init_from.is_none() {
+                    tracing::warn!(
+                        "LoRA (model.lora.rank = {}) on a freshly initialised model: the random \
+                         base weights stay frozen and only the adapters learn; set \
+                         model.init_from to adapt a trained model",
+                        lc.rank
+                    );
+                }
+                let adapters = init_adapters(
+                    &model_config,
+                    &lc,
+                    DType::F32,
+                    &Device::Cpu,
+                    config.seed ^ LORA_INIT_SEED,
+                )?;
+                Some(LoraState {
+                    dropout: LoraDropout::new(lc.dropout, config.seed ^ LORA_DROPOUT_SEED),
+                    adapters: LoraAdapters {
+                        config: lc,
+                        adapters,
+                    },
+                })
+            }
+            None => None,
+        };
+        let mut t = Self::assemble(config, task, tokenizer, model_config, varmap, lora, None, 0)?;
         t.hf_meta = hf_meta;
         Ok(t)
     }
 
+    /// The trained variables, sorted by name: the LoRA adapters, or every weight.
+    pub fn trainable_vars(&self) -> Vec<(String, Var)> {
+        trainable_vars(&self.varmap, self.lora.as_ref())
+    }
+
+    /// How many values the optimizer trains (the adapters' with LoRA).
+    pub fn num_trainable_parameters(&self) -> usize {
+        self.trainable_vars()
+            .iter()
+            .map(|(_, v)| v.elem_count())
+            .sum()
+    }
+
+    /// The policy's weights as one model: the base with the LoRA adapters merged in
+    /// (`W + alpha/r · B A`), or the weights themselves (detached, not copied).
+    pub fn merged_tensors(&self) -> Result<HashMap<String, Tensor>> {
+        let base = varmap_tensors(&self.varmap, true);
+        Ok(match &self.lora {
+            Some(l) => merge_adapters(
+                &self.model_config,
+                &l.adapters.config,
+                &base,
+                &varmap_tensors(&l.adapters.adapters, true),
+            )?,
+            None => base,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn assemble(
         config: TrainConfig,
         task: WorldTask,
         tokenizer: TextTokenizer,
         model_config: ModelConfig,
         varmap: VarMap,
+        lora: Option<LoraState>,
         optimizer: Option<AdamW>,
         step: u64,
     ) -> Result<Self> {
-        let policy = Transformer::from_varmap(&model_config, &varmap)?;
-        let sampler = Transformer::detached_from_varmap(&model_config, &varmap)?;
+        // With LoRA, the policy reads the base weights detached (no gradient is computed for
+        // them) and the adapters' Vars; the sampler reads both detached. All three share the
+        // base's storage, and the sampler sees each optimizer update of the adapters in place,
+        // so nothing is copied or synchronised between steps.
+        let (policy, sampler) = match &lora {
+            Some(l) => (
+                Transformer::lora_from_varmaps(
+                    &model_config,
+                    &varmap,
+                    &l.adapters.config,
+                    &l.adapters.adapters,
+                    Some(l.dropout.clone()),
+                )?,
+                Transformer::lora_detached_from_varmaps(
+                    &model_config,
+                    &varmap,
+                    &l.adapters.config,
+                    &l.adapters.adapters,
+                )?,
+            ),
+            None => (
+                Transformer::from_varmap(&model_config, &varmap)?,
+                Transformer::detached_from_varmap(&model_config, &varmap)?,
+            ),
+        };
         let optimizer = match optimizer {
             Some(o) => o,
             None => AdamW::new(
-                sorted_vars(&varmap),
+                trainable_vars(&varmap, lora.as_ref()),
                 adamw(&config, config.optim.weight_decay),
             )?,
         };
@@ -194,6 +295,7 @@ impl Trainer {
             tokenizer,
             model_config,
             varmap,
+            lora,
             policy,
             sampler,
             reference: None,
@@ -280,7 +382,7 @@ impl Trainer {
             decay: DecayShape::Cosine,
         };
         schedule.validate()?;
-        let mut opt = AdamW::new(sorted_vars(&self.varmap), adamw(&self.config, 0.1))?;
+        let mut opt = AdamW::new(self.trainable_vars(), adamw(&self.config, 0.1))?;
         let mut rng = TurnRng::seed_from_u64(self.config.seed ^ 0x5f74);
         let mut order: Vec<usize> = Vec::new();
         for s in 0..c.steps {
@@ -303,24 +405,37 @@ impl Trainer {
 
     /// Freezes the current weights as the KL reference and, for the PPO family, builds the
     /// critic from them.
+    ///
+    /// With LoRA the reference shares the frozen base weights and holds a copy of the adapters
+    /// only; the critic starts from the merged weights (and is trained in full).
     pub fn freeze_reference(&mut self) -> Result<()> {
         if self.config.critic.enabled && self.critic.is_none() {
             self.critic = Some(crate::update::critic::CriticModel::from_policy(
                 &self.model_config,
-                &varmap_tensors(&self.varmap, true),
+                &self.merged_tensors()?,
                 self.config.seed ^ 0xc41,
                 critic_adamw(&self.config),
             )?);
         }
-        let tensors = varmap_tensors(&self.varmap, true)
-            .into_iter()
-            .map(|(k, t)| Ok((k, t.copy()?)))
-            .collect::<Result<_>>()?;
-        self.reference = Some(Transformer::from_tensors(
-            &self.model_config,
-            &tensors,
-            "reference policy",
-        )?);
+        let copy = |vm: &VarMap| -> Result<HashMap<String, Tensor>> {
+            varmap_tensors(vm, true)
+                .into_iter()
+                .map(|(k, t)| Ok((k, t.copy()?)))
+                .collect()
+        };
+        self.reference = Some(match &self.lora {
+            Some(l) => Transformer::from_tensors(
+                &self.model_config,
+                &varmap_tensors(&self.varmap, true),
+                "reference policy",
+            )?
+            .with_lora(&l.adapters.config, &copy(&l.adapters.adapters)?, None)?,
+            None => Transformer::from_tensors(
+                &self.model_config,
+                &copy(&self.varmap)?,
+                "reference policy",
+            )?,
+        });
         Ok(())
     }
 
@@ -656,10 +771,20 @@ impl Trainer {
             state.extra["kl_ctrl_value"] = k.value().into();
             state.extra["kl_ctrl_value_bits"] = k.value().to_bits().into();
         }
-        save_checkpoint(
+        if let Some(l) = &self.lora {
+            state.extra[LORA_DROPOUT_CALLS] = l.dropout.calls().into();
+        }
+        // A LoRA checkpoint's own folder holds the (unmerged) base its adapters apply to.
+        let base_name = std::path::absolute(dir).ok();
+        let base_name = base_name.as_deref().and_then(Path::to_str);
+        save_checkpoint_with_lora(
             dir,
             &self.model_config,
             &self.varmap,
+            self.lora.as_ref().map(|l| LoraParts {
+                lora: &l.adapters,
+                base_model_name_or_path: base_name,
+            }),
             &self.optimizer,
             &state,
         )
@@ -687,12 +812,41 @@ impl Trainer {
         task.set_chat_template(chat_template_of(&hf_meta, dir)?)?;
         log_first_prompt(&task)?;
         let step = ck.state.extra["rl_step"].as_u64().unwrap_or(0);
+        let lora = match (config.model.lora.to_lora_config(), ck.lora) {
+            (None, None) => None,
+            (Some(want), Some(adapters)) => {
+                if want != adapters.config {
+                    bail!(
+                        "the checkpoint {} holds LoRA adapters {:?}, but the config asks for {:?} \
+                         (model.lora)",
+                        dir.display(),
+                        adapters.config,
+                        want
+                    );
+                }
+                let dropout = LoraDropout::new(want.dropout, config.seed ^ LORA_DROPOUT_SEED);
+                dropout.set_calls(ck.state.extra[LORA_DROPOUT_CALLS].as_u64().unwrap_or(0));
+                Some(LoraState { adapters, dropout })
+            }
+            (Some(want), None) => bail!(
+                "the config asks for LoRA (model.lora.rank = {}), but the checkpoint {} holds no \
+                 adapters ({ADAPTER_DIR}/): it is a full fine-tuning checkpoint",
+                want.rank,
+                dir.display()
+            ),
+            (None, Some(_)) => bail!(
+                "the checkpoint {} holds LoRA adapters ({ADAPTER_DIR}/), but model.lora.rank is 0 \
+                 in the config",
+                dir.display()
+            ),
+        };
         let mut t = Self::assemble(
             config,
             task,
             tokenizer,
             ck.config,
             ck.varmap,
+            lora,
             Some(ck.optimizer),
             step,
         )?;
@@ -716,13 +870,34 @@ impl Trainer {
                 KlController::Adaptive(c) => c.value = beta,
             }
         }
+        let load_reference_tensors = |rd: &Path| {
+            turnwise_model::model::weights::load_hf(rd, DType::F32, &Device::Cpu)
+                .with_context(|| format!("loading the reference model {}", rd.display()))
+        };
         let mut reference_tensors = None;
         if let Some(rd) = reference_dir {
-            let (mc, tensors) =
-                turnwise_model::model::weights::load_hf(rd, DType::F32, &Device::Cpu)
-                    .with_context(|| format!("loading the reference model {}", rd.display()))?;
-            t.reference = Some(Transformer::from_tensors(&mc, &tensors, "reference")?);
-            reference_tensors = Some(tensors);
+            let adapter_dir = rd.join(ADAPTER_DIR);
+            t.reference = Some(match &t.lora {
+                // The warm-started adapters on the shared frozen base.
+                Some(_) if is_adapter_folder(&adapter_dir) => {
+                    let (lc, adapters) = load_peft_adapter(&adapter_dir, DType::F32, &Device::Cpu)
+                        .with_context(|| {
+                            format!("loading the reference adapters {}", adapter_dir.display())
+                        })?;
+                    Transformer::from_tensors(
+                        &t.model_config,
+                        &varmap_tensors(&t.varmap, true),
+                        "reference",
+                    )?
+                    .with_lora(&lc, &adapters, None)?
+                }
+                _ => {
+                    let (mc, tensors) = load_reference_tensors(rd)?;
+                    let m = Transformer::from_tensors(&mc, &tensors, "reference")?;
+                    reference_tensors = Some(tensors);
+                    m
+                }
+            });
         }
         if t.config.critic.enabled {
             use crate::update::critic::{CRITIC_WEIGHTS_FILE, CriticModel};
@@ -741,7 +916,11 @@ impl Trainer {
                     steps,
                     critic_adamw(&t.config),
                 )?);
-            } else if let Some(tensors) = &reference_tensors {
+            } else if let Some(rd) = reference_dir {
+                let tensors = match reference_tensors.take() {
+                    Some(t) => t,
+                    None => load_reference_tensors(rd)?.1,
+                };
                 tracing::warn!(
                     checkpoint = %dir.display(),
                     "the checkpoint holds no critic: it restarts from the warm-started weights, \
@@ -749,7 +928,7 @@ impl Trainer {
                 );
                 t.critic = Some(CriticModel::from_policy(
                     &t.model_config,
-                    tensors,
+                    &tensors,
                     t.config.seed ^ 0xc41,
                     critic_adamw(&t.config),
                 )?);
@@ -761,18 +940,56 @@ impl Trainer {
     /// Exports the current weights as a complete Hugging Face folder (config.json,
     /// model.safetensors, tokenizer.json, tokenizer_config.json, generation_config.json; the
     /// source checkpoint's files when the model came from one) with the run's resolved config
-    /// as [`EXPORT_CONFIG_FILE`], which `turnwise eval --checkpoint` reads.
+    /// as [`EXPORT_CONFIG_FILE`], which `turnwise eval --checkpoint` reads. With LoRA the
+    /// weights are the merged ones (a plain model) and the adapters are also written in PEFT's
+    /// layout into [`ADAPTER_DIR`] (`base_model_name_or_path`: `model.init_from`).
     pub fn export(&self, dir: &Path) -> Result<()> {
-        export_hf_folder(
+        export_hf_folder_tensors(
             dir,
             &self.model_config,
-            &self.varmap,
+            &self.merged_tensors()?,
             &self.tokenizer,
             &self.hf_meta,
         )
         .with_context(|| format!("exporting the model to {}", dir.display()))?;
+        if let Some(l) = &self.lora {
+            write_export_adapter(
+                dir,
+                &l.adapters.config,
+                &varmap_tensors(&l.adapters.adapters, true),
+                &self.config,
+            )?;
+        }
         write_export_config(dir, &self.config)
     }
+}
+
+/// The trained variables, sorted by name: the LoRA adapters' when there are any (the base
+/// weights are frozen), else every weight of `varmap`.
+fn trainable_vars(varmap: &VarMap, lora: Option<&LoraState>) -> Vec<(String, Var)> {
+    match lora {
+        Some(l) => sorted_vars(&l.adapters.adapters),
+        None => sorted_vars(varmap),
+    }
+}
+
+/// Writes the LoRA adapters of an export into its [`ADAPTER_DIR`] in PEFT's layout, with
+/// `model.init_from` as the base model's name or path.
+pub fn write_export_adapter(
+    dir: &Path,
+    lora: &turnwise_model::LoraConfig,
+    adapters: &HashMap<String, Tensor>,
+    config: &TrainConfig,
+) -> Result<()> {
+    let base = config
+        .model
+        .init_from
+        .as_deref()
+        .and_then(Path::to_str)
+        .map(String::from);
+    let out = dir.join(ADAPTER_DIR);
+    save_peft_adapter(&out, lora, adapters, base.as_deref())
+        .with_context(|| format!("writing the LoRA adapters into {}", out.display()))
 }
 
 /// The file of an exported folder that holds the resolved turnwise config of the run that

@@ -8,7 +8,6 @@
 //! [`crate::config::RsftConfig`].
 
 use anyhow::{Context, Result, bail};
-use turnwise_model::model::weights::sorted_vars;
 use turnwise_model::optim::AdamW;
 use turnwise_model::rng::TurnRng;
 
@@ -233,7 +232,7 @@ impl Trainer {
 
         // Fine-tune.
         let t1 = std::time::Instant::now();
-        let mut opt = AdamW::new(sorted_vars(&self.varmap), adamw(&self.config, 0.1))?;
+        let mut opt = AdamW::new(self.trainable_vars(), adamw(&self.config, 0.1))?;
         let mut step = 0u64;
         for epoch in 1..=c.epochs {
             let mut order: Vec<usize> = (0..rows.len()).collect();
@@ -294,6 +293,7 @@ impl Trainer {
 mod tests {
     use super::*;
     use crate::config::TrainConfig;
+    use turnwise_model::model::weights::sorted_vars;
 
     fn tiny(extra: &[&str]) -> TrainConfig {
         let mut sets: Vec<String> = [

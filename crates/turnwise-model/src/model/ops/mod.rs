@@ -14,6 +14,9 @@
 //! - [`token_logprobs_entropy()`](logprob::token_logprobs_entropy): log-probability of a target
 //!   token and entropy of the softmax, per row of logits.
 //!
+//! [`frozen`] holds `x Wᵀ` for a frozen weight (the backward computes the input's gradient
+//! only), which LoRA training runs on.
+//!
 //! [`infer`] holds a forward-only kernel for sampling on detached weights (`x Wᵀ` for a few
 //! rows without packing the weight), used only when nothing records a graph.
 //!
@@ -29,6 +32,7 @@
 //! whole process) route the CPU through the same compositions, so that path is tested here
 //! against the fused kernels.
 
+pub mod frozen;
 pub mod infer;
 pub mod logprob;
 pub mod rms_norm;
