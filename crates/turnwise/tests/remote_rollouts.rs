@@ -257,3 +257,58 @@ fn remote_settings_are_checked_by_name() {
     let e = format!("{:#}", Trainer::new(cfg).err().unwrap());
     assert!(e.contains("http://127.0.0.1:1"), "{e}");
 }
+
+#[test]
+fn vllm_servers_follow_the_policy_through_lora_adapters() {
+    // vLLM cannot reload full weights over HTTP: a LoRA policy's servers load each step's
+    // adapter (`/v1/load_lora_adapter`, which turnwise serve answers as vLLM does, merging it
+    // into the base it started with) and the turns name it as their model.
+    let tmp = tempfile::tempdir().unwrap();
+    let mut sets = common::tiny_overrides();
+    sets.extend(
+        [
+            // No warm start: the adapters start at B = 0, so the export is the frozen base.
+            "sft.steps=0",
+            "model.lora.rank=4",
+            "model.lora.target_modules=[\"q_proj\", \"v_proj\", \"down_proj\"]",
+            "optim.lr=0.1",
+            "optim.warmup_steps=0",
+        ]
+        .map(String::from),
+    );
+    let mut local = warm_preset("mt-grpo", &sets);
+    let base = tmp.path().join("base");
+    local.export(&base).unwrap();
+    let server = serve(&base, 1024);
+    let mut rs = remote_sets(&sets, &[server.url()]);
+    rs.push("rollout.remote.protocol=\"vllm\"".into());
+    let mut remote = warm_preset("mt-grpo", &rs);
+    let weights = tmp.path().join("weights");
+    remote.sync_remote(&weights).unwrap();
+    for step in 0..2u64 {
+        let a = local.rl_step().unwrap();
+        let b = remote.rl_step().unwrap();
+        assert_same_rollouts(&a.episodes, &b.episodes, step);
+        for e in &b.episodes {
+            for seg in e.trajectory.agent_segments() {
+                assert_eq!(seg.weight_version, Some(step));
+            }
+        }
+        remote.sync_remote(&weights).unwrap();
+    }
+    let info: serde_json::Value =
+        reqwest::blocking::get(format!("{}/get_server_info", server.url()))
+            .unwrap()
+            .json()
+            .unwrap();
+    assert_eq!(info["engine"]["reloads"], 3, "{info}");
+    // Without LoRA a vLLM run cannot follow the policy: refused by name.
+    let mut s = common::tiny_overrides();
+    s.push("rollout.backend=\"remote\"".into());
+    s.push("rollout.remote.urls=[\"http://127.0.0.1:1\"]".into());
+    s.push("rollout.remote.protocol=\"vllm\"".into());
+    let e = TrainConfig::resolve(Some("grpo"), None, &s)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("model.lora.rank"), "{e}");
+}

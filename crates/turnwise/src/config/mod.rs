@@ -545,8 +545,9 @@ pub enum RemoteProtocol {
     #[default]
     Sglang,
     /// vLLM's OpenAI `/v1/completions` with token ids. Stock vLLM cannot reload full weights
-    /// over HTTP, so training with it needs `sync_weights = false` (the servers keep their
-    /// weights: evaluation, or off-policy data collection).
+    /// over HTTP: training with it syncs LoRA adapters (`model.lora.rank` ≥ 1; the servers load
+    /// each step's adapter with `/v1/load_lora_adapter`), or sets `sync_weights = false` (the
+    /// servers keep their weights: evaluation, or off-policy data collection).
     Vllm,
 }
 
@@ -2102,12 +2103,14 @@ impl TrainConfig {
                     .into(),
             );
         }
-        if rc.protocol == RemoteProtocol::Vllm && rc.sync_weights {
+        if rc.protocol == RemoteProtocol::Vllm && rc.sync_weights && self.model.lora.rank == 0 {
             return bad(
                 "rollout.remote.sync_weights",
-                "stock vLLM cannot reload full weights over HTTP (see \
-                 docs/scaling.md); use protocol = \"sglang\" (SGLang or turnwise serve), or \
-                 set sync_weights = false to sample from the servers' own weights"
+                "stock vLLM cannot reload full weights over HTTP: vLLM servers follow the \
+                 policy through LoRA adapters (set model.lora.rank; the servers run with \
+                 --enable-lora and runtime LoRA updating), or use protocol = \"sglang\" \
+                 (SGLang or turnwise serve), or set sync_weights = false to sample from the \
+                 servers' own weights"
                     .into(),
             );
         }

@@ -21,7 +21,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
-use turnwise_env::client::{ClientConfig, Idempotency, RetryPolicy, join_url, post_json};
+use turnwise_env::client::{
+    ClientConfig, Idempotency, RetryPolicy, error_chain, join_url, post_json,
+};
 use turnwise_model::sampling::{Completion, FinishReason, SamplingParams};
 
 use crate::config::{RemoteConfig, RemoteProtocol};
@@ -229,13 +231,18 @@ impl RemoteBackend {
                     "return_tokens_as_token_ids": true,
                     "return_token_ids": true,
                 });
-                if let Some(m) = &self.config.model {
+                // Once the policy's adapter is loaded, requests name it (vLLM routes them to it).
+                let synced = self.synced_version();
+                if synced.is_some() {
+                    body["model"] = json!(LORA_NAME);
+                } else if let Some(m) = &self.config.model {
                     body["model"] = json!(m);
                 }
                 let v = self.post(url, "/v1/completions", &body)?;
                 let (tokens, logprobs, length) = parse_vllm_choice(&v)
                     .with_context(|| format!("rollout server {url}/v1/completions"))?;
-                (tokens, logprobs, None, length)
+                // vLLM reports no weight version: the adapter version last loaded is the one.
+                (tokens, logprobs, synced, length)
             }
         };
         if let Some(&bad) = logprobs.iter().find(|l: &&f32| !l.is_finite() || **l > 0.0) {
@@ -263,10 +270,16 @@ impl RemoteBackend {
         *self.synced.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Makes every server load the weights folder `folder` as version `version`.
+    /// Makes every server load the weights folder `folder` as version `version`: SGLang
+    /// reloads the whole folder (`/update_weights_from_disk`); vLLM loads the folder's LoRA
+    /// adapter (`/v1/load_lora_adapter` with `load_inplace`, under [`LORA_NAME`]), which later
+    /// requests name as their `model`.
     pub fn sync(&self, folder: &Path, version: u64) -> Result<()> {
         let path = std::fs::canonicalize(folder)
             .with_context(|| format!("weights folder {}", folder.display()))?;
+        if self.config.protocol == RemoteProtocol::Vllm {
+            return self.sync_lora(&path, version);
+        }
         let body = json!({
             "model_path": path,
             "weight_version": version.to_string(),
@@ -285,7 +298,38 @@ impl RemoteBackend {
         *self.synced.lock().unwrap_or_else(|e| e.into_inner()) = Some(version);
         Ok(())
     }
+
+    fn sync_lora(&self, folder: &Path, version: u64) -> Result<()> {
+        let adapter = folder.join(turnwise_model::checkpoint::ADAPTER_DIR);
+        if !turnwise_model::model::lora::is_adapter_folder(&adapter) {
+            bail!(
+                "{} holds no LoRA adapter: vLLM servers follow the policy through its adapters \
+                 (set model.lora.rank)",
+                folder.display()
+            );
+        }
+        let body = json!({"lora_name": LORA_NAME, "lora_path": adapter, "load_inplace": true});
+        for url in &self.config.urls {
+            let route = join_url(url, "/v1/load_lora_adapter");
+            let r = self
+                .client
+                .post(&route)
+                .json(&body)
+                .send()
+                .map_err(|e| anyhow!("rollout server {route}: {}", error_chain(&e)))?;
+            let status = r.status();
+            let text = r.text().unwrap_or_default();
+            if !status.is_success() {
+                bail!("rollout server {route}: HTTP {status}: {text}");
+            }
+        }
+        *self.synced.lock().unwrap_or_else(|e| e.into_inner()) = Some(version);
+        Ok(())
+    }
 }
+
+/// The name the policy's LoRA adapter is loaded under on vLLM servers.
+pub const LORA_NAME: &str = "turnwise-policy";
 
 /// Token ids, log-probs and whether it stopped for length, from a vLLM completion answer
 /// (`choices[0].token_ids`, else the `token_id:N` names of `logprobs.tokens`).

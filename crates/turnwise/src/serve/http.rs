@@ -48,6 +48,9 @@ pub struct App {
     pub seeds: AtomicU64,
     /// Request ids.
     pub requests: AtomicU64,
+    /// The weights the server started with: a LoRA adapter loaded with
+    /// `/v1/load_lora_adapter` is merged into these (vLLM's base model).
+    pub base: std::collections::HashMap<String, candle_core::Tensor>,
 }
 
 /// A JSON error answer: `{"error": {"message", "type", "param", "code"}}` (OpenAI's shape).
@@ -794,6 +797,71 @@ async fn update_weights(State(app): State<Arc<App>>, body: Bytes) -> Response {
     }
 }
 
+/// `POST /v1/load_lora_adapter` (vLLM, with runtime LoRA updating): `{lora_name, lora_path}`,
+/// a PEFT adapter folder for the base model the server started with. The adapter is merged into
+/// those base weights and served from then on (one adapter at a time: requests are answered
+/// with it whatever `model` they name); the weight version counts up. Answers plain text, as
+/// vLLM does.
+async fn load_lora_adapter(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    #[derive(serde::Deserialize)]
+    struct LoadLora {
+        lora_name: String,
+        lora_path: String,
+    }
+    let req: LoadLora = match parse(&body) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let path = std::path::PathBuf::from(&req.lora_path);
+    let app2 = Arc::clone(&app);
+    let merged = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let (lora, adapters) = turnwise_model::model::lora::load_peft_adapter(
+            &path,
+            candle_core::DType::F32,
+            &candle_core::Device::Cpu,
+        )?;
+        let tensors = turnwise_model::model::lora::merge_adapters(
+            &app2.config,
+            &lora,
+            &app2.base,
+            &adapters,
+        )?;
+        let model = turnwise_model::model::Transformer::from_tensors(
+            &app2.config,
+            &tensors,
+            &path.display().to_string(),
+        )?;
+        Ok((model, path))
+    })
+    .await;
+    let (model, path) = match merged {
+        Ok(Ok(m)) => m,
+        Ok(Err(e)) => {
+            return ApiError::bad("lora_path", format!("{e:#}")).into_response();
+        }
+        Err(e) => {
+            return ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+                .into_response();
+        }
+    };
+    let weights = NewWeights {
+        model,
+        path,
+        version: next_version(&app.shared.version()),
+    };
+    match app.worker.reload(weights, false).await {
+        Ok(_) => (
+            StatusCode::OK,
+            format!(
+                "Success: LoRA adapter '{}' added successfully.",
+                req.lora_name
+            ),
+        )
+            .into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
 async fn weight_version(State(app): State<Arc<App>>) -> axum::Json<Value> {
     axum::Json(json!({"weight_version": app.shared.version()}))
 }
@@ -867,7 +935,8 @@ async fn not_found(uri: axum::http::Uri) -> ApiError {
         StatusCode::NOT_FOUND,
         format!(
             "no route for {uri}; the routes are POST /generate, /v1/completions, \
-             /v1/chat/completions, /update_weights_from_disk and GET /health, \
+             /v1/chat/completions, /update_weights_from_disk, /v1/load_lora_adapter and GET \
+             /health, \
              /health_generate, /get_weight_version, /get_model_info, /get_server_info, /v1/models"
         ),
     )
@@ -880,6 +949,7 @@ pub fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/update_weights_from_disk", post(update_weights))
+        .route("/v1/load_lora_adapter", post(load_lora_adapter))
         .route("/get_weight_version", get(weight_version))
         .route("/health", get(health))
         .route("/health_generate", get(health_generate))

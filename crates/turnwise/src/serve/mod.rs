@@ -8,7 +8,8 @@
 //! - `POST /v1/completions` and `POST /v1/chat/completions`: OpenAI's, with vLLM's
 //!   `return_token_ids` and `return_tokens_as_token_ids`;
 //! - `POST /update_weights_from_disk` (a Hugging Face folder of the same architecture, as a
-//!   trainer writes after each step), `GET /get_weight_version`, `GET /health`,
+//!   trainer writes after each step), `POST /v1/load_lora_adapter` (vLLM's: a PEFT adapter
+//!   merged into the weights the server started with), `GET /get_weight_version`, `GET /health`,
 //!   `GET /health_generate`, `GET /get_model_info`, `GET /v1/models`, and
 //!   `GET /get_server_info` (queue and engine counters: steps, tokens, the largest batch).
 //!
@@ -319,6 +320,7 @@ fn build_app(
         name,
         seeds: AtomicU64::new(0x5eed),
         requests: AtomicU64::new(0),
+        base: tensors.tensors,
     });
     Ok((app, engine))
 }
