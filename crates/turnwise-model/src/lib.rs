@@ -69,6 +69,8 @@ pub mod logprobs;
 pub mod loss;
 pub mod model;
 pub mod optim;
+#[cfg(test)]
+mod python_check;
 pub mod rng;
 pub mod sampling;
 pub mod tokenizer;

@@ -500,25 +500,9 @@ json.dump(out, open(sys.argv[2], "w"))
         use crate::model::Transformer;
         use std::process::Command;
 
-        let python = std::env::var("TURNWISE_PYTHON").unwrap_or_else(|_| "python3".into());
-        match Command::new(&python)
-            .args(["-c", "import transformers, torch"])
-            .output()
-        {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => {
-                let err = String::from_utf8_lossy(&o.stderr);
-                eprintln!(
-                    "skipped: {python} cannot import transformers and torch ({})",
-                    err.lines().last().unwrap_or("")
-                );
-                return;
-            }
-            Err(e) => {
-                eprintln!("skipped: cannot run {python}: {e}");
-                return;
-            }
-        }
+        let Some(python) = crate::python_check::python_with("transformers, torch") else {
+            return;
+        };
         let tok = tokenizer();
         let tmp = tempfile::tempdir().unwrap();
         let text = "who founded the company ?";

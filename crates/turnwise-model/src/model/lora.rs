@@ -20,7 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor};
 use candle_nn::VarMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -331,27 +331,7 @@ pub fn adapters_varmap(
             format!("{source_desc} holds an adapter the LoRA config does not target"),
         ));
     }
-    let varmap = VarMap::new();
-    {
-        let mut data = varmap.data().lock().unwrap_or_else(|e| e.into_inner());
-        for (name, shape) in shapes {
-            let t = tensors
-                .get(&name)
-                .ok_or_else(|| ModelError::MissingTensor {
-                    name: name.clone(),
-                    source_desc: source_desc.to_string(),
-                })?;
-            if t.dims() != shape.as_slice() {
-                return Err(ModelError::ShapeMismatch {
-                    name,
-                    expected: shape,
-                    found: t.dims().to_vec(),
-                });
-            }
-            data.insert(name, Var::from_tensor(&t.detach().contiguous()?)?);
-        }
-    }
-    Ok(varmap)
+    crate::model::weights::varmap_of_shapes(shapes, tensors, source_desc)
 }
 
 /// The base weights with the adapters folded in: `W + (alpha / rank) · B A` for every adapted

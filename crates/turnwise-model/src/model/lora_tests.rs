@@ -417,25 +417,9 @@ fn lora_peft_loads_the_adapters_with_the_same_logits() {
     use crate::model::weights::export_hf;
     use std::process::Command;
 
-    let python = std::env::var("TURNWISE_PYTHON").unwrap_or_else(|_| "python3".into());
-    match Command::new(&python)
-        .args(["-c", "import peft, transformers, torch"])
-        .output()
-    {
-        Ok(o) if o.status.success() => {}
-        Ok(o) => {
-            let err = String::from_utf8_lossy(&o.stderr);
-            eprintln!(
-                "skipped: {python} cannot import peft, transformers and torch ({})",
-                err.lines().last().unwrap_or("")
-            );
-            return;
-        }
-        Err(e) => {
-            eprintln!("skipped: cannot run {python}: {e}");
-            return;
-        }
-    }
+    let Some(python) = crate::python_check::python_with("peft, transformers, torch") else {
+        return;
+    };
     let mut cfg = ModelConfig::tiny_qwen2(96);
     cfg.initializer_range = 0.3;
     cfg.tie_word_embeddings = false;

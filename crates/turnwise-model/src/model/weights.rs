@@ -53,10 +53,20 @@ pub fn varmap_from_tensors(
     tensors: &HashMap<String, Tensor>,
     source_desc: &str,
 ) -> Result<VarMap> {
+    varmap_of_shapes(config.parameter_shapes(), tensors, source_desc)
+}
+
+/// A `VarMap` holding a copy of each of `shapes` taken from `tensors`; errors name any missing
+/// tensor (in `source_desc`) or shape mismatch.
+pub fn varmap_of_shapes(
+    shapes: Vec<(String, Vec<usize>)>,
+    tensors: &HashMap<String, Tensor>,
+    source_desc: &str,
+) -> Result<VarMap> {
     let varmap = VarMap::new();
     {
         let mut data = varmap.data().lock().unwrap_or_else(|e| e.into_inner());
-        for (name, shape) in config.parameter_shapes() {
+        for (name, shape) in shapes {
             let t = tensors
                 .get(&name)
                 .ok_or_else(|| ModelError::MissingTensor {
