@@ -801,6 +801,13 @@ fn print_summary(s: &turnwise::pipeline::RunSummary, quiet: bool) {
         .map(|r| r.n)
         .next()
         .unwrap_or(0);
+    for (k, r) in &s.base {
+        println!(
+            "starting model, {k}-shot: test EM greedy {} (n={})",
+            pct(&Some(r.clone())),
+            r.n
+        );
+    }
     let v = &s.validation;
     let game = [&s.after_greedy, &s.before_greedy]
         .into_iter()

@@ -56,6 +56,9 @@ pub struct RunSummary {
     /// The same evaluations on the validation split (whose curve `eval.every` extends during
     /// RL); empty when the task has no validation questions.
     pub validation: SplitEvaluations,
+    /// Greedy test evaluations of the starting model before the warm start, one per entry of
+    /// `eval.base_shots`: `(shots, result)`.
+    pub base: Vec<(usize, EvalResult)>,
     /// Seconds of the warm start (with the rejection-sampling fine-tuning when enabled).
     pub sft_seconds: f64,
     /// Seconds of the RL phase.
@@ -155,6 +158,9 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
             cfg.preset
         ),
     );
+
+    // The starting model before any training, zero- and few-shot (`eval.base_shots`).
+    evaluate_base(&mut trainer, &cfg, &mut log, quiet)?;
 
     // Warm start.
     let t_sft = Instant::now();
@@ -486,6 +492,50 @@ fn evaluate(
     Ok((g, s))
 }
 
+/// The mode name of the starting model's greedy evaluation with `shots` solved examples in the
+/// prompt (`eval/test/base_{shots}shot/…`).
+pub fn base_mode(shots: usize) -> String {
+    format!("base_{shots}shot")
+}
+
+/// Greedy evaluations of the starting model (before the warm start) on the first
+/// `eval.questions` test questions, once per entry of `eval.base_shots`: with that many of the
+/// oracle's solved training questions shown before each question (0: zero-shot). Logged at
+/// step 0 under `eval/test/base_{k}shot/…`; the prompts go back to zero-shot afterwards.
+fn evaluate_base(
+    t: &mut Trainer,
+    cfg: &TrainConfig,
+    log: &mut MetricsWriter,
+    quiet: bool,
+) -> Result<()> {
+    if cfg.eval.base_shots.is_empty() {
+        return Ok(());
+    }
+    if t.task.questions(Split::Test).is_empty() {
+        tracing::warn!("the test split has no questions: eval.base_shots is skipped");
+        return Ok(());
+    }
+    for &k in &cfg.eval.base_shots {
+        let t0 = Instant::now();
+        let examples = t
+            .task
+            .few_shot_examples(k)
+            .context("eval.base_shots: the few-shot examples")?;
+        t.task.set_examples(examples);
+        let r = t.evaluate(Split::Test, cfg.eval.questions, 0.0, cfg.seed ^ 0xe);
+        t.task.set_examples(Vec::new());
+        let r = r?;
+        say(
+            quiet,
+            eval_line(&format!("starting model {k}-shot greedy"), &r),
+        );
+        let mut m = r.to_metrics(&eval_prefix(Split::Test, &base_mode(k)));
+        m.insert(EVAL_SECONDS.into(), t0.elapsed().as_secs_f64());
+        log.write(0, "eval", &m)?;
+    }
+    Ok(())
+}
+
 /// The RL steps from the trainer's step to `run.steps`, each logged, sampled and (every
 /// `run.save_every` and at the end) checkpointed; validation every `eval.every` steps and the
 /// final evaluations of both splits happen before the checkpoint of their step, so that
@@ -637,6 +687,12 @@ fn summary_from_log(dir: &RunDir, cfg: &TrainConfig) -> Result<RunSummary> {
             after_greedy: at(end, Split::Validation, "greedy"),
             after_sampled: at(end, Split::Validation, "sampled"),
         },
+        base: cfg
+            .eval
+            .base_shots
+            .iter()
+            .filter_map(|&k| Some((k, at(0, Split::Test, &base_mode(k))?)))
+            .collect(),
         sft_seconds,
         rl_seconds,
         total_seconds,

@@ -187,6 +187,8 @@ pub struct Prompter {
     instruction: PromptTemplate,
     custom: Option<ChatTemplate>,
     chat: Option<ChatTemplate>,
+    /// Solved examples shown before the question (few-shot prompting; empty: zero-shot).
+    examples: Vec<String>,
 }
 
 impl std::fmt::Debug for Prompter {
@@ -224,7 +226,20 @@ impl Prompter {
             instruction: PromptTemplate::SearchR1,
             custom,
             chat,
+            examples: Vec::new(),
         })
+    }
+
+    /// Shows `examples` (solved questions, each a question and its whole transcript, see
+    /// [`few_shot_example`]) in every prompt from now on, before the question; an empty list
+    /// goes back to zero-shot prompts.
+    pub fn set_examples(&mut self, examples: Vec<String>) {
+        self.examples = examples;
+    }
+
+    /// The solved examples every prompt shows (empty: zero-shot).
+    pub fn examples(&self) -> &[String] {
+        &self.examples
     }
 
     /// The instruction `template = "auto"` gives a chat model: the verifiers instruction for
@@ -290,12 +305,35 @@ impl Prompter {
             PromptTemplate::Verifiers => verifiers_prompt(question),
             PromptTemplate::Builtin | PromptTemplate::Auto => builtin_prompt(question),
         };
+        let user = with_examples(&user, &self.examples);
         match &self.chat {
             Some(chat) => Ok(chat
                 .render(&[ChatMessage::new("user", user)], true)
                 .context("rendering the chat template")?),
             None => Ok(user),
         }
+    }
+}
+
+/// One solved example of a few-shot prompt: the question and the agent's whole response
+/// (its turns and the observations between them), as the model would write and read them.
+pub fn few_shot_example(question: &str, response: &str) -> String {
+    format!("Question: {}\n{}", question.trim(), response.trim())
+}
+
+/// `user` with the solved `examples` placed before its question: before the last
+/// `Question: ` of an instruction prompt (Search-R1's, the verifiers'), else at the start.
+fn with_examples(user: &str, examples: &[String]) -> String {
+    if examples.is_empty() {
+        return user.to_string();
+    }
+    let block = format!(
+        "Here are solved examples.\n\n{}\n\nNow the new question. ",
+        examples.join("\n\n")
+    );
+    match user.rfind("Question: ") {
+        Some(i) => format!("{}{block}{}", &user[..i], &user[i..]),
+        None => format!("{block}{user}"),
     }
 }
 

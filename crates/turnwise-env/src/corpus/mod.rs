@@ -13,6 +13,7 @@
 //! Every parse error names the file and the 1-based line number.
 
 pub mod wiki;
+pub mod wiki_questions;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};

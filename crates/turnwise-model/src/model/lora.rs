@@ -68,6 +68,11 @@ pub struct LoraConfig {
     pub dropout: f64,
     /// The adapted layers, by Hugging Face module name (a subset of [`LORA_TARGETS`]).
     pub target_modules: Vec<String>,
+    /// PEFT's `layers_to_transform`: the indices of the decoder layers that get adapters
+    /// (`None`: every layer). Adapting only the top layers also shortens the backward pass,
+    /// which then stops at the lowest adapted layer.
+    #[serde(default)]
+    pub layers_to_transform: Option<Vec<usize>>,
 }
 
 impl Default for LoraConfig {
@@ -77,6 +82,7 @@ impl Default for LoraConfig {
             alpha: DEFAULT_ALPHA,
             dropout: 0.0,
             target_modules: DEFAULT_TARGET_MODULES.map(String::from).to_vec(),
+            layers_to_transform: None,
         }
     }
 }
@@ -121,7 +127,48 @@ impl LoraConfig {
                 return Err(invalid("target_modules", format!("`{m}` is named twice")));
             }
         }
+        if let Some(layers) = &self.layers_to_transform {
+            if layers.is_empty() {
+                return Err(invalid("layers_to_transform", "names no layer"));
+            }
+            for (i, l) in layers.iter().enumerate() {
+                if layers[..i].contains(l) {
+                    return Err(invalid(
+                        "layers_to_transform",
+                        format!("layer {l} is named twice"),
+                    ));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// [`LoraConfig::validate`], and every layer of `layers_to_transform` exists in `model`.
+    pub fn validate_for(&self, model: &ModelConfig) -> Result<()> {
+        self.validate()?;
+        if let Some(l) = self
+            .layers_to_transform
+            .iter()
+            .flatten()
+            .find(|&&l| l >= model.num_hidden_layers)
+        {
+            return Err(invalid(
+                "layers_to_transform",
+                format!(
+                    "layer {l} does not exist: the model has {} layers (0 to {})",
+                    model.num_hidden_layers,
+                    model.num_hidden_layers.saturating_sub(1)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether decoder layer `i` gets adapters.
+    pub fn transforms_layer(&self, i: usize) -> bool {
+        self.layers_to_transform
+            .as_ref()
+            .is_none_or(|l| l.contains(&i))
     }
 
     /// The scale `alpha / rank` of the adapters' output.
@@ -139,7 +186,7 @@ impl LoraConfig {
     pub fn adapted_layers(&self, model: &ModelConfig) -> Vec<(String, usize, usize)> {
         let shapes: HashMap<String, Vec<usize>> = model.parameter_shapes().into_iter().collect();
         let mut out = Vec::new();
-        for i in 0..model.num_hidden_layers {
+        for i in (0..model.num_hidden_layers).filter(|&i| self.transforms_layer(i)) {
             for m in LORA_TARGETS {
                 if !self.targets(m) {
                     continue;
@@ -196,7 +243,7 @@ impl LoraConfig {
             "use_rslora": false,
             "use_dora": false,
             "modules_to_save": null,
-            "layers_to_transform": null,
+            "layers_to_transform": self.layers_to_transform,
             "layers_pattern": null,
             "rank_pattern": {},
             "alpha_pattern": {},
@@ -268,11 +315,44 @@ impl LoraConfig {
             }
             _ => return Err(invalid("target_modules", "missing")),
         };
+        let layers_to_transform = match field("layers_to_transform") {
+            None => None,
+            Some(Value::Array(a)) => Some(
+                a.iter()
+                    .map(|l| {
+                        l.as_u64()
+                            .map(|l| l as usize)
+                            .ok_or_else(|| invalid("layers_to_transform", "holds a non-integer"))
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+            Some(Value::Number(n)) => Some(vec![
+                n.as_u64()
+                    .ok_or_else(|| invalid("layers_to_transform", "is not a layer index"))?
+                    as usize,
+            ]),
+            Some(other) => {
+                return Err(invalid(
+                    "layers_to_transform",
+                    format!("expected a list of layer indices, got {other}"),
+                ));
+            }
+        };
+        if let Some(p) = field("layers_pattern")
+            && p != "layers"
+            && p.as_array().is_none_or(|a| a.iter().any(|x| x != "layers"))
+        {
+            return Err(invalid(
+                "layers_pattern",
+                format!("unsupported value {p} (the decoder layers are `layers`)"),
+            ));
+        }
         let c = Self {
             rank,
             alpha,
             dropout,
             target_modules,
+            layers_to_transform,
         };
         c.validate()?;
         Ok(c)
@@ -289,7 +369,7 @@ pub fn init_adapters(
     device: &Device,
     seed: u64,
 ) -> Result<VarMap> {
-    lora.validate()?;
+    lora.validate_for(model)?;
     let mut shapes = lora.adapter_shapes(model);
     shapes.sort();
     let mut rng = TurnRng::seed_from_u64(seed);

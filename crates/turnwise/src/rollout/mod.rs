@@ -37,6 +37,8 @@ pub struct Policy<'a> {
     pub tokenizer: &'a TextTokenizer,
     /// Tokens that end a turn.
     pub stop_ids: &'a [u32],
+    /// Texts that end a turn (closing tags that are not single tokens of the tokenizer).
+    pub stop_strings: &'a [String],
     /// Inference servers that generate the turns instead of `model` (chains without rollout
     /// control only).
     pub remote: Option<&'a remote::RemoteBackend>,
@@ -894,8 +896,14 @@ fn generate_turns(
             .collect());
     }
     if !control.needs_signal() {
-        let completions =
-            generate(policy.model, contexts, seeds, params, None).context("sampling a turn")?;
+        let completions = generate(
+            policy.model,
+            contexts,
+            seeds,
+            params,
+            Some(policy.tokenizer),
+        )
+        .context("sampling a turn")?;
         return Ok(completions
             .into_iter()
             .map(|completion| TurnOutput {
@@ -908,7 +916,11 @@ fn generate_turns(
             })
             .collect());
     }
-    let mut engine = SamplingEngine::new(policy.model, None, EngineConfig { max_batch_size: 0 });
+    let mut engine = SamplingEngine::new(
+        policy.model,
+        Some(policy.tokenizer),
+        EngineConfig { max_batch_size: 0 },
+    );
     let seq_params = SequenceParams {
         sampling: params.clone(),
         max_generated_tokens: None,
@@ -1034,7 +1046,7 @@ pub fn step_turn_with(
         top_k: decoding.top_k,
         max_new_tokens: decoding.max_turn_tokens.min(room),
         stop_token_ids: policy.stop_ids.to_vec(),
-        stop_strings: Vec::new(),
+        stop_strings: policy.stop_strings.to_vec(),
         top_logprobs: 0,
     };
     let mut outs = generate_turns(policy, &contexts, &seeds, &params, control)?;

@@ -27,7 +27,9 @@ use turnwise_env::client::{
 use turnwise_model::sampling::{Completion, FinishReason, SamplingParams};
 
 use crate::config::{RemoteConfig, RemoteProtocol};
-use crate::serve::protocol::{GenerateOutput, GenerateRequest, IdsInput, SglSamplingParams};
+use crate::serve::protocol::{
+    GenerateOutput, GenerateRequest, IdsInput, OneOrMany, SglSamplingParams,
+};
 
 /// The marker file of a complete weights folder.
 pub const STABLE_FILE: &str = "STABLE";
@@ -170,7 +172,9 @@ impl RemoteBackend {
                         top_p: p.top_p,
                         top_k: if p.top_k == 0 { -1 } else { p.top_k as i64 },
                         stop_token_ids: p.stop_token_ids.clone(),
-                        // The turn ends at the policy's stop tokens only, as locally.
+                        stop: (!p.stop_strings.is_empty())
+                            .then(|| OneOrMany::Many(p.stop_strings.clone())),
+                        // The turn ends at the policy's stop tokens and texts only, as locally.
                         ignore_eos: true,
                         skip_special_tokens: false,
                         no_stop_trim: true,
@@ -227,6 +231,7 @@ impl RemoteBackend {
                     "ignore_eos": true,
                     "skip_special_tokens": false,
                     "include_stop_str_in_output": true,
+                    "stop": p.stop_strings,
                     "logprobs": 0,
                     "return_tokens_as_token_ids": true,
                     "return_token_ids": true,

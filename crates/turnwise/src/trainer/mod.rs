@@ -71,6 +71,8 @@ pub struct Trainer {
     /// checkpoint), which checkpoints and exports carry over; empty for a fresh model.
     pub hf_meta: HfMetadata,
     stop_ids: Vec<u32>,
+    /// Closing tags that are not single tokens: turns end when their text contains one.
+    stop_strings: Vec<String>,
     consecutive_bad: usize,
     /// Consecutive steps whose critic update skipped every mini-batch (non-finite loss or
     /// gradient); `optim.max_bad_updates` of them stop the run.
@@ -273,6 +275,7 @@ impl Trainer {
             )?,
         };
         let stop_ids = stop_token_ids(&tokenizer, config.task.format);
+        let stop_strings = crate::task::stop_strings(&tokenizer, config.task.format);
         let rng = TurnRng::seed_from_u64(config.seed ^ 0x7475_726e);
         let remote = match config.rollout.backend {
             crate::config::RolloutBackend::Local => None,
@@ -306,6 +309,7 @@ impl Trainer {
             kl_ctrl,
             hf_meta: HfMetadata::default(),
             stop_ids,
+            stop_strings,
             consecutive_bad: 0,
             consecutive_bad_critic: 0,
             remote,
@@ -319,6 +323,7 @@ impl Trainer {
             model: &self.sampler,
             tokenizer: &self.tokenizer,
             stop_ids: &self.stop_ids,
+            stop_strings: &self.stop_strings,
             remote: self.remote.as_ref(),
             version: self.step,
         }
