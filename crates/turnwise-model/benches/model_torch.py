@@ -4,14 +4,21 @@
 Builds the two Qwen2-style sizes of the Rust benchmark with `transformers` (fp32, CPU) and
 measures training tokens/s (forward, backward of -mean log-prob - 0.001 mean entropy, global-norm
 clipping, one torch AdamW step; batch 8 x 256) and sampling tokens/s (16-token prompts, 64 new
-tokens, temperature 1, hand-written KV-cache loop, batch 1 / 8 / 64). Prints one JSON line:
+tokens, temperature 1, hand-written KV-cache loop, batch 1 / 8 / 64). With `--smollm2 FILE`, also
+SmolLM2-135M-Instruct loaded from that GGUF file (`from_pretrained(dir, gguf_file=...)`, which
+dequantizes with the `gguf` package, in fp32): the same work, training on a batch of 4 x 128.
+Prints one JSON line:
 
-    {"A": {"train": tok_s, "sample_1": tok_s, ...}, "B": {...}, "info": "..."}
+    {"A": {"train": tok_s, "sample_1": tok_s, ...}, "B": {...}, "SmolLM2": {...}, "info": "..."}
 
-Usage: python3 model_torch.py [--quick]. Threads: $RAYON_NUM_THREADS if set, else 2.
+where "SmolLM2" is {"error": "..."} when the model could not be loaded or run.
+
+Usage: python3 model_torch.py [--quick] [--smollm2 FILE]. Threads: $RAYON_NUM_THREADS if set,
+else 2.
 """
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -22,6 +29,7 @@ import transformers
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 TRAIN_BATCH, TRAIN_LEN = 8, 256
+SMOL_TRAIN_BATCH, SMOL_TRAIN_LEN = 4, 128
 PROMPT_LEN, NEW_TOKENS = 16, 64
 SAMPLE_BATCHES = (1, 8, 64)
 SIZES = {
@@ -54,17 +62,19 @@ def logp_and_entropy(logits, targets):
     return logp, ent
 
 
-def train_tok_s(cfg, steps):
+def fresh_model(cfg):
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(cfg).float()
+    return Qwen2ForCausalLM(cfg).float()
+
+
+def train_tok_s(model, steps, batch=TRAIN_BATCH, length=TRAIN_LEN):
+    vocab = model.config.vocab_size
     model.train()
     opt = torch.optim.AdamW(
         model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1
     )
-    n = TRAIN_BATCH * (TRAIN_LEN + 1)
-    toks = torch.tensor([(i * 7919 + 13) % cfg.vocab_size for i in range(n)]).view(
-        TRAIN_BATCH, TRAIN_LEN + 1
-    )
+    n = batch * (length + 1)
+    toks = torch.tensor([(i * 7919 + 13) % vocab for i in range(n)]).view(batch, length + 1)
     ids, targets = toks[:, :-1].contiguous(), toks[:, 1:].contiguous()
     times = []
     for step in range(steps + 1):
@@ -78,15 +88,15 @@ def train_tok_s(cfg, steps):
         opt.step()
         if step > 0:
             times.append(time.perf_counter() - t0)
-    return TRAIN_BATCH * TRAIN_LEN / statistics.median(times)
+    return batch * length / statistics.median(times)
 
 
 @torch.inference_mode()
-def sample_tok_s(cfg, batch, reps):
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(cfg).float().eval()
+def sample_tok_s(model, batch, reps):
+    vocab = model.config.vocab_size
+    model.eval()
     prompts = torch.tensor(
-        [[(b * 131 + i * 17 + 1) % cfg.vocab_size for i in range(PROMPT_LEN)] for b in range(batch)]
+        [[(b * 131 + i * 17 + 1) % vocab for i in range(PROMPT_LEN)] for b in range(batch)]
     )
     times = []
     for rep in range(reps + 1):
@@ -114,9 +124,24 @@ def sample_tok_s(cfg, batch, reps):
     return batch * NEW_TOKENS / statistics.median(times)
 
 
+def smollm2(path, train_steps, reps):
+    """The SmolLM2 figures: sampling on the loaded model, training on a copy of it."""
+    from transformers import AutoModelForCausalLM
+
+    d, name = os.path.split(os.path.abspath(path))
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    r = {}
+    for b in SAMPLE_BATCHES:
+        r[f"sample_{b}"] = sample_tok_s(model, b, reps)
+    r["train"] = train_tok_s(copy.deepcopy(model), train_steps, SMOL_TRAIN_BATCH, SMOL_TRAIN_LEN)
+    return r
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--smollm2", metavar="FILE", help="SmolLM2-135M-Instruct GGUF file")
     args = ap.parse_args()
     threads = int(os.environ.get("RAYON_NUM_THREADS") or 2)
     torch.set_num_threads(threads)
@@ -124,10 +149,15 @@ def main():
     result = {}
     for name, s in SIZES.items():
         cfg = config(s)
-        r = {"train": train_tok_s(cfg, train_steps)}
+        r = {"train": train_tok_s(fresh_model(cfg), train_steps)}
         for b in SAMPLE_BATCHES:
-            r[f"sample_{b}"] = sample_tok_s(cfg, b, reps)
+            r[f"sample_{b}"] = sample_tok_s(fresh_model(cfg), b, reps)
         result[name] = r
+    if args.smollm2:
+        try:
+            result["SmolLM2"] = smollm2(args.smollm2, train_steps, reps)
+        except Exception as e:  # noqa: BLE001 - reported in the table instead of failing the run
+            result["SmolLM2"] = {"error": f"{type(e).__name__}: {e}"}
     result["info"] = (
         f"torch {torch.__version__}, transformers {transformers.__version__}, "
         f"{threads} threads, fp32, attention {cfg._attn_implementation}"
