@@ -1,6 +1,7 @@
 //! LLM-judge turn rewards in training (`[judge]`): the judge's per-turn scores become the turn
 //! rewards the step trains on, verdicts are cached, a failing judge falls back to the rules or
-//! stops the step naming the judge, and `judge.serve` serves a model inside the run.
+//! stops the step naming the judge, and `judge.serve` serves a model inside the run whose
+//! choice-mode verdicts (`guided_choice` after a prefilled score block) are the turn rewards.
 
 mod common;
 
@@ -172,18 +173,38 @@ fn fixture() -> PathBuf {
         .join("../turnwise-model/src/checkpoint/fixtures/gguf/tiny-llama.gguf")
 }
 
+/// The tiny GGUF fixture with its context length raised from 256 to 8192 tokens (its RoPE
+/// positions are computed, not learned), so that the rubric prompt (a few thousand tokens of
+/// its 301-token vocabulary) fits; the weights are the fixture's.
+fn long_context_fixture(dir: &Path) -> PathBuf {
+    let mut bytes = std::fs::read(fixture()).unwrap();
+    let key = b"llama.context_length";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    assert_eq!(&bytes[at..at + 4], &4u32.to_le_bytes(), "a GGUF uint32");
+    assert_eq!(&bytes[at + 4..at + 8], &256u32.to_le_bytes());
+    bytes[at + 4..at + 8].copy_from_slice(&8192u32.to_le_bytes());
+    let path = dir.join("tiny-llama-8k.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
 #[test]
 fn the_judge_preset_serves_its_judge_inside_the_run() {
     // mt-ppo-judge serves SmolLM2-135M-Instruct; here the tiny GGUF fixture stands in (the
-    // preset test does the same). A random 3-layer model writes no verdict, so every rollout
-    // falls back to the rules; what is checked is the path: the run starts the server, the
-    // judge requests reach it through its chat template, and the step survives.
-    let sets = judged(&[format!("judge.serve=\"{}\"", fixture().display())]);
+    // preset test does the same). The preset asks in choice mode, so even a random 3-layer
+    // model's verdicts parse: every rollout is judged, one request per turn.
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = long_context_fixture(tmp.path());
+    let sets = judged(&[format!("judge.serve=\"{}\"", gguf.display())]);
     let cfg = TrainConfig::resolve(Some("mt-ppo-judge"), None, &sets).unwrap();
     assert!(cfg.judge.enabled);
+    assert_eq!(cfg.judge.mode, turnwise::config::JudgeMode::Choice);
     let mut t = trainer("mt-ppo-judge", &sets);
     let out = t.rl_step().unwrap();
     assert_eq!(out.metrics["judge/episodes"], out.episodes.len() as f64);
+    assert_eq!(out.metrics["judge/failures"], 0.0, "{:?}", out.metrics);
+    let turns: usize = out.episodes.iter().map(|e| e.trajectory.num_turns()).sum();
+    assert_eq!(out.metrics["judge/requests"], turns as f64);
     assert!(out.metrics["timing_s/judge"] > 0.0);
 
     // The judge settings are checked by name.
@@ -199,4 +220,116 @@ fn the_judge_preset_serves_its_judge_inside_the_run() {
             .to_string();
         assert!(e.contains(field), "{set}: {e}");
     }
+}
+
+/// The verdicts in a choice-mode cache: per rubric prompt (the user message), the scores
+/// picked turn by turn, rebuilt from the prefilled score blocks and the replies.
+fn cached_verdicts(dir: &Path) -> Vec<(String, Vec<String>)> {
+    let mut by_prompt: std::collections::BTreeMap<String, Vec<Vec<String>>> = Default::default();
+    for f in std::fs::read_dir(dir).unwrap() {
+        let entry: Value =
+            serde_json::from_str(&std::fs::read_to_string(f.unwrap().path()).unwrap()).unwrap();
+        let req = &entry["request"];
+        assert_eq!(req["continue_final_message"], true);
+        assert_eq!(req["add_generation_prompt"], false);
+        let prompt = req["messages"][0]["content"].as_str().unwrap().to_string();
+        let prefill = req["messages"][1]["content"].as_str().unwrap();
+        let reply = entry["content"].as_str().unwrap().to_string();
+        let choices: Vec<&str> = req["guided_choice"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_str().unwrap())
+            .collect();
+        assert!(
+            choices.contains(&reply.as_str()),
+            "{reply:?} not in {choices:?}"
+        );
+        // "<score>\nTurn1: a\nTurn2: b\nTurn3: " → [a, b], then the reply.
+        let mut picked: Vec<String> = prefill
+            .strip_prefix("<score>\n")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_once(": ").map(|(_, v)| v.to_string()))
+            .filter(|v| !v.is_empty())
+            .collect();
+        picked.push(reply);
+        by_prompt.entry(prompt).or_default().push(picked);
+    }
+    by_prompt
+        .into_iter()
+        .map(|(p, mut chains)| {
+            chains.sort_by_key(Vec::len);
+            let full = chains.last().unwrap().clone();
+            for c in &chains {
+                assert_eq!(&full[..c.len()], &c[..], "one chain per prompt");
+            }
+            (p, full)
+        })
+        .collect()
+}
+
+#[test]
+fn a_served_judge_in_choice_mode_scores_the_turns_the_step_trains_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("verdicts");
+    let gguf = long_context_fixture(tmp.path());
+    let served = [
+        format!("judge.serve=\"{}\"", gguf.display()),
+        "judge.model=\"tiny-judge\"".to_string(),
+        format!("judge.cache_dir=\"{}\"", cache.display()),
+    ];
+    let mut sets = judged(&served);
+    sets.push("judge.mode=\"choice\"".into());
+    let mut t = trainer("mt-ppo", &sets);
+    let mut agreement = Vec::new();
+    for _step in 0..2 {
+        let out = t.rl_step().unwrap();
+        let m = &out.metrics;
+        assert_eq!(m["judge/episodes"], out.episodes.len() as f64);
+        assert_eq!(m["judge/failures"], 0.0, "every episode judged: {m:?}");
+        let turns: usize = out.episodes.iter().map(|e| e.trajectory.num_turns()).sum();
+        assert_eq!(
+            m["judge/requests"] + m["judge/cache_hits"],
+            turns as f64,
+            "one request per turn"
+        );
+        let verdicts = cached_verdicts(&cache);
+        for e in &out.episodes {
+            let block: String = e
+                .turn_texts
+                .iter()
+                .enumerate()
+                .map(|(k, (g, o))| format!("Turn{}:\n{g}{}\n\n", k + 1, o.as_deref().unwrap_or("")))
+                .collect();
+            let key = format!("### Multi-turn response\n{block}### Ground truth");
+            let mine: Vec<Vec<f64>> = verdicts
+                .iter()
+                .filter(|(p, v)| p.contains(&key) && v.len() == e.turn_texts.len())
+                .map(|(_, v)| v.iter().map(|s| s.parse().unwrap()).collect())
+                .collect();
+            assert!(!mine.is_empty(), "no verdict for {}", e.trajectory.id);
+            assert!(
+                mine.contains(&e.trajectory.turn_rewards),
+                "{}: trained on {:?}, the judge picked {mine:?}",
+                e.trajectory.id,
+                e.trajectory.turn_rewards
+            );
+        }
+        agreement.push(m["judge/rubric_agreement"]);
+    }
+    assert!(
+        agreement.iter().any(|&a| a < 1.0),
+        "the judge differs from the rules somewhere: {agreement:?}"
+    );
+
+    // Ablation: the same run asking for free-text verdicts falls back to the rules (the same
+    // prompt fits, as choice mode showed: what fails is parsing the random model's reply).
+    let mut free = judged(&served[..2]);
+    free.push("judge.mode=\"free\"".into());
+    free.push("judge.max_tokens=48".into());
+    let mut t = trainer("mt-ppo", &free);
+    let out = t.rl_step().unwrap();
+    assert!(out.metrics["judge/failures"] > 0.0, "{:?}", out.metrics);
+    assert_eq!(out.metrics["judge/requests"], out.episodes.len() as f64);
 }

@@ -520,3 +520,194 @@ fn malformed_requests_get_4xx_naming_the_field() {
     assert_eq!(s, 200);
     server.shutdown().unwrap();
 }
+
+fn contents(v: &Value) -> Vec<String> {
+    v["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["message"]["content"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn guided_choice_answers_one_of_the_choices_and_greedy_picks_the_likeliest() {
+    let server = start(1024);
+    let base = server.url();
+    let ch = format!("{base}/v1/chat/completions");
+    let choices = ["-1.0", "0.2", "0.25", "1.0"];
+    let mut seen = std::collections::BTreeSet::new();
+    for temperature in [0.0, 0.5, 1.0, 1.5] {
+        for seed in 0..4u64 {
+            let (status, v) = post(
+                &ch,
+                &json!({"messages": [{"role": "user", "content": "Score it."}],
+                        "guided_choice": choices, "temperature": temperature, "top_p": 0.95,
+                        "seed": seed, "n": 6, "max_tokens": 16}),
+            );
+            assert_eq!(status, 200, "{v}");
+            for (c, text) in v["choices"].as_array().unwrap().iter().zip(contents(&v)) {
+                assert!(choices.contains(&text.as_str()), "{text:?}");
+                assert_eq!(c["finish_reason"], "stop", "{c}");
+                seen.insert(text);
+            }
+        }
+    }
+    assert!(seen.len() >= 2, "sampling explores the choices: {seen:?}");
+    // vLLM's newer spelling, on /v1/completions too.
+    let (status, v) = post(
+        &format!("{base}/v1/completions"),
+        &json!({"prompt": PROMPT, "structured_outputs": {"choice": choices},
+                "temperature": 1.0, "n": 8, "seed": 3, "max_tokens": 16}),
+    );
+    assert_eq!(status, 200, "{v}");
+    for c in v["choices"].as_array().unwrap() {
+        assert!(choices.contains(&c["text"].as_str().unwrap()), "{c}");
+    }
+
+    // Greedy over single-token choices picks the choice of highest teacher-forced
+    // probability, and reports its log-prob under the constrained distribution (the softmax
+    // over the choices only).
+    let served = load_served(&fixture()).unwrap();
+    let tok = &served.tensors.tokenizer;
+    let single: Vec<(String, u32)> = ["a", "e", "t", "7", "x", "Q"]
+        .iter()
+        .filter_map(|s| match tok.encode(s).unwrap().as_slice() {
+            [id] => Some((s.to_string(), *id)),
+            _ => None,
+        })
+        .collect();
+    assert!(single.len() >= 4, "{single:?}");
+    let names: Vec<&str> = single.iter().map(|(s, _)| s.as_str()).collect();
+    let model = local_model();
+    for prompt in [PROMPT.to_vec(), vec![9, 8, 7], vec![120, 3, 44, 200, 5]] {
+        let (status, v) = post(
+            &format!("{base}/v1/completions"),
+            &json!({"prompt": prompt, "guided_choice": names, "temperature": 0,
+                    "max_tokens": 4, "logprobs": 0, "return_token_ids": true}),
+        );
+        assert_eq!(status, 200, "{v}");
+        let c = &v["choices"][0];
+        let logits = model.forward_sequence(&prompt).unwrap();
+        let last = logits
+            .get(prompt.len() - 1)
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let best = single
+            .iter()
+            .max_by(|a, b| last[a.1 as usize].total_cmp(&last[b.1 as usize]))
+            .unwrap();
+        assert_eq!(c["text"], best.0.as_str(), "{v}");
+        assert_eq!(ids(&c["token_ids"]), vec![best.1]);
+        let lse = single
+            .iter()
+            .map(|(_, t)| f64::from(last[*t as usize]))
+            .fold(0.0, |acc, x| acc + x.exp())
+            .ln();
+        let want = f64::from(last[best.1 as usize]) - lse;
+        let got = c["logprobs"]["token_logprobs"][0].as_f64().unwrap();
+        assert!((got - want).abs() < 1e-4, "{got} vs {want}");
+    }
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn continue_final_message_continues_the_assistant_text() {
+    let server = start(1024);
+    let ch = format!("{}/v1/chat/completions", server.url());
+    let served = load_served(&fixture()).unwrap();
+    let tok = &served.tensors.tokenizer;
+    let chat = served.tensors.meta.chat_template().unwrap().unwrap();
+    let prefill = "<score>\nTurn1: ";
+    let msgs = [
+        turnwise_model::tokenizer::ChatMessage::new("user", "Rate the turns."),
+        turnwise_model::tokenizer::ChatMessage::new("assistant", prefill),
+    ];
+    // The template rendered without the generation prompt, cut after the assistant's text.
+    let closed = chat.render(&msgs, false).unwrap();
+    let open = &closed[..closed.rfind(prefill).unwrap() + prefill.len()];
+    assert!(closed.len() > open.len(), "the template closes the message");
+    let body = json!({"messages": [{"role": "user", "content": "Rate the turns."},
+                                   {"role": "assistant", "content": prefill}],
+                      "continue_final_message": true, "add_generation_prompt": false,
+                      "return_token_ids": true, "temperature": 0, "max_tokens": 5});
+    let (status, v) = post(&ch, &body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(ids(&v["prompt_token_ids"]), tok.encode(open).unwrap());
+    // Without it the assistant message is closed and a new one opened.
+    let mut plain = body.clone();
+    plain
+        .as_object_mut()
+        .unwrap()
+        .remove("continue_final_message");
+    plain
+        .as_object_mut()
+        .unwrap()
+        .remove("add_generation_prompt");
+    let (_, p) = post(&ch, &plain);
+    assert_eq!(
+        ids(&p["prompt_token_ids"]),
+        tok.encode(&chat.render(&msgs, true).unwrap()).unwrap()
+    );
+    // With guided_choice: the judge's request shape.
+    let mut judged = body.clone();
+    judged["guided_choice"] = json!(["-1.0", "0.2", "1.0"]);
+    judged["temperature"] = json!(1.0);
+    judged["n"] = json!(8);
+    let (status, v) = post(&ch, &judged);
+    assert_eq!(status, 200, "{v}");
+    for text in contents(&v) {
+        assert!(["-1.0", "0.2", "1.0"].contains(&text.as_str()), "{text:?}");
+    }
+
+    // Bad values: 400 naming the field.
+    let user = json!([{"role": "user", "content": "hi"}]);
+    let asst = json!([{"role": "user", "content": "hi"},
+                      {"role": "assistant", "content": "Turn1: "}]);
+    let cases = [
+        (
+            json!({"messages": user, "continue_final_message": true,
+                   "add_generation_prompt": false}),
+            "continue_final_message",
+        ),
+        (
+            json!({"messages": asst, "continue_final_message": true}),
+            "continue_final_message",
+        ),
+        (
+            json!({"messages": user, "guided_choice": []}),
+            "guided_choice",
+        ),
+        (
+            json!({"messages": user, "guided_choice": ["0.2", "0.2"]}),
+            "guided_choice",
+        ),
+        (
+            json!({"messages": user, "guided_choice": ["", "1"]}),
+            "guided_choice",
+        ),
+        (
+            json!({"messages": user, "guided_choice": "0.2"}),
+            "guided_choice",
+        ),
+        (
+            json!({"messages": user, "guided_choice": ["1"],
+                   "structured_outputs": {"choice": ["2"]}}),
+            "guided_choice",
+        ),
+        (
+            json!({"messages": user, "structured_outputs": {"regex": "a+"}}),
+            "structured_outputs.regex",
+        ),
+    ];
+    for (body, field) in cases {
+        let (s, v) = post(&ch, &body);
+        assert_eq!(s, 400, "{body} → {v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(field), "{body}: {msg} should name {field}");
+    }
+    // A choice no tokens spell: the fixture's byte-level vocabulary spells any text, so this
+    // is checked on a word-level vocabulary in turnwise-model's choice tests.
+    server.shutdown().unwrap();
+}

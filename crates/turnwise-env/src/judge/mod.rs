@@ -13,8 +13,21 @@
 //! [`parse_turn_scores`]): the last `<score>…</score>` block if there is one, else the whole
 //! reply; numbers may carry markdown or extra words around them.
 //!
+//! Two ways to ask for the per-turn scores ([`JudgeMode`]):
+//!
+//! - **free**: one request per trajectory; the reply is free text, parsed as above. A small
+//!   model often writes no usable `<score>` block (SmolLM2-135M echoes the prompt).
+//! - **choice**: one request per turn, with vLLM's extensions: the rubric prompt as the user
+//!   message, then an assistant message holding the score block so far
+//!   (`<score>\nTurn1: 0.1\n…Turn{k}: `, [`score_prefill`]) continued by the model
+//!   (`continue_final_message: true`, `add_generation_prompt: false`) under
+//!   `guided_choice` = the scores the rubric can give that turn ([`turn_score_choices`]). The
+//!   reply is always one of them, and still the model's own pick. Needs a server with those
+//!   extensions (vLLM, `turnwise serve`).
+//!
 //! Requests go to `POST {base_url}/chat/completions` with
-//! `{"model", "messages", "temperature", "max_tokens"}` and read `choices[0].message.content`.
+//! `{"model", "messages", "temperature", "max_tokens"}` (plus the extensions above in choice
+//! mode) and read `choices[0].message.content`.
 //! The API key is read once from the environment variable named by
 //! [`JudgeConfig::api_key_env`] and sent as `Authorization: Bearer …`; it is never logged,
 //! never written to the cache and never part of an error message or `Debug` output.
@@ -24,10 +37,24 @@
 //! (model, messages, sampling settings), so re-judging the same trajectory costs nothing.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::client::{ClientConfig, Idempotency, error_chain, join_url, post_json};
+
+/// How [`LlmJudge::turn_scores`] asks for the per-turn scores (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JudgeMode {
+    /// One request per trajectory; the free-text reply is parsed.
+    #[default]
+    Free,
+    /// One request per turn, the reply constrained to the rubric's possible scores
+    /// (`guided_choice` after a prefilled score block, `continue_final_message`).
+    Choice,
+}
 
 /// Settings of an [`LlmJudge`].
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +73,8 @@ pub struct JudgeConfig {
     pub temperature: f64,
     /// Reply token limit, if any. Default 1024.
     pub max_tokens: Option<u32>,
+    /// How per-turn scores are asked for. Default [`JudgeMode::Free`].
+    pub mode: JudgeMode,
 }
 
 impl JudgeConfig {
@@ -59,6 +88,7 @@ impl JudgeConfig {
             cache_dir: None,
             temperature: 0.0,
             max_tokens: Some(1024),
+            mode: JudgeMode::Free,
         }
     }
 }
@@ -131,6 +161,14 @@ impl ChatMessage {
             content: content.into(),
         }
     }
+
+    /// An assistant message.
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self {
+            role: "assistant".into(),
+            content: content.into(),
+        }
+    }
 }
 
 /// A client of an OpenAI-compatible endpoint that scores trajectories with the App. C.3 rubrics.
@@ -139,6 +177,10 @@ pub struct LlmJudge {
     url: String,
     api_key: Option<String>,
     client: reqwest::blocking::Client,
+    /// Chat requests sent to the endpoint (cache hits excluded; a retried request counts once).
+    requests: AtomicUsize,
+    /// Chat requests answered from the cache.
+    cache_hits: AtomicUsize,
 }
 
 impl std::fmt::Debug for LlmJudge {
@@ -215,12 +257,30 @@ impl LlmJudge {
             config,
             api_key,
             client,
+            requests: AtomicUsize::new(0),
+            cache_hits: AtomicUsize::new(0),
         })
     }
 
     /// The chat-completions endpoint URL.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// How per-turn scores are asked for.
+    pub fn mode(&self) -> JudgeMode {
+        self.config.mode
+    }
+
+    /// Chat requests sent to the endpoint so far (answers from the cache excluded; a request
+    /// retried after a transient failure counts once).
+    pub fn requests_sent(&self) -> usize {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Chat requests answered from the cache so far.
+    pub fn cache_hits(&self) -> usize {
+        self.cache_hits.load(Ordering::Relaxed)
     }
 
     fn request_body(&self, messages: &[ChatMessage]) -> Value {
@@ -271,7 +331,11 @@ impl LlmJudge {
 
     fn write_cache(path: &Path, body: &Value, content: &str) -> Result<(), JudgeError> {
         let entry = json!({"request": body, "content": content});
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        // One temporary file per write: concurrent requests for the same entry (identical
+        // rollouts judged together) must not rename each other's file away.
+        static WRITES: AtomicUsize = AtomicUsize::new(0);
+        let n = WRITES.fetch_add(1, Ordering::Relaxed);
+        let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
         let io = |source| JudgeError::Cache {
             path: path.to_owned(),
             source,
@@ -282,14 +346,31 @@ impl LlmJudge {
 
     /// Sends `messages` and returns the reply text (from the cache when possible).
     pub fn chat(&self, messages: &[ChatMessage]) -> Result<String, JudgeError> {
-        let body = self.request_body(messages);
+        self.chat_with(messages, &serde_json::Map::new())
+    }
+
+    /// [`LlmJudge::chat`] with extra request fields (e.g. vLLM's `guided_choice`), which are
+    /// part of the cache key; they may not replace `model` or `messages`.
+    pub fn chat_with(
+        &self,
+        messages: &[ChatMessage],
+        extra: &serde_json::Map<String, Value>,
+    ) -> Result<String, JudgeError> {
+        let mut body = self.request_body(messages);
+        for (k, v) in extra {
+            if k != "model" && k != "messages" {
+                body[k] = v.clone();
+            }
+        }
         let cache = self.cache_path(&body);
         if let Some(path) = &cache
             && let Some(content) = Self::read_cache(path, &body)?
         {
             tracing::debug!(path = %path.display(), "judge cache hit");
+            self.cache_hits.fetch_add(1, Ordering::Relaxed);
             return Ok(content);
         }
+        self.requests.fetch_add(1, Ordering::Relaxed);
         let remote = |message: String| JudgeError::Remote {
             url: self.url.clone(),
             message,
@@ -339,20 +420,94 @@ impl LlmJudge {
         parse_outcome_score(&reply)
     }
 
-    /// Per-turn scores (one per turn, in order) of a multi-turn response.
+    /// Per-turn scores (one per turn, in order) of a multi-turn response, asked for as
+    /// [`JudgeConfig::mode`] says.
     pub fn turn_scores(
         &self,
         question: &str,
         ground_truth: &[String],
         turns: &[String],
     ) -> Result<Vec<f64>, JudgeError> {
-        let reply = self.chat(&[ChatMessage::user(turn_prompt(
-            question,
-            ground_truth,
-            turns,
-        ))])?;
-        parse_turn_scores(&reply, turns.len())
+        let prompt = turn_prompt(question, ground_truth, turns);
+        match self.config.mode {
+            JudgeMode::Free => {
+                let reply = self.chat(&[ChatMessage::user(prompt)])?;
+                parse_turn_scores(&reply, turns.len())
+            }
+            JudgeMode::Choice => self.turn_scores_by_choice(&prompt, turns.len()),
+        }
     }
+
+    /// [`JudgeMode::Choice`]: turn by turn, the model continues the score block so far with
+    /// one of the rubric's scores for that turn.
+    fn turn_scores_by_choice(&self, prompt: &str, n: usize) -> Result<Vec<f64>, JudgeError> {
+        let mut picked: Vec<String> = Vec::with_capacity(n);
+        let mut scores = Vec::with_capacity(n);
+        for k in 1..=n {
+            let choices = turn_score_choices(k, n);
+            let mut extra = serde_json::Map::new();
+            extra.insert("continue_final_message".into(), json!(true));
+            extra.insert("add_generation_prompt".into(), json!(false));
+            extra.insert("guided_choice".into(), json!(choices));
+            let reply = self.chat_with(
+                &[
+                    ChatMessage::user(prompt),
+                    ChatMessage::assistant(score_prefill(&picked)),
+                ],
+                &extra,
+            )?;
+            let value = reply.trim();
+            let score = choices
+                .iter()
+                .find(|c| c.as_str() == value)
+                .and_then(|c| c.parse::<f64>().ok())
+                .ok_or_else(|| JudgeError::Unparsable {
+                    expected: format!("Turn{k} as one of {}", choices.join(", ")),
+                    reply: truncate(&reply, 300),
+                })?;
+            picked.push(value.to_string());
+            scores.push(score);
+        }
+        Ok(scores)
+    }
+}
+
+/// The start of the judge's answer in [`JudgeMode::Choice`] before turn `picked.len() + 1`'s
+/// score: `<score>\nTurn1: {picked[0]}\n…Turn{k}: ` (the rubric's output format).
+pub fn score_prefill(picked: &[String]) -> String {
+    let mut out = String::from("<score>\n");
+    for (i, s) in picked.iter().enumerate() {
+        out.push_str(&format!("Turn{}: {s}\n", i + 1));
+    }
+    out.push_str(&format!("Turn{}: ", picked.len() + 1));
+    out
+}
+
+/// A score in tenths written as the rubric's `X.X` (`-0.3`, `0.0`, `1.0`).
+fn tenths(t: i32) -> String {
+    let sign = if t < 0 { "-" } else { "" };
+    format!("{sign}{}.{}", t.abs() / 10, t.abs() % 10)
+}
+
+/// The scores the rubric can give turn `k` (1-based) of `n`, as `X.X` strings: the final turn
+/// −1.0, 0.2 or 1.0; an intermediate turn format (+0.1 / −0.2) + information (0 / +0.3)
+/// − 0.1 × searches from turn 1 through turn `k` (0 to `k`, one per turn), kept within the
+/// rubric's range [−1.0, 1.0]; from the highest to the lowest.
+pub fn turn_score_choices(k: usize, n: usize) -> Vec<String> {
+    if k == n {
+        return ["-1.0", "0.2", "1.0"].map(String::from).to_vec();
+    }
+    let mut t: Vec<i32> = Vec::new();
+    for format in [1, -2] {
+        for info in [0, 3] {
+            for searches in 0..=k as i32 {
+                t.push((format + info - searches).clamp(-10, 10));
+            }
+        }
+    }
+    t.sort_unstable_by(|a, b| b.cmp(a));
+    t.dedup();
+    t.into_iter().map(tenths).collect()
 }
 
 fn evaluation_data(question: &str, ground_truth: &[String], turns: &[String]) -> String {
@@ -628,6 +783,30 @@ mod tests {
         assert!(p.contains("Turn2:\n<think>b</think>"));
         let p = outcome_prompt("Capital of France?", &["Paris".into()], &turns);
         assert!(p.contains("exceeds 5 tokens") && p.contains("### Ground truth\nParis"));
+    }
+
+    #[test]
+    fn choice_mode_asks_for_the_rubrics_scores() {
+        assert_eq!(turn_score_choices(3, 3), vec!["-1.0", "0.2", "1.0"]);
+        // Turn 1: format ±, information 0/0.3, 0 or 1 search.
+        assert_eq!(
+            turn_score_choices(1, 3),
+            vec!["0.4", "0.3", "0.1", "0.0", "-0.2", "-0.3"]
+        );
+        let t2 = turn_score_choices(2, 3);
+        assert_eq!(t2.first().unwrap(), "0.4");
+        assert_eq!(t2.last().unwrap(), "-0.4");
+        assert!(t2.contains(&"0.2".to_string()) && !t2.contains(&"-0.0".to_string()));
+        // Far into a long episode the range stops at -1.0.
+        assert_eq!(turn_score_choices(12, 13).last().unwrap(), "-1.0");
+        assert_eq!(score_prefill(&[]), "<score>\nTurn1: ");
+        assert_eq!(
+            score_prefill(&["0.1".into(), "-0.2".into()]),
+            "<score>\nTurn1: 0.1\nTurn2: -0.2\nTurn3: "
+        );
+        // The prefilled block with the last score parses like a free reply.
+        let done = format!("{}0.2\n</score>", score_prefill(&["0.1".into()]));
+        assert_eq!(parse_turn_scores(&done, 2).unwrap(), vec![0.1, 0.2]);
     }
 
     #[test]

@@ -68,10 +68,12 @@
 //! ```
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 
+use super::choice::{ChoiceConstraint, TokenPieces};
 use super::{FinishReason, SamplingParams, TokenDraw, forced_row, sample_row, stop_string_hit};
 use crate::error::{ModelError, Result};
 use crate::model::cache::LayerKv;
@@ -130,6 +132,12 @@ pub struct SequenceParams {
     /// reported as 0).
     #[serde(default = "default_top_j")]
     pub confidence_top_j: usize,
+    /// Constrained decoding by choice (vLLM's `guided_choice`, [`super::choice`]): each turn's
+    /// output must be exactly one of these strings (`None`: unconstrained). Needs the engine's
+    /// tokenizer. The reported log-probs are those of the constrained distribution (the
+    /// temperature-scaled softmax over the allowed tokens only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_choice: Option<Vec<String>>,
 }
 
 impl Default for SequenceParams {
@@ -139,6 +147,7 @@ impl Default for SequenceParams {
             max_generated_tokens: None,
             max_len: None,
             confidence_top_j: DEFAULT_CONFIDENCE_TOP_J,
+            guided_choice: None,
         }
     }
 }
@@ -194,6 +203,9 @@ pub enum StopReason {
     SequenceLimit,
     /// The sequence reached the model's `max_position_embeddings`.
     ContextFull,
+    /// The turn's text equals one of its `guided_choice` strings and no longer choice extends
+    /// it.
+    ChoiceComplete,
 }
 
 impl StopReason {
@@ -204,6 +216,7 @@ impl StopReason {
             Self::StopString(i) => FinishReason::StopString(*i),
             Self::TurnLimit | Self::TrajectoryLimit | Self::SequenceLimit => FinishReason::Length,
             Self::ContextFull => FinishReason::ContextFull,
+            Self::ChoiceComplete => FinishReason::ChoiceComplete,
         }
     }
 
@@ -403,6 +416,8 @@ struct SeqState {
     cached: usize,
     /// Generated (sampled or forced) tokens over all turns.
     generated: usize,
+    /// The compiled `guided_choice` of its parameters.
+    choice: Option<ChoiceConstraint>,
 }
 
 /// The running rows: row `r` is sequence `rows[r]`, its cache row `r` and key mask `mask[r]`,
@@ -432,6 +447,8 @@ pub struct SamplingEngine<'a> {
     next_id: u64,
     poisoned: bool,
     stats: EngineStats,
+    /// The tokens' texts for `guided_choice`, built from the tokenizer when first needed.
+    pieces: Option<Arc<TokenPieces>>,
 }
 
 impl<'a> SamplingEngine<'a> {
@@ -458,7 +475,40 @@ impl<'a> SamplingEngine<'a> {
             next_id: 0,
             poisoned: false,
             stats: EngineStats::default(),
+            pieces: None,
         }
+    }
+
+    /// Uses `pieces` (built from this engine's tokenizer, e.g. by an earlier engine over the
+    /// same tokenizer) for `guided_choice` instead of building them again.
+    pub fn with_token_pieces(mut self, pieces: Option<Arc<TokenPieces>>) -> Self {
+        if self.pieces.is_none() {
+            self.pieces = pieces;
+        }
+        self
+    }
+
+    /// The tokens' texts used by `guided_choice`, if built yet.
+    pub fn token_pieces(&self) -> Option<Arc<TokenPieces>> {
+        self.pieces.clone()
+    }
+
+    /// Compiles the `guided_choice` of `params`, if any.
+    fn compile_choice(&mut self, params: &SequenceParams) -> Result<Option<ChoiceConstraint>> {
+        let Some(choices) = &params.guided_choice else {
+            return Ok(None);
+        };
+        let Some(tokenizer) = self.tokenizer else {
+            return Err(ModelError::invalid_input(
+                "guided_choice",
+                "constrained decoding needs the engine's tokenizer",
+            ));
+        };
+        let vocab = self.model.config().vocab_size;
+        let pieces = self
+            .pieces
+            .get_or_insert_with(|| Arc::new(TokenPieces::from_tokenizer(tokenizer, vocab)));
+        ChoiceConstraint::new(choices, Arc::clone(pieces)).map(Some)
     }
 
     /// The model sampled from.
@@ -494,6 +544,7 @@ impl<'a> SamplingEngine<'a> {
                 "stop strings need a tokenizer",
             ));
         }
+        let choice = self.compile_choice(&params)?;
         let id = SeqId(self.next_id);
         self.next_id += 1;
         let n = prompt.len();
@@ -520,6 +571,7 @@ impl<'a> SamplingEngine<'a> {
                 cache: None,
                 cached: 0,
                 generated: 0,
+                choice,
             },
         );
         self.waiting.push_back(id);
@@ -570,13 +622,15 @@ impl<'a> SamplingEngine<'a> {
                 "stop strings need a tokenizer",
             ));
         }
-        let st = self.state_mut(id)?;
-        if st.seq.status == SeqStatus::Running {
+        if self.state(id)?.seq.status == SeqStatus::Running {
             return Err(ModelError::invalid_input(
                 "id",
                 format!("sequence {id} is running"),
             ));
         }
+        let choice = self.compile_choice(&params)?;
+        let st = self.state_mut(id)?;
+        st.choice = choice;
         st.draw = params.draw_params();
         st.seq.params = params;
         Ok(())
@@ -625,6 +679,7 @@ impl<'a> SamplingEngine<'a> {
         seq.truncate(len);
         let generated = seq.num_generated();
         let draw = parent.draw.clone();
+        let choice = parent.choice.clone();
         let mut ids = Vec::with_capacity(seeds.len());
         for &seed in seeds {
             let child = SeqId(self.next_id);
@@ -640,6 +695,7 @@ impl<'a> SamplingEngine<'a> {
                     cache: cache.clone(),
                     cached: if cache.is_some() { cached } else { 0 },
                     generated,
+                    choice: choice.clone(),
                 },
             );
             ids.push(child);
@@ -771,6 +827,11 @@ impl<'a> SamplingEngine<'a> {
                 Some(h) => h.process(&st.seq, logits),
                 None => None,
             };
+            // `guided_choice`: forbid what cannot continue a choice, before any sampling rule.
+            if let Some(c) = &st.choice {
+                let text = c.text_of(st.seq.turn_tokens());
+                c.mask(&text, &st.seq.params.sampling.stop_token_ids, logits);
+            }
             if !logits.iter().any(|x| x.is_finite()) {
                 return Err(ModelError::invalid_input(
                     "processor",
@@ -818,6 +879,12 @@ impl<'a> SamplingEngine<'a> {
                 stop_string_hit(self.tokenizer, &p.sampling.stop_strings, seq.turn_tokens())?
             {
                 Some(StopReason::StopString(s))
+            } else if st
+                .choice
+                .as_ref()
+                .is_some_and(|c| c.is_complete(&c.text_of(seq.turn_tokens())))
+            {
+                Some(StopReason::ChoiceComplete)
             } else {
                 limit_reached(seq, st.generated, max_pos)
             };

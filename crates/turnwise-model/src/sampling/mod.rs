@@ -23,8 +23,10 @@ use crate::model::Transformer;
 use crate::rng::TurnRng;
 use crate::tokenizer::TextTokenizer;
 
+pub mod choice;
 pub mod engine;
 
+pub use choice::{ChoiceConstraint, TokenPieces};
 pub use engine::{
     DEFAULT_CONFIDENCE_TOP_J, EngineConfig, EngineStats, SamplingEngine, SeqId, SeqStatus,
     Sequence, SequenceParams, StopReason, TokenHook, TokenOrigin, TurnEnd, top_j_confidence,
@@ -94,6 +96,8 @@ pub enum FinishReason {
     Length,
     /// The row reached the model's `max_position_embeddings`.
     ContextFull,
+    /// The output equals one of the row's `guided_choice` strings ([`choice`]).
+    ChoiceComplete,
 }
 
 /// One sampled completion.
@@ -190,6 +194,7 @@ pub fn generate_with_processor(
         max_generated_tokens: None,
         max_len: None,
         confidence_top_j: 0,
+        guided_choice: None,
     };
     for (p, &seed) in prompts.iter().zip(seeds) {
         engine.add_sequence(p.clone(), seq_params.clone(), seed)?;

@@ -216,6 +216,39 @@ impl ChatTemplate {
             .map_err(|e| template_err("render failed", e))
     }
 
+    /// Renders `messages` so that the model continues the final message (vLLM's and
+    /// transformers' `continue_final_message`): rendered without the generation prompt, then
+    /// cut right after the final message's content, so whatever the template writes to close
+    /// that message is left out. As transformers does, the content is located by its last
+    /// occurrence (trailing whitespace the template trimmed is left out too). Errors when the
+    /// content is empty or the template does not reproduce it.
+    pub fn render_continuing_final(&self, messages: &[ChatMessage]) -> Result<String> {
+        let Some(last) = messages.last() else {
+            return Err(ModelError::invalid_input("messages", "is empty"));
+        };
+        let content = last.content.as_str();
+        if content.trim().is_empty() {
+            return Err(ModelError::invalid_input(
+                "messages",
+                "the final message is empty: nothing to continue",
+            ));
+        }
+        let rendered = self.render(messages, false)?;
+        let Some(at) = rendered.rfind(content.trim()) else {
+            return Err(ModelError::invalid_input(
+                "messages",
+                "the chat template does not reproduce the final message's text",
+            ));
+        };
+        let full = content.trim_start();
+        let end = if rendered[at..].starts_with(full) {
+            at + full.len()
+        } else {
+            at + content.trim().len()
+        };
+        Ok(rendered[..end].to_string())
+    }
+
     /// Token ids of [`ChatTemplate::render`] (special tokens in the text map to their ids).
     pub fn encode(
         &self,

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use turnwise_core::advantage::AdvantageConfig;
 use turnwise_core::reward::RewardConfig;
+pub use turnwise_env::judge::JudgeMode;
 use turnwise_env::world::WorldConfig;
 use turnwise_model::loss::ActorLossConfig;
 
@@ -1101,6 +1102,12 @@ pub struct JudgeSettings {
     pub cache_dir: Option<PathBuf>,
     /// What to do when the judge fails on a rollout.
     pub on_failure: JudgeFailure,
+    /// How the scores are asked for: `"free"` (default: one request per rollout, the reply's
+    /// `<score>` block parsed) or `"choice"` (one request per turn: the model continues a
+    /// prefilled score block with one of the rubric's scores for that turn, vLLM's
+    /// `guided_choice` with `continue_final_message`; every verdict parses, which a small judge
+    /// needs; the endpoint must support those extensions, as vLLM and `turnwise serve` do).
+    pub mode: JudgeMode,
 }
 
 impl Default for JudgeSettings {
@@ -1117,6 +1124,7 @@ impl Default for JudgeSettings {
             concurrency: 8,
             cache_dir: None,
             on_failure: JudgeFailure::Rubric,
+            mode: JudgeMode::Free,
         }
     }
 }

@@ -926,6 +926,7 @@ fn generate_turns(
         max_generated_tokens: None,
         max_len: None,
         confidence_top_j: control.tti.top_j,
+        guided_choice: None,
     };
     let mut ids = Vec::with_capacity(contexts.len());
     let mut rows = Vec::with_capacity(contexts.len());

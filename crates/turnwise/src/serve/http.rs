@@ -20,6 +20,7 @@ use turnwise_model::tokenizer::{ChatMessage, ChatTemplate, TextTokenizer};
 use super::protocol::{
     ChatCompletionRequest, CompletionRequest, GenerateOutput, GenerateRequest, IdsInput, OneOrMany,
     PromptInput, SglFinishReason, SglMetaInfo, UpdateWeightsRequest, UpdateWeightsResponse,
+    requested_choice,
 };
 use super::worker::{Finish, GenOutput, GenRequest, NewWeights, Shared, WorkerError, WorkerHandle};
 
@@ -144,6 +145,7 @@ struct Sampling<'a> {
     top_logprobs_name: &'a str,
     n: usize,
     seed: Option<u64>,
+    guided_choice: Option<Vec<String>>,
 }
 
 impl App {
@@ -238,6 +240,7 @@ impl App {
             max_generated_tokens: None,
             max_len: None,
             confidence_top_j: 0,
+            guided_choice: s.guided_choice.clone(),
         };
         let base = s
             .seed
@@ -401,6 +404,7 @@ async fn generate(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, 
         top_logprobs_name: "top_logprobs_num",
         n: sp.n,
         seed: sp.sampling_seed,
+        guided_choice: None,
     };
     let requests = app.requests(prompts, &sampling)?;
     let outputs = app.run(requests).await?;
@@ -435,6 +439,12 @@ async fn generate(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, 
                     kind: "length".into(),
                     matched: None,
                     length: Some(o.tokens.len()),
+                    message: None,
+                },
+                Finish::ChoiceComplete => SglFinishReason {
+                    kind: "stop".into(),
+                    matched: None,
+                    length: None,
                     message: None,
                 },
                 Finish::Abort => SglFinishReason {
@@ -486,7 +496,7 @@ fn usage(outputs: &[GenOutput]) -> Value {
 
 fn openai_finish(f: &Finish) -> &'static str {
     match f {
-        Finish::StopToken(_) | Finish::StopString(_) => "stop",
+        Finish::StopToken(_) | Finish::StopString(_) | Finish::ChoiceComplete => "stop",
         Finish::Length => "length",
         Finish::Abort => "abort",
     }
@@ -551,6 +561,8 @@ async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Respons
         top_logprobs_name: "logprobs",
         n,
         seed: req.seed,
+        guided_choice: requested_choice(&req.guided_choice, &req.structured_outputs)
+            .map_err(|(f, m)| ApiError::bad(f, m))?,
     };
     let requests = app.requests(prompts.clone(), &sampling)?;
     let outputs = app.run(requests).await?;
@@ -654,9 +666,31 @@ async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Re
         .iter()
         .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
         .collect();
-    let rendered = chat
-        .render(&messages, true)
-        .map_err(|e| ApiError::bad("messages", e.to_string()))?;
+    if req.continue_final_message {
+        if req.add_generation_prompt {
+            return Err(ApiError::bad(
+                "continue_final_message",
+                "cannot be combined with add_generation_prompt: true (set it to false)",
+            ));
+        }
+        let last = req.messages.last().expect("checked non-empty");
+        if last.role != "assistant" {
+            return Err(ApiError::bad(
+                "continue_final_message",
+                format!(
+                    "the final message must be the assistant's to continue it, not the {}'s",
+                    last.role
+                ),
+            ));
+        }
+    }
+    let rendered = if req.continue_final_message {
+        chat.render_continuing_final(&messages)
+            .map_err(|e| ApiError::bad("continue_final_message", e.to_string()))?
+    } else {
+        chat.render(&messages, req.add_generation_prompt)
+            .map_err(|e| ApiError::bad("messages", e.to_string()))?
+    };
     let prompt = app.encode("messages", &rendered)?;
     app.check_prompt("messages", &prompt)?;
     let stop = req
@@ -686,6 +720,8 @@ async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Re
         top_logprobs_name: "top_logprobs",
         n: req.n.unwrap_or(1),
         seed: req.seed,
+        guided_choice: requested_choice(&req.guided_choice, &req.structured_outputs)
+            .map_err(|(f, m)| ApiError::bad(f, m))?,
     };
     let requests = app.requests(vec![prompt.clone()], &sampling)?;
     let outputs = app.run(requests).await?;
@@ -887,6 +923,7 @@ async fn health_generate(State(app): State<Arc<App>>) -> Result<StatusCode, ApiE
         top_logprobs_name: "top_logprobs",
         n: 1,
         seed: Some(0),
+        guided_choice: None,
     };
     app.run(app.requests(vec![prompt], &sampling)?).await?;
     Ok(StatusCode::OK)

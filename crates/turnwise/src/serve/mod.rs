@@ -6,7 +6,10 @@
 //! - `POST /generate`: SGLang's native API, token ids in (`input_ids`) and out (`output_ids`,
 //!   `meta_info.output_token_logprobs` as `[log-prob, id, null]`, `meta_info.weight_version`);
 //! - `POST /v1/completions` and `POST /v1/chat/completions`: OpenAI's, with vLLM's
-//!   `return_token_ids` and `return_tokens_as_token_ids`;
+//!   `return_token_ids` and `return_tokens_as_token_ids`, structured output by choice
+//!   (`guided_choice`, or `structured_outputs: {"choice": [...]}`: constrained decoding in the
+//!   engine, [`turnwise_model::sampling::choice`]) and, on chat, `add_generation_prompt` /
+//!   `continue_final_message` (the final assistant message is continued, not closed);
 //! - `POST /update_weights_from_disk` (a Hugging Face folder of the same architecture, as a
 //!   trainer writes after each step), `POST /v1/load_lora_adapter` (vLLM's: a PEFT adapter
 //!   merged into the weights the server started with), `GET /get_weight_version`, `GET /health`,
@@ -20,7 +23,9 @@
 //!
 //! Log-probs are those of the distribution each token was drawn from: the temperature-scaled
 //! softmax before top-k/top-p truncation (temperature 1 when greedy), the log-probs a policy
-//! loss recomputes. The server binds 127.0.0.1 unless told otherwise.
+//! loss recomputes. Under `guided_choice` they are those of the constrained distribution (the
+//! same softmax over the allowed tokens only), which is what was sampled from. The server binds
+//! 127.0.0.1 unless told otherwise.
 //!
 //! [`SamplingEngine`]: turnwise_model::sampling::SamplingEngine
 

@@ -1,7 +1,9 @@
 //! Wire types of the policy server's routes, shared with clients (the remote rollout backend
 //! parses SGLang's `/generate` answers with [`GenerateOutput`]).
 //!
-//! Field names follow SGLang's native API and OpenAI's (with vLLM's token-id extensions);
+//! Field names follow SGLang's native API and OpenAI's (with vLLM's token-id extensions, its
+//! chat-template flags `add_generation_prompt` / `continue_final_message`, and its structured
+//! output by choice, `guided_choice` or `structured_outputs: {"choice": [...]}`);
 //! ../shared/notes/inference-engines.md records both. Unknown request fields are ignored, as
 //! the engines do; fields that change the meaning of a request and are not supported (`stream`,
 //! `echo`, `min_p`, prompt log-probs) are refused with a 400 naming them.
@@ -231,6 +233,48 @@ pub struct UpdateWeightsResponse {
     pub num_paused_requests: usize,
 }
 
+/// vLLM's `structured_outputs` request field. Only `choice` is supported; any other kind
+/// (`regex`, `json`, `grammar`, ...) is refused with a 400 naming it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StructuredOutputs {
+    /// The output must be exactly one of these strings (as `guided_choice`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choice: Option<Vec<String>>,
+    /// Every other key, refused unless null or false.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The choice list of a request: `guided_choice`, or `structured_outputs.choice` (vLLM's newer
+/// spelling); `Err` names the field at fault.
+pub fn requested_choice(
+    guided_choice: &Option<Vec<String>>,
+    structured: &Option<StructuredOutputs>,
+) -> Result<Option<Vec<String>>, (String, String)> {
+    let from_structured = match structured {
+        None => None,
+        Some(s) => {
+            if let Some((k, _)) = s.other.iter().find(|(_, v)| {
+                !matches!(v, serde_json::Value::Null | serde_json::Value::Bool(false))
+            }) {
+                return Err((
+                    format!("structured_outputs.{k}"),
+                    "is not supported by turnwise serve (only `choice` is)".into(),
+                ));
+            }
+            s.choice.clone()
+        }
+    };
+    match (guided_choice, from_structured) {
+        (Some(_), Some(_)) => Err((
+            "guided_choice".into(),
+            "give either guided_choice or structured_outputs.choice, not both".into(),
+        )),
+        (Some(g), None) => Ok(Some(g.clone())),
+        (None, s) => Ok(s),
+    }
+}
+
 /// A prompt of `/v1/completions`: text, token ids, or a batch of either.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -298,6 +342,13 @@ pub struct CompletionRequest {
     /// Keep the matched stop string in the text.
     #[serde(default)]
     pub include_stop_str_in_output: bool,
+    /// vLLM's structured output by choice: the completion is exactly one of these strings
+    /// (constrained decoding; log-probs are those of the constrained distribution).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_choice: Option<Vec<String>>,
+    /// vLLM's newer spelling of structured outputs (`{"choice": [...]}` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_outputs: Option<StructuredOutputs>,
     /// Streaming (not supported: must be false).
     #[serde(default)]
     pub stream: bool,
@@ -362,6 +413,22 @@ pub struct ChatCompletionRequest {
     /// Return `token_ids` in each choice and `prompt_token_ids` (vLLM).
     #[serde(default)]
     pub return_token_ids: bool,
+    /// Append the opening of an assistant turn to the rendered conversation (vLLM; default
+    /// true).
+    #[serde(default = "default_true")]
+    pub add_generation_prompt: bool,
+    /// Continue the final message, which must be the assistant's: the conversation is
+    /// rendered without the generation prompt and without closing that message, so the model
+    /// writes on from its last character (vLLM; needs `add_generation_prompt: false`).
+    #[serde(default)]
+    pub continue_final_message: bool,
+    /// vLLM's structured output by choice: the reply is exactly one of these strings
+    /// (constrained decoding; log-probs are those of the constrained distribution).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guided_choice: Option<Vec<String>>,
+    /// vLLM's newer spelling of structured outputs (`{"choice": [...]}` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_outputs: Option<StructuredOutputs>,
     /// Streaming (not supported: must be false).
     #[serde(default)]
     pub stream: bool,

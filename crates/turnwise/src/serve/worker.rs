@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 use turnwise_model::model::Transformer;
-use turnwise_model::sampling::{EngineConfig, SamplingEngine, SeqId, SequenceParams, StopReason};
+use turnwise_model::sampling::{
+    EngineConfig, SamplingEngine, SeqId, SequenceParams, StopReason, TokenPieces,
+};
 use turnwise_model::tokenizer::TextTokenizer;
 
 /// One sequence to generate: one turn from `prompt`.
@@ -37,6 +39,9 @@ pub enum Finish {
     StopToken(u32),
     /// The decoded output contains `stop_strings[i]`.
     StopString(usize),
+    /// The output equals one of the request's `guided_choice` strings and no longer choice
+    /// extends it.
+    ChoiceComplete,
     /// `max_new_tokens` or the context length was reached.
     Length,
     /// Aborted by a weight reload with `abort_all_requests`.
@@ -48,6 +53,7 @@ impl Finish {
         match reason {
             StopReason::StopToken(t) => Self::StopToken(*t),
             StopReason::StopString(i) => Self::StopString(*i),
+            StopReason::ChoiceComplete => Self::ChoiceComplete,
             _ => Self::Length,
         }
     }
@@ -250,10 +256,14 @@ pub fn run(
     rx: Receiver<Job>,
 ) {
     let mut backlog: VecDeque<Job> = VecDeque::new();
+    // The tokens' texts of `guided_choice`, built once for the tokenizer and kept across reloads.
+    let mut pieces = None;
     loop {
         let (weights, aborted, reply) = {
-            let mut engine = Engine::new(&model, &tokenizer, &config);
-            let Some(reload) = engine.serve(&shared, &rx, &mut backlog) else {
+            let mut engine = Engine::new(&model, &tokenizer, &config, pieces.take());
+            let served = engine.serve(&shared, &rx, &mut backlog);
+            pieces = engine.engine.token_pieces();
+            let Some(reload) = served else {
                 return;
             };
             reload
@@ -294,9 +304,15 @@ struct Engine<'a> {
 }
 
 impl<'a> Engine<'a> {
-    fn new(model: &'a Transformer, tokenizer: &'a TextTokenizer, config: &'a EngineConfig) -> Self {
+    fn new(
+        model: &'a Transformer,
+        tokenizer: &'a TextTokenizer,
+        config: &'a EngineConfig,
+        pieces: Option<Arc<TokenPieces>>,
+    ) -> Self {
         Self {
-            engine: SamplingEngine::new(model, Some(tokenizer), config.clone()),
+            engine: SamplingEngine::new(model, Some(tokenizer), config.clone())
+                .with_token_pieces(pieces),
             model,
             tokenizer,
             config,
@@ -504,7 +520,9 @@ impl<'a> Engine<'a> {
             let _ = a.reply.send(Err(WorkerError::Engine(message.to_string())));
         }
         self.owner.clear();
-        self.engine = SamplingEngine::new(self.model, Some(self.tokenizer), self.config.clone());
+        let pieces = self.engine.token_pieces();
+        self.engine = SamplingEngine::new(self.model, Some(self.tokenizer), self.config.clone())
+            .with_token_pieces(pieces);
     }
 }
 

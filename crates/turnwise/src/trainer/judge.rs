@@ -7,11 +7,19 @@
 //! endpoint is either a model served inside the run (`judge.serve`, `turnwise serve` on a free
 //! loopback port: SmolLM2-135M-Instruct works offline) or any server at `judge.base_url`.
 //!
-//! Requests run concurrently (`judge.concurrency`), are retried on transient failures, and may
-//! be cached on disk. An episode the judge cannot score is scored by the rules instead, or
-//! stops the step (`judge.on_failure`). The step's metrics say how it went ([`JudgeStats`]):
-//! `judge/episodes`, `judge/failures`, `judge/turn_score/mean`, `judge/rubric_agreement` (the
-//! share of turns whose judge score equals the rules' score) and `timing_s/judge`.
+//! `judge.mode` says how the scores are asked for ([`turnwise_env::judge::JudgeMode`]):
+//! `"free"`, one request per episode whose free-text `<score>` block is parsed, or `"choice"`,
+//! one request per turn whose reply is constrained to the rubric's possible scores for that
+//! turn (vLLM's `guided_choice` after a prefilled score block, `continue_final_message`), so a
+//! small judge's verdict always parses (mt-ppo-judge uses it with SmolLM2).
+//!
+//! Episodes are judged concurrently (`judge.concurrency`; in choice mode an episode's turns go
+//! one after the other, each request continuing the scores picked before), requests are
+//! retried on transient failures, and may be cached on disk. An episode the judge cannot score
+//! is scored by the rules instead, or stops the step (`judge.on_failure`). The step's metrics
+//! say how it went ([`JudgeStats`]): `judge/episodes`, `judge/failures`, `judge/requests`
+//! (HTTP requests sent), `judge/cache_hits`, `judge/turn_score/mean`, `judge/rubric_agreement`
+//! (the share of turns whose judge score equals the rules' score) and `timing_s/judge`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -86,6 +94,7 @@ impl TurnJudge {
             cache_dir: settings.cache_dir.clone(),
             temperature: 0.0,
             max_tokens: Some(settings.max_tokens),
+            mode: settings.mode,
         };
         let judge = LlmJudge::new(config).context("the judge client")?;
         Ok(Self {
@@ -111,6 +120,7 @@ impl TurnJudge {
     ) -> Result<JudgeStats> {
         let t0 = Instant::now();
         let n = episodes.len();
+        let (requests0, hits0) = (self.judge.requests_sent(), self.judge.cache_hits());
         let verdicts = crate::parallel::map_indices(
             n,
             self.settings.concurrency,
@@ -174,14 +184,26 @@ impl TurnJudge {
                 ),
             }
         }
-        Ok(JudgeStats {
+        let stats = JudgeStats {
             episodes: n,
             failures,
             turns,
             agreeing_turns: agree,
             score_sum: sum,
             seconds: t0.elapsed().as_secs_f64(),
-        })
+            requests: self.judge.requests_sent() - requests0,
+            cache_hits: self.judge.cache_hits() - hits0,
+        };
+        tracing::info!(
+            mode = ?self.settings.mode,
+            episodes = n,
+            failures,
+            requests = stats.requests,
+            cache_hits = stats.cache_hits,
+            secs = stats.seconds,
+            "judged the rollouts"
+        );
+        Ok(stats)
     }
 }
 
@@ -200,6 +222,10 @@ pub struct JudgeStats {
     pub score_sum: f64,
     /// Seconds spent judging.
     pub seconds: f64,
+    /// Chat requests sent to the judge (cache hits excluded; in choice mode one per turn).
+    pub requests: usize,
+    /// Chat requests answered from the verdict cache.
+    pub cache_hits: usize,
 }
 
 impl JudgeStats {
@@ -211,6 +237,8 @@ impl JudgeStats {
         self.agreeing_turns += o.agreeing_turns;
         self.score_sum += o.score_sum;
         self.seconds += o.seconds;
+        self.requests += o.requests;
+        self.cache_hits += o.cache_hits;
     }
 
     /// The `judge/…` metrics.
@@ -218,6 +246,8 @@ impl JudgeStats {
         let mut m = BTreeMap::new();
         m.insert("judge/episodes".into(), self.episodes as f64);
         m.insert("judge/failures".into(), self.failures as f64);
+        m.insert("judge/requests".into(), self.requests as f64);
+        m.insert("judge/cache_hits".into(), self.cache_hits as f64);
         m.insert("timing_s/judge".into(), self.seconds);
         if self.turns > 0 {
             let t = self.turns as f64;
