@@ -160,7 +160,10 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
     );
 
     // The starting model before any training, zero- and few-shot (`eval.base_shots`).
+    // Its seconds are logged on its eval lines, not counted again as setup.
+    let t_base = Instant::now();
     evaluate_base(&mut trainer, &cfg, &mut log, quiet)?;
+    let base_seconds = t_base.elapsed().as_secs_f64();
 
     // Warm start.
     let t_sft = Instant::now();
@@ -204,7 +207,7 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
             (WARM_START_SECONDS.to_string(), sft_seconds),
             (
                 SETUP_SECONDS.to_string(),
-                t_start.elapsed().as_secs_f64() - sft_seconds,
+                t_start.elapsed().as_secs_f64() - sft_seconds - base_seconds,
             ),
             (
                 PARAMETERS.to_string(),

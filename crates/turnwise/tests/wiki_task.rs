@@ -129,6 +129,7 @@ fn a_run_evaluates_the_starting_model_zero_and_few_shot() {
         .map(String::from),
     );
     let cfg = TrainConfig::resolve(Some("grpo"), None, &sets).unwrap();
+    let wall = std::time::Instant::now();
     let summary = turnwise::pipeline::run(
         cfg.clone(),
         &RunOptions {
@@ -138,6 +139,13 @@ fn a_run_evaluates_the_starting_model_zero_and_few_shot() {
         false,
     )
     .unwrap();
+    let wall = wall.elapsed().as_secs_f64();
+    // Every phase is counted once: the starting model's evaluations are not setup time too.
+    assert!(
+        summary.total_seconds <= wall + 0.01,
+        "{} s counted in a {wall} s run",
+        summary.total_seconds
+    );
     let shots: Vec<usize> = summary.base.iter().map(|(k, _)| *k).collect();
     assert_eq!(shots, vec![0, 1]);
     assert!(summary.base.iter().all(|(_, r)| r.n == 4));
