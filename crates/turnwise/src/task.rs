@@ -189,6 +189,13 @@ fn rl_reserved_subject(subject: usize, world_seed: u64, fraction: f64) -> bool {
     ((z >> 11) as f64 / (1u64 << 53) as f64) < fraction
 }
 
+/// The prompter of `config` before any chat template is known
+/// ([`WorldTask::set_chat_template`] adds the model's).
+fn plain_prompter(config: &TaskConfig) -> Result<Prompter> {
+    Ok(Prompter::new(&config.prompt, None)?
+        .with_verifiers_instruction(config.format == AgentFormatName::Verifiers))
+}
+
 fn split_index(split: Split) -> usize {
     match split {
         Split::Train => 0,
@@ -227,8 +234,7 @@ impl WorldTask {
             questions,
             rl_reserved,
             corpus_texts,
-            prompter: Prompter::new(&config.prompt, None)?
-                .with_verifiers_instruction(config.format == AgentFormatName::Verifiers),
+            prompter: plain_prompter(config)?,
             wiki: None,
         })
     }
@@ -289,8 +295,7 @@ impl WorldTask {
             questions,
             rl_reserved,
             corpus_texts,
-            prompter: Prompter::new(&config.prompt, None)?
-                .with_verifiers_instruction(config.format == AgentFormatName::Verifiers),
+            prompter: plain_prompter(config)?,
             wiki: None,
         })
     }
@@ -357,8 +362,7 @@ impl WorldTask {
             questions,
             rl_reserved,
             corpus_texts,
-            prompter: Prompter::new(&config.prompt, None)?
-                .with_verifiers_instruction(config.format == AgentFormatName::Verifiers),
+            prompter: plain_prompter(config)?,
             wiki: Some(kept),
         })
     }
@@ -376,8 +380,7 @@ impl WorldTask {
             questions,
             rl_reserved,
             corpus_texts: Vec::new(),
-            prompter: Prompter::new(&config.prompt, None)?
-                .with_verifiers_instruction(config.format == AgentFormatName::Verifiers),
+            prompter: plain_prompter(config)?,
             wiki: None,
         })
     }

