@@ -214,3 +214,23 @@ fn a_bpe_policy_ends_turns_at_closing_tags_by_text() {
             .unwrap();
     assert!(plain.rollout_policy().stop_strings.is_empty());
 }
+
+/// The README's example resolves with its preset: the Wikipedia task, SmolLM2 with LoRA on the
+/// top layers, and the starting model's zero- and 1-shot evaluations.
+#[test]
+fn the_wiki_agent_example_config_resolves() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/wiki-agent.toml");
+    let cfg = TrainConfig::resolve(Some("dr-grpo"), Some(&path), &[]).unwrap();
+    let wiki = cfg.task.wiki.as_ref().expect("task.wiki");
+    assert_eq!((wiki.train, wiki.test), (400, 50));
+    assert_eq!(cfg.eval.base_shots, vec![0, 1]);
+    let lora = cfg.model.lora.to_lora_config().expect("LoRA on");
+    assert_eq!(lora.layers_to_transform, Some((24..30).collect()));
+    assert!(
+        cfg.model
+            .init_from
+            .as_ref()
+            .is_some_and(|p| p.ends_with("smollm2-135m-instruct"))
+    );
+}
