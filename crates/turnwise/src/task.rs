@@ -6,13 +6,11 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use turnwise_core::grammar::Format;
 use turnwise_env::client::HttpRetriever;
-use turnwise_env::corpus::wiki_questions::{
-    WikiOracle, WikiQuestion, WikiQuestionConfig, build_questions,
-};
+use turnwise_env::corpus::wiki_questions::{WikiOracle, WikiQuestionConfig, build_questions};
 use turnwise_env::env::{Environment, SearchEnv, SearchEnvConfig, Task};
 use turnwise_env::search::Retriever;
 use turnwise_env::search::bm25_mem::InMemoryBm25;
-use turnwise_env::world::oracle::{AgentFormat, Oracle, OracleConfig, OracleNoise};
+use turnwise_env::world::oracle::{AgentFormat, Oracle, OracleConfig, OracleNoise, Transcript};
 use turnwise_env::world::{Question, Split, World};
 use turnwise_model::tokenizer::{ChatMessage, ChatTemplate, DEFAULT_SPECIAL_TOKENS, TextTokenizer};
 
@@ -171,8 +169,9 @@ pub struct WorldTask {
     rl_reserved: Vec<bool>,
     corpus_texts: Vec<String>,
     prompter: Prompter,
-    /// The Wikipedia questions (`task.wiki`) of each split, for their oracle.
-    wiki: Option<[Vec<WikiQuestion>; 3]>,
+    /// The oracle's transcripts of the Wikipedia questions (`task.wiki`) of each split, in the
+    /// order of `questions`: searched once, when the task is built.
+    wiki: Option<[Vec<Transcript>; 3]>,
 }
 
 /// Whether `subject` is among the share `fraction` of training subjects reserved for RL: a
@@ -318,38 +317,33 @@ impl WorldTask {
             config.topk,
             config.max_observation_words,
         );
-        let mut kept: [Vec<WikiQuestion>; 3] = Default::default();
+        let mut questions: [Vec<QaItem>; 3] = Default::default();
+        let mut transcripts: [Vec<Transcript>; 3] = Default::default();
         for (slot, qs) in drawn.into_iter().enumerate() {
             let total = qs.len();
             for q in qs {
-                if oracle
+                if let Some(t) = oracle
                     .answer(&q)
                     .context("task.wiki: the oracle's search")?
-                    .is_some()
                 {
-                    kept[slot].push(q);
+                    questions[slot].push(QaItem {
+                        id: q.id,
+                        text: q.text,
+                        golden_answers: q.golden_answers,
+                        hops: 1,
+                        prompt: None,
+                        seed: 0,
+                    });
+                    transcripts[slot].push(t);
                 }
             }
             tracing::info!(
                 split = Split::ALL[slot].name(),
-                kept = kept[slot].len(),
+                kept = questions[slot].len(),
                 drawn = total,
                 "task.wiki: questions answerable by one search"
             );
         }
-        let questions = [0, 1, 2].map(|slot| {
-            kept[slot]
-                .iter()
-                .map(|q| QaItem {
-                    id: q.id.clone(),
-                    text: q.text.clone(),
-                    golden_answers: q.golden_answers.clone(),
-                    hops: 1,
-                    prompt: None,
-                    seed: 0,
-                })
-                .collect::<Vec<_>>()
-        });
         if questions.iter().all(Vec::is_empty) {
             bail!("task.wiki: no question is answerable by one search; check the settings");
         }
@@ -363,7 +357,7 @@ impl WorldTask {
             rl_reserved,
             corpus_texts,
             prompter: plain_prompter(config)?,
-            wiki: Some(kept),
+            wiki: Some(transcripts),
         })
     }
 
@@ -562,18 +556,11 @@ impl WorldTask {
         }
         if let Some(wiki) = &self.wiki {
             // The oracle is exact: `noise` does not apply.
-            let oracle = WikiOracle::new(
-                self.retriever.as_ref(),
-                self.config.format.oracle(),
-                self.config.topk,
-                self.config.max_observation_words,
-            );
-            return wiki[split_index(split)]
+            let slot = split_index(split);
+            return self.questions[slot]
                 .iter()
-                .map(|q| {
-                    let t = oracle
-                        .answer(q)?
-                        .with_context(|| format!("question {} is not answerable", q.id))?;
+                .zip(&wiki[slot])
+                .map(|(q, t)| {
                     Ok(Demonstration {
                         prompt: self.prompter.render(&q.text, None)?,
                         segments: t.segments(),
