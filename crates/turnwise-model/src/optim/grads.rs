@@ -118,6 +118,21 @@ impl GradAccumulator {
         Ok(())
     }
 
+    /// Adds gradients already picked out of a `GradStore` (another accumulator's
+    /// [`take`](Self::take), e.g. from a shard computed on another thread), counted as one
+    /// micro-batch. Summing in a fixed order gives the same bits on every run.
+    pub fn add_gradients(&mut self, grads: Gradients) -> Result<()> {
+        for (name, g) in grads.grads {
+            let entry = match self.sum.grads.remove(&name) {
+                Some(prev) => (prev + g)?,
+                None => g,
+            };
+            self.sum.grads.insert(name, entry);
+        }
+        self.micro_batches += 1;
+        Ok(())
+    }
+
     /// Number of micro-batches added so far.
     pub fn micro_batches(&self) -> usize {
         self.micro_batches

@@ -16,6 +16,7 @@
 //! tokens and reports each token's top-j confidence.
 
 use candle_core::{Device, Tensor};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
@@ -117,6 +118,19 @@ pub struct Completion {
     pub finish: FinishReason,
 }
 
+impl Completion {
+    /// No tokens, finished by length (what a row with no room to generate returns).
+    fn empty() -> Self {
+        Self {
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            entropies: Vec::new(),
+            top_logprobs: Vec::new(),
+            finish: FinishReason::Length,
+        }
+    }
+}
+
 /// Edits next-token logits before sampling (constrained decoding, banned tokens, biases).
 ///
 /// The reported log-probabilities and entropies are those of the edited distribution; a policy
@@ -175,19 +189,48 @@ pub fn generate_with_processor(
             format!("token id {bad} >= vocab_size {vocab}"),
         ));
     }
-    let mut out: Vec<Completion> = prompts
-        .iter()
-        .map(|_| Completion {
-            tokens: Vec::new(),
-            logprobs: Vec::new(),
-            entropies: Vec::new(),
-            top_logprobs: Vec::new(),
-            finish: FinishReason::Length,
-        })
-        .collect();
+    let mut out: Vec<Completion> = prompts.iter().map(|_| Completion::empty()).collect();
     if prompts.is_empty() || params.max_new_tokens == 0 {
         return Ok(out);
     }
+    // On the CPU, a small model's decode step is mostly single-threaded per-op work: rows cut
+    // into one shard per core, each on its own engine and thread, run side by side. Every row
+    // keeps its own seed, so a row's draws do not depend on the shard it lands in beyond the
+    // rounding of batched matmuls (a left-padded row matches the same row alone to ~1e-6).
+    let shards = generation_shards(model, prompts.len());
+    if processor.is_none() && shards > 1 {
+        let idx: Vec<usize> = (0..prompts.len()).collect();
+        let parts: Vec<Vec<usize>> = (0..shards)
+            .map(|s| idx.iter().copied().filter(|i| i % shards == s).collect())
+            .collect();
+        let done = parts
+            .par_iter()
+            .map(|part| {
+                let p: Vec<Vec<u32>> = part.iter().map(|&i| prompts[i].clone()).collect();
+                let sd: Vec<u64> = part.iter().map(|&i| seeds[i]).collect();
+                run_engine(model, &p, &sd, params, tokenizer, None)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for (part, completions) in parts.iter().zip(done) {
+            for (&i, c) in part.iter().zip(completions) {
+                out[i] = c;
+            }
+        }
+        return Ok(out);
+    }
+    run_engine(model, prompts, seeds, params, tokenizer, processor)
+}
+
+/// The batch of [`generate_with_processor`] (inputs already checked) on one engine.
+fn run_engine(
+    model: &Transformer,
+    prompts: &[Vec<u32>],
+    seeds: &[u64],
+    params: &SamplingParams,
+    tokenizer: Option<&TextTokenizer>,
+    processor: Option<&mut dyn LogitsProcessor>,
+) -> Result<Vec<Completion>> {
+    let mut out: Vec<Completion> = prompts.iter().map(|_| Completion::empty()).collect();
     let mut engine = SamplingEngine::new(model, tokenizer, EngineConfig { max_batch_size: 0 });
     let seq_params = SequenceParams {
         sampling: params.clone(),
@@ -213,6 +256,20 @@ pub fn generate_with_processor(
         }
     }
     Ok(out)
+}
+
+/// Rows per shard below which [`generate`] keeps a batch on one thread.
+const MIN_ROWS_PER_SHARD: usize = 4;
+
+/// How many shards [`generate`] cuts `rows` prompts into: one per thread of rayon's pool on
+/// the CPU (at least [`MIN_ROWS_PER_SHARD`] rows each), one on an accelerator.
+fn generation_shards(model: &Transformer, rows: usize) -> usize {
+    if !model.device().is_cpu() {
+        return 1;
+    }
+    rayon::current_num_threads()
+        .min(rows / MIN_ROWS_PER_SHARD)
+        .max(1)
 }
 
 /// Adapts a [`LogitsProcessor`] (indexed by prompt) to a [`TokenHook`] of an engine whose

@@ -89,16 +89,21 @@ pub fn probe(
     // Rows of similar length share a forward pass (less padding); results go back in order.
     let mut by_len: Vec<usize> = (0..rows.len()).collect();
     by_len.sort_by_key(|&i| rows[i].2.len());
-    let mut gt_logprobs: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
-    for chunk in by_len.chunks(PROBE_CHUNK) {
-        let lps = span_logprobs(
+    // Chunks run side by side on the CPU's cores.
+    let k = crate::update::parallel::shard_count(model.device(), rows.len());
+    let chunk = PROBE_CHUNK.min(rows.len().div_ceil(k).max(1));
+    let chunks: Vec<&[usize]> = by_len.chunks(chunk).collect();
+    let parts = crate::update::parallel::map_chunks(model.device(), &chunks, |c| {
+        span_logprobs(
             model,
-            &chunk
-                .iter()
+            &c.iter()
                 .map(|&i| (rows[i].2.as_slice(), rows[i].1.clone()))
                 .collect::<Vec<_>>(),
-        )?;
-        for (&i, lp) in chunk.iter().zip(lps) {
+        )
+    })?;
+    let mut gt_logprobs: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
+    for (c, lps) in chunks.iter().zip(parts) {
+        for (&i, lp) in c.iter().zip(lps) {
             gt_logprobs[i] = lp;
         }
     }

@@ -4,6 +4,7 @@
 
 pub mod batch;
 pub mod critic;
+pub mod parallel;
 
 use std::collections::BTreeMap;
 
@@ -39,19 +40,38 @@ pub fn sft_step(
     lr: f64,
     grad_clip: f64,
 ) -> Result<Option<(f64, f64)>> {
-    let packed = pack(rows, policy.device())?;
-    let (logp, _) = response_logprobs(policy, &packed, 1.0)?;
-    let n = packed.loss_mask.sum_all()?.to_scalar::<f32>()?.max(1.0);
-    let loss = (logp * &packed.loss_mask)?
-        .sum_all()?
-        .neg()?
-        .affine(1.0 / f64::from(n), 0.0)?;
-    let value = f64::from(loss.to_scalar::<f32>()?);
-    if !value.is_finite() {
-        return Ok(None);
-    }
+    let n: f32 = rows
+        .iter()
+        .map(|r| r.loss_mask.iter().map(|&m| f32::from(m)).sum::<f32>())
+        .sum::<f32>()
+        .max(1.0);
+    let idx: Vec<usize> = (0..rows.len()).collect();
+    let vars = opt.vars();
+    let parts = parallel::shard_backward(policy.device(), &idx, |shard| {
+        let refs: Vec<&Row> = shard.iter().map(|&i| rows[i]).collect();
+        let packed = pack(&refs, policy.device())?;
+        let (logp, _) = response_logprobs(policy, &packed, 1.0)?;
+        let loss = (logp * &packed.loss_mask)?
+            .sum_all()?
+            .neg()?
+            .affine(1.0 / f64::from(n), 0.0)?;
+        let value = f64::from(loss.to_scalar::<f32>()?);
+        if !value.is_finite() {
+            return Ok((None, value));
+        }
+        let mut acc = GradAccumulator::new();
+        acc.add(&loss.backward()?, vars, 1.0)?;
+        Ok((Some(acc.take()), value))
+    })?;
     let mut acc = GradAccumulator::new();
-    acc.add(&loss.backward()?, opt.vars(), 1.0)?;
+    let mut value = 0.0;
+    for (grads, v) in parts {
+        let Some(grads) = grads else {
+            return Ok(None);
+        };
+        value += v;
+        acc.add_gradients(grads)?;
+    }
     let mut grads = acc.take();
     let norm = grads.clip_global_norm(grad_clip)?;
     if !norm.is_finite() {
@@ -71,12 +91,18 @@ pub fn logprobs_no_grad(
 ) -> Result<Vec<Vec<f32>>> {
     let mut by_len: Vec<usize> = (0..rows.len()).collect();
     by_len.sort_by_key(|&i| row_len(&rows[i]));
-    let mut out = vec![Vec::new(); rows.len()];
-    for c in by_len.chunks(chunk.max(1)) {
+    // At least one chunk per core, so that the chunks run side by side.
+    let k = parallel::shard_count(model.device(), rows.len());
+    let chunk = chunk.max(1).min(rows.len().div_ceil(k).max(1));
+    let chunks: Vec<&[usize]> = by_len.chunks(chunk).collect();
+    let parts = parallel::map_chunks(model.device(), &chunks, |c| {
         let refs: Vec<&Row> = c.iter().map(|&i| &rows[i]).collect();
         let packed = pack(&refs, model.device())?;
         let (lp, _) = response_logprobs(model, &packed, temperature)?;
-        let lp = lp.detach().to_vec2::<f32>()?;
+        Ok(lp.detach().to_vec2::<f32>()?)
+    })?;
+    let mut out = vec![Vec::new(); rows.len()];
+    for (c, lp) in chunks.iter().zip(parts) {
         for (&i, v) in c.iter().zip(lp) {
             out[i] = v[..rows[i].response.len()].to_vec();
         }
@@ -184,24 +210,22 @@ fn micro_input(
     ))
 }
 
-/// The §5.6 clip-bias scale of a mini-batch cut into several micro-batches: `C` over the whole
-/// mini-batch (its 1/B over the mini-batch's sequences), from one extra forward pass over each
-/// micro-batch first (its log-probs detached; skipped on-policy, where `C = 0`). `None` when the
-/// loss has no mini-batch clip-bias correction or the mini-batch is one micro-batch (the loss
-/// then computes `C` itself).
-#[allow(clippy::too_many_arguments)]
+/// The §5.6 clip-bias scale of a mini-batch cut into several pieces (micro-batches, and the
+/// shards of each that run side by side): `C` over the whole mini-batch (its 1/B over the
+/// mini-batch's sequences), from one extra forward pass over each piece first (its log-probs
+/// detached; skipped on-policy, where `C = 0`). `None` when the loss has no mini-batch
+/// clip-bias correction or the mini-batch is one piece (the loss then computes `C` itself).
 fn minibatch_clip_bias_scale(
     policy: &Transformer,
     rows: &[Row],
-    mb: &[usize],
-    micro: usize,
+    pieces: &[Vec<usize>],
     old_logp: Option<&[Vec<f32>]>,
     cfg: &ActorUpdate<'_>,
     denominators: AggDenominators,
 ) -> Result<Option<f64>> {
     let resolved = cfg.loss.policy.resolve()?;
     let cb = match resolved.clip_bias {
-        Some(c) if c.norm_scope == ClipBiasScope::Minibatch && mb.len() > micro => c,
+        Some(c) if c.norm_scope == ClipBiasScope::Minibatch && pieces.len() > 1 => c,
         _ => return Ok(None),
     };
     if old_logp.is_none() {
@@ -213,10 +237,9 @@ fn minibatch_clip_bias_scale(
             "clip_bias.norm_space = grad is not supported by the trainer's update; use token"
         );
     }
-    // ‖C_mb‖² = Σ_micro (B_micro · ‖C_micro‖)² / B_mb², since c = (1/B)(1/|y|)·1·w·Â.
-    let mut sq = 0.0;
-    for micro_idx in mb.chunks(micro) {
-        let (inp, lp, _) = micro_input(policy, rows, micro_idx, old_logp, None, |p| {
+    // ‖C_mb‖² = Σ_piece (B_piece · ‖C_piece‖)² / B_mb², since c = (1/B)(1/|y|)·1·w·Â.
+    let parts = parallel::map_chunks(policy.device(), pieces, |piece| {
+        let (inp, lp, _) = micro_input(policy, rows, piece, old_logp, None, |p| {
             response_logprobs(policy, p, cfg.temperature)
         })?;
         let lp = lp.detach();
@@ -230,18 +253,36 @@ fn minibatch_clip_bias_scale(
             pin = pin.with_clip_scale(&inp.packed.clip_scale);
         }
         let out = compute_policy_loss(&pin, &cfg.loss.policy)?;
-        let seqs = micro_idx
-            .iter()
-            .filter(|&&i| rows[i].loss_mask.iter().any(|&m| m > 0))
-            .count()
-            .max(1) as f64;
-        sq += (out.metrics.clip_bias_norm * seqs).powi(2);
-    }
+        Ok((out.metrics.clip_bias_norm * sequences_with_loss(rows, piece)).powi(2))
+    })?;
+    let sq: f64 = parts.iter().sum();
     Ok(Some(cb.scale_of(sq.sqrt() / denominators.sequences)))
 }
 
+/// Rows of `idx` with at least one loss token (at least 1).
+fn sequences_with_loss(rows: &[Row], idx: &[usize]) -> f64 {
+    idx.iter()
+        .filter(|&&i| rows[i].loss_mask.iter().any(|&m| m > 0))
+        .count()
+        .max(1) as f64
+}
+
+/// What one piece of a mini-batch contributes ([`minibatch_gradient`]).
+enum PieceOutcome {
+    /// Its gradient (the mini-batch loss's share), metrics and clip-bias figures.
+    Done {
+        grads: Gradients,
+        metrics: BTreeMap<String, f64>,
+        clip_bias_sq: f64,
+        clip_bias_clipped: f64,
+    },
+    /// Its loss could not be computed, or was not finite: the mini-batch is skipped.
+    Failed,
+}
+
 /// The gradient of the mini-batch `mb` (row indices) of `rows`: micro-batches of
-/// `cfg.micro_batch` rows of similar length, each forward/backward adding its share of the
+/// `cfg.micro_batch` rows of similar length, each cut into one shard per core whose
+/// forward/backward passes run side by side ([`parallel`]), each adding its share of the
 /// mini-batch loss (the loss denominators span the mini-batch, so the gradient does not depend
 /// on the grouping; with a clip-bias loss, the §5.6 scale is computed over the whole
 /// mini-batch first). `None` (with a warning) when a loss is not finite.
@@ -275,13 +316,13 @@ pub fn minibatch_gradient(
         tokens: total_tokens.max(1.0),
         sequences: total_seqs.max(1.0),
     };
-    let cb_scale =
-        minibatch_clip_bias_scale(policy, rows, &mb, micro, old_logp, cfg, denominators)?;
-    let mut acc = GradAccumulator::new();
-    let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
-    let (mut cb_sq, mut cb_clipped) = (0.0, 0.0);
-    for micro_idx in mb.chunks(micro) {
-        let (inp, logp, entropy) = micro_input(policy, rows, micro_idx, old_logp, ref_logp, |p| {
+    let k = parallel::shard_count(policy.device(), micro);
+    let micro_batches: Vec<Vec<Vec<usize>>> =
+        mb.chunks(micro).map(|m| parallel::shards(m, k)).collect();
+    let pieces: Vec<Vec<usize>> = micro_batches.iter().flatten().cloned().collect();
+    let cb_scale = minibatch_clip_bias_scale(policy, rows, &pieces, old_logp, cfg, denominators)?;
+    let piece = |piece_idx: &[usize]| -> Result<PieceOutcome> {
+        let (inp, logp, entropy) = micro_input(policy, rows, piece_idx, old_logp, ref_logp, |p| {
             response_logprobs(policy, p, cfg.temperature)
         })?;
         let packed = &inp.packed;
@@ -305,35 +346,57 @@ pub fn minibatch_gradient(
             Ok(o) => o,
             Err(e) => {
                 tracing::warn!(error = %e, "skipping a mini-batch whose loss failed");
-                return Ok(None);
+                return Ok(PieceOutcome::Failed);
             }
         };
         let value = f64::from(out.loss.to_dtype(DType::F32)?.to_scalar::<f32>()?);
         if !value.is_finite() {
             tracing::warn!(loss = value, "non-finite loss: skipping this update");
-            return Ok(None);
+            return Ok(PieceOutcome::Failed);
         }
-        let seqs = micro_idx
-            .iter()
-            .filter(|&&i| rows[i].loss_mask.iter().any(|&m| m > 0))
-            .count()
-            .max(1) as f64;
-        cb_sq += (out.metrics.policy.clip_bias_norm * seqs).powi(2);
-        cb_clipped += out.metrics.policy.clip_bias_num_clipped as f64;
-        for (k, v) in out.metrics.to_map() {
-            if k == "actor/clip_bias_norm" || k == "actor/clip_bias_num_clipped" {
-                continue;
-            }
-            let e = sums.entry(k.clone()).or_insert((0.0, 0));
-            if v.is_finite() {
-                e.0 += v;
-                if !ADDITIVE.contains(&k.as_str()) {
-                    e.1 += 1;
-                }
-            }
-        }
+        let seqs = sequences_with_loss(rows, piece_idx);
+        let mut acc = GradAccumulator::new();
         acc.add(&out.loss.backward()?, vars, 1.0)
             .context("accumulating gradients")?;
+        Ok(PieceOutcome::Done {
+            grads: acc.take(),
+            metrics: out.metrics.to_map(),
+            clip_bias_sq: (out.metrics.policy.clip_bias_norm * seqs).powi(2),
+            clip_bias_clipped: out.metrics.policy.clip_bias_num_clipped as f64,
+        })
+    };
+    let mut acc = GradAccumulator::new();
+    let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    let (mut cb_sq, mut cb_clipped) = (0.0, 0.0);
+    // One micro-batch at a time (its shards side by side), so that at most one micro-batch of
+    // activations is alive.
+    for shards in &micro_batches {
+        for outcome in parallel::map_chunks(policy.device(), shards, |s| piece(s))? {
+            let PieceOutcome::Done {
+                grads,
+                metrics,
+                clip_bias_sq,
+                clip_bias_clipped,
+            } = outcome
+            else {
+                return Ok(None);
+            };
+            cb_sq += clip_bias_sq;
+            cb_clipped += clip_bias_clipped;
+            for (k, v) in metrics {
+                if k == "actor/clip_bias_norm" || k == "actor/clip_bias_num_clipped" {
+                    continue;
+                }
+                let e = sums.entry(k.clone()).or_insert((0.0, 0));
+                if v.is_finite() {
+                    e.0 += v;
+                    if !ADDITIVE.contains(&k.as_str()) {
+                        e.1 += 1;
+                    }
+                }
+            }
+            acc.add_gradients(grads)?;
+        }
     }
     let mut metrics: BTreeMap<String, f64> = sums
         .into_iter()

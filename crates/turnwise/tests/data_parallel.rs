@@ -1,0 +1,193 @@
+//! Data parallelism on the CPU's cores (`turnwise::update::parallel`): the warm start, the
+//! actor's mini-batch gradient, the no-grad log-prob passes and batched sampling cut their rows
+//! into one shard per thread of rayon's pool. Cut into one shard or several, the results must
+//! agree to rounding: each shard's loss is divided by the whole batch's denominators, and the
+//! shards' gradients are summed.
+
+mod common;
+
+use turnwise::config::TrainConfig;
+use turnwise::trainer::Trainer;
+use turnwise::update::{ActorUpdate, Row, logprobs_no_grad, minibatch_gradient};
+use turnwise_model::sampling::{SamplingParams, generate};
+
+/// `f` on a rayon pool of `threads` threads (so `shard_count` sees that many cores).
+fn on_threads<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+        .install(f)
+}
+
+fn trainer(preset: &str) -> Trainer {
+    let mut sets = common::tiny_overrides();
+    sets.extend(
+        [
+            "rollout.prompts_per_step=3",
+            "rollout.group_size=4",
+            "sft.batch_size=8",
+        ]
+        .map(String::from),
+    );
+    Trainer::new(TrainConfig::resolve(Some(preset), None, &sets).unwrap()).unwrap()
+}
+
+fn weights(t: &Trainer) -> Vec<(String, Vec<f32>)> {
+    let mut w: Vec<(String, Vec<f32>)> = t
+        .trainable_vars()
+        .into_iter()
+        .map(|(k, v)| (k, v.flatten_all().unwrap().to_vec1::<f32>().unwrap()))
+        .collect();
+    w.sort_by(|a, b| a.0.cmp(&b.0));
+    w
+}
+
+fn max_abs_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .flat_map(|((ka, va), (kb, vb))| {
+            assert_eq!(ka, kb);
+            va.iter().zip(vb).map(|(x, y)| (x - y).abs())
+        })
+        .fold(0f32, f32::max)
+}
+
+/// The warm start's steps give the same weights on one thread and on three.
+#[test]
+fn warm_start_weights_do_not_depend_on_the_shards() {
+    let mut one = trainer("grpo");
+    let mut three = trainer("grpo");
+    let before = weights(&one);
+    let mut losses = [Vec::new(), Vec::new()];
+    let [l1, l3] = &mut losses;
+    on_threads(1, || one.warm_start(&mut |_, l, _| l1.push(l)).unwrap());
+    on_threads(3, || three.warm_start(&mut |_, l, _| l3.push(l)).unwrap());
+    assert_eq!(l1.len(), 3);
+    for (a, b) in l1.iter().zip(l3.iter()) {
+        assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0), "loss {a} vs {b}");
+    }
+    let (w1, w3) = (weights(&one), weights(&three));
+    let moved = max_abs_diff(&before, &w1);
+    assert!(moved > 1e-4, "the warm start moved the weights by {moved}");
+    let d = max_abs_diff(&w1, &w3);
+    assert!(d <= 1e-5, "weights differ by {d}");
+}
+
+/// An off-policy mini-batch gradient (ST-PPO: the clipping-bias correction over the whole
+/// mini-batch, which the shards must not compute on their own rows) and its metrics agree on one
+/// thread and on three; so do the no-grad log-probs.
+#[test]
+fn minibatch_gradient_does_not_depend_on_the_shards() {
+    let mut t = trainer("st-ppo");
+    t.warm_start(&mut |_, _, _| {}).unwrap();
+    let (all, _, _) = t.sample_batch().unwrap();
+    let mut rows: Vec<Row> = all
+        .episodes
+        .iter()
+        .map(|e| Row::from_trajectory(&e.trajectory, false))
+        .collect();
+    assert_eq!(rows.len(), 12);
+    for (i, r) in rows.iter_mut().enumerate() {
+        let a = if i % 2 == 0 { 1.0 } else { -0.5 };
+        r.advantages = r.loss_mask.iter().map(|&m| a * f32::from(m)).collect();
+    }
+    let old1 = on_threads(1, || logprobs_no_grad(&t.sampler, &rows, 1.0, 64).unwrap());
+    let old3 = on_threads(3, || logprobs_no_grad(&t.sampler, &rows, 1.0, 64).unwrap());
+    for (a, b) in old1.iter().zip(&old3) {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() <= 1e-5, "log-prob {x} vs {y}");
+        }
+    }
+    // Push the behaviour log-probs away so that ratios leave the clip range.
+    let old: Vec<Vec<f32>> = old1
+        .iter()
+        .enumerate()
+        .map(|(i, r)| r.iter().map(|x| x + [0.5, -0.5, 0.3][i % 3]).collect())
+        .collect();
+    let upd = ActorUpdate {
+        loss: &t.config.actor,
+        temperature: 1.0,
+        epochs: 1,
+        mini_batch: 0,
+        micro_batch: 0,
+        lr: 1e-3,
+        grad_clip: 1.0,
+        use_clip_scale: false,
+        use_turn_id: true,
+    };
+    let mb: Vec<usize> = (0..rows.len()).collect();
+    let grad = |threads| {
+        on_threads(threads, || {
+            let g = minibatch_gradient(
+                &t.policy,
+                t.optimizer.vars(),
+                &rows,
+                &mb,
+                Some(&old),
+                None,
+                &upd,
+            )
+            .unwrap()
+            .expect("finite loss");
+            let mut v: Vec<(String, Vec<f32>)> = g
+                .grads
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        v.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                    )
+                })
+                .collect();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            (v, g.metrics)
+        })
+    };
+    let ((g1, m1), (g3, m3)) = (grad(1), grad(3));
+    assert!(m1["actor/clip_bias_num_clipped"] > 0.0, "{m1:?}");
+    for k in [
+        "actor/clip_bias_scale",
+        "actor/clip_bias_norm",
+        "actor/clip_bias_num_clipped",
+        "actor/pg_loss",
+    ] {
+        let (a, b) = (m1[k], m3[k]);
+        assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0), "{k}: {a} vs {b}");
+    }
+    let max = g1
+        .iter()
+        .flat_map(|(_, v)| v.iter().map(|x| x.abs()))
+        .fold(0f32, f32::max);
+    assert!(max > 0.0);
+    let d = max_abs_diff(&g1, &g3);
+    assert!(d <= 1e-5 * max, "gradients differ by {d} (max |g| {max})");
+}
+
+/// Batched sampling cut into shards draws the same tokens per row (each row has its own seed).
+#[test]
+fn sampling_does_not_depend_on_the_shards() {
+    let t = trainer("grpo");
+    let prompts: Vec<Vec<u32>> = (0..10u32).map(|i| vec![1, 5 + i, 9, 3 + i % 4]).collect();
+    let seeds: Vec<u64> = (0..10).map(|i| 100 + i).collect();
+    let params = SamplingParams {
+        temperature: 1.0,
+        max_new_tokens: 12,
+        ..Default::default()
+    };
+    let run = |threads| {
+        on_threads(threads, || {
+            generate(&t.sampler, &prompts, &seeds, &params, None).unwrap()
+        })
+    };
+    let (one, two) = (run(1), run(2));
+    for (a, b) in one.iter().zip(&two) {
+        assert_eq!(a.tokens, b.tokens);
+        assert_eq!(a.finish, b.finish);
+        for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+            assert!((x - y).abs() <= 1e-4, "{x} vs {y}");
+        }
+    }
+}
