@@ -191,3 +191,45 @@ fn sampling_does_not_depend_on_the_shards() {
         }
     }
 }
+
+/// A whole RL step (rollouts, information-gain probes or critic values, advantages, the actor's
+/// off-policy mini-batches and the critic's) gives the same metrics and weights on one thread
+/// and on three: A2TGPO (probes) and PPO (critic).
+#[test]
+fn an_rl_step_does_not_depend_on_the_shards() {
+    for preset in ["a2tgpo", "ppo"] {
+        let step = |threads| {
+            on_threads(threads, || {
+                let mut t = trainer(preset);
+                t.warm_start(&mut |_, _, _| {}).unwrap();
+                t.freeze_reference().unwrap();
+                let out = t.rl_step().unwrap();
+                (out.metrics, weights(&t))
+            })
+        };
+        let ((m1, w1), (m3, w3)) = (step(1), step(3));
+        let mut compared = 0;
+        for (k, a) in &m1 {
+            // The critic's clip fraction counts `(v_clip − R)² > (v − R)²`, a tie broken by
+            // rounding wherever the value has not moved from the rollout's (the first
+            // mini-batch): it is not a continuous function of the weights.
+            if k.starts_with("timing_s/") || k == "critic/vf_clipfrac" || !a.is_finite() {
+                continue;
+            }
+            let b = m3[k];
+            assert!(
+                (a - b).abs() <= 1e-4 * a.abs().max(1.0),
+                "{preset}: {k} = {a} on one thread, {b} on three"
+            );
+            compared += 1;
+        }
+        assert!(compared > 10, "{preset}: {m1:?}");
+        if preset == "ppo" {
+            assert!(m1["critic/applied_updates"] > 0.0, "{m1:?}");
+        } else {
+            assert!(m1["info_gain/probes"] > 0.0, "{m1:?}");
+        }
+        let d = max_abs_diff(&w1, &w3);
+        assert!(d <= 1e-5, "{preset}: weights differ by {d}");
+    }
+}

@@ -8,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use turnwise_model::ModelConfig;
+use turnwise_model::loss::agg::AggDenominators;
 use turnwise_model::loss::value::{ValueLossConfig, explained_variance, value_loss};
 use turnwise_model::model::critic::{
     Critic, SCORE_BIAS, SCORE_WEIGHT, critic_varmap_from_policy, trunk_config,
@@ -18,7 +19,7 @@ use turnwise_model::model::weights::{
 };
 use turnwise_model::optim::{AdamW, AdamWConfig, GradAccumulator};
 
-use super::{Row, pack};
+use super::{Row, pack, parallel};
 
 /// File of a checkpoint holding the critic's weights (trunk and value head, Hugging Face names).
 pub const CRITIC_WEIGHTS_FILE: &str = "critic.safetensors";
@@ -136,17 +137,23 @@ impl CriticModel {
 
     /// Values of the states before each response token of every row (no graph).
     pub fn values(&self, rows: &[Row], chunk: usize) -> Result<Vec<Vec<f32>>> {
-        let mut out = Vec::with_capacity(rows.len());
-        for c in rows.chunks(chunk.max(1)) {
+        let device = self.detached.trunk().device();
+        // At least one chunk per core, so that the chunks run side by side.
+        let k = parallel::shard_count(device, rows.len());
+        let chunk = chunk.max(1).min(rows.len().div_ceil(k).max(1));
+        let chunks: Vec<&[Row]> = rows.chunks(chunk).collect();
+        let parts = parallel::map_chunks(device, &chunks, |c| {
             let refs: Vec<&Row> = c.iter().collect();
-            let packed = pack(&refs, self.detached.trunk().device())?;
+            let packed = pack(&refs, device)?;
             let v = self
                 .detached
                 .values(&packed.ids, &packed.positions, &packed.key_mask)?;
-            let v = v
-                .narrow(1, packed.prompt_width - 1, packed.response_width)?
+            Ok(v.narrow(1, packed.prompt_width - 1, packed.response_width)?
                 .to_dtype(candle_core::DType::F32)?
-                .to_vec2::<f32>()?;
+                .to_vec2::<f32>()?)
+        })?;
+        let mut out = Vec::with_capacity(rows.len());
+        for (c, v) in chunks.iter().zip(parts) {
             for (r, row) in c.iter().zip(v) {
                 out.push(row[..r.response.len()].to_vec());
             }
@@ -202,28 +209,79 @@ impl CriticModel {
         for _ in 0..cfg.epochs.max(1) {
             let perm = order(n);
             for mb in perm.chunks(mini) {
-                let refs: Vec<&Row> = mb.iter().map(|&i| &rows[i]).collect();
-                let packed = pack(&refs, self.model.trunk().device())?;
-                let l = packed.response_width;
-                let mut old = vec![0f32; mb.len() * l];
-                for (k, &i) in mb.iter().enumerate() {
-                    old[k * l..k * l + old_values[i].len()].copy_from_slice(&old_values[i]);
+                // The mini-batch's loss, cut into one shard per core (update/parallel.rs):
+                // each shard divides by the whole mini-batch's denominators.
+                let denominators = AggDenominators {
+                    tokens: mb
+                        .iter()
+                        .map(|&i| rows[i].loss_mask.iter().map(|&m| f64::from(m)).sum::<f64>())
+                        .sum::<f64>()
+                        .max(1.0),
+                    sequences: (mb
+                        .iter()
+                        .filter(|&&i| rows[i].loss_mask.iter().any(|&m| m > 0))
+                        .count() as f64)
+                        .max(1.0),
+                };
+                let model = &self.model;
+                let vars = self.optimizer.vars();
+                let device = model.trunk().device();
+                let parts = parallel::shard_backward(device, mb, |shard| {
+                    let refs: Vec<&Row> = shard.iter().map(|&i| &rows[i]).collect();
+                    let packed = pack(&refs, device)?;
+                    let l = packed.response_width;
+                    let mut old = vec![0f32; shard.len() * l];
+                    for (k, &i) in shard.iter().enumerate() {
+                        old[k * l..k * l + old_values[i].len()].copy_from_slice(&old_values[i]);
+                    }
+                    let old = Tensor::from_vec(old, (shard.len(), l), device)?;
+                    let v = model
+                        .values(&packed.ids, &packed.positions, &packed.key_mask)?
+                        .narrow(1, packed.prompt_width - 1, l)?;
+                    let loss_out = value_loss(
+                        &v,
+                        &old,
+                        &packed.returns,
+                        &packed.loss_mask,
+                        cfg.loss,
+                        Some(denominators),
+                    )?;
+                    let value = f64::from(loss_out.loss.to_scalar::<f32>()?);
+                    let tokens: f64 = shard
+                        .iter()
+                        .map(|&i| rows[i].loss_mask.iter().map(|&m| f64::from(m)).sum::<f64>())
+                        .sum();
+                    if !value.is_finite() {
+                        return Ok((None, loss_out.metrics.to_map(), tokens));
+                    }
+                    let mut acc = GradAccumulator::new();
+                    acc.add(&loss_out.loss.backward()?, vars, 1.0)?;
+                    Ok((Some(acc.take()), loss_out.metrics.to_map(), tokens))
+                })?;
+                let mut acc = GradAccumulator::new();
+                let mut finite = true;
+                let mut shard_metrics: BTreeMap<String, f64> = BTreeMap::new();
+                for (grads, metrics, tokens) in parts {
+                    let Some(grads) = grads else {
+                        finite = false;
+                        break;
+                    };
+                    acc.add_gradients(grads)?;
+                    for (k, v) in metrics {
+                        // The loss is additive over shards; the rest are means over tokens.
+                        let share = if k == "critic/vf_loss" {
+                            v
+                        } else {
+                            v * tokens / denominators.tokens
+                        };
+                        *shard_metrics.entry(k).or_insert(0.0) += share;
+                    }
                 }
-                let old = Tensor::from_vec(old, (mb.len(), l), self.model.trunk().device())?;
-                let v = self
-                    .model
-                    .values(&packed.ids, &packed.positions, &packed.key_mask)?
-                    .narrow(1, packed.prompt_width - 1, l)?;
-                let loss_out =
-                    value_loss(&v, &old, &packed.returns, &packed.loss_mask, cfg.loss, None)?;
-                let value = f64::from(loss_out.loss.to_scalar::<f32>()?);
-                if !value.is_finite() {
-                    tracing::warn!(loss = value, "non-finite critic loss: update skipped");
+                if !finite {
+                    tracing::warn!("non-finite critic loss: update skipped");
                     skipped += 1;
                     continue;
                 }
-                let mut acc = GradAccumulator::new();
-                acc.add(&loss_out.loss.backward()?, self.optimizer.vars(), 1.0)?;
                 let mut grads = acc.take();
                 let norm = grads.clip_global_norm(cfg.grad_clip)?;
                 if !norm.is_finite() {
@@ -233,7 +291,7 @@ impl CriticModel {
                 }
                 self.optimizer.step(&grads, cfg.lr)?;
                 applied += 1;
-                for (k, v) in loss_out.metrics.to_map() {
+                for (k, v) in shard_metrics {
                     let e = sums.entry(k).or_insert((0.0, 0));
                     e.0 += v;
                     e.1 += 1;

@@ -155,14 +155,17 @@ pub fn is_on_policy(cfg: &ActorUpdate<'_>, n: usize) -> bool {
     cfg.epochs == 1 && (cfg.mini_batch == 0 || cfg.mini_batch >= n)
 }
 
-/// Metrics that are a micro-batch's share of its mini-batch's value (the loss denominators span
-/// the mini-batch): summed over the micro-batches of a mini-batch, then averaged over
-/// mini-batches like the others.
-const ADDITIVE: [&str; 4] = [
+/// Metrics that are a piece's share of its mini-batch's value (the loss denominators span the
+/// mini-batch), or counts: summed over the pieces (micro-batches and their shards) of a
+/// mini-batch, then averaged over mini-batches like the others. The other metrics are means
+/// over tokens, averaged over the pieces weighted by their loss tokens.
+const ADDITIVE: [&str; 6] = [
     "actor/pg_loss",
     "actor/kl_loss",
     "actor/entropy",
     "actor/loss",
+    "actor/num_turns",
+    "actor/single_turn_count",
 ];
 
 /// The gradient of one mini-batch and its metrics ([`minibatch_gradient`]).
@@ -275,6 +278,10 @@ enum PieceOutcome {
         metrics: BTreeMap<String, f64>,
         clip_bias_sq: f64,
         clip_bias_clipped: f64,
+        /// Its loss tokens (the weight of its token-mean metrics).
+        tokens: f64,
+        /// Its samples with a loss token (the weight of its sample-mean metrics).
+        seqs: f64,
     },
     /// Its loss could not be computed, or was not finite: the mini-batch is skipped.
     Failed,
@@ -355,6 +362,10 @@ pub fn minibatch_gradient(
             return Ok(PieceOutcome::Failed);
         }
         let seqs = sequences_with_loss(rows, piece_idx);
+        let tokens: f64 = piece_idx
+            .iter()
+            .map(|&i| rows[i].loss_mask.iter().map(|&m| f64::from(m)).sum::<f64>())
+            .sum();
         let mut acc = GradAccumulator::new();
         acc.add(&out.loss.backward()?, vars, 1.0)
             .context("accumulating gradients")?;
@@ -363,10 +374,13 @@ pub fn minibatch_gradient(
             metrics: out.metrics.to_map(),
             clip_bias_sq: (out.metrics.policy.clip_bias_norm * seqs).powi(2),
             clip_bias_clipped: out.metrics.policy.clip_bias_num_clipped as f64,
+            tokens,
+            seqs,
         })
     };
     let mut acc = GradAccumulator::new();
-    let mut sums: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    // Per metric: the sum (additive ones) or the token-weighted sum, and the weights.
+    let mut sums: BTreeMap<String, (f64, f64)> = BTreeMap::new();
     let (mut cb_sq, mut cb_clipped) = (0.0, 0.0);
     // One micro-batch at a time (its shards side by side), so that at most one micro-batch of
     // activations is alive.
@@ -377,6 +391,8 @@ pub fn minibatch_gradient(
                 metrics,
                 clip_bias_sq,
                 clip_bias_clipped,
+                tokens,
+                seqs,
             } = outcome
             else {
                 return Ok(None);
@@ -387,11 +403,19 @@ pub fn minibatch_gradient(
                 if k == "actor/clip_bias_norm" || k == "actor/clip_bias_num_clipped" {
                     continue;
                 }
-                let e = sums.entry(k.clone()).or_insert((0.0, 0));
+                let e = sums.entry(k.clone()).or_insert((0.0, 0.0));
                 if v.is_finite() {
-                    e.0 += v;
-                    if !ADDITIVE.contains(&k.as_str()) {
-                        e.1 += 1;
+                    if ADDITIVE.contains(&k.as_str()) {
+                        e.0 += v;
+                    } else {
+                        // A mean over samples, or over tokens.
+                        let w = if k == "actor/turn_kl_entropy" {
+                            seqs
+                        } else {
+                            tokens.max(1e-9)
+                        };
+                        e.0 += v * w;
+                        e.1 += w;
                     }
                 }
             }
@@ -405,8 +429,10 @@ pub fn minibatch_gradient(
                 k.clone(),
                 if ADDITIVE.contains(&k.as_str()) {
                     s
+                } else if c > 0.0 {
+                    s / c
                 } else {
-                    s / c.max(1) as f64
+                    f64::NAN
                 },
             )
         })
