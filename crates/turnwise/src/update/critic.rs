@@ -226,38 +226,43 @@ impl CriticModel {
                 let model = &self.model;
                 let vars = self.optimizer.vars();
                 let device = model.trunk().device();
-                let parts = parallel::shard_backward(device, mb, |shard| {
-                    let refs: Vec<&Row> = shard.iter().map(|&i| &rows[i]).collect();
-                    let packed = pack(&refs, device)?;
-                    let l = packed.response_width;
-                    let mut old = vec![0f32; shard.len() * l];
-                    for (k, &i) in shard.iter().enumerate() {
-                        old[k * l..k * l + old_values[i].len()].copy_from_slice(&old_values[i]);
-                    }
-                    let old = Tensor::from_vec(old, (shard.len(), l), device)?;
-                    let v = model
-                        .values(&packed.ids, &packed.positions, &packed.key_mask)?
-                        .narrow(1, packed.prompt_width - 1, l)?;
-                    let loss_out = value_loss(
-                        &v,
-                        &old,
-                        &packed.returns,
-                        &packed.loss_mask,
-                        cfg.loss,
-                        Some(denominators),
-                    )?;
-                    let value = f64::from(loss_out.loss.to_scalar::<f32>()?);
-                    let tokens: f64 = shard
-                        .iter()
-                        .map(|&i| rows[i].loss_mask.iter().map(|&m| f64::from(m)).sum::<f64>())
-                        .sum();
-                    if !value.is_finite() {
-                        return Ok((None, loss_out.metrics.to_map(), tokens));
-                    }
-                    let mut acc = GradAccumulator::new();
-                    acc.add(&loss_out.loss.backward()?, vars, 1.0)?;
-                    Ok((Some(acc.take()), loss_out.metrics.to_map(), tokens))
-                })?;
+                let parts = parallel::shard_backward(
+                    device,
+                    mb,
+                    |i| rows[i].prompt.len() + rows[i].response.len(),
+                    |shard| {
+                        let refs: Vec<&Row> = shard.iter().map(|&i| &rows[i]).collect();
+                        let packed = pack(&refs, device)?;
+                        let l = packed.response_width;
+                        let mut old = vec![0f32; shard.len() * l];
+                        for (k, &i) in shard.iter().enumerate() {
+                            old[k * l..k * l + old_values[i].len()].copy_from_slice(&old_values[i]);
+                        }
+                        let old = Tensor::from_vec(old, (shard.len(), l), device)?;
+                        let v = model
+                            .values(&packed.ids, &packed.positions, &packed.key_mask)?
+                            .narrow(1, packed.prompt_width - 1, l)?;
+                        let loss_out = value_loss(
+                            &v,
+                            &old,
+                            &packed.returns,
+                            &packed.loss_mask,
+                            cfg.loss,
+                            Some(denominators),
+                        )?;
+                        let value = f64::from(loss_out.loss.to_scalar::<f32>()?);
+                        let tokens: f64 = shard
+                            .iter()
+                            .map(|&i| rows[i].loss_mask.iter().map(|&m| f64::from(m)).sum::<f64>())
+                            .sum();
+                        if !value.is_finite() {
+                            return Ok((None, loss_out.metrics.to_map(), tokens));
+                        }
+                        let mut acc = GradAccumulator::new();
+                        acc.add(&loss_out.loss.backward()?, vars, 1.0)?;
+                        Ok((Some(acc.take()), loss_out.metrics.to_map(), tokens))
+                    },
+                )?;
                 let mut acc = GradAccumulator::new();
                 let mut finite = true;
                 let mut shard_metrics: BTreeMap<String, f64> = BTreeMap::new();

@@ -47,22 +47,27 @@ pub fn sft_step(
         .max(1.0);
     let idx: Vec<usize> = (0..rows.len()).collect();
     let vars = opt.vars();
-    let parts = parallel::shard_backward(policy.device(), &idx, |shard| {
-        let refs: Vec<&Row> = shard.iter().map(|&i| rows[i]).collect();
-        let packed = pack(&refs, policy.device())?;
-        let (logp, _) = response_logprobs(policy, &packed, 1.0)?;
-        let loss = (logp * &packed.loss_mask)?
-            .sum_all()?
-            .neg()?
-            .affine(1.0 / f64::from(n), 0.0)?;
-        let value = f64::from(loss.to_scalar::<f32>()?);
-        if !value.is_finite() {
-            return Ok((None, value));
-        }
-        let mut acc = GradAccumulator::new();
-        acc.add(&loss.backward()?, vars, 1.0)?;
-        Ok((Some(acc.take()), value))
-    })?;
+    let parts = parallel::shard_backward(
+        policy.device(),
+        &idx,
+        |i| row_len(rows[i]),
+        |shard| {
+            let refs: Vec<&Row> = shard.iter().map(|&i| rows[i]).collect();
+            let packed = pack(&refs, policy.device())?;
+            let (logp, _) = response_logprobs(policy, &packed, 1.0)?;
+            let loss = (logp * &packed.loss_mask)?
+                .sum_all()?
+                .neg()?
+                .affine(1.0 / f64::from(n), 0.0)?;
+            let value = f64::from(loss.to_scalar::<f32>()?);
+            if !value.is_finite() {
+                return Ok((None, value));
+            }
+            let mut acc = GradAccumulator::new();
+            acc.add(&loss.backward()?, vars, 1.0)?;
+            Ok((Some(acc.take()), value))
+        },
+    )?;
     let mut acc = GradAccumulator::new();
     let mut value = 0.0;
     for (grads, v) in parts {
@@ -324,8 +329,10 @@ pub fn minibatch_gradient(
         sequences: total_seqs.max(1.0),
     };
     let k = parallel::shard_count(policy.device(), micro);
-    let micro_batches: Vec<Vec<Vec<usize>>> =
-        mb.chunks(micro).map(|m| parallel::shards(m, k)).collect();
+    let micro_batches: Vec<Vec<Vec<usize>>> = mb
+        .chunks(micro)
+        .map(|m| parallel::shards_by_len(m, k, |i| row_len(&rows[i])))
+        .collect();
     let pieces: Vec<Vec<usize>> = micro_batches.iter().flatten().cloned().collect();
     let cb_scale = minibatch_clip_bias_scale(policy, rows, &pieces, old_logp, cfg, denominators)?;
     let piece = |piece_idx: &[usize]| -> Result<PieceOutcome> {

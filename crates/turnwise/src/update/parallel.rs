@@ -22,26 +22,54 @@ pub fn shard_count(device: &Device, rows: usize) -> usize {
     }
 }
 
-/// `idx` cut into `k` shards of similar size and similar lengths: the i-th index goes to shard
-/// `i mod k`, so when `idx` is sorted by length every shard pads to about the same width.
-pub fn shards(idx: &[usize], k: usize) -> Vec<Vec<usize>> {
+/// `idx` cut into at most `k` shards of balanced padded cost. `len(i)` is row `i`'s length; a
+/// shard pads every row to its longest, so its cost is `rows × longest`. The rows are sorted by
+/// length (stable) and cut into contiguous runs, the longest first, each as long as the
+/// smallest bottleneck that `k` runs can meet allows: short rows share a shard and pad little,
+/// and no shard waits on another much longer one.
+pub fn shards_by_len(idx: &[usize], k: usize, len: impl Fn(usize) -> usize) -> Vec<Vec<usize>> {
     let k = k.max(1);
-    let mut out = vec![Vec::with_capacity(idx.len().div_ceil(k)); k];
-    for (i, &r) in idx.iter().enumerate() {
-        out[i % k].push(r);
+    let mut sorted = idx.to_vec();
+    sorted.sort_by_key(|&i| len(i));
+    let lens: Vec<usize> = sorted.iter().map(|&i| len(i).max(1)).collect();
+    if k == 1 || sorted.len() <= 1 {
+        return vec![sorted].into_iter().filter(|s| !s.is_empty()).collect();
     }
-    out.retain(|s| !s.is_empty());
+    // Greedy from the longest row: each run takes rows while rows × its longest ≤ `b`.
+    let runs = |b: usize| -> Vec<std::ops::Range<usize>> {
+        let mut out = Vec::new();
+        let mut end = lens.len();
+        while end > 0 {
+            let longest = lens[end - 1];
+            let take = (b / longest).max(1).min(end);
+            out.push(end - take..end);
+            end -= take;
+        }
+        out
+    };
+    let (mut lo, mut hi) = (lens[lens.len() - 1], lens[lens.len() - 1] * lens.len());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if runs(mid).len() <= k {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    let mut out: Vec<Vec<usize>> = runs(lo).into_iter().map(|r| sorted[r].to_vec()).collect();
+    out.reverse();
     out
 }
 
-/// `f` on each shard of `idx` ([`shards`], [`shard_count`] of them), concurrently; the results
-/// in shard order.
+/// `f` on each shard of `idx` ([`shards_by_len`] with row lengths `len`, [`shard_count`] of
+/// them), concurrently; the results in shard order.
 pub fn shard_backward<T: Send>(
     device: &Device,
     idx: &[usize],
+    len: impl Fn(usize) -> usize,
     f: impl Fn(&[usize]) -> Result<T> + Sync,
 ) -> Result<Vec<T>> {
-    let parts = shards(idx, shard_count(device, idx.len()));
+    let parts = shards_by_len(idx, shard_count(device, idx.len()), len);
     if parts.len() <= 1 {
         return parts.iter().map(|s| f(s)).collect();
     }
@@ -59,4 +87,45 @@ pub fn map_chunks<C: Sync, T: Send>(
         return chunks.iter().map(&f).collect();
     }
     chunks.par_iter().map(&f).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shards_by_len;
+
+    /// Padded cost of a shard: rows × longest.
+    fn cost(s: &[usize], lens: &[usize]) -> usize {
+        s.len() * s.iter().map(|&i| lens[i]).max().unwrap_or(0)
+    }
+
+    #[test]
+    fn shards_cover_every_row_once_and_balance_padded_cost() {
+        let lens = [120, 200, 130, 210, 125, 205, 118, 190, 122, 199];
+        let idx: Vec<usize> = (0..lens.len()).collect();
+        let parts = shards_by_len(&idx, 2, |i| lens[i]);
+        assert_eq!(parts.len(), 2);
+        let mut all: Vec<usize> = parts.iter().flatten().copied().collect();
+        all.sort();
+        assert_eq!(all, idx);
+        // The short rows share a shard: it pads to 130, not 210.
+        assert_eq!(parts[0].iter().map(|&i| lens[i]).max(), Some(130));
+        // Alternating rows (sorted) pads both shards to about the longest row: 1025 and 1050.
+        let worst = parts.iter().map(|s| cost(s, &lens)).max().unwrap();
+        let padded: usize = parts.iter().map(|s| cost(s, &lens)).sum();
+        assert!(worst <= 1050, "{worst}");
+        assert!(padded < 1025 + 1050, "{padded}");
+    }
+
+    #[test]
+    fn one_shard_per_row_at_most_and_empty_input() {
+        let lens = [5, 5, 5];
+        let parts = shards_by_len(&[0, 1, 2], 8, |i| lens[i]);
+        assert_eq!(parts.iter().map(Vec::len).sum::<usize>(), 3);
+        assert!(parts.len() <= 3);
+        assert!(shards_by_len(&[], 2, |_| 1).is_empty());
+        assert_eq!(
+            shards_by_len(&[0, 1, 2], 1, |i| lens[i]),
+            vec![vec![0, 1, 2]]
+        );
+    }
 }
