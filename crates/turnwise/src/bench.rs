@@ -48,7 +48,7 @@ pub const TOPK: usize = 3;
 /// One model shape of the benchmark (Qwen2 layout, tied embeddings).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ModelSize {
-    /// Name (`A`, `B`, `tiny`).
+    /// Name (`A`, `B`, `Q`, `tiny`).
     pub name: String,
     /// Hidden size.
     pub hidden: usize,
@@ -67,7 +67,8 @@ pub struct ModelSize {
 impl ModelSize {
     /// The named sizes: `A` (hidden 256, 4 layers, 4/2 heads, intermediate 768, vocab 4096),
     /// `B` (hidden 512, 8 layers, 8/2 heads, intermediate 1536, vocab 8192) and `tiny` (hidden
-    /// 32, 2 layers, 4/2 heads, intermediate 64, vocab 256: seconds, for tests).
+    /// 32, 2 layers, 4/2 heads, intermediate 64, vocab 256: seconds, for tests); `Q` is the
+    /// quickstart's model (hidden 128, 4 layers, 4/2 heads, intermediate 384, vocab 467).
     pub fn named(name: &str) -> Result<Self> {
         let s = |name: &str, hidden, layers, heads, kv_heads, intermediate, vocab| Self {
             name: name.into(),
@@ -81,8 +82,9 @@ impl ModelSize {
         Ok(match name.trim().to_ascii_lowercase().as_str() {
             "a" => s("A", 256, 4, 4, 2, 768, 4096),
             "b" => s("B", 512, 8, 8, 2, 1536, 8192),
+            "q" => s("Q", 128, 4, 4, 2, 384, 467),
             "tiny" => s("tiny", 32, 2, 4, 2, 64, 256),
-            _ => bail!("unknown model size {name:?}: expected A, B or tiny"),
+            _ => bail!("unknown model size {name:?}: expected A, B, Q or tiny"),
         })
     }
 
@@ -172,6 +174,12 @@ pub struct ModelFigures {
     pub train_tokens_per_s: f64,
     /// Median seconds of one training step.
     pub train_step_s: f64,
+    /// Median seconds of the trainer's own step on the same batch as one shard on one thread.
+    pub trainer_step_one_shard_s: f64,
+    /// The same, its rows cut into one shard per core ([`Self::trainer_shards`]).
+    pub trainer_step_sharded_s: f64,
+    /// Shards of the sharded trainer step.
+    pub trainer_shards: usize,
     /// Sampling throughput per batch size.
     pub sample: Vec<SampleFigure>,
 }
@@ -279,6 +287,45 @@ pub fn train_step_seconds(cfg: &ModelConfig, steps: usize) -> Result<f64> {
     Ok(median(times))
 }
 
+/// Median seconds of one step of the trainer's own supervised update
+/// ([`crate::update::sft_step`]) of `cfg` on [`TRAIN_BATCH`] rows of [`TRAIN_LEN`] tokens, over
+/// `steps` timed steps after one warm-up step, on a pool of `threads` threads: the rows are cut
+/// into one shard per thread ([`crate::update::parallel`]), so `threads = 1` is the step without
+/// data parallelism.
+pub fn trainer_step_seconds(cfg: &ModelConfig, steps: usize, threads: usize) -> Result<f64> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .build()
+        .context("building the benchmark's thread pool")?;
+    let dev = Device::Cpu;
+    let vm = init_varmap(cfg, DType::F32, &dev, 0)?;
+    let model = Transformer::from_varmap(cfg, &vm)?;
+    let mut opt = AdamW::new(sorted_vars(&vm), AdamWConfig::default())?;
+    let rows: Vec<crate::update::Row> = (0..TRAIN_BATCH)
+        .map(|b| {
+            let toks: Vec<u32> = (0..TRAIN_LEN)
+                .map(|i| ((b * TRAIN_LEN + i) * 7919 % cfg.vocab_size) as u32)
+                .collect();
+            let (prompt, response) = toks.split_at(PROMPT_LEN);
+            let n = response.len();
+            crate::update::Row::new(prompt.to_vec(), response.to_vec(), vec![1; n], vec![0; n])
+        })
+        .collect();
+    let refs: Vec<&crate::update::Row> = rows.iter().collect();
+    let mut times = Vec::with_capacity(steps);
+    for step in 0..=steps {
+        let t0 = Instant::now();
+        let out = pool.install(|| crate::update::sft_step(&model, &mut opt, &refs, 1e-4, 1.0))?;
+        if out.is_none() {
+            bail!("the benchmark's trainer step was not finite");
+        }
+        if step > 0 {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    Ok(median(times))
+}
+
 /// Generated tokens per second of `cfg` at `batch` rows ([`PROMPT_LEN`]-token prompts,
 /// [`NEW_TOKENS`] new tokens each): median over `reps` timed runs after one warm-up run.
 pub fn sample_tokens_per_s(cfg: &ModelConfig, batch: usize, reps: usize) -> Result<f64> {
@@ -321,6 +368,17 @@ fn model_figures(size: &ModelSize, opts: &BenchOptions) -> Result<ModelFigures> 
         .with_context(|| format!("training benchmark of size {}", size.name))?;
     let train = (TRAIN_BATCH * TRAIN_LEN) as f64 / step;
     tracing::info!(size = %size.name, tokens_per_s = train.round(), "training measured");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let trainer_step_one = trainer_step_seconds(&cfg, opts.train_steps(), 1)
+        .with_context(|| format!("trainer-step benchmark of size {}", size.name))?;
+    let trainer_step_sharded = trainer_step_seconds(&cfg, opts.train_steps(), cores)
+        .with_context(|| format!("trainer-step benchmark of size {}", size.name))?;
+    tracing::info!(
+        size = %size.name,
+        one_shard_s = trainer_step_one,
+        sharded_s = trainer_step_sharded,
+        "trainer step measured"
+    );
     let mut sample = Vec::new();
     for &batch in &SAMPLE_BATCHES {
         let s = sample_tokens_per_s(&cfg, batch, opts.sample_reps()).with_context(|| {
@@ -337,6 +395,9 @@ fn model_figures(size: &ModelSize, opts: &BenchOptions) -> Result<ModelFigures> 
         parameters: cfg.num_parameters(),
         train_tokens_per_s: train,
         train_step_s: step,
+        trainer_step_one_shard_s: trainer_step_one,
+        trainer_step_sharded_s: trainer_step_sharded,
+        trainer_shards: cores.min(TRAIN_BATCH),
         sample,
     })
 }
@@ -538,6 +599,14 @@ impl BenchReport {
                 format!("model/{n}/train_tokens_per_s"),
                 m.train_tokens_per_s,
             ));
+            out.push((
+                format!("model/{n}/trainer_step_one_shard_s"),
+                m.trainer_step_one_shard_s,
+            ));
+            out.push((
+                format!("model/{n}/trainer_step_sharded_s"),
+                m.trainer_step_sharded_s,
+            ));
             for s in &m.sample {
                 out.push((
                     format!("model/{n}/sample_{}_tokens_per_s", s.batch),
@@ -571,12 +640,12 @@ impl BenchReport {
         if !self.model.is_empty() {
             t.push_str(&format!(
                 "\n| model | shape (hidden/layers/heads/ffn/vocab) | parameters | train tok/s \
-                 ({TRAIN_BATCH}×{TRAIN_LEN}) | step s |"
+                 ({TRAIN_BATCH}×{TRAIN_LEN}) | step s | trainer step s, 1 shard → one per core |"
             ));
             for b in SAMPLE_BATCHES {
                 t.push_str(&format!(" sample tok/s b={b} |"));
             }
-            t.push_str("\n|---|---|---:|---:|---:|");
+            t.push_str("\n|---|---|---:|---:|---:|---:|");
             t.push_str(&"---:|".repeat(SAMPLE_BATCHES.len()));
             t.push('\n');
             for m in &self.model {
@@ -593,6 +662,13 @@ impl BenchReport {
                     m.parameters as f64 / 1e6,
                     m.train_tokens_per_s,
                     m.train_step_s
+                ));
+                t.push_str(&format!(
+                    " {:.3} → {:.3} ({} shards, {:.2}×) |",
+                    m.trainer_step_one_shard_s,
+                    m.trainer_step_sharded_s,
+                    m.trainer_shards,
+                    m.trainer_step_one_shard_s / m.trainer_step_sharded_s.max(1e-12)
                 ));
                 for f in &m.sample {
                     t.push_str(&format!(" {:.0} |", f.tokens_per_s));
@@ -670,7 +746,7 @@ mod tests {
         a.validate().unwrap();
         b.validate().unwrap();
         let err = ModelSize::named("C").unwrap_err().to_string();
-        assert!(err.contains("A, B or tiny"), "{err}");
+        assert!(err.contains("A, B, Q or tiny"), "{err}");
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
     }

@@ -97,8 +97,8 @@ pub enum Command {
         /// Measure only the model or only the environment (retrieval) part.
         #[arg(long, value_enum)]
         only: Option<BenchPart>,
-        /// Model sizes, comma-separated: A (hidden 256, 4 layers), B (hidden 512, 8 layers) or
-        /// tiny (for tests).
+        /// Model sizes, comma-separated: A (hidden 256, 4 layers), B (hidden 512, 8 layers), Q
+        /// (the quickstart's model: hidden 128, 4 layers) or tiny (for tests).
         #[arg(long, value_delimiter = ',', default_value = "A,B")]
         sizes: Vec<String>,
         /// Also write the results as JSON to FILE.
@@ -841,7 +841,7 @@ fn bench(
         quick,
         sizes: if model {
             if sizes.is_empty() {
-                bail!("--sizes needs at least one of A, B or tiny");
+                bail!("--sizes needs at least one of A, B, Q or tiny");
             }
             sizes
                 .iter()

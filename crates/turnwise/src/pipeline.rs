@@ -722,7 +722,8 @@ mod tests {
         assert_eq!(cfg.task.format, crate::config::AgentFormatName::SearchR1);
         assert_eq!(cfg.reward.name(), "em");
         assert_eq!(cfg.sft.steps, 1100);
-        assert_eq!(cfg.run.steps, 100);
+        assert_eq!(cfg.run.steps, 70);
+        assert_eq!(cfg.eval.questions, 450);
         assert_eq!(cfg.rollout.temperature, 0.7);
         let world_cfg = &cfg.task.world;
         assert_eq!(world_cfg.person_name_pool, 40);

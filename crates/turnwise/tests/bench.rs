@@ -71,7 +71,7 @@ fn bench_options_are_checked() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("--sizes") && err.contains("A, B or tiny"),
+        err.contains("--sizes") && err.contains("A, B, Q or tiny"),
         "{err}"
     );
 
