@@ -434,6 +434,14 @@ impl Transformer {
         self.linears().any(|x| x.lora.is_some())
     }
 
+    /// Whether a training forward draws LoRA dropout masks. Their stream is one sequence (a
+    /// shared call counter), so forwards that run concurrently would draw in an order that
+    /// depends on thread timing: such a model must run its training forwards one at a time.
+    pub fn draws_dropout(&self) -> bool {
+        self.linears()
+            .any(|x| x.lora.as_ref().is_some_and(|a| a.dropout.is_some()))
+    }
+
     /// Every linear layer of the decoder layers.
     fn linears(&self) -> impl Iterator<Item = &Linear> {
         self.layers.iter().flat_map(|l| {

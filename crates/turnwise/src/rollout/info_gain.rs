@@ -90,10 +90,10 @@ pub fn probe(
     let mut by_len: Vec<usize> = (0..rows.len()).collect();
     by_len.sort_by_key(|&i| rows[i].2.len());
     // Chunks run side by side on the CPU's cores.
-    let k = crate::update::parallel::shard_count(model.device(), rows.len());
+    let k = crate::update::parallel::training_shard_count(model, rows.len());
     let chunk = PROBE_CHUNK.min(rows.len().div_ceil(k).max(1));
     let chunks: Vec<&[usize]> = by_len.chunks(chunk).collect();
-    let parts = crate::update::parallel::map_chunks(model.device(), &chunks, |c| {
+    let parts = crate::update::parallel::map_chunks(k, &chunks, |c| {
         span_logprobs(
             model,
             &c.iter()

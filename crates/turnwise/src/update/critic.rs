@@ -139,10 +139,10 @@ impl CriticModel {
     pub fn values(&self, rows: &[Row], chunk: usize) -> Result<Vec<Vec<f32>>> {
         let device = self.detached.trunk().device();
         // At least one chunk per core, so that the chunks run side by side.
-        let k = parallel::shard_count(device, rows.len());
+        let k = parallel::training_shard_count(self.detached.trunk(), rows.len());
         let chunk = chunk.max(1).min(rows.len().div_ceil(k).max(1));
         let chunks: Vec<&[Row]> = rows.chunks(chunk).collect();
-        let parts = parallel::map_chunks(device, &chunks, |c| {
+        let parts = parallel::map_chunks(k, &chunks, |c| {
             let refs: Vec<&Row> = c.iter().collect();
             let packed = pack(&refs, device)?;
             let v = self
@@ -227,7 +227,7 @@ impl CriticModel {
                 let vars = self.optimizer.vars();
                 let device = model.trunk().device();
                 let parts = parallel::shard_backward(
-                    device,
+                    parallel::training_shard_count(model.trunk(), mb.len()),
                     mb,
                     |i| rows[i].prompt.len() + rows[i].response.len(),
                     |shard| {

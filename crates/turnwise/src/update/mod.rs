@@ -48,7 +48,7 @@ pub fn sft_step(
     let idx: Vec<usize> = (0..rows.len()).collect();
     let vars = opt.vars();
     let parts = parallel::shard_backward(
-        policy.device(),
+        parallel::training_shard_count(policy, rows.len()),
         &idx,
         |i| row_len(rows[i]),
         |shard| {
@@ -97,10 +97,10 @@ pub fn logprobs_no_grad(
     let mut by_len: Vec<usize> = (0..rows.len()).collect();
     by_len.sort_by_key(|&i| row_len(&rows[i]));
     // At least one chunk per core, so that the chunks run side by side.
-    let k = parallel::shard_count(model.device(), rows.len());
+    let k = parallel::training_shard_count(model, rows.len());
     let chunk = chunk.max(1).min(rows.len().div_ceil(k).max(1));
     let chunks: Vec<&[usize]> = by_len.chunks(chunk).collect();
-    let parts = parallel::map_chunks(model.device(), &chunks, |c| {
+    let parts = parallel::map_chunks(k, &chunks, |c| {
         let refs: Vec<&Row> = c.iter().map(|&i| &rows[i]).collect();
         let packed = pack(&refs, model.device())?;
         let (lp, _) = response_logprobs(model, &packed, temperature)?;
@@ -246,7 +246,8 @@ fn minibatch_clip_bias_scale(
         );
     }
     // ‖C_mb‖² = Σ_piece (B_piece · ‖C_piece‖)² / B_mb², since c = (1/B)(1/|y|)·1·w·Â.
-    let parts = parallel::map_chunks(policy.device(), pieces, |piece| {
+    let k = parallel::training_shard_count(policy, pieces.len());
+    let parts = parallel::map_chunks(k, pieces, |piece| {
         let (inp, lp, _) = micro_input(policy, rows, piece, old_logp, None, |p| {
             response_logprobs(policy, p, cfg.temperature)
         })?;
@@ -328,7 +329,7 @@ pub fn minibatch_gradient(
         tokens: total_tokens.max(1.0),
         sequences: total_seqs.max(1.0),
     };
-    let k = parallel::shard_count(policy.device(), micro);
+    let k = parallel::training_shard_count(policy, micro);
     let micro_batches: Vec<Vec<Vec<usize>>> = mb
         .chunks(micro)
         .map(|m| parallel::shards_by_len(m, k, |i| row_len(&rows[i])))
@@ -392,7 +393,7 @@ pub fn minibatch_gradient(
     // One micro-batch at a time (its shards side by side), so that at most one micro-batch of
     // activations is alive.
     for shards in &micro_batches {
-        for outcome in parallel::map_chunks(policy.device(), shards, |s| piece(s))? {
+        for outcome in parallel::map_chunks(shards.len(), shards, |s| piece(s))? {
             let PieceOutcome::Done {
                 grads,
                 metrics,

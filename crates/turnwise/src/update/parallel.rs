@@ -10,6 +10,7 @@
 use anyhow::Result;
 use candle_core::Device;
 use rayon::prelude::*;
+use turnwise_model::Transformer;
 
 /// How many shards a batch of `rows` rows is cut into on `device`: one per thread of rayon's
 /// pool (`RAYON_NUM_THREADS`, which the binary sets to the core count) on the CPU, never more
@@ -61,29 +62,41 @@ pub fn shards_by_len(idx: &[usize], k: usize, len: impl Fn(usize) -> usize) -> V
     out
 }
 
-/// `f` on each shard of `idx` ([`shards_by_len`] with row lengths `len`, [`shard_count`] of
-/// them), concurrently; the results in shard order.
+/// How many shards the training forwards of `model` over `rows` rows are cut into:
+/// [`shard_count`], or one when the model draws LoRA dropout masks (their stream is one
+/// sequence; concurrent forwards would draw them in an order that depends on thread timing, and
+/// a resumed run would not repeat the uninterrupted one).
+pub fn training_shard_count(model: &Transformer, rows: usize) -> usize {
+    if model.draws_dropout() {
+        1
+    } else {
+        shard_count(model.device(), rows)
+    }
+}
+
+/// `f` on each of `k` shards of `idx` ([`shards_by_len`] with row lengths `len`),
+/// concurrently; the results in shard order.
 pub fn shard_backward<T: Send>(
-    device: &Device,
+    k: usize,
     idx: &[usize],
     len: impl Fn(usize) -> usize,
     f: impl Fn(&[usize]) -> Result<T> + Sync,
 ) -> Result<Vec<T>> {
-    let parts = shards_by_len(idx, shard_count(device, idx.len()), len);
+    let parts = shards_by_len(idx, k, len);
     if parts.len() <= 1 {
         return parts.iter().map(|s| f(s)).collect();
     }
     parts.par_iter().map(|s| f(s)).collect()
 }
 
-/// `f` on each of `chunks`, concurrently on the CPU (one at a time elsewhere); the results in
-/// chunk order.
+/// `f` on each of `chunks`, concurrently when `k > 1` (a shard count: [`shard_count`] or
+/// [`training_shard_count`]), one at a time otherwise; the results in chunk order.
 pub fn map_chunks<C: Sync, T: Send>(
-    device: &Device,
+    k: usize,
     chunks: &[C],
     f: impl Fn(&C) -> Result<T> + Sync,
 ) -> Result<Vec<T>> {
-    if shard_count(device, chunks.len()) <= 1 {
+    if k <= 1 || chunks.len() <= 1 {
         return chunks.iter().map(&f).collect();
     }
     chunks.par_iter().map(&f).collect()
