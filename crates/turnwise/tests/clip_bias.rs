@@ -85,18 +85,7 @@ fn gradient_and_metrics(
     )
     .unwrap()
     .expect("finite loss");
-    let mut grads: Vec<(String, Vec<f32>)> = g
-        .grads
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.clone(),
-                v.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-            )
-        })
-        .collect();
-    grads.sort_by(|a, b| a.0.cmp(&b.0));
-    (grads, g.metrics)
+    (common::sorted_values(&g.grads), g.metrics)
 }
 
 fn check(preset: &str) {

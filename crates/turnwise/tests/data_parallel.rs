@@ -132,18 +132,7 @@ fn minibatch_gradient_does_not_depend_on_the_shards() {
             )
             .unwrap()
             .expect("finite loss");
-            let mut v: Vec<(String, Vec<f32>)> = g
-                .grads
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.clone(),
-                        v.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-                    )
-                })
-                .collect();
-            v.sort_by(|a, b| a.0.cmp(&b.0));
-            (v, g.metrics)
+            (common::sorted_values(&g.grads), g.metrics)
         })
     };
     let ((g1, m1), (g3, m3)) = (grad(1), grad(3));

@@ -8,7 +8,6 @@ use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use turnwise_model::ModelConfig;
-use turnwise_model::loss::agg::AggDenominators;
 use turnwise_model::loss::value::{ValueLossConfig, explained_variance, value_loss};
 use turnwise_model::model::critic::{
     Critic, SCORE_BIAS, SCORE_WEIGHT, critic_varmap_from_policy, trunk_config,
@@ -19,7 +18,7 @@ use turnwise_model::model::weights::{
 };
 use turnwise_model::optim::{AdamW, AdamWConfig, GradAccumulator};
 
-use super::{Row, pack, parallel};
+use super::{Row, loss_tokens, minibatch_denominators, pack, parallel, row_len};
 
 /// File of a checkpoint holding the critic's weights (trunk and value head, Hugging Face names).
 pub const CRITIC_WEIGHTS_FILE: &str = "critic.safetensors";
@@ -211,25 +210,14 @@ impl CriticModel {
             for mb in perm.chunks(mini) {
                 // The mini-batch's loss, cut into one shard per core (update/parallel.rs):
                 // each shard divides by the whole mini-batch's denominators.
-                let denominators = AggDenominators {
-                    tokens: mb
-                        .iter()
-                        .map(|&i| rows[i].loss_mask.iter().map(|&m| f64::from(m)).sum::<f64>())
-                        .sum::<f64>()
-                        .max(1.0),
-                    sequences: (mb
-                        .iter()
-                        .filter(|&&i| rows[i].loss_mask.iter().any(|&m| m > 0))
-                        .count() as f64)
-                        .max(1.0),
-                };
+                let denominators = minibatch_denominators(rows, mb);
                 let model = &self.model;
                 let vars = self.optimizer.vars();
                 let device = model.trunk().device();
                 let parts = parallel::shard_backward(
                     parallel::training_shard_count(model.trunk(), mb.len()),
                     mb,
-                    |i| rows[i].prompt.len() + rows[i].response.len(),
+                    |i| row_len(&rows[i]),
                     |shard| {
                         let refs: Vec<&Row> = shard.iter().map(|&i| &rows[i]).collect();
                         let packed = pack(&refs, device)?;
@@ -251,10 +239,7 @@ impl CriticModel {
                             Some(denominators),
                         )?;
                         let value = f64::from(loss_out.loss.to_scalar::<f32>()?);
-                        let tokens: f64 = shard
-                            .iter()
-                            .map(|&i| rows[i].loss_mask.iter().map(|&m| f64::from(m)).sum::<f64>())
-                            .sum();
+                        let tokens = loss_tokens(rows, shard);
                         if !value.is_finite() {
                             return Ok((None, loss_out.metrics.to_map(), tokens));
                         }

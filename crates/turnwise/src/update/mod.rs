@@ -148,7 +148,7 @@ fn tensor_rows(v: &[Vec<f32>], idx: &[usize], width: usize, device: &Device) -> 
 
 /// Tokens of a row (prompt and response): what a forward pass over it costs, and the key that
 /// groups rows of similar length into one pass.
-fn row_len(r: &Row) -> usize {
+pub(crate) fn row_len(r: &Row) -> usize {
     r.prompt.len() + r.response.len()
 }
 
@@ -276,6 +276,22 @@ fn sequences_with_loss(rows: &[Row], idx: &[usize]) -> f64 {
         .max(1) as f64
 }
 
+/// Loss tokens of the rows `idx`.
+pub(crate) fn loss_tokens(rows: &[Row], idx: &[usize]) -> f64 {
+    idx.iter()
+        .map(|&i| rows[i].loss_mask.iter().map(|&m| f64::from(m)).sum::<f64>())
+        .sum()
+}
+
+/// The loss denominators of the mini-batch `idx` of `rows` (each at least 1), which every piece
+/// of it divides by.
+pub(crate) fn minibatch_denominators(rows: &[Row], idx: &[usize]) -> AggDenominators {
+    AggDenominators {
+        tokens: loss_tokens(rows, idx).max(1.0),
+        sequences: sequences_with_loss(rows, idx),
+    }
+}
+
 /// What one piece of a mini-batch contributes ([`minibatch_gradient`]).
 enum PieceOutcome {
     /// Its gradient (the mini-batch loss's share), metrics and clip-bias figures.
@@ -317,18 +333,7 @@ pub fn minibatch_gradient(
         cfg.micro_batch.min(mb.len())
     }
     .max(1);
-    let total_tokens: f64 = mb
-        .iter()
-        .map(|&i| rows[i].loss_mask.iter().map(|&m| f64::from(m)).sum::<f64>())
-        .sum();
-    let total_seqs = mb
-        .iter()
-        .filter(|&&i| rows[i].loss_mask.iter().any(|&m| m > 0))
-        .count() as f64;
-    let denominators = AggDenominators {
-        tokens: total_tokens.max(1.0),
-        sequences: total_seqs.max(1.0),
-    };
+    let denominators = minibatch_denominators(rows, &mb);
     let k = parallel::training_shard_count(policy, micro);
     let micro_batches: Vec<Vec<Vec<usize>>> = mb
         .chunks(micro)
@@ -370,10 +375,7 @@ pub fn minibatch_gradient(
             return Ok(PieceOutcome::Failed);
         }
         let seqs = sequences_with_loss(rows, piece_idx);
-        let tokens: f64 = piece_idx
-            .iter()
-            .map(|&i| rows[i].loss_mask.iter().map(|&m| f64::from(m)).sum::<f64>())
-            .sum();
+        let tokens = loss_tokens(rows, piece_idx);
         let mut acc = GradAccumulator::new();
         acc.add(&out.loss.backward()?, vars, 1.0)
             .context("accumulating gradients")?;

@@ -117,3 +117,19 @@ pub fn play_turns<S: AsRef<str>>(
     }
     state.finish()
 }
+
+/// The values of named gradients, flattened, sorted by name (to compare two gradients).
+#[allow(dead_code)]
+pub fn sorted_values(g: &turnwise_model::optim::Gradients) -> Vec<(String, Vec<f32>)> {
+    let mut v: Vec<(String, Vec<f32>)> = g
+        .iter()
+        .map(|(k, t)| {
+            (
+                k.clone(),
+                t.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            )
+        })
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
