@@ -813,15 +813,25 @@ fn print_summary(s: &turnwise::pipeline::RunSummary, quiet: bool) {
         .into_iter()
         .flatten()
         .any(|r| r.is_game());
+    // The change on the same questions, with its paired standard error.
+    let gain = |key: &str| {
+        s.gains
+            .get(key)
+            .map(|g| format!(" ({:+.1} ± {:.1} paired)", g.gain * 100.0, g.se * 100.0))
+            .unwrap_or_default()
+    };
     println!(
-        "test {} (n={n}) greedy: {} -> {}; sampled: {} -> {}; validation greedy: {} -> {} (warm start {:.0} s, RL {:.0} s, total {:.0} s)",
+        "test {} (n={n}) greedy: {} -> {}{}; sampled: {} -> {}{}; validation greedy: {} -> {}{} (warm start {:.0} s, RL {:.0} s, total {:.0} s)",
         if game { "success" } else { "EM" },
         pct(&s.before_greedy),
         pct(&s.after_greedy),
+        gain("gain/test/greedy"),
         pct(&s.before_sampled),
         pct(&s.after_sampled),
+        gain("gain/test/sampled"),
         pct(&v.before_greedy),
         pct(&v.after_greedy),
+        gain("gain/validation/greedy"),
         s.sft_seconds,
         s.rl_seconds,
         s.total_seconds

@@ -14,7 +14,9 @@ use turnwise_env::world::Split;
 use crate::config::TrainConfig;
 use crate::run::{MetricsWriter, Progress, RunDir, write_report};
 use crate::trainer::Trainer;
-use crate::trainer::eval::{EvalResult, eval_prefix};
+use crate::trainer::eval::{
+    EvalEpisode, EvalResult, PairedGain, QuestionOutcome, eval_prefix, paired_gain,
+};
 use crate::trainer::rejection::{RsftProgress, RsftReport};
 
 pub use crate::config::presets::QUICKSTART_OVERRIDES;
@@ -59,6 +61,10 @@ pub struct RunSummary {
     /// Greedy test evaluations of the starting model before the warm start, one per entry of
     /// `eval.base_shots`: `(shots, result)`.
     pub base: Vec<(usize, EvalResult)>,
+    /// EM gains from before to after RL on the same questions, with their paired standard
+    /// errors, keyed `gain/<split>/<mode>` (see [`PairedGain`]); a split or decoding that was
+    /// not evaluated both times has none.
+    pub gains: BTreeMap<String, PairedGain>,
     /// Seconds of the warm start (with the rejection-sampling fine-tuning when enabled).
     pub sft_seconds: f64,
     /// Seconds of the RL phase.
@@ -229,10 +235,19 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
         &cfg,
         "before RL",
         Split::Validation,
+        &dir,
         &mut log,
         quiet,
     )?;
-    evaluate(&trainer, &cfg, "before RL", Split::Test, &mut log, quiet)?;
+    evaluate(
+        &trainer,
+        &cfg,
+        "before RL",
+        Split::Test,
+        &dir,
+        &mut log,
+        quiet,
+    )?;
     // Step 0: the warm-started policy with its fresh RL optimizer, so a resume never redoes
     // the warm start.
     save_checkpoint(&trainer, &cfg, &dir)?;
@@ -431,7 +446,7 @@ pub fn resume(run_dir: &Path, quiet: bool) -> Result<RunSummary> {
             ck.step
         );
     }
-    let kept = dir.prepare_resume(&["train", "eval"])?;
+    let kept = dir.prepare_resume(&["train", "eval", GAIN_PHASE])?;
     debug_assert_eq!(kept.map(|c| c.step), Some(ck.step));
     if ck.step >= cfg.run.steps {
         say(
@@ -456,6 +471,7 @@ fn evaluate(
     cfg: &TrainConfig,
     when: &str,
     split: Split,
+    dir: &RunDir,
     log: &mut MetricsWriter,
     quiet: bool,
 ) -> Result<(Option<EvalResult>, Option<EvalResult>)> {
@@ -470,7 +486,9 @@ fn evaluate(
     let mut s = None;
     if cfg.eval.greedy {
         let t0 = Instant::now();
-        let r = t.evaluate(split, cfg.eval.questions, 0.0, cfg.seed ^ 0xe)?;
+        let (r, episodes) =
+            t.evaluate_with_episodes(split, cfg.eval.questions, 0.0, cfg.seed ^ 0xe)?;
+        write_outcomes(dir, split, "greedy", t.step, &episodes)?;
         say(quiet, eval_line(&format!("{when} greedy"), &r));
         let mut m = r.to_metrics(&eval_prefix(split, "greedy"));
         m.insert(EVAL_SECONDS.into(), t0.elapsed().as_secs_f64());
@@ -479,12 +497,13 @@ fn evaluate(
     }
     if cfg.eval.sampled {
         let t0 = Instant::now();
-        let r = t.evaluate(
+        let (r, episodes) = t.evaluate_with_episodes(
             split,
             cfg.eval.questions,
             cfg.rollout.temperature,
             cfg.seed ^ 0xf,
         )?;
+        write_outcomes(dir, split, "sampled", t.step, &episodes)?;
         let label = format!("{when} sampled T={}", cfg.rollout.temperature);
         say(quiet, eval_line(&label, &r));
         let mut m = r.to_metrics(&eval_prefix(split, "sampled"));
@@ -493,6 +512,86 @@ fn evaluate(
         s = Some(r);
     }
     Ok((g, s))
+}
+
+/// Keeps how each question of an evaluation went ([`RunDir::write_eval`]).
+fn write_outcomes(
+    dir: &RunDir,
+    split: Split,
+    mode: &str,
+    step: u64,
+    episodes: &[EvalEpisode],
+) -> Result<()> {
+    let outcomes: Vec<QuestionOutcome> = episodes.iter().map(EvalEpisode::outcome).collect();
+    dir.write_eval(split.name(), mode, step, &outcomes)?;
+    Ok(())
+}
+
+/// The metrics phase of the gain lines.
+const GAIN_PHASE: &str = "gain";
+
+/// The metrics prefix of the gain of `split` with decoding `mode`: `gain/<split>/<mode>`.
+pub fn gain_prefix(split: Split, mode: &str) -> String {
+    format!("gain/{}/{mode}", split.name())
+}
+
+/// The EM gains from before RL (step 0) to `step` of every split and decoding both
+/// evaluated ([`paired_gain`] of their `evals/` files), printed and logged as one `gain` line
+/// at `step` (`gain/<split>/<mode>/{em,se,n,improved,regressed}`). An evaluation without its
+/// file (a run resumed from before the files were kept) is skipped with a warning.
+fn log_gains(
+    dir: &RunDir,
+    step: u64,
+    log: &mut MetricsWriter,
+    quiet: bool,
+) -> Result<BTreeMap<String, PairedGain>> {
+    let mut gains = BTreeMap::new();
+    let mut m = BTreeMap::new();
+    for split in [Split::Validation, Split::Test] {
+        for mode in ["greedy", "sampled"] {
+            let read = |at| dir.read_eval::<QuestionOutcome>(split.name(), mode, at);
+            let (before, after) = match (read(0)?, read(step)?) {
+                (Some(b), Some(a)) => (b, a),
+                (None, None) => continue,
+                _ => {
+                    tracing::warn!(
+                        "the {} {mode} evaluation before or after RL kept no per-question \
+                         file under {}: no paired gain for it",
+                        split.name(),
+                        dir.evals_dir().display()
+                    );
+                    continue;
+                }
+            };
+            let g = paired_gain(&before, &after)
+                .with_context(|| format!("the {} {mode} gain", split.name()))?;
+            let prefix = gain_prefix(split, mode);
+            m.insert(format!("{prefix}/em"), g.gain);
+            m.insert(format!("{prefix}/se"), g.se);
+            m.insert(format!("{prefix}/n"), g.n as f64);
+            m.insert(format!("{prefix}/improved"), g.improved as f64);
+            m.insert(format!("{prefix}/regressed"), g.regressed as f64);
+            say(
+                quiet,
+                format!(
+                    "gain {mode:<7} {:<10} n={:<4} | EM {:+.1} ± {:.1} points (paired: {} questions \
+                     up, {} down; {:.1} standard errors)",
+                    split.name(),
+                    g.n,
+                    g.gain * 100.0,
+                    g.se * 100.0,
+                    g.improved,
+                    g.regressed,
+                    if g.se > 0.0 { g.gain / g.se } else { 0.0 },
+                ),
+            );
+            gains.insert(prefix, g);
+        }
+    }
+    if !m.is_empty() {
+        log.write(step, GAIN_PHASE, &m)?;
+    }
+    Ok(gains)
 }
 
 /// The mode name of the starting model's greedy evaluation with `shots` solved examples in the
@@ -587,6 +686,7 @@ fn rl_phase(
                     cfg,
                     &format!("step {step}"),
                     Split::Validation,
+                    dir,
                     log,
                     quiet,
                 )
@@ -594,8 +694,9 @@ fn rl_phase(
         }
         if last {
             bar.finish(format!("{} steps", cfg.run.steps));
-            evaluate(trainer, cfg, "after RL", Split::Validation, log, quiet)?;
-            evaluate(trainer, cfg, "after RL", Split::Test, log, quiet)?;
+            evaluate(trainer, cfg, "after RL", Split::Validation, dir, log, quiet)?;
+            evaluate(trainer, cfg, "after RL", Split::Test, dir, log, quiet)?;
+            log_gains(dir, step, log, quiet)?;
         }
         if (cfg.run.save_every > 0 && step.is_multiple_of(cfg.run.save_every)) || last {
             save_checkpoint(trainer, cfg, dir)?;
@@ -675,6 +776,34 @@ fn summary_from_log(dir: &RunDir, cfg: &TrainConfig) -> Result<RunSummary> {
             .filter_map(|r| r.get(key))
             .sum()
     };
+    // The gains of the final step's gain line.
+    let mut gains = BTreeMap::new();
+    if let Some(rec) = log
+        .records
+        .iter()
+        .rfind(|r| r.phase == GAIN_PHASE && r.step == end)
+    {
+        for split in [Split::Validation, Split::Test] {
+            for mode in ["greedy", "sampled"] {
+                let prefix = gain_prefix(split, mode);
+                let f = |k: &str| rec.get(&format!("{prefix}/{k}"));
+                let (Some(gain), Some(se), Some(n)) = (f("em"), f("se"), f("n")) else {
+                    continue;
+                };
+                let before = at(0, split, mode).map_or(f64::NAN, |r| r.em);
+                let g = PairedGain {
+                    n: n as usize,
+                    before,
+                    after: before + gain,
+                    gain,
+                    se,
+                    improved: f("improved").unwrap_or(0.0) as usize,
+                    regressed: f("regressed").unwrap_or(0.0) as usize,
+                };
+                gains.insert(prefix, g);
+            }
+        }
+    }
     let sft_seconds = sum(TIMING_PHASE, WARM_START_SECONDS);
     let rl_seconds = sum("train", "timing_s/step");
     let total_seconds =
@@ -696,6 +825,7 @@ fn summary_from_log(dir: &RunDir, cfg: &TrainConfig) -> Result<RunSummary> {
             .iter()
             .filter_map(|&k| Some((k, at(0, Split::Test, &base_mode(k))?)))
             .collect(),
+        gains,
         sft_seconds,
         rl_seconds,
         total_seconds,

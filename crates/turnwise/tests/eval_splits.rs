@@ -6,6 +6,7 @@ use turnwise::config::TrainConfig;
 use turnwise::pipeline::{RunOptions, run};
 use turnwise::run::{RunDir, read_metrics};
 use turnwise::trainer::Trainer;
+use turnwise::trainer::eval::{QuestionOutcome, paired_gain};
 use turnwise_env::world::Split;
 
 mod common;
@@ -102,6 +103,48 @@ fn a_run_reports_each_split_with_its_own_n() {
     }
     assert!(md.contains("| step | n | em |"), "{md}");
     assert!(md.contains(&format!("| 0 | {QUESTIONS} |")), "{md}");
+
+    // Every evaluation keeps how each question went, and the gain from before to after RL is
+    // the change on those same questions, with its paired standard error, per split and mode.
+    for (split, steps) in [("test", &[0u64, 2][..]), ("validation", &[0, 1, 2])] {
+        for mode in ["greedy", "sampled"] {
+            for &step in steps {
+                let kept: Vec<QuestionOutcome> =
+                    run_dir.read_eval(split, mode, step).unwrap().unwrap();
+                assert_eq!(kept.len(), QUESTIONS, "{split} {mode} {step}");
+            }
+            let key = format!("gain/{split}/{mode}");
+            let g = summary.gains.get(&key).unwrap_or_else(|| panic!("{key}"));
+            let before: Vec<QuestionOutcome> = run_dir.read_eval(split, mode, 0).unwrap().unwrap();
+            let after: Vec<QuestionOutcome> = run_dir.read_eval(split, mode, 2).unwrap().unwrap();
+            let expect = paired_gain(&before, &after).unwrap();
+            assert_eq!(g.n, QUESTIONS);
+            assert!((g.gain - expect.gain).abs() < 1e-12, "{key}");
+            assert!((g.se - expect.se).abs() < 1e-12, "{key}");
+            assert_eq!(
+                (g.improved, g.regressed),
+                (expect.improved, expect.regressed)
+            );
+            let (b, a) = match split {
+                "test" if mode == "greedy" => (&summary.before_greedy, &summary.after_greedy),
+                "test" => (&summary.before_sampled, &summary.after_sampled),
+                _ if mode == "greedy" => (&v.before_greedy, &v.after_greedy),
+                _ => (&v.before_sampled, &v.after_sampled),
+            };
+            let (b, a) = (b.as_ref().unwrap().em, a.as_ref().unwrap().em);
+            assert!(
+                (g.gain - (a - b)).abs() < 1e-12,
+                "{key}: {} vs {a} - {b}",
+                g.gain
+            );
+            assert_eq!(json["gains"][&key]["n"], QUESTIONS, "{key}");
+        }
+    }
+    assert!(md.contains("## Gain from RL"), "{md}");
+    assert!(
+        md.contains(&format!("| test/greedy | {QUESTIONS} |")),
+        "{md}"
+    );
 }
 
 /// `Trainer::evaluate` asks exactly the first `n` questions of the one split it is given.

@@ -5,6 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use super::metrics::MetricsWriter;
 use super::{RunError, RunResult};
@@ -15,6 +16,7 @@ pub const COMPLETE_MARKER: &str = "COMPLETE";
 const CONFIG: &str = "config.toml";
 const METRICS: &str = "metrics.jsonl";
 const SAMPLES: &str = "samples";
+const EVALS: &str = "evals";
 const CHECKPOINTS: &str = "checkpoints";
 const PLOTS: &str = "plots";
 const REPORT: &str = "report.md";
@@ -107,6 +109,19 @@ fn sync_dir(path: &Path) -> RunResult<()> {
 
 /// Writes `bytes` to `path` through a temporary file and a rename, so that readers see either the
 /// old file or the whole new one.
+/// Writes `items` to `path`, one JSON line each, atomically.
+fn write_json_lines<T: Serialize>(path: &Path, items: &[T]) -> RunResult<()> {
+    let mut buf = Vec::new();
+    for item in items {
+        serde_json::to_writer(&mut buf, item).map_err(|source| RunError::Serialize {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        buf.push(b'\n');
+    }
+    write_atomic(path, &buf)
+}
+
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> RunResult<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
@@ -336,32 +351,83 @@ impl RunDir {
     /// atomically; returns the path.
     pub fn write_samples<T: Serialize>(&self, step: u64, items: &[T]) -> RunResult<PathBuf> {
         let path = self.samples_path(step);
-        let mut buf = Vec::new();
-        for item in items {
-            serde_json::to_writer(&mut buf, item).map_err(|source| RunError::Serialize {
-                path: path.clone(),
-                source,
-            })?;
-            buf.push(b'\n');
-        }
-        write_atomic(&path, &buf)?;
+        write_json_lines(&path, items)?;
         Ok(path)
     }
 
-    /// Deletes the sample files of steps after `step` (a run resumed from the checkpoint of
-    /// `step` writes them again); returns how many were deleted.
-    pub fn remove_samples_after(&self, step: u64) -> RunResult<usize> {
-        let dir = self.samples_dir();
-        if !dir.is_dir() {
-            return Ok(0);
+    /// `evals/`.
+    pub fn evals_dir(&self) -> PathBuf {
+        self.root.join(EVALS)
+    }
+
+    /// `evals/<split>-<mode>-step-NNNNN.jsonl`: how each question of the evaluation of `split`
+    /// with decoding `mode` (`greedy`, `sampled`) at `step` went, one JSON line per question.
+    pub fn eval_path(&self, split: &str, mode: &str, step: u64) -> PathBuf {
+        self.evals_dir()
+            .join(format!("{split}-{mode}-{}.jsonl", step_name(step)))
+    }
+
+    /// Writes the per-question outcomes of an evaluation to [`RunDir::eval_path`], atomically;
+    /// returns the path.
+    pub fn write_eval<T: Serialize>(
+        &self,
+        split: &str,
+        mode: &str,
+        step: u64,
+        items: &[T],
+    ) -> RunResult<PathBuf> {
+        let path = self.eval_path(split, mode, step);
+        fs::create_dir_all(self.evals_dir())
+            .map_err(RunError::io("create the directory", &self.evals_dir()))?;
+        write_json_lines(&path, items)?;
+        Ok(path)
+    }
+
+    /// Reads back what [`RunDir::write_eval`] wrote; `None` when that evaluation has no file (a
+    /// run from before the file existed, or a split that was not evaluated).
+    pub fn read_eval<T: DeserializeOwned>(
+        &self,
+        split: &str,
+        mode: &str,
+        step: u64,
+    ) -> RunResult<Option<Vec<T>>> {
+        let path = self.eval_path(split, mode, step);
+        if !path.is_file() {
+            return Ok(None);
         }
+        let text = fs::read_to_string(&path).map_err(RunError::io("read", &path))?;
+        let mut out = Vec::new();
+        for (i, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            out.push(serde_json::from_str(line).map_err(|e| RunError::BadLine {
+                path: path.clone(),
+                line: i + 1,
+                message: e.to_string(),
+            })?);
+        }
+        Ok(Some(out))
+    }
+
+    /// Deletes the sample and evaluation files of steps after `step` (a run resumed from the
+    /// checkpoint of `step` writes them again); returns how many were deleted.
+    pub fn remove_samples_after(&self, step: u64) -> RunResult<usize> {
         let mut removed = 0;
-        for entry in fs::read_dir(&dir).map_err(RunError::io("list", &dir))? {
-            let path = entry.map_err(RunError::io("list", &dir))?.path();
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if parse_step(name, Some("jsonl")).is_some_and(|s| s > step) {
-                fs::remove_file(&path).map_err(RunError::io("remove", &path))?;
-                removed += 1;
+        for dir in [self.samples_dir(), self.evals_dir()] {
+            if !dir.is_dir() {
+                continue;
+            }
+            for entry in fs::read_dir(&dir).map_err(RunError::io("list", &dir))? {
+                let path = entry.map_err(RunError::io("list", &dir))?.path();
+                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                // `step-N.jsonl`, or an evaluation's `<split>-<mode>-step-N.jsonl`.
+                let name = name.find("step-").map_or(name, |i| &name[i..]);
+                if parse_step(name, Some("jsonl")).is_some_and(|s| s > step) {
+                    fs::remove_file(&path).map_err(RunError::io("remove", &path))?;
+                    removed += 1;
+                }
             }
         }
         Ok(removed)
@@ -639,6 +705,44 @@ mod tests {
         assert!(run.samples_path(2).exists());
         assert!(!run.samples_path(3).exists());
         assert!(run.samples_dir().join("notes.txt").exists());
+    }
+
+    /// Evaluation files are named by split, mode and step, read back as written, and a resume
+    /// drops those of later steps with the samples.
+    #[test]
+    fn eval_files_round_trip_and_rewind() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = RunDir::create(tmp.path(), false).unwrap();
+        let none: Option<Vec<serde_json::Value>> = run.read_eval("test", "greedy", 0).unwrap();
+        assert_eq!(none, None);
+        for step in [0, 5] {
+            let items = vec![serde_json::json!({"question_id": "test_0", "em": step as f64})];
+            run.write_eval("test", "greedy", step, &items).unwrap();
+            run.write_eval("validation", "sampled", step, &items)
+                .unwrap();
+        }
+        assert!(
+            run.eval_path("test", "greedy", 5)
+                .ends_with("evals/test-greedy-step-00005.jsonl")
+        );
+        let back: Vec<serde_json::Value> = run.read_eval("test", "greedy", 5).unwrap().unwrap();
+        assert_eq!(
+            back,
+            vec![serde_json::json!({"question_id": "test_0", "em": 5.0})]
+        );
+        fs::write(
+            run.eval_path("test", "greedy", 0),
+            b"{\"em\": 1}\nnot json\n",
+        )
+        .unwrap();
+        let e = run
+            .read_eval::<serde_json::Value>("test", "greedy", 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("test-greedy-step-00000.jsonl:2:"), "{e}");
+        assert_eq!(run.remove_samples_after(2).unwrap(), 2);
+        assert!(run.eval_path("validation", "sampled", 0).exists());
+        assert!(!run.eval_path("validation", "sampled", 5).exists());
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //!   config.toml          the resolved configuration, written once ([`RunDir::write_config`])
 //!   metrics.jsonl        one JSON object per line and per phase ([`MetricsWriter`], [`read_metrics`])
 //!   samples/step-N.jsonl trajectories of step N, one JSON line each ([`RunDir::samples_path`])
+//!   evals/<split>-<mode>-step-N.jsonl
+//!                        how each question of an evaluation at step N went ([`RunDir::eval_path`])
 //!   checkpoints/step-N/  written by the caller, complete once `COMPLETE` exists ([`RunDir::begin_checkpoint`])
 //!   plots/*.svg          line charts of the main curves ([`write_plots`])
 //!   report.md            first/last/best values, evaluations, plots, timing ([`write_report`])
@@ -15,7 +17,8 @@
 //! `actor/grad_norm`, `critic/score/mean`, `critic/advantages/{mean,max,min}`,
 //! `response_length/mean`, `timing_s/*`) and the diagnostics of spec §7; evaluations are logged as
 //! `eval/<split>/<mode>/<metric>` (split `validation` or `test`, never pooled; `n` = questions)
-//! with per-hop EM as `eval/<split>/<mode>/em/hop<N>`.
+//! with per-hop EM as `eval/<split>/<mode>/em/hop<N>`; the change from before to after RL on the
+//! same questions, with its paired standard error, as `gain/<split>/<mode>/{em,se,n,improved,regressed}`.
 //!
 //! [`Progress`] draws progress bars on a terminal and logs a line every few percent elsewhere.
 

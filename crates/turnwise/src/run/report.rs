@@ -634,6 +634,60 @@ fn write_config(out: &mut String, config: &str) {
     );
 }
 
+/// The gains from before to after RL (`gain/<split>/<mode>/…`, the last `gain` line): one row
+/// per split and decoding with the change, its paired standard error, how many standard errors
+/// that is, and the questions that went up and down.
+fn write_gains(out: &mut String, log: &MetricsLog) {
+    let Some(rec) = log.records.iter().rfind(|r| r.phase == "gain") else {
+        return;
+    };
+    let prefixes: BTreeSet<&str> = rec
+        .values
+        .keys()
+        .filter_map(|k| k.strip_suffix("/em"))
+        .filter(|p| p.starts_with("gain/"))
+        .collect();
+    if prefixes.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "## Gain from RL
+
+EM after RL minus EM before (step {}), on the same questions; the \
+         standard error is paired (the spread of the per-question changes over √n), so only the \
+         questions whose outcome changed add to it.
+
+\
+         | split / decoding | n | gain (points) | paired SE | gain / SE | questions up | questions down |\n\
+         |---|---|---|---|---|---|---|",
+        rec.step
+    );
+    for p in prefixes {
+        let f = |k: &str| rec.get(&format!("{p}/{k}"));
+        let (Some(g), Some(se)) = (f("em"), f("se")) else {
+            continue;
+        };
+        let count = |k: &str| f(k).map(|v| format!("{v}")).unwrap_or_default();
+        let ratio = if se > 0.0 {
+            format!("{:.1}", g / se)
+        } else {
+            "—".into()
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:+.1} | {:.1} | {ratio} | {} | {} |",
+            cell(p.strip_prefix("gain/").unwrap_or(p)),
+            count("n"),
+            g * 100.0,
+            se * 100.0,
+            count("improved"),
+            count("regressed"),
+        );
+    }
+    let _ = writeln!(out);
+}
+
 /// Renders `report.md`: the run's lines and phases, a table of the first, last and best values
 /// of the main metrics, the evaluations (one table per split and mode, `eval/<split>/<mode>/…`,
 /// with the number of questions `n`, EM by hop when `eval/<split>/<mode>/em/hopN` keys exist), the plots, a timing summary and the configuration.
@@ -668,6 +722,7 @@ pub fn render_report(input: &ReportInput<'_>) -> String {
     let _ = writeln!(out);
     write_main_table(&mut out, log);
     write_eval(&mut out, log);
+    write_gains(&mut out, log);
     write_plots_section(&mut out, input.plots, input.base);
     write_timing(&mut out, log);
     if let Some(config) = input.config {

@@ -207,6 +207,135 @@ pub struct EvalEpisode {
     pub trajectory: Trajectory,
 }
 
+impl EvalEpisode {
+    /// The question's outcome alone, as a run directory keeps it (`evals/`).
+    pub fn outcome(&self) -> QuestionOutcome {
+        QuestionOutcome {
+            question_id: self.question_id.clone(),
+            hops: self.hops,
+            em: self.em,
+            f1: self.f1,
+            answer: self.answer.clone(),
+        }
+    }
+}
+
+/// How one evaluated question went: what a run keeps of every evaluation
+/// (`evals/<split>-<mode>-step-N.jsonl`), so that two evaluations of the same questions can be
+/// compared question by question ([`paired_gain`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct QuestionOutcome {
+    /// The question's id in the world (a game's episode id).
+    pub question_id: String,
+    /// Hops from the subject to the answer (0: unknown).
+    pub hops: usize,
+    /// Exact match (a game's success).
+    pub em: f64,
+    /// Token F1.
+    pub f1: f64,
+    /// The agent's answer, if it wrote one.
+    pub answer: Option<String>,
+}
+
+/// The change of EM between two evaluations of the same questions, with its paired standard
+/// error: the standard error of the mean per-question difference `after − before`, which
+/// counts only the questions whose outcome changed. Both evaluations' binomial errors (`em_se`)
+/// treat them as independent samples; on shared questions most outcomes agree, and the paired
+/// error is the one that measures the change.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PairedGain {
+    /// Questions compared.
+    pub n: usize,
+    /// EM before.
+    pub before: f64,
+    /// EM after.
+    pub after: f64,
+    /// `after − before`.
+    pub gain: f64,
+    /// Standard error of `gain`: the sample standard deviation of the per-question
+    /// differences over √n (0 with fewer than two questions).
+    pub se: f64,
+    /// Questions whose EM rose.
+    pub improved: usize,
+    /// Questions whose EM fell.
+    pub regressed: usize,
+}
+
+/// Why two evaluations cannot be compared question by question.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GainError {
+    /// They evaluated different numbers of questions.
+    #[error(
+        "the evaluations have {before} and {after} questions; a paired gain needs the same questions"
+    )]
+    Count {
+        /// Questions before.
+        before: usize,
+        /// Questions after.
+        after: usize,
+    },
+    /// They evaluated other questions, or in another order.
+    #[error(
+        "question {index} is {before:?} before and {after:?} after; a paired gain needs the same questions in the same order"
+    )]
+    Question {
+        /// Position in the evaluation.
+        index: usize,
+        /// Its id before.
+        before: String,
+        /// Its id after.
+        after: String,
+    },
+    /// No question was evaluated.
+    #[error("no question was evaluated")]
+    Empty,
+}
+
+/// The [`PairedGain`] from `before` to `after`, two evaluations of the same questions in the
+/// same order.
+pub fn paired_gain(
+    before: &[QuestionOutcome],
+    after: &[QuestionOutcome],
+) -> Result<PairedGain, GainError> {
+    if before.len() != after.len() {
+        return Err(GainError::Count {
+            before: before.len(),
+            after: after.len(),
+        });
+    }
+    if before.is_empty() {
+        return Err(GainError::Empty);
+    }
+    for (index, (b, a)) in before.iter().zip(after).enumerate() {
+        if b.question_id != a.question_id {
+            return Err(GainError::Question {
+                index,
+                before: b.question_id.clone(),
+                after: a.question_id.clone(),
+            });
+        }
+    }
+    let n = before.len();
+    let d: Vec<f64> = before.iter().zip(after).map(|(b, a)| a.em - b.em).collect();
+    let gain = d.iter().sum::<f64>() / n as f64;
+    let se = if n > 1 {
+        let var = d.iter().map(|x| (x - gain).powi(2)).sum::<f64>() / (n - 1) as f64;
+        (var / n as f64).sqrt()
+    } else {
+        0.0
+    };
+    let mean = |xs: &[QuestionOutcome]| xs.iter().map(|q| q.em).sum::<f64>() / n as f64;
+    Ok(PairedGain {
+        n,
+        before: mean(before),
+        after: mean(after),
+        gain,
+        se,
+        improved: d.iter().filter(|&&x| x > 0.0).count(),
+        regressed: d.iter().filter(|&&x| x < 0.0).count(),
+    })
+}
+
 impl Trainer {
     /// Evaluates on the first `n` questions of `split`, greedy (`temperature` 0) or sampled.
     pub fn evaluate(
@@ -348,5 +477,82 @@ impl Trainer {
             v.0 /= v.1.max(1) as f64;
         }
         Ok((r, dumped))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcomes(ems: &[f64]) -> Vec<QuestionOutcome> {
+        ems.iter()
+            .enumerate()
+            .map(|(i, &em)| QuestionOutcome {
+                question_id: format!("test_{i}"),
+                hops: 1,
+                em,
+                f1: em,
+                answer: None,
+            })
+            .collect()
+    }
+
+    /// Differences [0, 1, 0, 0, −1]: mean 0, sample variance 2/4, so the error is
+    /// √(0.5 / 5) = 0.316228 with one question up and one down.
+    #[test]
+    fn paired_gain_of_a_known_vector() {
+        let g = paired_gain(
+            &outcomes(&[1.0, 0.0, 1.0, 0.0, 1.0]),
+            &outcomes(&[1.0, 1.0, 1.0, 0.0, 0.0]),
+        )
+        .unwrap();
+        assert_eq!((g.n, g.improved, g.regressed), (5, 1, 1));
+        assert!((g.before - 0.6).abs() < 1e-12 && (g.after - 0.6).abs() < 1e-12);
+        assert!(g.gain.abs() < 1e-12);
+        assert!((g.se - 0.1f64.sqrt()).abs() < 1e-6, "{}", g.se);
+        // Three up, none down, of four: mean 0.75, sample variance 0.25, error 0.25.
+        let g = paired_gain(
+            &outcomes(&[0.0, 0.0, 0.0, 1.0]),
+            &outcomes(&[1.0, 1.0, 1.0, 1.0]),
+        )
+        .unwrap();
+        assert!((g.gain - 0.75).abs() < 1e-12 && (g.se - 0.25).abs() < 1e-12);
+    }
+
+    /// The paired error counts only changed outcomes: unchanged questions add nothing to the
+    /// differences, and identical evaluations have no error at all.
+    #[test]
+    fn unchanged_questions_carry_no_paired_error() {
+        let same = outcomes(&[1.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
+        let g = paired_gain(&same, &same).unwrap();
+        assert_eq!((g.gain, g.se, g.improved, g.regressed), (0.0, 0.0, 0, 0));
+        // One flip among many agreeing questions: far below the binomial errors of either.
+        let mut before = outcomes(&[0.0; 400]);
+        let mut after = before.clone();
+        for (i, q) in before.iter_mut().enumerate().take(200) {
+            q.em = 1.0;
+            after[i].em = 1.0;
+        }
+        after[300].em = 1.0;
+        let g = paired_gain(&before, &after).unwrap();
+        let binomial = (0.5f64 * 0.5 / 400.0).sqrt();
+        assert!(g.se < binomial / 5.0, "{} vs {binomial}", g.se);
+    }
+
+    #[test]
+    fn other_questions_are_refused() {
+        let a = outcomes(&[1.0, 0.0]);
+        assert_eq!(
+            paired_gain(&a, &outcomes(&[1.0])),
+            Err(GainError::Count {
+                before: 2,
+                after: 1
+            })
+        );
+        let mut b = a.clone();
+        b[1].question_id = "validation_1".into();
+        let e = paired_gain(&a, &b).unwrap_err();
+        assert!(e.to_string().contains("question 1 is \"test_1\""), "{e}");
+        assert_eq!(paired_gain(&[], &[]), Err(GainError::Empty));
     }
 }
