@@ -59,7 +59,9 @@ pub use kernels::{
     GroupNorm, Singleton, StdKind, discounted_suffix_sums, dr_grpo_center, grpo_normalize,
     masked_whiten, mean, normalize_by_key, rloo, sigmoid, softmax, std_population, std_unbiased,
 };
-pub use mt_grpo::{MtGrpoCodeConfig, MtGrpoConfig, TurnGroupKey, mt_grpo_turn_advantages};
+pub use mt_grpo::{
+    MtGrpoCodeConfig, MtGrpoConfig, TurnGroupKey, mt_grpo_turn_advantages, role_group,
+};
 pub use output::{AdvantageOutput, RolloutAdvantage, TreeValues, broadcast_turns};
 pub use registry::{AdvantageConfig, ESTIMATORS, Estimator, estimate, estimate_by_name};
 pub use tree::{At2poConfig, NodeAdvMode, NodeValueMode, tree_node_advantages, tree_node_values};

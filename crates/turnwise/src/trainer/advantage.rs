@@ -504,8 +504,10 @@ pub fn mechanism_metrics(
     if name == "mt_grpo" {
         m.extend(group_stats(
             "mt_grpo/turn_group",
-            rs.iter()
-                .flat_map(|r| (0..r.num_turns).map(move |k| (r.group, k, k + 1 == r.num_turns))),
+            rs.iter().flat_map(|r| {
+                (0..r.num_turns)
+                    .map(move |k| turnwise_core::advantage::role_group(r.group, k, r.num_turns))
+            }),
         ));
     }
     if name == "mt_grpo_code" {
