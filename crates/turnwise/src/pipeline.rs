@@ -566,11 +566,7 @@ fn log_gains(
             let g = paired_gain(&before, &after)
                 .with_context(|| format!("the {} {mode} gain", split.name()))?;
             let prefix = gain_prefix(split, mode);
-            m.insert(format!("{prefix}/em"), g.gain);
-            m.insert(format!("{prefix}/se"), g.se);
-            m.insert(format!("{prefix}/n"), g.n as f64);
-            m.insert(format!("{prefix}/improved"), g.improved as f64);
-            m.insert(format!("{prefix}/regressed"), g.regressed as f64);
+            m.extend(g.to_metrics(&prefix));
             say(
                 quiet,
                 format!(
@@ -786,19 +782,9 @@ fn summary_from_log(dir: &RunDir, cfg: &TrainConfig) -> Result<RunSummary> {
         for split in [Split::Validation, Split::Test] {
             for mode in ["greedy", "sampled"] {
                 let prefix = gain_prefix(split, mode);
-                let f = |k: &str| rec.get(&format!("{prefix}/{k}"));
-                let (Some(gain), Some(se), Some(n)) = (f("em"), f("se"), f("n")) else {
-                    continue;
-                };
                 let before = at(0, split, mode).map_or(f64::NAN, |r| r.em);
-                let g = PairedGain {
-                    n: n as usize,
-                    before,
-                    after: before + gain,
-                    gain,
-                    se,
-                    improved: f("improved").unwrap_or(0.0) as usize,
-                    regressed: f("regressed").unwrap_or(0.0) as usize,
+                let Some(g) = PairedGain::from_metrics(&prefix, before, |k| rec.get(k)) else {
+                    continue;
                 };
                 gains.insert(prefix, g);
             }

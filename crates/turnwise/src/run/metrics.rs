@@ -383,12 +383,100 @@ fn json_str(s: &str) -> String {
     serde_json::Value::String(s.to_string()).to_string()
 }
 
+/// The change of EM between two evaluations of the same questions, with its paired standard
+/// error: the standard error of the mean per-question difference `after − before`, which
+/// counts only the questions whose outcome changed. Both evaluations' binomial errors (`em_se`)
+/// treat them as independent samples; on shared questions most outcomes agree, and the paired
+/// error is the one that measures the change.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PairedGain {
+    /// Questions compared.
+    pub n: usize,
+    /// EM before.
+    pub before: f64,
+    /// EM after.
+    pub after: f64,
+    /// `after − before`.
+    pub gain: f64,
+    /// Standard error of `gain`: the sample standard deviation of the per-question
+    /// differences over √n (0 with fewer than two questions).
+    pub se: f64,
+    /// Questions whose EM rose.
+    pub improved: usize,
+    /// Questions whose EM fell.
+    pub regressed: usize,
+}
+
+impl PairedGain {
+    /// The gain as metrics under `prefix` (`gain/<split>/<mode>`): `<prefix>/em` (the gain, not
+    /// the EM after), `/se`, `/n`, `/improved` and `/regressed`. The EMs before and after are the
+    /// evaluation lines' own and are not repeated.
+    pub fn to_metrics(&self, prefix: &str) -> Vec<(String, f64)> {
+        vec![
+            (format!("{prefix}/em"), self.gain),
+            (format!("{prefix}/se"), self.se),
+            (format!("{prefix}/n"), self.n as f64),
+            (format!("{prefix}/improved"), self.improved as f64),
+            (format!("{prefix}/regressed"), self.regressed as f64),
+        ]
+    }
+
+    /// Reads back what [`PairedGain::to_metrics`] wrote under `prefix`, looking keys up with
+    /// `get`; `before` is the EM of the evaluation before (`after` is `before + gain`). `None`
+    /// when the gain, its standard error or its count is missing; missing question counts read 0.
+    pub fn from_metrics(
+        prefix: &str,
+        before: f64,
+        get: impl Fn(&str) -> Option<f64>,
+    ) -> Option<Self> {
+        let f = |k: &str| get(&format!("{prefix}/{k}"));
+        let (gain, se, n) = (f("em")?, f("se")?, f("n")?);
+        Some(Self {
+            n: n as usize,
+            before,
+            after: before + gain,
+            gain,
+            se,
+            improved: f("improved").unwrap_or(0.0) as usize,
+            regressed: f("regressed").unwrap_or(0.0) as usize,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn m(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
         pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    #[test]
+    fn a_paired_gain_reads_back_from_its_metrics() {
+        let g = PairedGain {
+            n: 450,
+            before: 0.5,
+            after: 0.5 + 0.06,
+            gain: 0.06,
+            se: 0.017,
+            improved: 40,
+            regressed: 13,
+        };
+        let written: BTreeMap<String, f64> = g.to_metrics("gain/test/greedy").into_iter().collect();
+        assert_eq!(written.len(), 5);
+        let back =
+            PairedGain::from_metrics("gain/test/greedy", 0.5, |k| written.get(k).copied()).unwrap();
+        assert_eq!(back, g);
+        // Another prefix, or a missing standard error, is no gain.
+        assert!(
+            PairedGain::from_metrics("gain/test/sampled", 0.5, |k| written.get(k).copied())
+                .is_none()
+        );
+        let mut no_se = written.clone();
+        no_se.remove("gain/test/greedy/se");
+        assert!(
+            PairedGain::from_metrics("gain/test/greedy", 0.5, |k| no_se.get(k).copied()).is_none()
+        );
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub use catalog::{
     write_compare_charts,
 };
 pub use dir::{COMPLETE_MARKER, Checkpoint, LOCK_FILE, RunDir};
-pub use metrics::{MetricsLog, MetricsRecord, MetricsWriter, read_metrics};
+pub use metrics::{MetricsLog, MetricsRecord, MetricsWriter, PairedGain, read_metrics};
 pub use plots::{PlotFile, PlotSpec, SeriesSpec, default_plot_specs, plot_records, write_plots};
 pub use progress::{Progress, ProgressMode};
 pub use report::{ReportInput, render_report, write_report};

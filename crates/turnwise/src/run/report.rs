@@ -5,7 +5,7 @@ use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
 use super::dir::{RunDir, write_atomic};
-use super::metrics::{MetricsLog, read_metrics};
+use super::metrics::{MetricsLog, PairedGain, read_metrics};
 use super::plots::{PlotFile, default_plot_specs, write_plots};
 use super::{RunError, RunResult};
 
@@ -664,13 +664,11 @@ EM after RL minus EM before (step {}), on the same questions; the \
         rec.step
     );
     for p in prefixes {
-        let f = |k: &str| rec.get(&format!("{p}/{k}"));
-        let (Some(g), Some(se)) = (f("em"), f("se")) else {
+        let Some(g) = PairedGain::from_metrics(p, f64::NAN, |k| rec.get(k)) else {
             continue;
         };
-        let count = |k: &str| f(k).map(|v| format!("{v}")).unwrap_or_default();
-        let ratio = if se > 0.0 {
-            format!("{:.1}", g / se)
+        let ratio = if g.se > 0.0 {
+            format!("{:.1}", g.gain / g.se)
         } else {
             "—".into()
         };
@@ -678,11 +676,11 @@ EM after RL minus EM before (step {}), on the same questions; the \
             out,
             "| {} | {} | {:+.1} | {:.1} | {ratio} | {} | {} |",
             cell(p.strip_prefix("gain/").unwrap_or(p)),
-            count("n"),
-            g * 100.0,
-            se * 100.0,
-            count("improved"),
-            count("regressed"),
+            g.n,
+            g.gain * 100.0,
+            g.se * 100.0,
+            g.improved,
+            g.regressed,
         );
     }
     let _ = writeln!(out);

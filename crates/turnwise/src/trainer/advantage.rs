@@ -429,7 +429,9 @@ pub fn compute_with_kl(
 
 /// Size statistics of the groups formed by `keys`: `{prefix}/groups`,
 /// `{prefix}/group_size/mean` and `{prefix}/singleton_share` (the share of members alone in
-/// their group, whose group-normalised term is 0).
+/// their group, with no peer to be compared with: the estimator's singleton rule gives such a
+/// member a term of 0 (A2TGPO's turn groups, GiGPO's anchor groups) or its raw score (VERL's
+/// GRPO rule, used by MT-GRPO's turn groups), never a comparison).
 fn group_stats<K: Ord>(prefix: &str, keys: impl Iterator<Item = K>) -> BTreeMap<String, f64> {
     let mut sizes: BTreeMap<K, usize> = BTreeMap::new();
     for k in keys {

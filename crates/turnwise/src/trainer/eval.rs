@@ -11,6 +11,7 @@ use turnwise_env::world::Split;
 
 use super::Trainer;
 use crate::rollout::{EpisodeSpec, run_chains};
+pub use crate::run::PairedGain;
 use crate::task::WorldTask;
 use turnwise_core::trajectory::{Trajectory, TurnAction};
 
@@ -235,30 +236,6 @@ pub struct QuestionOutcome {
     pub f1: f64,
     /// The agent's answer, if it wrote one.
     pub answer: Option<String>,
-}
-
-/// The change of EM between two evaluations of the same questions, with its paired standard
-/// error: the standard error of the mean per-question difference `after − before`, which
-/// counts only the questions whose outcome changed. Both evaluations' binomial errors (`em_se`)
-/// treat them as independent samples; on shared questions most outcomes agree, and the paired
-/// error is the one that measures the change.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct PairedGain {
-    /// Questions compared.
-    pub n: usize,
-    /// EM before.
-    pub before: f64,
-    /// EM after.
-    pub after: f64,
-    /// `after − before`.
-    pub gain: f64,
-    /// Standard error of `gain`: the sample standard deviation of the per-question
-    /// differences over √n (0 with fewer than two questions).
-    pub se: f64,
-    /// Questions whose EM rose.
-    pub improved: usize,
-    /// Questions whose EM fell.
-    pub regressed: usize,
 }
 
 /// Why two evaluations cannot be compared question by question.
