@@ -840,7 +840,7 @@ mod tests {
         assert_eq!(cfg.sft.steps, 1100);
         assert_eq!(cfg.run.steps, 70);
         assert_eq!(cfg.eval.questions, 450);
-        assert_eq!(cfg.rollout.temperature, 0.7);
+        assert_eq!(cfg.rollout.temperature, 1.0);
         let world_cfg = &cfg.task.world;
         assert_eq!(world_cfg.person_name_pool, 40);
         assert_eq!(cfg.task.rl_subject_fraction, 0.4);
