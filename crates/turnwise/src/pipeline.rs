@@ -12,11 +12,9 @@ use anyhow::{Context, Result};
 use turnwise_env::world::Split;
 
 use crate::config::TrainConfig;
-use crate::run::{MetricsWriter, Progress, RunDir, write_report};
+use crate::run::{MetricsWriter, PairedGain, Progress, RunDir, write_report};
 use crate::trainer::Trainer;
-use crate::trainer::eval::{
-    EvalEpisode, EvalResult, PairedGain, QuestionOutcome, eval_prefix, paired_gain,
-};
+use crate::trainer::eval::{EvalEpisode, EvalResult, QuestionOutcome, eval_prefix, paired_gain};
 use crate::trainer::rejection::{RsftProgress, RsftReport};
 
 pub use crate::config::presets::QUICKSTART_OVERRIDES;

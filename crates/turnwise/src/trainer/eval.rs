@@ -11,7 +11,7 @@ use turnwise_env::world::Split;
 
 use super::Trainer;
 use crate::rollout::{EpisodeSpec, run_chains};
-pub use crate::run::PairedGain;
+use crate::run::PairedGain;
 use crate::task::WorldTask;
 use turnwise_core::trajectory::{Trajectory, TurnAction};
 
