@@ -837,12 +837,21 @@ mod tests {
         assert_eq!(cfg.reward.name(), "em");
         assert_eq!(cfg.sft.steps, 1100);
         assert_eq!(cfg.run.steps, 70);
-        assert_eq!(cfg.eval.questions, 450);
+        assert_eq!(cfg.eval.questions, 800);
         assert_eq!(cfg.rollout.temperature, 1.0);
         let world_cfg = &cfg.task.world;
         assert_eq!(world_cfg.person_name_pool, 40);
         assert_eq!(cfg.task.rl_subject_fraction, 0.4);
         let world = World::generate(world_cfg).unwrap();
+        // A quarter of the subjects ask the test questions, 5 % the validation ones: 800 test
+        // questions, 702 of them distinct.
+        let distinct = |s: Split| {
+            let texts: std::collections::HashSet<&str> =
+                world.questions_in(s).map(|q| q.text.as_str()).collect();
+            (world.questions_in(s).count(), texts.len())
+        };
+        assert_eq!(distinct(Split::Test), (800, 702));
+        assert_eq!(distinct(Split::Validation), (150, 138));
         let train_words: std::collections::HashSet<&str> = world
             .questions_in(Split::Train)
             .flat_map(|q| q.subject_name.split(' '))
@@ -855,5 +864,41 @@ mod tests {
                 assert!(train_words.contains(w), "{}", q.subject_name);
             }
         }
+    }
+
+    /// The quickstart's world before 2026-11-25 (held-out subjects halved between 450
+    /// validation and 450 test questions; README's presets table was measured on it) is the
+    /// quickstart with the split's four settings given back, as README says.
+    #[test]
+    fn the_earlier_quickstart_split_is_four_overrides_away() {
+        let mut sets: Vec<String> = QUICKSTART_OVERRIDES.iter().map(|s| s.to_string()).collect();
+        let now = World::generate(
+            &TrainConfig::resolve(Some("a2tgpo"), None, &sets)
+                .unwrap()
+                .task
+                .world,
+        );
+        sets.retain(|s| !s.starts_with("task.world.validation_fraction"));
+        for s in [
+            "task.world.questions.validation=450",
+            "task.world.questions.test=450",
+        ] {
+            sets.push(s.into());
+        }
+        let halved = TrainConfig::resolve(Some("a2tgpo"), None, &sets).unwrap();
+        assert_eq!(halved.task.world.validation_fraction, None);
+        let halved = World::generate(&halved.task.world).unwrap();
+        let mut given_back = sets.clone();
+        given_back.push("task.world.validation_fraction=0.15".into());
+        let given_back = World::generate(
+            &TrainConfig::resolve(Some("a2tgpo"), None, &given_back)
+                .unwrap()
+                .task
+                .world,
+        )
+        .unwrap();
+        assert_eq!(halved.subject_split, given_back.subject_split);
+        assert_eq!(halved.questions, given_back.questions);
+        assert_ne!(now.unwrap().subject_split, halved.subject_split);
     }
 }

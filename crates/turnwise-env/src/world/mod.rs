@@ -414,6 +414,12 @@ pub struct WorldConfig {
     /// Fraction of the subjects of each kind held out of training questions, split evenly
     /// between validation and test (in `[0, 1)`).
     pub heldout_fraction: f64,
+    /// Fraction of each kind's subjects, among the held-out ones, whose questions form the
+    /// validation split (the other held-out subjects ask the test questions), rounded down per
+    /// kind. Unset: half of the held-out subjects (rounded down). Setting it only moves held-out subjects between
+    /// validation and test: the training subjects, passages and training questions stay as they
+    /// are.
+    pub validation_fraction: Option<f64>,
     /// Question counts and hop mix.
     pub questions: QuestionConfig,
 }
@@ -431,6 +437,7 @@ impl Default for WorldConfig {
             person_name_pool: 0,
             distractors: 0,
             heldout_fraction: 0.2,
+            validation_fraction: None,
             questions: QuestionConfig::default(),
         }
     }
@@ -472,6 +479,14 @@ impl WorldConfig {
         }
         if !(0.0..1.0).contains(&self.heldout_fraction) {
             return bad("heldout_fraction", "must be in [0, 1)");
+        }
+        if let Some(v) = self.validation_fraction
+            && !(0.0..=self.heldout_fraction).contains(&v)
+        {
+            return bad(
+                "validation_fraction",
+                "must be in [0, heldout_fraction]: validation subjects are held-out subjects",
+            );
         }
         let w = &self.questions.hop_weights;
         if w.iter().any(|x| !(x.is_finite() && *x >= 0.0)) || w.iter().sum::<f64>() <= 0.0 {
@@ -798,7 +813,13 @@ impl World {
             let mut ids = ids.clone();
             split_rng.shuffle(&mut ids);
             let held = ((ids.len() as f64) * config.heldout_fraction).round() as usize;
-            let n_val = held / 2;
+            let n_val = match config.validation_fraction {
+                None => held / 2,
+                // Rounded down (past float error), as `held / 2` is: a fraction of half the
+                // held-out one reproduces the unset split whenever `heldout_fraction` cuts an
+                // even number of subjects or a whole one.
+                Some(v) => ((((ids.len() as f64) * v) + 1e-9).floor() as usize).min(held),
+            };
             for (i, &id) in ids.iter().take(held).enumerate() {
                 subject_split[id] = if i < n_val {
                     Split::Validation

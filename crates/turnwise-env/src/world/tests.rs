@@ -468,3 +468,53 @@ fn oracle_without_noise_answers_everything_and_noise_lowers_em() {
     };
     assert_eq!(em(cfg.clone()).1, em(cfg).1);
 }
+
+/// `validation_fraction` only moves held-out subjects from validation to test: the entities,
+/// passages and training questions are those of the default even split, and the held-out
+/// subjects are the same set, cut at another point.
+#[test]
+fn validation_fraction_moves_held_out_subjects_only() {
+    let mut even = small_config(5);
+    even.heldout_fraction = 0.3;
+    let mut third = even.clone();
+    third.validation_fraction = Some(0.1);
+    let (a, b) = (
+        World::generate(&even).unwrap(),
+        World::generate(&third).unwrap(),
+    );
+    assert_eq!(a.entities, b.entities);
+    assert_eq!(a.documents(), b.documents());
+    let train = |w: &World| w.questions_in(Split::Train).cloned().collect::<Vec<_>>();
+    assert_eq!(train(&a), train(&b));
+    let of = |w: &World, s: Split| -> HashSet<EntityId> {
+        (0..w.entities.len())
+            .filter(|&i| w.subject_split[i] == s)
+            .collect()
+    };
+    let held = |w: &World| &of(w, Split::Validation) | &of(w, Split::Test);
+    assert_eq!(held(&a), held(&b));
+    assert!(of(&b, Split::Validation).is_subset(&of(&a, Split::Validation)));
+    assert!(of(&a, Split::Test).is_subset(&of(&b, Split::Test)));
+    // 10 % of each kind's subjects, rounded down: 8 countries, 30 cities, 25 companies, 80
+    // persons.
+    assert_eq!(of(&b, Split::Validation).len(), 3 + 2 + 8);
+    // Half the held-out fraction is the unset split where each kind's cut is even or whole
+    // (here 30 % of 30 cities and of 80 persons; 8 countries and 25 companies cut 2.4 and 7.5).
+    let mut half = even.clone();
+    half.countries = 10;
+    half.companies = 20;
+    let mut explicit = half.clone();
+    explicit.validation_fraction = Some(0.15);
+    let (h, e) = (
+        World::generate(&half).unwrap(),
+        World::generate(&explicit).unwrap(),
+    );
+    assert_eq!(h.subject_split, e.subject_split);
+    assert_eq!(h.questions, e.questions);
+    assert!(of(&b, Split::Test).len() > of(&a, Split::Test).len());
+    // Unset is half of the held-out subjects; a fraction above the held-out one is refused.
+    let mut bad = even.clone();
+    bad.validation_fraction = Some(0.4);
+    let err = World::generate(&bad).unwrap_err().to_string();
+    assert!(err.contains("validation_fraction"), "{err}");
+}
