@@ -119,8 +119,11 @@ fn lora_parameter_count_and_shapes() {
     );
 }
 
-/// (a) Fresh adapters (B = 0) leave the logits exactly as the base model's, in the trained
-/// model and in the sampler.
+/// (a) Fresh adapters (B = 0) leave the logits as the base model's: exactly in the sampler,
+/// and to rounding in the trained model. (On a CPU with AVX-512, graph-free layers of up to
+/// `LINEAR_MAX_ROWS` rows run the sampling kernel of `ops::infer`, whose sums round otherwise
+/// than candle's matmul; the trained model's layers after the first adapter track gradients
+/// and take the matmul. Without AVX-512 both take the matmul and agree exactly.)
 #[test]
 fn lora_step0_logits_equal_the_base_models() {
     let cfg = ModelConfig::tiny_qwen2(96);
@@ -132,7 +135,7 @@ fn lora_step0_logits_equal_the_base_models() {
     let sampler = Transformer::lora_detached_from_varmaps(&cfg, &base, &lora, &adapters).unwrap();
     assert!(trained.has_lora() && trained.tracks_gradients());
     assert!(sampler.has_lora() && !sampler.tracks_gradients());
-    assert_eq!(logits(&trained), plain);
+    assert!(max_abs_diff(&logits(&trained), &plain) < 1e-5);
     assert_eq!(logits(&sampler), plain);
     // A is not zero: the adapters are live, only B starts at zero.
     let a = &varmap_tensors(&adapters, true)["model.layers.0.self_attn.q_proj.lora_A.weight"];
@@ -194,7 +197,8 @@ fn lora_training_moves_only_the_adapters() {
 }
 
 /// Dropout runs in training forwards only: two forwards of the trained model differ, the
-/// sampler's do not, and without dropout the trained model equals the sampler.
+/// sampler's do not, and without dropout the trained model equals the sampler (to rounding:
+/// the two take different kernels on a CPU with AVX-512, as in the test above).
 #[test]
 fn lora_dropout_only_in_training_forwards() {
     let cfg = ModelConfig::tiny_qwen2(96);
@@ -217,7 +221,7 @@ fn lora_dropout_only_in_training_forwards() {
     d.set_calls(0);
     assert_eq!(logits(&trained), a);
     let no_dropout = Transformer::lora_from_varmaps(&cfg, &base, &lora, &adapters, None).unwrap();
-    assert_eq!(logits(&no_dropout), logits(&sampler));
+    assert!(max_abs_diff(&logits(&no_dropout), &logits(&sampler)) < 1e-5);
 }
 
 /// (c) The merged weights (`W + alpha/r · B A`), written as a Hugging Face folder and read
