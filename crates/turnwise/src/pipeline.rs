@@ -871,13 +871,14 @@ mod tests {
     /// quickstart with the split's four settings given back, as README says.
     #[test]
     fn the_earlier_quickstart_split_is_four_overrides_away() {
-        let mut sets: Vec<String> = QUICKSTART_OVERRIDES.iter().map(|s| s.to_string()).collect();
-        let now = World::generate(
-            &TrainConfig::resolve(Some("a2tgpo"), None, &sets)
+        let resolve = |sets: &[String]| {
+            TrainConfig::resolve(Some(crate::config::presets::QUICKSTART_BASE), None, sets)
                 .unwrap()
                 .task
-                .world,
-        );
+                .world
+        };
+        let mut sets: Vec<String> = QUICKSTART_OVERRIDES.iter().map(|s| s.to_string()).collect();
+        let now = World::generate(&resolve(&sets)).unwrap();
         sets.retain(|s| !s.starts_with("task.world.validation_fraction"));
         for s in [
             "task.world.questions.validation=450",
@@ -885,20 +886,13 @@ mod tests {
         ] {
             sets.push(s.into());
         }
-        let halved = TrainConfig::resolve(Some("a2tgpo"), None, &sets).unwrap();
-        assert_eq!(halved.task.world.validation_fraction, None);
-        let halved = World::generate(&halved.task.world).unwrap();
-        let mut given_back = sets.clone();
-        given_back.push("task.world.validation_fraction=0.15".into());
-        let given_back = World::generate(
-            &TrainConfig::resolve(Some("a2tgpo"), None, &given_back)
-                .unwrap()
-                .task
-                .world,
-        )
-        .unwrap();
+        let halved = resolve(&sets);
+        assert_eq!(halved.validation_fraction, None);
+        let halved = World::generate(&halved).unwrap();
+        sets.push("task.world.validation_fraction=0.15".into());
+        let given_back = World::generate(&resolve(&sets)).unwrap();
         assert_eq!(halved.subject_split, given_back.subject_split);
         assert_eq!(halved.questions, given_back.questions);
-        assert_ne!(now.unwrap().subject_split, halved.subject_split);
+        assert_ne!(now.subject_split, halved.subject_split);
     }
 }

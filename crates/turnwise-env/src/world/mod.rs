@@ -411,14 +411,14 @@ pub struct WorldConfig {
     pub person_name_pool: usize,
     /// Number of distractor passages (each mentions two random entities, states no relation).
     pub distractors: usize,
-    /// Fraction of the subjects of each kind held out of training questions, split evenly
-    /// between validation and test (in `[0, 1)`).
+    /// Fraction of the subjects of each kind held out of training questions, split between
+    /// validation and test by `validation_fraction` (in `[0, 1)`).
     pub heldout_fraction: f64,
     /// Fraction of each kind's subjects, among the held-out ones, whose questions form the
     /// validation split (the other held-out subjects ask the test questions), rounded down per
-    /// kind. Unset: half of the held-out subjects (rounded down). Setting it only moves held-out subjects between
-    /// validation and test: the training subjects, passages and training questions stay as they
-    /// are.
+    /// kind. Unset: half of the held-out subjects (rounded down). Setting it only moves
+    /// held-out subjects between validation and test: the training subjects, passages and
+    /// training questions stay as they are.
     pub validation_fraction: Option<f64>,
     /// Question counts and hop mix.
     pub questions: QuestionConfig,

@@ -478,10 +478,8 @@ fn validation_fraction_moves_held_out_subjects_only() {
     even.heldout_fraction = 0.3;
     let mut third = even.clone();
     third.validation_fraction = Some(0.1);
-    let (a, b) = (
-        World::generate(&even).unwrap(),
-        World::generate(&third).unwrap(),
-    );
+    let generate = |c: &WorldConfig| World::generate(c).unwrap();
+    let (a, b) = (generate(&even), generate(&third));
     assert_eq!(a.entities, b.entities);
     assert_eq!(a.documents(), b.documents());
     let train = |w: &World| w.questions_in(Split::Train).cloned().collect::<Vec<_>>();
@@ -498,6 +496,7 @@ fn validation_fraction_moves_held_out_subjects_only() {
     // 10 % of each kind's subjects, rounded down: 8 countries, 30 cities, 25 companies, 80
     // persons.
     assert_eq!(of(&b, Split::Validation).len(), 3 + 2 + 8);
+    assert!(of(&b, Split::Test).len() > of(&a, Split::Test).len());
     // Half the held-out fraction is the unset split where each kind's cut is even or whole
     // (here 30 % of 30 cities and of 80 persons; 8 countries and 25 companies cut 2.4 and 7.5).
     let mut half = even.clone();
@@ -505,14 +504,10 @@ fn validation_fraction_moves_held_out_subjects_only() {
     half.companies = 20;
     let mut explicit = half.clone();
     explicit.validation_fraction = Some(0.15);
-    let (h, e) = (
-        World::generate(&half).unwrap(),
-        World::generate(&explicit).unwrap(),
-    );
+    let (h, e) = (generate(&half), generate(&explicit));
     assert_eq!(h.subject_split, e.subject_split);
     assert_eq!(h.questions, e.questions);
-    assert!(of(&b, Split::Test).len() > of(&a, Split::Test).len());
-    // Unset is half of the held-out subjects; a fraction above the held-out one is refused.
+    // A fraction above the held-out one is refused.
     let mut bad = even.clone();
     bad.validation_fraction = Some(0.4);
     let err = World::generate(&bad).unwrap_err().to_string();
