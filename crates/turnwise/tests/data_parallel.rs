@@ -183,10 +183,11 @@ fn sampling_does_not_depend_on_the_shards() {
 
 /// A whole RL step (rollouts, information-gain probes or critic values, advantages, the actor's
 /// off-policy mini-batches and the critic's) gives the same metrics and weights on one thread
-/// and on three: A2TGPO (probes) and PPO (critic).
+/// and on three: A2TGPO (probes), PPO (critic) and T2PO (rollouts under the thinking
+/// intervention and turn resampling, sampled on one engine per shard).
 #[test]
 fn an_rl_step_does_not_depend_on_the_shards() {
-    for preset in ["a2tgpo", "ppo"] {
+    for preset in ["a2tgpo", "ppo", "t2po"] {
         let step = |threads| {
             on_threads(threads, || {
                 let mut t = trainer(preset);
@@ -215,6 +216,8 @@ fn an_rl_step_does_not_depend_on_the_shards() {
         assert!(compared > 10, "{preset}: {m1:?}");
         if preset == "ppo" {
             assert!(m1["critic/applied_updates"] > 0.0, "{m1:?}");
+        } else if preset == "t2po" {
+            assert!(m1["rollout/tds_regenerations"] > 0.0, "{m1:?}");
         } else {
             assert!(m1["info_gain/probes"] > 0.0, "{m1:?}");
         }

@@ -189,9 +189,8 @@ pub fn generate_with_processor(
             format!("token id {bad} >= vocab_size {vocab}"),
         ));
     }
-    let mut out: Vec<Completion> = prompts.iter().map(|_| Completion::empty()).collect();
     if prompts.is_empty() || params.max_new_tokens == 0 {
-        return Ok(out);
+        return Ok(prompts.iter().map(|_| Completion::empty()).collect());
     }
     // On the CPU, a small model's decode step is mostly single-threaded per-op work: rows cut
     // into one shard per core, each on its own engine and thread, run side by side. Every row
@@ -199,24 +198,11 @@ pub fn generate_with_processor(
     // rounding of batched matmuls (a left-padded row matches the same row alone to ~1e-6).
     let shards = generation_shards(model, prompts.len());
     if processor.is_none() && shards > 1 {
-        let idx: Vec<usize> = (0..prompts.len()).collect();
-        let parts: Vec<Vec<usize>> = (0..shards)
-            .map(|s| idx.iter().copied().filter(|i| i % shards == s).collect())
-            .collect();
-        let done = parts
-            .par_iter()
-            .map(|part| {
-                let p: Vec<Vec<u32>> = part.iter().map(|&i| prompts[i].clone()).collect();
-                let sd: Vec<u64> = part.iter().map(|&i| seeds[i]).collect();
-                run_engine(model, &p, &sd, params, tokenizer, None)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        for (part, completions) in parts.iter().zip(done) {
-            for (&i, c) in part.iter().zip(completions) {
-                out[i] = c;
-            }
-        }
-        return Ok(out);
+        return sharded(prompts.len(), shards, |rows| {
+            let p: Vec<Vec<u32>> = rows.iter().map(|&i| prompts[i].clone()).collect();
+            let sd: Vec<u64> = rows.iter().map(|&i| seeds[i]).collect();
+            run_engine(model, &p, &sd, params, tokenizer, None)
+        });
     }
     run_engine(model, prompts, seeds, params, tokenizer, processor)
 }
@@ -262,14 +248,47 @@ fn run_engine(
 const MIN_ROWS_PER_SHARD: usize = 4;
 
 /// How many shards [`generate`] cuts `rows` prompts into: one per thread of rayon's pool on
-/// the CPU (at least [`MIN_ROWS_PER_SHARD`] rows each), one on an accelerator.
-fn generation_shards(model: &Transformer, rows: usize) -> usize {
+/// the CPU (at least [`MIN_ROWS_PER_SHARD`] rows each), one on an accelerator. Callers that run
+/// their own [`SamplingEngine`]s (the T2PO rollout control) shard their rows by the same rule.
+pub fn generation_shards(model: &Transformer, rows: usize) -> usize {
     if !model.device().is_cpu() {
         return 1;
     }
     rayon::current_num_threads()
         .min(rows / MIN_ROWS_PER_SHARD)
         .max(1)
+}
+
+/// Runs `f` on `shards` interleaved subsets of the rows `0..rows` (shard `s` holds the rows
+/// `s, s + shards, …`) side by side on rayon's pool, and puts each shard's outputs (one per
+/// row, in the order of its rows) back in row order. The first error of any shard is returned.
+pub fn sharded<T, E, F>(rows: usize, shards: usize, f: F) -> std::result::Result<Vec<T>, E>
+where
+    T: Send,
+    E: Send,
+    F: Fn(&[usize]) -> std::result::Result<Vec<T>, E> + Sync,
+{
+    let parts: Vec<Vec<usize>> = (0..shards.max(1))
+        .map(|s| (s..rows).step_by(shards.max(1)).collect())
+        .collect();
+    let done = parts
+        .par_iter()
+        .map(|part| f(part))
+        .collect::<std::result::Result<Vec<_>, E>>()?;
+    let mut out: Vec<Option<T>> = (0..rows).map(|_| None).collect();
+    for (part, outputs) in parts.iter().zip(done) {
+        assert_eq!(
+            outputs.len(),
+            part.len(),
+            "a shard returned {} outputs for {} rows",
+            outputs.len(),
+            part.len()
+        );
+        for (&i, o) in part.iter().zip(outputs) {
+            out[i] = Some(o);
+        }
+    }
+    Ok(out.into_iter().flatten().collect())
 }
 
 /// Adapts a [`LogitsProcessor`] (indexed by prompt) to a [`TokenHook`] of an engine whose

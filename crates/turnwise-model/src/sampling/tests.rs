@@ -655,3 +655,24 @@ fn long_batched_turns_match_rows_alone() {
         }
     }
 }
+
+#[test]
+fn sharded_puts_every_shards_outputs_back_in_row_order() {
+    for (rows, shards) in [(0, 3), (1, 1), (7, 1), (7, 3), (10, 4), (3, 5)] {
+        let out: Vec<usize> = super::sharded(rows, shards, |part| {
+            // Each shard holds every `shards`-th row from its first.
+            assert!(part.windows(2).all(|w| w[1] - w[0] == shards));
+            Ok::<_, String>(part.iter().map(|&i| i * 10).collect())
+        })
+        .unwrap();
+        assert_eq!(out, (0..rows).map(|i| i * 10).collect::<Vec<_>>());
+    }
+    let err = super::sharded(8, 2, |part| {
+        if part[0] == 1 {
+            Err(format!("shard of row {}", part[0]))
+        } else {
+            Ok(part.to_vec())
+        }
+    });
+    assert_eq!(err, Err("shard of row 1".to_string()));
+}

@@ -23,7 +23,8 @@ use turnwise_env::env::{Environment, Task};
 use turnwise_model::Transformer;
 use turnwise_model::sampling::{
     Completion, EngineConfig, FinishReason as StopReason, SamplingEngine, SamplingParams, SeqId,
-    SeqStatus, Sequence, SequenceParams, TokenHook, TokenOrigin, generate,
+    SeqStatus, Sequence, SequenceParams, TokenHook, TokenOrigin, generate, generation_shards,
+    sharded,
 };
 use turnwise_model::tokenizer::TextTokenizer;
 
@@ -916,11 +917,31 @@ fn generate_turns(
             })
             .collect());
     }
-    let mut engine = SamplingEngine::new(
-        policy.model,
-        Some(policy.tokenizer),
-        EngineConfig { max_batch_size: 0 },
-    );
+    // As in `generate`: on the CPU the rows are cut into one shard per thread, each on its own
+    // engine. One engine for all rows would split every decode op across the threads, and
+    // lock-step threads stall whenever another process takes a core (a T2PO step's generation
+    // took 8x longer beside another run). A row's draws depend on its own seed only, beyond
+    // the rounding of batched matmuls.
+    let shards = generation_shards(policy.model, contexts.len());
+    sharded(contexts.len(), shards, |rows| {
+        let ctx: Vec<Vec<u32>> = rows.iter().map(|&i| contexts[i].clone()).collect();
+        let sd: Vec<u64> = rows.iter().map(|&i| seeds[i]).collect();
+        signal_turns(policy.model, policy.tokenizer, &ctx, &sd, params, control)
+    })
+}
+
+/// [`generate_turns`] under TTI or TDS on one [`SamplingEngine`]: every row's turn with the
+/// control hook, its confidences and its turn score.
+fn signal_turns(
+    model: &Transformer,
+    tokenizer: &TextTokenizer,
+    contexts: &[Vec<u32>],
+    seeds: &[u64],
+    params: &SamplingParams,
+    control: &RolloutControl,
+) -> Result<Vec<TurnOutput>> {
+    let mut engine =
+        SamplingEngine::new(model, Some(tokenizer), EngineConfig { max_batch_size: 0 });
     let seq_params = SequenceParams {
         sampling: params.clone(),
         max_generated_tokens: None,
@@ -948,7 +969,7 @@ fn generate_turns(
         + 2;
     let mut hook = ControlHook {
         rows,
-        tokenizer: policy.tokenizer,
+        tokenizer,
         marker_window,
         error: None,
     };
@@ -961,7 +982,7 @@ fn generate_turns(
     let mut out = Vec::with_capacity(ids.len());
     for (id, mut row) in ids.into_iter().zip(hook.rows) {
         let seq = engine.remove(id).context("collecting a turn")?;
-        row.finish(&seq, policy.tokenizer)?;
+        row.finish(&seq, tokenizer)?;
         let start = seq.prompt_len;
         let finish = match &seq.status {
             SeqStatus::Paused(reason) => reason.finish_reason(),
