@@ -268,8 +268,9 @@ where
     E: Send,
     F: Fn(&[usize]) -> std::result::Result<Vec<T>, E> + Sync,
 {
-    let parts: Vec<Vec<usize>> = (0..shards.max(1))
-        .map(|s| (s..rows).step_by(shards.max(1)).collect())
+    let shards = shards.max(1);
+    let parts: Vec<Vec<usize>> = (0..shards)
+        .map(|s| (s..rows).step_by(shards).collect())
         .collect();
     let done = parts
         .par_iter()
