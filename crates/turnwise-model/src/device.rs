@@ -4,7 +4,10 @@
 //! `cuda` feature (and a CUDA toolkit at build time). On CPU the natural weight dtype is F32; on
 //! CUDA it is BF16 (see [`default_dtype`]).
 
-use candle_core::{DType, Device};
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::VarMap;
 
 use crate::error::{ModelError, Result};
 
@@ -90,6 +93,96 @@ pub fn default_dtype(device: &Device) -> DType {
     }
 }
 
+/// Where a model lives: a device and the dtype its floating-point weights take there.
+///
+/// Models are loaded and initialised on the CPU in `f32` (every loader does); a placement moves
+/// them to their device and dtype once, and moves what is written to disk back to the CPU in
+/// `f32`, so that a checkpoint or export reads the same on every device.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    /// The device.
+    pub device: Device,
+    /// The dtype of floating-point weights (integer tensors keep theirs).
+    pub dtype: DType,
+}
+
+impl PartialEq for Placement {
+    fn eq(&self, other: &Self) -> bool {
+        self.device.same_device(&other.device) && self.dtype == other.dtype
+    }
+}
+
+impl Default for Placement {
+    fn default() -> Self {
+        Self::cpu()
+    }
+}
+
+impl Placement {
+    /// The CPU in `f32`: where models are loaded, and what checkpoints hold.
+    pub fn cpu() -> Self {
+        Self {
+            device: Device::Cpu,
+            dtype: DType::F32,
+        }
+    }
+
+    /// Whether this is the CPU in `f32` (placing is then a no-op).
+    pub fn is_cpu_f32(&self) -> bool {
+        self.device.is_cpu() && self.dtype == DType::F32
+    }
+
+    /// `t` in this placement's dtype (if it is a float tensor) on its device; `t` itself when
+    /// it is already there (no copy).
+    pub fn tensor(&self, t: &Tensor) -> Result<Tensor> {
+        let t = if t.dtype().is_float() && t.dtype() != self.dtype {
+            t.to_dtype(self.dtype)?
+        } else {
+            t.clone()
+        };
+        Ok(if t.device().same_device(&self.device) {
+            t
+        } else {
+            t.to_device(&self.device)?
+        })
+    }
+
+    /// Every tensor of `tensors` placed ([`Placement::tensor`]).
+    pub fn tensors(&self, tensors: HashMap<String, Tensor>) -> Result<HashMap<String, Tensor>> {
+        tensors
+            .into_iter()
+            .map(|(k, t)| Ok((k, self.tensor(&t)?)))
+            .collect()
+    }
+
+    /// Whether every variable of `varmap` is on this device in this dtype (integers aside).
+    pub fn holds(&self, varmap: &VarMap) -> bool {
+        let data = varmap.data().lock().unwrap_or_else(|e| e.into_inner());
+        data.values().all(|v| {
+            v.device().same_device(&self.device)
+                && (!v.dtype().is_float() || v.dtype() == self.dtype)
+        })
+    }
+
+    /// `varmap` itself when its variables are already placed here, else a new `VarMap` with
+    /// the same names holding placed copies (fresh `Var`s: the old ones are not updated).
+    pub fn varmap(&self, varmap: &VarMap) -> Result<VarMap> {
+        if self.holds(varmap) {
+            return Ok(varmap.clone());
+        }
+        let data = varmap.data().lock().unwrap_or_else(|e| e.into_inner());
+        let out = VarMap::new();
+        {
+            let mut dst = out.data().lock().unwrap_or_else(|e| e.into_inner());
+            for (name, var) in data.iter() {
+                let t = self.tensor(&var.as_tensor().detach())?;
+                dst.insert(name.clone(), Var::from_tensor(&t)?);
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// Whether the crate was built with the `cuda` feature.
 pub fn cuda_compiled() -> bool {
     cfg!(feature = "cuda")
@@ -116,6 +209,50 @@ mod tests {
             let err = DeviceSpec::parse(bad).unwrap_err();
             assert!(err.to_string().contains("device"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn placement_converts_floats_and_keeps_placed_varmaps() {
+        let vm = VarMap::new();
+        {
+            let mut d = vm.data().lock().unwrap();
+            let w = Tensor::new(&[[1.0f32, 2.5], [-3.0, 0.125]], &Device::Cpu).unwrap();
+            d.insert("w".into(), Var::from_tensor(&w).unwrap());
+            let i = Tensor::new(&[1u32, 2], &Device::Cpu).unwrap();
+            d.insert("i".into(), Var::from_tensor(&i).unwrap());
+        }
+        let cpu = Placement::cpu();
+        assert!(cpu.is_cpu_f32());
+        // Already placed: the same variables (an update through one shows in the other).
+        let same = cpu.varmap(&vm).unwrap();
+        let w0 = vm.data().lock().unwrap()["w"].clone();
+        let w1 = same.data().lock().unwrap()["w"].clone();
+        w0.set(&Tensor::zeros((2, 2), DType::F32, &Device::Cpu).unwrap())
+            .unwrap();
+        assert_eq!(
+            w1.as_tensor()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap(),
+            0.0
+        );
+        // bf16: float tensors convert (these values are exact in bf16), integers keep theirs.
+        w0.set(&Tensor::new(&[[1.0f32, 2.5], [-3.0, 0.125]], &Device::Cpu).unwrap())
+            .unwrap();
+        let bf = Placement {
+            device: Device::Cpu,
+            dtype: DType::BF16,
+        };
+        let placed = bf.varmap(&vm).unwrap();
+        let d = placed.data().lock().unwrap();
+        assert_eq!(d["w"].dtype(), DType::BF16);
+        assert_eq!(d["i"].dtype(), DType::U32);
+        let back = cpu.tensor(d["w"].as_tensor()).unwrap();
+        assert_eq!(
+            back.to_vec2::<f32>().unwrap(),
+            vec![vec![1.0, 2.5], vec![-3.0, 0.125]]
+        );
     }
 
     #[test]

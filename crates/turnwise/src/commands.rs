@@ -272,6 +272,12 @@ pub enum Command {
         /// The weight version reported until the first `/update_weights_from_disk`.
         #[arg(long, default_value = "0")]
         weight_version: String,
+        /// Where the model runs: cpu, cuda, cuda:N (a CUDA device needs the `cuda` build).
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        /// The weights' dtype: auto (f32 on the CPU, bf16 on CUDA), f32 or bf16.
+        #[arg(long, default_value = "auto")]
+        dtype: String,
     },
 }
 
@@ -720,13 +726,23 @@ pub fn run(cli: Cli) -> Result<()> {
             max_batch_size,
             max_queue,
             weight_version,
+            device,
+            dtype,
         } => {
+            let device = turnwise_model::device::pick_device(&device).context("--device")?;
+            let dtype = match dtype.as_str() {
+                "auto" => turnwise_model::device::default_dtype(&device),
+                "f32" => candle_core::DType::F32,
+                "bf16" => candle_core::DType::BF16,
+                other => bail!("--dtype: `{other}`: expected auto, f32 or bf16"),
+            };
             let config = turnwise::serve::ServeConfig {
                 addr: resolve_addr(&addr).context("--addr")?,
                 name,
                 max_batch_size,
                 max_queue,
                 weight_version,
+                placement: turnwise_model::device::Placement { device, dtype },
                 ..Default::default()
             };
             let t = Instant::now();

@@ -221,7 +221,13 @@ pub fn load_checkpoint(dir: impl AsRef<Path>, dtype: DType, device: &Device) -> 
         Some(l) => sorted_vars(&l.adapters),
         None => sorted_vars(&varmap),
     };
-    let moments = load_safetensors(dir.join("optimizer.safetensors"), dtype, device)?;
+    // Moments and master copies in the optimizer's state dtype (f32 for a bf16 model): read
+    // in the weights' dtype they would lose what the master copies keep.
+    let moments = load_safetensors(
+        dir.join("optimizer.safetensors"),
+        crate::optim::adamw::state_dtype(dtype),
+        device,
+    )?;
     let mut optimizer = AdamW::new(trainable, state.optimizer.clone())?;
     optimizer.load_state(&moments, state.step)?;
     Ok(Checkpoint {

@@ -274,6 +274,31 @@ pub enum TokenizerKind {
     Bpe,
 }
 
+/// The floating-point type of the model's weights and activations (`model.dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelDType {
+    /// `f32` on the CPU, `bf16` on a CUDA device (`turnwise_model::device::default_dtype`).
+    Auto,
+    /// 32-bit floats everywhere.
+    F32,
+    /// bfloat16 weights and activations; softmax, log-softmax and the RMS statistic run in
+    /// `f32` inside, log-probs come out in `f32`, and AdamW keeps `f32` master weights and
+    /// moments.
+    Bf16,
+}
+
+impl ModelDType {
+    /// The candle dtype on `device`.
+    pub fn resolve(self, device: &candle_core::Device) -> candle_core::DType {
+        match self {
+            Self::Auto => turnwise_model::device::default_dtype(device),
+            Self::F32 => candle_core::DType::F32,
+            Self::Bf16 => candle_core::DType::BF16,
+        }
+    }
+}
+
 /// The policy model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -300,6 +325,15 @@ pub struct ModelSpec {
     pub max_position_embeddings: usize,
     /// LoRA fine-tuning (`model.lora.*`; off unless `rank` ≥ 1).
     pub lora: LoraSpec,
+    /// Where the policy (and the reference policy and critic) live and run: `cpu` (the
+    /// default), `cuda`, `cuda:N` (also `gpu`, `gpu:N`). A CUDA device needs a binary built
+    /// with the `cuda` feature (README, "Building with CUDA"). Training, the warm start,
+    /// evaluation and local rollouts all run there; checkpoints and exports are written the
+    /// same way on every device and load on any.
+    pub device: String,
+    /// The weights' and activations' dtype: `auto` (`f32` on the CPU, `bf16` on CUDA), `f32`
+    /// or `bf16` (see [`ModelDType`]).
+    pub dtype: ModelDType,
 }
 
 /// LoRA fine-tuning of the policy (`[model.lora]`): the base weights are frozen and shared by the
@@ -365,6 +399,8 @@ impl Default for ModelSpec {
             intermediate_size: 384,
             max_position_embeddings: 512,
             lora: LoraSpec::default(),
+            device: "cpu".into(),
+            dtype: ModelDType::Auto,
         }
     }
 }
@@ -1365,6 +1401,7 @@ impl TrainConfig {
                 "must be at least 1 and at most rollout.max_response_tokens".into(),
             );
         }
+        self.validate_device()?;
         self.validate_tree_shape()?;
         self.validate_rollout_control()?;
         self.validate_ranges()?;
@@ -1890,6 +1927,40 @@ impl TrainConfig {
     }
 
     /// Range checks of the numeric settings not checked elsewhere, each reported under its key.
+    /// `model.device` names a device this binary can use (a CUDA device needs the `cuda`
+    /// feature; whether the GPU exists is checked when the run creates it).
+    fn validate_device(&self) -> Result<(), ConfigError> {
+        let spec = turnwise_model::device::DeviceSpec::parse(&self.model.device).map_err(|e| {
+            ConfigError::Invalid {
+                field: "model.device",
+                message: e.to_string(),
+            }
+        })?;
+        if spec.is_cuda() && !turnwise_model::device::cuda_compiled() {
+            return Err(ConfigError::Invalid {
+                field: "model.device",
+                message: format!(
+                    "`{}` needs a CUDA device, but this turnwise was built without the `cuda` \
+                     feature (cargo build --release -p turnwise --features cuda; README, \
+                     \"Building with CUDA\")",
+                    self.model.device
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The device `model.device` names, created, and the dtype `model.dtype` resolves to on it.
+    pub fn placement(&self) -> Result<turnwise_model::device::Placement, ConfigError> {
+        let invalid = |e: turnwise_model::ModelError| ConfigError::Invalid {
+            field: "model.device",
+            message: e.to_string(),
+        };
+        let device = turnwise_model::device::pick_device(&self.model.device).map_err(invalid)?;
+        let dtype = self.model.dtype.resolve(&device);
+        Ok(turnwise_model::device::Placement { device, dtype })
+    }
+
     fn validate_ranges(&self) -> Result<(), ConfigError> {
         /// `Err` naming `field` unless `ok`.
         fn check(ok: bool, field: &'static str, what: &str, got: f64) -> Result<(), ConfigError> {

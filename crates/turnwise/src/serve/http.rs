@@ -52,6 +52,8 @@ pub struct App {
     /// The weights the server started with: a LoRA adapter loaded with
     /// `/v1/load_lora_adapter` is merged into these (vLLM's base model).
     pub base: std::collections::HashMap<String, candle_core::Tensor>,
+    /// Where the served model lives (the server's `--device` and `--dtype`).
+    pub placement: turnwise_model::device::Placement,
 }
 
 /// A JSON error answer: `{"error": {"message", "type", "param", "code"}}` (OpenAI's shape).
@@ -806,8 +808,9 @@ async fn update_weights(State(app): State<Arc<App>>, body: Bytes) -> Response {
             .into_response()
     };
     let path = std::path::PathBuf::from(&req.model_path);
-    let config = app.config.clone();
-    let loaded = tokio::task::spawn_blocking(move || super::load_weights(&path, &config)).await;
+    let (config, placement) = (app.config.clone(), app.placement.clone());
+    let loaded =
+        tokio::task::spawn_blocking(move || super::load_weights(&path, &config, &placement)).await;
     let (model, path) = match loaded {
         Ok(Ok(m)) => m,
         Ok(Err(e)) => return failed(StatusCode::BAD_REQUEST, format!("model_path: {e:#}")),
@@ -864,7 +867,7 @@ async fn load_lora_adapter(State(app): State<Arc<App>>, body: Bytes) -> Response
         )?;
         let model = turnwise_model::model::Transformer::from_tensors(
             &app2.config,
-            &tensors,
+            &app2.placement.tensors(tensors)?,
             &path.display().to_string(),
         )?;
         Ok((model, path))

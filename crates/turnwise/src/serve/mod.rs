@@ -42,6 +42,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use turnwise_env::server::BackgroundServer;
 use turnwise_model::ModelConfig;
+use turnwise_model::device::Placement;
 use turnwise_model::model::Transformer;
 use turnwise_model::sampling::EngineConfig;
 
@@ -69,6 +70,9 @@ pub struct ServeConfig {
     pub read_timeout: Duration,
     /// The weight version reported until the first reload.
     pub weight_version: String,
+    /// Where the served model lives (`--device`, `--dtype`); reloaded weights and merged LoRA
+    /// adapters go there too.
+    pub placement: Placement,
 }
 
 impl Default for ServeConfig {
@@ -81,6 +85,7 @@ impl Default for ServeConfig {
             max_body_bytes: 64 << 20,
             read_timeout: Duration::from_secs(300),
             weight_version: "0".into(),
+            placement: Placement::cpu(),
         }
     }
 }
@@ -128,7 +133,11 @@ pub fn load_served(spec: &Path) -> Result<ServedModel> {
 
 /// Loads the weights of `path` for a reload; refuses a model whose configuration differs from
 /// `config` (the one served).
-pub fn load_weights(path: &Path, config: &ModelConfig) -> Result<(Transformer, PathBuf)> {
+pub fn load_weights(
+    path: &Path,
+    config: &ModelConfig,
+    placement: &Placement,
+) -> Result<(Transformer, PathBuf)> {
     if !path.exists() {
         bail!("{} does not exist", path.display());
     }
@@ -143,7 +152,7 @@ pub fn load_weights(path: &Path, config: &ModelConfig) -> Result<(Transformer, P
     }
     let model = Transformer::from_tensors(
         new,
-        &served.tensors.tensors,
+        &placement.tensors(served.tensors.tensors)?,
         &served.path.display().to_string(),
     )?;
     Ok((model, served.path))
@@ -286,9 +295,14 @@ fn build_app(
     let eos_ids = eos_ids(&tensors);
     let transformer = Transformer::from_tensors(
         &tensors.config,
-        &tensors.tensors,
+        &config.placement.tensors(tensors.tensors.clone())?,
         &path.display().to_string(),
     )?;
+    tracing::info!(
+        device = ?config.placement.device,
+        dtype = ?config.placement.dtype,
+        "serving on (--device, --dtype)"
+    );
     let name = config.name.clone().unwrap_or_else(|| {
         path.file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -326,6 +340,7 @@ fn build_app(
         seeds: AtomicU64::new(0x5eed),
         requests: AtomicU64::new(0),
         base: tensors.tensors,
+        placement: config.placement.clone(),
     });
     Ok((app, engine))
 }

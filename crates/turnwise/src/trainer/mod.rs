@@ -20,6 +20,7 @@ use turnwise_model::checkpoint::{
     ADAPTER_DIR, HfMetadata, LoraAdapters, LoraParts, TrainerState, export_hf_folder_tensors,
     load_checkpoint, save_checkpoint_with_lora, write_hf_metadata,
 };
+use turnwise_model::device::Placement;
 use turnwise_model::loss::KlController;
 use turnwise_model::model::lora::{
     init_adapters, is_adapter_folder, load_peft_adapter, merge_adapters, save_peft_adapter,
@@ -81,6 +82,8 @@ pub struct Trainer {
     remote: Option<crate::rollout::remote::RemoteBackend>,
     /// The LLM judge of `[judge]`.
     judge: Option<judge::TurnJudge>,
+    /// Where the models live (`model.device`, `model.dtype`).
+    placement: Placement,
 }
 
 /// The LoRA adapters of a run with `model.lora.rank` ≥ 1.
@@ -242,6 +245,37 @@ impl Trainer {
         optimizer: Option<AdamW>,
         step: u64,
     ) -> Result<Self> {
+        // Every loader builds on the CPU in f32; the models move to `model.device` in
+        // `model.dtype` once, here, and everything downstream follows their device.
+        let placement = config.placement()?;
+        let (varmap, lora, optimizer) = match placement.is_cpu_f32() {
+            true => (varmap, lora, optimizer),
+            false => {
+                let varmap = placement.varmap(&varmap)?;
+                let lora = lora
+                    .map(|l| -> Result<LoraState> {
+                        Ok(LoraState {
+                            adapters: LoraAdapters {
+                                config: l.adapters.config,
+                                adapters: placement.varmap(&l.adapters.adapters)?,
+                            },
+                            dropout: l.dropout,
+                        })
+                    })
+                    .transpose()?;
+                // A restored optimizer was loaded placed ([`Trainer::load`]), over these same
+                // variables when they were placed already.
+                if optimizer.is_some() && !placement.holds(&varmap) {
+                    bail!("internal: a restored optimizer must be loaded on {placement:?}");
+                }
+                (varmap, lora, optimizer)
+            }
+        };
+        tracing::info!(
+            device = ?placement.device,
+            dtype = ?placement.dtype,
+            "model placement (model.device, model.dtype)"
+        );
         // With LoRA, the policy reads the base weights detached (no gradient is computed for
         // them) and the adapters' Vars; the sampler reads both detached. All three share the
         // base's storage, and the sampler sees each optimizer update of the adapters in place,
@@ -314,7 +348,13 @@ impl Trainer {
             consecutive_bad_critic: 0,
             remote,
             judge,
+            placement,
         })
+    }
+
+    /// Where the models live: `model.device` and the dtype `model.dtype` resolves to there.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
     }
 
     /// The rollout policy.
@@ -795,12 +835,23 @@ impl Trainer {
         // A LoRA checkpoint's own folder holds the (unmerged) base its adapters apply to.
         let base_name = std::path::absolute(dir).ok();
         let base_name = base_name.as_deref().and_then(Path::to_str);
+        // Checkpoints hold CPU f32 weights on every device (the f32 master weights of a bf16
+        // run are in the optimizer state, so resuming is exact).
+        let cpu = Placement::cpu();
+        let varmap = cpu.varmap(&self.varmap)?;
+        let adapters = match &self.lora {
+            Some(l) => Some(LoraAdapters {
+                config: l.adapters.config.clone(),
+                adapters: cpu.varmap(&l.adapters.adapters)?,
+            }),
+            None => None,
+        };
         save_checkpoint_with_lora(
             dir,
             &self.model_config,
-            &self.varmap,
-            self.lora.as_ref().map(|l| LoraParts {
-                lora: &l.adapters,
+            &varmap,
+            adapters.as_ref().map(|lora| LoraParts {
+                lora,
                 base_model_name_or_path: base_name,
             }),
             &self.optimizer,
@@ -823,7 +874,10 @@ impl Trainer {
     /// (how the run first built it), with a warning: the resumed run is then not exact.
     pub fn load(config: TrainConfig, dir: &Path, reference_dir: Option<&Path>) -> Result<Self> {
         let mut task = WorldTask::build(&config.task)?;
-        let ck = load_checkpoint(dir, DType::F32, &Device::Cpu)
+        // Loaded where the run trains: the optimizer's moments and f32 master copies go there
+        // with the weights they belong to.
+        let placement = config.placement()?;
+        let ck = load_checkpoint(dir, placement.dtype, &placement.device)
             .with_context(|| format!("loading the checkpoint {}", dir.display()))?;
         let tokenizer = TextTokenizer::from_file(dir.join("tokenizer.json"))?;
         let hf_meta = checkpoint_metadata(dir, config.model.init_from.as_deref())?;
@@ -902,6 +956,7 @@ impl Trainer {
                         .with_context(|| {
                             format!("loading the reference adapters {}", adapter_dir.display())
                         })?;
+                    let adapters = t.placement.tensors(adapters)?;
                     Transformer::from_tensors(
                         &t.model_config,
                         &varmap_tensors(&t.varmap, true),
@@ -911,6 +966,7 @@ impl Trainer {
                 }
                 _ => {
                     let (mc, tensors) = load_reference_tensors(rd)?;
+                    let tensors = t.placement.tensors(tensors)?;
                     let m = Transformer::from_tensors(&mc, &tensors, "reference")?;
                     reference_tensors = Some(tensors);
                     m
@@ -933,11 +989,12 @@ impl Trainer {
                     dir,
                     steps,
                     critic_adamw(&t.config),
+                    &t.placement,
                 )?);
             } else if let Some(rd) = reference_dir {
                 let tensors = match reference_tensors.take() {
                     Some(t) => t,
-                    None => load_reference_tensors(rd)?.1,
+                    None => t.placement.tensors(load_reference_tensors(rd)?.1)?,
                 };
                 tracing::warn!(
                     checkpoint = %dir.display(),
@@ -965,7 +1022,7 @@ impl Trainer {
         export_hf_folder_tensors(
             dir,
             &self.model_config,
-            &self.merged_tensors()?,
+            &Placement::cpu().tensors(self.merged_tensors()?)?,
             &self.tokenizer,
             &self.hf_meta,
         )
@@ -974,7 +1031,7 @@ impl Trainer {
             write_export_adapter(
                 dir,
                 &l.adapters.config,
-                &varmap_tensors(&l.adapters.adapters, true),
+                &Placement::cpu().tensors(varmap_tensors(&l.adapters.adapters, true))?,
                 &self.config,
             )?;
         }

@@ -8,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use turnwise_model::ModelConfig;
+use turnwise_model::device::Placement;
 use turnwise_model::loss::value::{ValueLossConfig, explained_variance, value_loss};
 use turnwise_model::model::critic::{
     Critic, SCORE_BIAS, SCORE_WEIGHT, critic_varmap_from_policy, trunk_config,
@@ -64,8 +65,11 @@ impl CriticModel {
     /// ([`CriticModel::optimizer_steps`]) goes into the caller's trainer state.
     pub fn save(&self, dir: &Path) -> Result<()> {
         let weights = dir.join(CRITIC_WEIGHTS_FILE);
-        save_safetensors(&varmap_tensors(&self.varmap, true), &weights)
-            .with_context(|| format!("writing {}", weights.display()))?;
+        save_safetensors(
+            &Placement::cpu().tensors(varmap_tensors(&self.varmap, true))?,
+            &weights,
+        )
+        .with_context(|| format!("writing {}", weights.display()))?;
         let moments = dir.join(CRITIC_OPTIMIZER_FILE);
         save_safetensors(&self.optimizer.state_tensors(), &moments)
             .with_context(|| format!("writing {}", moments.display()))?;
@@ -75,17 +79,19 @@ impl CriticModel {
     /// Restores a critic saved by [`CriticModel::save`] in `dir` for a policy of configuration
     /// `policy_config`, its optimizer at `optimizer_steps` updates: the same weights, moments
     /// and step count, so that training continues exactly (`optim` are the optimizer's settings,
-    /// which the checkpoint does not hold).
+    /// which the checkpoint does not hold), placed on the policy's device and dtype.
     pub fn load(
         policy_config: &ModelConfig,
         dir: &Path,
         optimizer_steps: u64,
         optim: AdamWConfig,
+        placement: &Placement,
     ) -> Result<Self> {
         let path = dir.join(CRITIC_WEIGHTS_FILE);
         let desc = path.display().to_string();
         let tensors = load_safetensors(&path, DType::F32, &Device::Cpu)
             .with_context(|| format!("reading the critic weights {desc}"))?;
+        let tensors = placement.tensors(tensors)?;
         let tc = trunk_config(policy_config);
         let varmap = varmap_from_tensors(&tc, &tensors, &desc)
             .with_context(|| format!("the critic weights {desc} do not fit the policy"))?;
@@ -227,9 +233,12 @@ impl CriticModel {
                             old[k * l..k * l + old_values[i].len()].copy_from_slice(&old_values[i]);
                         }
                         let old = Tensor::from_vec(old, (shard.len(), l), device)?;
+                        // Values in f32 (a bf16 critic's too), as log-probs are: the loss
+                        // and its metrics are computed in f32.
                         let v = model
                             .values(&packed.ids, &packed.positions, &packed.key_mask)?
-                            .narrow(1, packed.prompt_width - 1, l)?;
+                            .narrow(1, packed.prompt_width - 1, l)?
+                            .to_dtype(candle_core::DType::F32)?;
                         let loss_out = value_loss(
                             &v,
                             &old,

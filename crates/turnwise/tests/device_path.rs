@@ -1,0 +1,168 @@
+//! The device-agnostic path, on the CPU: what a GPU run executes. The fused CPU kernels are
+//! turned off for this whole test binary (`TURNWISE_COMPOSED_OPS=1`, set before any model op),
+//! so every op is the composition of candle ops that runs on CUDA, and the models are placed in
+//! `bf16` (`model.dtype = "bf16"`, CUDA's default) with `f32` AdamW state. A whole run (warm
+//! start, RL steps with rollouts, rewards, advantages, the loss and the update, checkpoints,
+//! evaluation) goes through it, the PPO family's critic included, and a killed-and-resumed run
+//! matches the uninterrupted one bit for bit: checkpoints hold `f32` weights and the optimizer's
+//! `f32` master copies, so nothing is lost to the `bf16` rounding.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use turnwise::config::TrainConfig;
+use turnwise::pipeline::{RunOptions, resume, run};
+
+/// The dtype of every tensor of a safetensors file, by name.
+fn dtypes(path: &Path) -> Vec<(String, String)> {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .map(|(k, v)| (k.clone(), v["dtype"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+/// `preset` (tiny, 4 steps, checkpoints at 2 and 4) in bf16 uninterrupted in `a`, and a copy
+/// killed after step 2 and resumed in `b`.
+fn bf16_run_and_resume(preset: &str, extra: &[&str], tmp: &Path) -> (PathBuf, PathBuf) {
+    let mut sets = common::tiny_overrides();
+    sets.extend(
+        [
+            "model.dtype=\"bf16\"",
+            "run.steps=4",
+            "run.save_every=2",
+            "run.keep_checkpoints=3",
+            "eval.questions=3",
+        ]
+        .map(String::from),
+    );
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    let cfg = TrainConfig::resolve(Some(preset), None, &sets).unwrap();
+    let a = tmp.join("a");
+    run(
+        cfg,
+        &RunOptions {
+            dir: a.clone(),
+            quiet: true,
+        },
+        false,
+    )
+    .unwrap();
+    assert!(a.join("checkpoints/step-00004/COMPLETE").is_file());
+    let b = tmp.join("b");
+    common::copy_dir(&a, &b);
+    std::fs::remove_file(b.join("checkpoints/step-00004/COMPLETE")).unwrap();
+    for f in ["model.safetensors", "critic.safetensors"] {
+        let p = b.join("checkpoints/step-00004").join(f);
+        if p.is_file() {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+    resume(&b, true).unwrap();
+    (a, b)
+}
+
+/// The checks both presets share: f32 weights and master copies on disk, training moved the
+/// weights, finite metrics, and the resumed run equals the uninterrupted one.
+fn assert_bf16_run(a: &Path, b: &Path, files: &[&str]) {
+    let step2 = a.join("checkpoints/step-00002");
+    let step4 = a.join("checkpoints/step-00004");
+    // Weights are written in f32 whatever the device and dtype; the optimizer holds the f32
+    // master copy of every bf16 weight besides its moments.
+    for (name, dtype) in dtypes(&step4.join("model.safetensors")) {
+        assert_eq!(dtype, "F32", "{name} is saved as {dtype}");
+    }
+    let opt = dtypes(&step4.join("optimizer.safetensors"));
+    let masters = opt.iter().filter(|(k, _)| k.ends_with(".master")).count();
+    let weights = dtypes(&step4.join("model.safetensors")).len();
+    assert_eq!(masters, weights, "one f32 master copy per bf16 weight");
+    assert!(opt.iter().all(|(_, d)| d == "F32"));
+    // RL steps 3 and 4 changed the weights.
+    let w2 = std::fs::read(step2.join("model.safetensors")).unwrap();
+    let w4 = std::fs::read(step4.join("model.safetensors")).unwrap();
+    assert!(w2 != w4, "two bf16 RL steps left the weights unchanged");
+    let lines = common::phase_lines(&a.join("metrics.jsonl"), "train");
+    assert_eq!(lines.len(), 4);
+    // (A PPO critic's warm-up step makes no actor update: nothing to check there.)
+    for l in lines
+        .iter()
+        .filter(|l| l["actor/optimizer_steps"].as_f64() != Some(0.0))
+    {
+        for key in ["actor/pg_loss", "actor/grad_norm"] {
+            let v = l[key].as_f64().unwrap_or(f64::NAN);
+            assert!(v.is_finite(), "{key} = {v} in {l}");
+        }
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["actor/grad_norm"].as_f64() > Some(0.0)),
+        "no bf16 step had a gradient"
+    );
+    // Killed after step 2 and resumed: bit for bit the uninterrupted run.
+    for f in files {
+        let fa = std::fs::read(step4.join(f)).unwrap();
+        let fb = std::fs::read(b.join("checkpoints/step-00004").join(f)).unwrap();
+        assert!(fa == fb, "{f} of the resumed bf16 run differs");
+    }
+    assert_eq!(
+        lines,
+        common::phase_lines(&b.join("metrics.jsonl"), "train"),
+        "metrics of the resumed bf16 run differ"
+    );
+}
+
+#[test]
+fn bf16_runs_on_the_composed_path_train_save_and_resume_exactly() {
+    // SAFETY: set before this binary's only test touches a model or starts a thread that reads
+    // the environment; the kernels read the variable once.
+    unsafe { std::env::set_var("TURNWISE_COMPOSED_OPS", "1") };
+    let tmp = tempfile::tempdir().unwrap();
+
+    // GRPO: rollouts, rewards, group advantages, the clipped loss, AdamW with f32 masters.
+    let (a, b) = bf16_run_and_resume("grpo", &[], &tmp.path().join("grpo"));
+    assert_bf16_run(&a, &b, &["model.safetensors", "optimizer.safetensors"]);
+
+    // PPO: the critic (its own bf16 trunk and head, f32 optimizer state) trains and resumes.
+    let (a, b) = bf16_run_and_resume("ppo", &["critic.warmup_updates=1"], &tmp.path().join("ppo"));
+    assert_bf16_run(
+        &a,
+        &b,
+        &[
+            "model.safetensors",
+            "optimizer.safetensors",
+            "critic.safetensors",
+            "critic_optimizer.safetensors",
+        ],
+    );
+    for (name, dtype) in dtypes(&a.join("checkpoints/step-00004/critic.safetensors")) {
+        assert_eq!(dtype, "F32", "critic {name} is saved as {dtype}");
+    }
+}
+
+#[test]
+fn a_cuda_device_without_the_cuda_build_is_refused_by_name() {
+    if turnwise_model::device::cuda_compiled() {
+        return;
+    }
+    let mut sets = common::tiny_overrides();
+    sets.push("model.device=\"cuda\"".into());
+    let err = TrainConfig::resolve(Some("grpo"), None, &sets).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("model.device") && msg.contains("`cuda` feature"),
+        "{msg}"
+    );
+    sets.pop();
+    sets.push("model.device=\"tpu\"".into());
+    let msg = TrainConfig::resolve(Some("grpo"), None, &sets)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("model.device") && msg.contains("tpu"), "{msg}");
+}
