@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds the `turnwise` Python package (crates/turnwise-py: a PyO3 + maturin abi3 wheel) in a
+# fresh virtual env, installs it with numpy, pytest and CPU torch, and runs its Python tests
+# (crates/turnwise-py/python/tests). Any failure fails the script.
+#
+# Environment:
+#   PYTHON               interpreter that creates the venv (default: python3; 3.9 or newer)
+#   TURNWISE_PY_VENV     the venv directory (default: target/py-venv; deleted and recreated)
+#   TURNWISE_TORCH_INDEX torch wheel index (default: PyTorch's CPU index; PyPI if unreachable)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python="${PYTHON:-python3}"
+venv="${TURNWISE_PY_VENV:-target/py-venv}"
+case "$venv" in /*) ;; *) venv="$(pwd)/$venv" ;; esac
+wheels="target/py-wheels"
+torch_index="${TURNWISE_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+pip_flags=(--quiet --disable-pip-version-check)
+
+echo "== python package: fresh venv at $venv"
+rm -rf "$venv" "$wheels"
+"$python" -m venv "$venv"
+vpy="$venv/bin/python"
+"$vpy" -m pip install "${pip_flags[@]}" --upgrade pip
+"$vpy" -m pip install "${pip_flags[@]}" "maturin>=1.9,<2"
+
+echo "== python package: maturin build --release"
+start=$(date +%s)
+"$venv/bin/maturin" build --release --locked -m crates/turnwise-py/Cargo.toml --interpreter "$vpy" \
+    --out "$wheels"
+wheel=$(ls "$wheels"/turnwise-*.whl)
+echo "built $wheel ($(du -h "$wheel" | cut -f1), $(($(date +%s) - start)) s)"
+
+echo "== python package: install the wheel, numpy, pytest and CPU torch"
+"$vpy" -m pip install "${pip_flags[@]}" "$wheel" numpy pytest
+if ! "$vpy" -m pip install "${pip_flags[@]}" --retries 1 --timeout 30 torch \
+    --index-url "$torch_index"; then
+    echo "torch from $torch_index failed; trying PyPI"
+    "$vpy" -m pip install "${pip_flags[@]}" torch
+fi
+
+echo "== python package: pytest"
+# Run from outside the source tree so that `import turnwise` is the installed wheel (the
+# source package python/turnwise has no native module).
+tests="$(pwd)/crates/turnwise-py/python/tests"
+(cd "$venv" && "$vpy" -m pytest -q -p no:cacheprovider --import-mode=importlib "$tests")
