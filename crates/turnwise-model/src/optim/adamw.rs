@@ -142,6 +142,28 @@ impl AdamW {
         Ok(())
     }
 
+    /// Re-reads the `f32` master copies after the parameters were changed by something else
+    /// (another optimizer's phase, a load): from `source`'s master copy of the same parameter
+    /// when it has one (exact), else from the parameter's current value. Without it, the next
+    /// [`AdamW::step`] would update the stale master and write it back, undoing that change
+    /// (a `bf16` RL phase after a warm start with its own optimizer reverted the weights to
+    /// their initialisation this way). A no-op for `f32`/`f64` parameters.
+    pub fn sync_masters(&mut self, source: Option<&AdamW>) -> Result<()> {
+        for (name, var) in &self.vars {
+            let Some(slot) = self.masters.get_mut(name) else {
+                continue;
+            };
+            *slot = match source.and_then(|s| s.masters.get(name)) {
+                Some(m) if m.dims() == var.dims() => m.clone(),
+                _ => var
+                    .as_tensor()
+                    .detach()
+                    .to_dtype(state_dtype(var.dtype()))?,
+            };
+        }
+        Ok(())
+    }
+
     /// The `f32` master copy of a half-precision parameter (`None` for `f32`/`f64` ones, which
     /// are their own master).
     pub fn master(&self, name: &str) -> Option<&Tensor> {

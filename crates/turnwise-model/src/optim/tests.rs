@@ -255,3 +255,83 @@ fn bf16_parameters_keep_f32_master_weights_and_moments() {
     let restored = again.master("w").unwrap().to_vec2::<f32>().unwrap()[0][0];
     assert_eq!(restored, m);
 }
+
+#[test]
+fn master_copies_follow_weights_changed_by_another_optimizer_once_synced() {
+    use candle_core::Var;
+    // A bf16 weight trained by a first optimizer (a warm start), then by a second one built
+    // before it (the RL optimizer): the second one's master copy still holds the value it was
+    // built on, and its first step would write that back, undoing the warm start.
+    let dev = Device::Cpu;
+    let var = Var::from_tensor(&Tensor::ones((2, 2), DType::BF16, &dev).unwrap()).unwrap();
+    let cfg = AdamWConfig {
+        weight_decay: 0.0,
+        ..AdamWConfig::default()
+    };
+    let vars = vec![("w".to_string(), var.clone())];
+    let mut rl = AdamW::new(vars.clone(), cfg.clone()).unwrap();
+    let mut warm = AdamW::new(vars.clone(), cfg).unwrap();
+    let grads = |opt: &AdamW| {
+        let loss = (opt.vars()[0].1.as_tensor() * 0.5)
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        Gradients::from_grad_store(&loss.backward().unwrap(), opt.vars())
+    };
+    // The warm start moves the weight from 1 to about 0.5 (lr 1e-2, 50 steps).
+    for _ in 0..50 {
+        let g = grads(&warm);
+        warm.step(&g, 1e-2).unwrap();
+    }
+    let value = |v: &Var| {
+        v.as_tensor()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap()[0][0]
+    };
+    let warmed = value(&var);
+    assert!(
+        (warmed - 0.5).abs() < 0.05,
+        "warm start moved the weight to {warmed}"
+    );
+    let exact = warm.master("w").unwrap().to_vec2::<f32>().unwrap()[0][0];
+
+    // Unsynced: one small RL step (lr 1e-4) writes the stale master (about 1) back.
+    let state = rl.state_tensors();
+    let g = grads(&rl);
+    rl.step(&g, 1e-4).unwrap();
+    assert!(
+        value(&var) > 0.99,
+        "the stale master was not written back: {}",
+        value(&var)
+    );
+
+    // Synced from the warm start's optimizer: the RL step continues from its exact master.
+    var.set(
+        &Tensor::full(warmed, (2, 2), &dev)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap(),
+    )
+    .unwrap();
+    rl.load_state(&state, 0).unwrap();
+    rl.sync_masters(Some(&warm)).unwrap();
+    assert_eq!(
+        rl.master("w").unwrap().to_vec2::<f32>().unwrap()[0][0],
+        exact
+    );
+    let g = grads(&rl);
+    rl.step(&g, 1e-4).unwrap();
+    assert!(
+        (value(&var) - warmed).abs() < 0.01,
+        "synced step moved {warmed} to {}",
+        value(&var)
+    );
+    // Synced from the weights alone (no source): the master is the current bf16 value.
+    rl.sync_masters(None).unwrap();
+    assert_eq!(
+        rl.master("w").unwrap().to_vec2::<f32>().unwrap()[0][0],
+        value(&var)
+    );
+}

@@ -445,6 +445,9 @@ impl Trainer {
                 None => tracing::warn!(step = s + 1, "non-finite SFT loss: update skipped"),
             }
         }
+        // The RL optimizer's f32 master copies (bf16 weights) must start from the warm-started
+        // weights, not from the ones it was built on.
+        self.optimizer.sync_masters(Some(&opt))?;
         Ok(())
     }
 

@@ -269,6 +269,8 @@ impl Trainer {
             });
         }
         report.training_seconds = t1.elapsed().as_secs_f64();
+        // The RL optimizer's f32 master copies (bf16 weights) follow the fine-tuned weights.
+        self.optimizer.sync_masters(Some(&opt))?;
         Ok(report)
     }
 
