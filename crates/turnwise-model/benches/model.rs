@@ -27,6 +27,12 @@
 //! `TURNWISE_BENCH_NEW_TOKENS=448` samples longer completions (default 64; the PyTorch
 //! comparison is then skipped).
 //!
+//! `TURNWISE_BENCH_DEVICE=cuda` (a `cuda` build, on a GPU) runs the same rows on the GPU in bf16
+//! (AdamW with f32 master weights and moments), plus a row "C" of SmolLM2-135M's shape with
+//! random weights (the GGUF row is CPU-only), against PyTorch on the same GPU: bf16 weights for
+//! sampling, and for training PyTorch's usual mixed precision (f32 weights and AdamW,
+//! `torch.autocast` to bf16). The fused-op tables are CPU-only and skipped there.
+//!
 //! Threads: `RAYON_NUM_THREADS` defaults to the core count (matmuls; PyTorch gets the same
 //! count), `CANDLE_NUM_THREADS` to 1 (element-wise ops), and PyTorch runs with
 //! `OMP_WAIT_POLICY=PASSIVE`: each side's better setting on a shared, oversubscribed machine.
@@ -43,6 +49,7 @@ use candle_nn::VarMap;
 use serde_json::Value;
 use turnwise_model::checkpoint::gguf::smollm2;
 use turnwise_model::checkpoint::load_gguf;
+use turnwise_model::device::{Placement, default_dtype, pick_device};
 use turnwise_model::logprobs::logprobs_and_entropy;
 use turnwise_model::model::weights::{init_varmap, sorted_vars, varmap_from_tensors};
 use turnwise_model::optim::{AdamW, AdamWConfig, Gradients};
@@ -72,6 +79,25 @@ struct Size {
     kv_heads: usize,
     intermediate: usize,
     vocab: usize,
+}
+
+/// SmolLM2-135M's shape with random weights (Qwen2 layout): the GPU's third row.
+const SIZE_C: Size = Size {
+    name: "C",
+    hidden: 576,
+    layers: 30,
+    heads: 9,
+    kv_heads: 3,
+    intermediate: 1536,
+    vocab: 49152,
+};
+
+/// Where the bench runs (`TURNWISE_BENCH_DEVICE`, default `cpu`) and the dtype there.
+fn placement() -> Placement {
+    let name = std::env::var("TURNWISE_BENCH_DEVICE").unwrap_or_else(|_| "cpu".into());
+    let device = pick_device(&name).expect("TURNWISE_BENCH_DEVICE");
+    let dtype = default_dtype(&device);
+    Placement { device, dtype }
 }
 
 const SIZES: [Size; 2] = [
@@ -158,19 +184,20 @@ impl BenchModel {
         Ok((model, path))
     }
 
-    /// A fresh copy of the weights, as trainable variables.
+    /// A fresh copy of the weights, as trainable variables on the bench's device.
     fn varmap(&self) -> VarMap {
-        match &self.weights {
+        let vm = match &self.weights {
             Some(t) => varmap_from_tensors(&self.cfg, t, "the SmolLM2 GGUF file").expect("weights"),
             None => init_varmap(&self.cfg, DType::F32, &Device::Cpu, 0).expect("init"),
-        }
+        };
+        placement().varmap(&vm).expect("placing the weights")
     }
 }
 
 /// Training tokens/s: median over `steps` timed steps after one warm-up step.
 fn train_tok_s(m: &BenchModel, steps: usize) -> f64 {
     let (cfg, batch, len) = (&m.cfg, m.train_batch, m.train_len);
-    let dev = Device::Cpu;
+    let dev = placement().device;
     let vm = m.varmap();
     let model = Transformer::from_varmap(cfg, &vm).expect("model");
     let mut opt = AdamW::new(sorted_vars(&vm), AdamWConfig::default()).expect("adamw");
@@ -197,6 +224,7 @@ fn train_tok_s(m: &BenchModel, steps: usize) -> f64 {
         let mut grads = Gradients::from_grad_store(&loss.backward().expect("backward"), opt.vars());
         grads.clip_global_norm(1.0).expect("clip");
         opt.step(&grads, 1e-4).expect("step");
+        dev.synchronize().expect("synchronize");
         if step > 0 {
             times.push(t0.elapsed().as_secs_f64());
         }
@@ -392,7 +420,11 @@ fn infer_table(reps: usize) {
 }
 
 /// The PyTorch figures as JSON, or why there are none.
-fn torch_figures(quick: bool, smollm2: Option<&PathBuf>) -> std::result::Result<Value, String> {
+fn torch_figures(
+    quick: bool,
+    smollm2: Option<&PathBuf>,
+    on_cpu: bool,
+) -> std::result::Result<Value, String> {
     let python = std::env::var("TURNWISE_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
     let ok = Command::new(&python)
         .args(["-c", "import torch, transformers"])
@@ -407,7 +439,12 @@ fn torch_figures(quick: bool, smollm2: Option<&PathBuf>) -> std::result::Result<
              at a Python that has them)"
         ));
     }
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/model_torch.py");
+    // `TURNWISE_BENCH_TORCH_SCRIPT`: the script's path where the bench binary was carried to
+    // another machine (scripts/gpu-check.sh).
+    let script = std::env::var("TURNWISE_BENCH_TORCH_SCRIPT").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/benches/model_torch.py").to_string()
+    });
+    let script = script.as_str();
     let mut cmd = Command::new(&python);
     cmd.arg(script);
     // On a shared (oversubscribed) machine OpenMP's default spin-waiting makes PyTorch several
@@ -420,6 +457,9 @@ fn torch_figures(quick: bool, smollm2: Option<&PathBuf>) -> std::result::Result<
     }
     if let Some(path) = smollm2 {
         cmd.arg("--smollm2").arg(path);
+    }
+    if !on_cpu {
+        cmd.args(["--device", "cuda", "--sizes", "A,B,C"]);
     }
     let out = cmd.output().map_err(|e| format!("running {script}: {e}"))?;
     if !out.status.success() {
@@ -467,6 +507,8 @@ fn main() {
         unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
     }
     // `cargo bench` passes `--bench`; ignore arguments.
+    let place = placement();
+    let on_cpu = place.device.is_cpu();
     let quick = std::env::var("TURNWISE_BENCH_QUICK").is_ok_and(|v| v != "0" && !v.is_empty());
     // `TURNWISE_BENCH_FILTER="A train"` (or "B sample 64", ...) runs one cell, nothing else.
     let filter = std::env::var("TURNWISE_BENCH_FILTER").ok();
@@ -478,19 +520,32 @@ fn main() {
         });
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_default();
     let ew = std::env::var("CANDLE_NUM_THREADS").unwrap_or_default();
-    println!(
-        "turnwise-model benchmark ({} mode, f32, CPU; RAYON_NUM_THREADS={threads} for matmuls, \
-         CANDLE_NUM_THREADS={ew} for element-wise ops; PyTorch: same thread count, \
-         OMP_WAIT_POLICY={})",
-        if quick { "quick" } else { "full" },
-        std::env::var("OMP_WAIT_POLICY").unwrap_or_else(|_| "PASSIVE".into())
-    );
+    if on_cpu {
+        println!(
+            "turnwise-model benchmark ({} mode, f32, CPU; RAYON_NUM_THREADS={threads} for \
+             matmuls, CANDLE_NUM_THREADS={ew} for element-wise ops; PyTorch: same thread count, \
+             OMP_WAIT_POLICY={})",
+            if quick { "quick" } else { "full" },
+            std::env::var("OMP_WAIT_POLICY").unwrap_or_else(|_| "PASSIVE".into())
+        );
+    } else {
+        println!(
+            "turnwise-model benchmark ({} mode, {:?} weights on {:?}, f32 AdamW state; PyTorch \
+             on the same device)",
+            if quick { "quick" } else { "full" },
+            place.dtype,
+            place.device
+        );
+    }
 
     let mut models: Vec<BenchModel> = SIZES.iter().map(BenchModel::synthetic).collect();
+    if !on_cpu {
+        models.push(BenchModel::synthetic(&SIZE_C));
+    }
     // SmolLM2 is loaded only when its row runs; without the file its row is skipped, with why.
     let mut smol_path = None;
     let mut smol_skipped = None;
-    if filter.as_deref().is_none_or(|f| f.starts_with(SMOL)) {
+    if on_cpu && filter.as_deref().is_none_or(|f| f.starts_with(SMOL)) {
         match BenchModel::smollm2() {
             Ok((m, path)) => {
                 models.push(m);
@@ -548,11 +603,13 @@ fn main() {
     if filter.is_some() {
         return;
     }
-    op_table(if quick { 3 } else { 7 });
-    infer_table(if quick { 3 } else { 7 });
+    if on_cpu {
+        op_table(if quick { 3 } else { 7 });
+        infer_table(if quick { 3 } else { 7 });
+    }
 
     let torch = if new_tokens == NEW_TOKENS {
-        torch_figures(quick, smol_path.as_ref())
+        torch_figures(quick, smol_path.as_ref(), on_cpu)
     } else {
         Err(format!(
             "PyTorch comparison skipped: it samples {NEW_TOKENS} new tokens, not {new_tokens}"

@@ -13,8 +13,10 @@ Prints one JSON line:
 
 where "SmolLM2" is {"error": "..."} when the model could not be loaded or run.
 
-Usage: python3 model_torch.py [--quick] [--smollm2 FILE]. Threads: $RAYON_NUM_THREADS if set,
-else 2.
+Usage: python3 model_torch.py [--quick] [--smollm2 FILE] [--device cuda] [--sizes A,B,C].
+Threads: $RAYON_NUM_THREADS if set, else 2. On `--device cuda`: sampling with bf16 weights, and
+training in PyTorch's usual mixed precision (f32 weights and AdamW, `torch.autocast` to bf16);
+size C is SmolLM2-135M's shape with random weights.
 """
 
 import argparse
@@ -35,7 +37,14 @@ SAMPLE_BATCHES = (1, 8, 64)
 SIZES = {
     "A": dict(hidden=256, layers=4, heads=4, kv_heads=2, intermediate=768, vocab=4096),
     "B": dict(hidden=512, layers=8, heads=8, kv_heads=2, intermediate=1536, vocab=8192),
+    "C": dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152),
 }
+DEVICE = torch.device("cpu")
+
+
+def sync():
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def config(s):
@@ -62,9 +71,9 @@ def logp_and_entropy(logits, targets):
     return logp, ent
 
 
-def fresh_model(cfg):
+def fresh_model(cfg, dtype=torch.float32):
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(cfg).float()
+    return Qwen2ForCausalLM(cfg).to(device=DEVICE, dtype=dtype)
 
 
 def train_tok_s(model, steps, batch=TRAIN_BATCH, length=TRAIN_LEN):
@@ -75,17 +84,21 @@ def train_tok_s(model, steps, batch=TRAIN_BATCH, length=TRAIN_LEN):
     )
     n = batch * (length + 1)
     toks = torch.tensor([(i * 7919 + 13) % vocab for i in range(n)]).view(batch, length + 1)
+    toks = toks.to(DEVICE)
     ids, targets = toks[:, :-1].contiguous(), toks[:, 1:].contiguous()
     times = []
     for step in range(steps + 1):
+        sync()
         t0 = time.perf_counter()
-        logits = model(input_ids=ids).logits
-        logp, ent = logp_and_entropy(logits, targets)
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=DEVICE.type == "cuda"):
+            logits = model(input_ids=ids).logits
+        logp, ent = logp_and_entropy(logits.float(), targets)
         loss = -logp.mean() - 1e-3 * ent.mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sync()
         if step > 0:
             times.append(time.perf_counter() - t0)
     return batch * length / statistics.median(times)
@@ -97,10 +110,11 @@ def sample_tok_s(model, batch, reps):
     model.eval()
     prompts = torch.tensor(
         [[(b * 131 + i * 17 + 1) % vocab for i in range(PROMPT_LEN)] for b in range(batch)]
-    )
+    ).to(DEVICE)
     times = []
     for rep in range(reps + 1):
-        gen = torch.Generator().manual_seed(rep)
+        gen = torch.Generator(device=DEVICE).manual_seed(rep)
+        sync()
         t0 = time.perf_counter()
         cache = DynamicCache()
         out = model(input_ids=prompts, past_key_values=cache, use_cache=True)
@@ -108,7 +122,7 @@ def sample_tok_s(model, batch, reps):
         tokens, logps, ents = [], [], []
         for step in range(NEW_TOKENS):
             # temperature 1: sample from softmax(logits); report log-prob and entropy like turnwise
-            logp_all = torch.log_softmax(logits, dim=-1)
+            logp_all = torch.log_softmax(logits.float(), dim=-1)
             tok = torch.multinomial(logp_all.exp(), 1, generator=gen)
             tokens.append(tok)
             logps.append(logp_all.gather(-1, tok))
@@ -142,16 +156,21 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--smollm2", metavar="FILE", help="SmolLM2-135M-Instruct GGUF file")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--sizes", default="A,B", help="comma-separated sizes of SIZES")
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    sample_dtype = torch.bfloat16 if DEVICE.type == "cuda" else torch.float32
     threads = int(os.environ.get("RAYON_NUM_THREADS") or 2)
     torch.set_num_threads(threads)
     train_steps, reps = (2, 1) if args.quick else (5, 3)
     result = {}
-    for name, s in SIZES.items():
-        cfg = config(s)
+    for name in args.sizes.split(","):
+        cfg = config(SIZES[name])
         r = {"train": train_tok_s(fresh_model(cfg), train_steps)}
         for b in SAMPLE_BATCHES:
-            r[f"sample_{b}"] = sample_tok_s(fresh_model(cfg), b, reps)
+            r[f"sample_{b}"] = sample_tok_s(fresh_model(cfg, sample_dtype), b, reps)
         result[name] = r
     if args.smollm2:
         try:
@@ -160,7 +179,9 @@ def main():
             result["SmolLM2"] = {"error": f"{type(e).__name__}: {e}"}
     result["info"] = (
         f"torch {torch.__version__}, transformers {transformers.__version__}, "
-        f"{threads} threads, fp32, attention {cfg._attn_implementation}"
+        f"{threads} threads, {DEVICE}, "
+        + ("bf16 autocast training, bf16 sampling" if DEVICE.type == "cuda" else "fp32")
+        + f", attention {cfg._attn_implementation}"
     )
     print(json.dumps(result))
 
