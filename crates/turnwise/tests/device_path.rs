@@ -9,10 +9,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use turnwise::config::TrainConfig;
-use turnwise::pipeline::{RunOptions, resume, run};
 
 /// The dtype of every tensor of a safetensors file, by name.
 fn dtypes(path: &Path) -> Vec<(String, String)> {
@@ -26,46 +25,6 @@ fn dtypes(path: &Path) -> Vec<(String, String)> {
         .filter(|(k, _)| *k != "__metadata__")
         .map(|(k, v)| (k.clone(), v["dtype"].as_str().unwrap().to_string()))
         .collect()
-}
-
-/// `preset` (tiny, 4 steps, checkpoints at 2 and 4) in bf16 uninterrupted in `a`, and a copy
-/// killed after step 2 and resumed in `b`.
-fn bf16_run_and_resume(preset: &str, extra: &[&str], tmp: &Path) -> (PathBuf, PathBuf) {
-    let mut sets = common::tiny_overrides();
-    sets.extend(
-        [
-            "model.dtype=\"bf16\"",
-            "run.steps=4",
-            "run.save_every=2",
-            "run.keep_checkpoints=3",
-            "eval.questions=3",
-        ]
-        .map(String::from),
-    );
-    sets.extend(extra.iter().map(|s| s.to_string()));
-    let cfg = TrainConfig::resolve(Some(preset), None, &sets).unwrap();
-    let a = tmp.join("a");
-    run(
-        cfg,
-        &RunOptions {
-            dir: a.clone(),
-            quiet: true,
-        },
-        false,
-    )
-    .unwrap();
-    assert!(a.join("checkpoints/step-00004/COMPLETE").is_file());
-    let b = tmp.join("b");
-    common::copy_dir(&a, &b);
-    std::fs::remove_file(b.join("checkpoints/step-00004/COMPLETE")).unwrap();
-    for f in ["model.safetensors", "critic.safetensors"] {
-        let p = b.join("checkpoints/step-00004").join(f);
-        if p.is_file() {
-            std::fs::remove_file(p).unwrap();
-        }
-    }
-    resume(&b, true).unwrap();
-    (a, b)
 }
 
 /// The checks both presets share: f32 weights and master copies on disk, finite metrics, the
@@ -131,14 +90,19 @@ fn bf16_runs_on_the_composed_path_train_save_and_resume_exactly() {
     let tmp = tempfile::tempdir().unwrap();
 
     // GRPO: rollouts, rewards, group advantages, the clipped loss, AdamW with f32 masters.
-    let (a, b) = bf16_run_and_resume("grpo", &[], &tmp.path().join("grpo"));
+    let (a, b) =
+        common::run_and_resume("grpo", &["model.dtype=\"bf16\""], &tmp.path().join("grpo"));
     // (The tiny warm start answers nothing right: GRPO's group advantages are 0 and nothing
     // moves, so only the path and the resume are checked; PPO's critic gives its actor a
     // signal below.)
     assert_bf16_run(&a, &b, &["model.safetensors", "optimizer.safetensors"], &[]);
 
     // PPO: the critic (its own bf16 trunk and head, f32 optimizer state) trains and resumes.
-    let (a, b) = bf16_run_and_resume("ppo", &["critic.warmup_updates=1"], &tmp.path().join("ppo"));
+    let (a, b) = common::run_and_resume(
+        "ppo",
+        &["model.dtype=\"bf16\"", "critic.warmup_updates=1"],
+        &tmp.path().join("ppo"),
+    );
     assert_bf16_run(
         &a,
         &b,

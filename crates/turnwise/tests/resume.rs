@@ -58,56 +58,12 @@ fn a_killed_and_resumed_run_matches_an_uninterrupted_one() {
     assert_eq!(la, lb, "metrics of the resumed run differ");
 }
 
-/// Runs `preset` (tiny, 4 steps, checkpoints at 2 and 4) uninterrupted in `a`, copies it to `b`
-/// with the step-4 checkpoint left incomplete (a kill after step 2) and resumes `b`.
-fn run_and_resume(
-    preset: &str,
-    extra: &[&str],
-    tmp: &Path,
-) -> (std::path::PathBuf, std::path::PathBuf) {
-    let mut sets = common::tiny_overrides();
-    sets.extend(
-        [
-            "run.steps=4",
-            "run.save_every=2",
-            "run.keep_checkpoints=3",
-            "eval.questions=3",
-        ]
-        .map(String::from),
-    );
-    sets.extend(extra.iter().map(|s| s.to_string()));
-    let cfg = TrainConfig::resolve(Some(preset), None, &sets).unwrap();
-    let a = tmp.join("a");
-    run(
-        cfg,
-        &RunOptions {
-            dir: a.clone(),
-            quiet: true,
-        },
-        false,
-    )
-    .unwrap();
-    assert!(a.join("checkpoints/step-00004/COMPLETE").is_file());
-    let b = tmp.join("b");
-    common::copy_dir(&a, &b);
-    std::fs::remove_file(b.join("checkpoints/step-00004/COMPLETE")).unwrap();
-    // What the killed run had written of step 4 must not be what the resumed run reports.
-    for f in ["model.safetensors", "critic.safetensors"] {
-        let p = b.join("checkpoints/step-00004").join(f);
-        if p.is_file() {
-            std::fs::remove_file(p).unwrap();
-        }
-    }
-    resume(&b, true).unwrap();
-    (a, b)
-}
-
 #[test]
 fn a_killed_and_resumed_ppo_run_matches_an_uninterrupted_one_critic_included() {
     let tmp = tempfile::tempdir().unwrap();
     // The critic trains from the first step (warm-up 1: the actor waits one step, so the
     // resumed steps cross the warm-up boundary's state too).
-    let (a, b) = run_and_resume("ppo", &["critic.warmup_updates=1"], tmp.path());
+    let (a, b) = common::run_and_resume("ppo", &["critic.warmup_updates=1"], tmp.path());
     let ck = |run: &Path, step: &str, file: &str| {
         std::fs::read(run.join("checkpoints").join(step).join(file))
             .unwrap_or_else(|e| panic!("{}/{step}/{file}: {e}", run.display()))

@@ -133,3 +133,48 @@ pub fn sorted_values(g: &turnwise_model::optim::Gradients) -> Vec<(String, Vec<f
     v.sort_by(|a, b| a.0.cmp(&b.0));
     v
 }
+
+/// Runs `preset` (tiny, 4 steps, checkpoints at 2 and 4) uninterrupted in `a`, copies it to `b`
+/// with the step-4 checkpoint left incomplete (a kill after step 2) and resumes `b`.
+#[allow(dead_code)]
+pub fn run_and_resume(
+    preset: &str,
+    extra: &[&str],
+    tmp: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let mut sets = tiny_overrides();
+    sets.extend(
+        [
+            "run.steps=4",
+            "run.save_every=2",
+            "run.keep_checkpoints=3",
+            "eval.questions=3",
+        ]
+        .map(String::from),
+    );
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    let cfg = turnwise::config::TrainConfig::resolve(Some(preset), None, &sets).unwrap();
+    let a = tmp.join("a");
+    turnwise::pipeline::run(
+        cfg,
+        &turnwise::pipeline::RunOptions {
+            dir: a.clone(),
+            quiet: true,
+        },
+        false,
+    )
+    .unwrap();
+    assert!(a.join("checkpoints/step-00004/COMPLETE").is_file());
+    let b = tmp.join("b");
+    copy_dir(&a, &b);
+    std::fs::remove_file(b.join("checkpoints/step-00004/COMPLETE")).unwrap();
+    // What the killed run had written of step 4 must not be what the resumed run reports.
+    for f in ["model.safetensors", "critic.safetensors"] {
+        let p = b.join("checkpoints/step-00004").join(f);
+        if p.is_file() {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+    turnwise::pipeline::resume(&b, true).unwrap();
+    (a, b)
+}
