@@ -56,39 +56,91 @@ pub fn pick_checkpoint(run: &RunDir, step: Option<u64>) -> Result<Checkpoint> {
     }
 }
 
-/// Prepares `out` for an export: absent or an empty directory; a non-empty one is replaced
-/// only with `overwrite`, and never when it holds `keep` (the checkpoint exported, its run).
-fn prepare_out(out: &Path, overwrite: bool, keep: &[&Path]) -> Result<()> {
-    if out.is_file() {
-        bail!("{} is a file, not a directory", out.display());
+/// What a model export writes at its top level (`turnwise export`, `turnwise sft --out`):
+/// `--overwrite` replaces these and nothing else.
+pub const EXPORT_ENTRIES: &[&str] = &[
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    EXPORT_CONFIG_FILE,
+    ADAPTER_DIR,
+];
+
+/// Checks that `out` may receive a model export: absent, an empty directory, or, with
+/// `overwrite`, an earlier turnwise export (it holds [`EXPORT_CONFIG_FILE`], which every export
+/// writes) that holds none of `keep` (the checkpoint exported, its run). Anything else is refused
+/// by name, so a mistyped path (a project folder, a downloaded model) is never written into.
+/// Returns whether `out` holds an earlier export to clear ([`clear_export_dir`]).
+pub fn check_export_dir(out: &Path, overwrite: bool, keep: &[&Path]) -> Result<bool> {
+    if !out.exists() {
+        return Ok(false);
     }
-    let non_empty = out.is_dir()
-        && std::fs::read_dir(out)
-            .with_context(|| format!("listing {}", out.display()))?
-            .next()
-            .is_some();
-    if non_empty {
-        if !overwrite {
+    if !out.is_dir() {
+        bail!("{} exists and is not a directory", out.display());
+    }
+    let non_empty = std::fs::read_dir(out)
+        .with_context(|| format!("listing {}", out.display()))?
+        .next()
+        .is_some();
+    if !non_empty {
+        return Ok(false);
+    }
+    if !overwrite {
+        bail!(
+            "{} is not empty (pass --overwrite to replace the model exported there)",
+            out.display()
+        );
+    }
+    let out_abs = out
+        .canonicalize()
+        .with_context(|| format!("resolving {}", out.display()))?;
+    for k in keep {
+        if let Ok(k) = k.canonicalize()
+            && k.starts_with(&out_abs)
+        {
             bail!(
-                "{} is not empty: pass --overwrite to replace it",
-                out.display()
+                "refusing to replace {}: it holds {}",
+                out.display(),
+                k.display()
             );
         }
-        let out_abs = out
-            .canonicalize()
-            .with_context(|| format!("resolving {}", out.display()))?;
-        for k in keep {
-            if let Ok(k) = k.canonicalize()
-                && k.starts_with(&out_abs)
-            {
-                bail!(
-                    "refusing to replace {}: it holds {}",
-                    out.display(),
-                    k.display()
-                );
-            }
+    }
+    if !out.join(EXPORT_CONFIG_FILE).is_file() {
+        bail!(
+            "{} holds no model export (no {EXPORT_CONFIG_FILE}, which every turnwise export \
+             writes), so it is not overwritten",
+            out.display()
+        );
+    }
+    Ok(true)
+}
+
+/// Deletes what an earlier export wrote in `out` ([`EXPORT_ENTRIES`]) and nothing else; the
+/// other entries stay, named in a warning.
+pub fn clear_export_dir(out: &Path) -> Result<()> {
+    let mut kept = Vec::new();
+    for entry in std::fs::read_dir(out).with_context(|| format!("listing {}", out.display()))? {
+        let entry = entry.with_context(|| format!("listing {}", out.display()))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !EXPORT_ENTRIES.contains(&name.as_str()) {
+            kept.push(name);
+            continue;
         }
-        std::fs::remove_dir_all(out).with_context(|| format!("removing {}", out.display()))?;
+        let path = entry.path();
+        let res = if path.is_dir() && !path.is_symlink() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        res.with_context(|| format!("removing {}", path.display()))?;
+    }
+    if !kept.is_empty() {
+        kept.sort();
+        tracing::warn!(dir = %out.display(), "kept what no export writes: {}", kept.join(", "));
     }
     Ok(())
 }
@@ -107,7 +159,9 @@ pub fn export_checkpoint(
     let dir = RunDir::open(run)?;
     let cfg = run_config(&dir)?;
     let ck = pick_checkpoint(&dir, step)?;
-    prepare_out(out, overwrite, &[&ck.path, dir.root()])?;
+    if check_export_dir(out, overwrite, &[&ck.path, dir.root()])? {
+        clear_export_dir(out)?;
+    }
     let (mc, tensors) = load_hf(&ck.path, DType::F32, &Device::Cpu)
         .with_context(|| format!("loading the checkpoint {}", ck.path.display()))?;
     // Checks the names and shapes of the weights.

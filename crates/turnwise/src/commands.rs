@@ -386,8 +386,9 @@ pub fn run(cli: Cli) -> Result<()> {
             rejection,
             overwrite,
         } => {
-            // Checked before the warm start, not after it.
-            check_export_dir(&out, overwrite)?;
+            // Checked before the warm start, not after it; cleared only once there is a model
+            // to write.
+            let replace = turnwise::checkpoints::check_export_dir(&out, overwrite, &[])?;
             if rejection {
                 sets.push("rsft.enabled=true".into());
             }
@@ -404,6 +405,9 @@ pub fn run(cli: Cli) -> Result<()> {
                 turnwise::pipeline::rejection_phase(&mut trainer, &cfg, None, quiet)?;
             }
             let r = trainer.evaluate(Split::Validation, 100, 0.0, 0)?;
+            if replace {
+                turnwise::checkpoints::clear_export_dir(&out)?;
+            }
             trainer.export(&out)?;
             if !quiet {
                 println!(
@@ -440,6 +444,9 @@ pub fn run(cli: Cli) -> Result<()> {
             sets,
         } => {
             let cfg = resolve_train_config(preset.as_deref(), config.as_deref(), &sets)?;
+            // The checks a run makes on its task before it touches its directory.
+            let task = turnwise::task::WorldTask::build(&cfg.task).context("building the task")?;
+            turnwise::pipeline::preflight(&cfg, &task)?;
             let (steps, off) = cfg.update_structure();
             println!(
                 "# resolved config of preset {:?}: {steps} optimizer steps per rollout batch \
@@ -769,37 +776,6 @@ fn resolve_train_config(
         bail!("give --preset NAME or --config FILE (see `turnwise presets`)");
     }
     Ok(TrainConfig::resolve(preset, config, sets)?)
-}
-
-/// Refuses an export folder `out` that is not empty, unless `overwrite` and it holds an earlier
-/// model export (a `config.json`): a mistyped path never overwrites anything else.
-fn check_export_dir(out: &Path, overwrite: bool) -> Result<()> {
-    if !out.exists() {
-        return Ok(());
-    }
-    if !out.is_dir() {
-        bail!("{} exists and is not a directory", out.display());
-    }
-    let empty = std::fs::read_dir(out)
-        .with_context(|| format!("listing {}", out.display()))?
-        .next()
-        .is_none();
-    if empty {
-        return Ok(());
-    }
-    if !overwrite {
-        bail!(
-            "{} is not empty (pass --overwrite to replace the model exported there)",
-            out.display()
-        );
-    }
-    if !out.join("config.json").is_file() {
-        bail!(
-            "{} holds no model export (no config.json), so it is not overwritten",
-            out.display()
-        );
-    }
-    Ok(())
 }
 
 fn print_summary(s: &turnwise::pipeline::RunSummary, quiet: bool) {

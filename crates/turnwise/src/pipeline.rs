@@ -8,11 +8,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use turnwise_env::world::Split;
 
 use crate::config::TrainConfig;
 use crate::run::{MetricsWriter, PairedGain, Progress, RunDir, write_report};
+use crate::task::WorldTask;
 use crate::trainer::Trainer;
 use crate::trainer::eval::{EvalEpisode, EvalResult, QuestionOutcome, eval_prefix, paired_gain};
 use crate::trainer::rejection::{RsftProgress, RsftReport};
@@ -137,6 +138,7 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
     let quiet = opts.quiet;
     let t_start = Instant::now();
     let mut trainer = Trainer::new(cfg.clone())?;
+    preflight(&cfg, &trainer.task)?;
     let dir = RunDir::create(&opts.dir, overwrite)?;
     dir.write_config(&cfg.to_toml())?;
     say(quiet, format!("run directory: {}", opts.dir.display()));
@@ -250,6 +252,38 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
     // the warm start.
     save_checkpoint(&trainer, &cfg, &dir)?;
     rl_phase(&mut trainer, &cfg, &dir, &mut log, quiet)
+}
+
+/// The checks of a run that need its task, made before the run directory is created or an
+/// old run in it is deleted (and by `turnwise config`): the warm start has demonstrations, and
+/// every `eval.base_shots` entry has that many training examples.
+pub fn preflight(cfg: &TrainConfig, task: &WorldTask) -> Result<()> {
+    if cfg.sft.steps > 0 {
+        let n = match &cfg.sft.demonstrations {
+            Some(path) => crate::trainer::read_demonstrations(path)?.len(),
+            None => task
+                .demonstrations(Split::Train, cfg.sft.noise, cfg.seed)?
+                .len(),
+        };
+        if n == 0 {
+            bail!(
+                "sft.steps = {} but there are no demonstrations to warm-start on ({}): set \
+                 sft.steps = 0 or give the training split questions",
+                cfg.sft.steps,
+                match &cfg.sft.demonstrations {
+                    Some(p) => format!("{} is empty", p.display()),
+                    None => "the task's training split has none".to_string(),
+                }
+            );
+        }
+    }
+    if !task.questions(Split::Test).is_empty() {
+        for &k in &cfg.eval.base_shots {
+            task.few_shot_examples(k)
+                .with_context(|| format!("eval.base_shots = {k}"))?;
+        }
+    }
+    Ok(())
 }
 
 /// The folder of a run where the weights for remote rollout servers are written
@@ -391,8 +425,17 @@ pub fn resume(run_dir: &Path, quiet: bool) -> Result<RunSummary> {
         crate::rollout::remote::RemoteBackend::connect(&cfg.rollout.remote)
             .context("rollout.backend = \"remote\"")?;
     }
+    // Newest first; nothing is moved until one loads, so a resume that finds no loadable
+    // checkpoint leaves the run exactly as it was.
+    let complete: Vec<_> = dir
+        .checkpoints()?
+        .into_iter()
+        .rev()
+        .filter(|c| c.complete)
+        .collect();
+    let mut failed: Vec<(crate::run::Checkpoint, anyhow::Error)> = Vec::new();
     let mut loaded = None;
-    for ck in dir.checkpoints()?.into_iter().rev().filter(|c| c.complete) {
+    for ck in complete {
         match Trainer::load(cfg.clone(), &ck.path, Some(&reference)) {
             Ok(t) => {
                 loaded = Some((ck, t));
@@ -404,28 +447,48 @@ pub fn resume(run_dir: &Path, quiet: bool) -> Result<RunSummary> {
             {
                 return Err(e);
             }
-            Err(e) => {
-                let aside = ck
-                    .path
-                    .with_file_name(format!("corrupt-step-{:05}", ck.step));
-                tracing::warn!(
-                    "the checkpoint {} cannot be loaded ({e:#}); it is set aside as {} and the \
-                     run resumes from the checkpoint before it",
-                    ck.path.display(),
-                    aside.display()
-                );
-                if aside.exists() {
-                    std::fs::remove_dir_all(&aside)
-                        .with_context(|| format!("removing {}", aside.display()))?;
-                }
-                std::fs::rename(&ck.path, &aside).with_context(|| {
-                    format!("moving {} to {}", ck.path.display(), aside.display())
-                })?;
-            }
+            Err(e) => failed.push((ck, e)),
         }
     }
     let Some((ck, mut trainer)) = loaded else {
-        say(quiet, "no complete checkpoint: starting the run over");
+        if !failed.is_empty() {
+            let list: Vec<String> = failed
+                .iter()
+                .map(|(c, e)| format!("{} ({e:#})", c.path.display()))
+                .collect();
+            bail!(
+                "no checkpoint of {} loads, so it cannot be resumed; nothing was changed. \
+                 Checkpoints tried, newest first: {}. Repair what is named (a checkpoint folder \
+                 holds config.json, model.safetensors, tokenizer.json and the trainer state), or \
+                 start the run over with `turnwise train --config {} --out {} --overwrite`",
+                run_dir.display(),
+                list.join("; "),
+                dir.config_path().display(),
+                run_dir.display()
+            );
+        }
+        let aside = dir.set_aside_checkpoints()?;
+        if !aside.is_empty() {
+            bail!(
+                "{} has no complete checkpoint, only ones an earlier resume set aside as \
+                 unloadable ({}); nothing was changed. Repair one (rename it back to \
+                 checkpoints/step-N), or start the run over with `turnwise train --config {} \
+                 --out {} --overwrite`",
+                run_dir.display(),
+                aside
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                dir.config_path().display(),
+                run_dir.display()
+            );
+        }
+        say(
+            quiet,
+            "no checkpoint yet (the run stopped before its first one, in the warm start or the \
+             evaluations before RL): starting it over",
+        );
         drop(dir);
         return run(
             cfg,
@@ -436,6 +499,15 @@ pub fn resume(run_dir: &Path, quiet: bool) -> Result<RunSummary> {
             true,
         );
     };
+    for (bad, e) in &failed {
+        let aside = dir.set_aside(bad)?;
+        tracing::warn!(
+            "the checkpoint {} cannot be loaded ({e:#}); it is set aside as {} and the run \
+             resumes from the checkpoint before it",
+            bad.path.display(),
+            aside.display()
+        );
+    }
     if !dir.metrics_path().is_file() {
         tracing::warn!(
             "{} is missing: the metrics before step {} are lost, and the summary will lack the \

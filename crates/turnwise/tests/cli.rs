@@ -47,6 +47,69 @@ fn config_prints_the_resolved_config_and_checks_it() {
 }
 
 #[test]
+fn config_makes_the_checks_that_need_the_task() {
+    // The review's two settings that passed `config` and failed only after `--overwrite` had
+    // deleted the old run.
+    let tmp = tempfile::tempdir().unwrap();
+    for (set, want) in [
+        ("task.world.questions.train=0", "no demonstrations"),
+        ("eval.base_shots=[5000]", "eval.base_shots = 5000"),
+    ] {
+        let out = turnwise(&["config", "--preset", "grpo", "--set", set], tmp.path());
+        assert!(!out.status.success(), "{set}");
+        assert!(
+            text(&out.stderr).contains(want),
+            "{set}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn train_overwrite_never_deletes_a_project_folder() {
+    // The review's reproduction: a folder with a config.toml that is not a run's.
+    let tmp = tempfile::tempdir().unwrap();
+    let proj = tmp.path().join("proj");
+    std::fs::create_dir_all(proj.join("src")).unwrap();
+    std::fs::write(proj.join("config.toml"), "baseURL=\"x\"\n").unwrap();
+    std::fs::write(proj.join("thesis.tex"), "thesis").unwrap();
+    std::fs::write(proj.join("src/main.py"), "code").unwrap();
+    let out = turnwise(
+        &[
+            "train",
+            "--preset",
+            "grpo",
+            "--set",
+            "sft.steps=1",
+            "--set",
+            "run.steps=0",
+            "--out",
+            "proj",
+            "--overwrite",
+        ],
+        tmp.path(),
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains(".turnwise-run"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(proj.join("thesis.tex")).unwrap(),
+        "thesis"
+    );
+    assert_eq!(
+        std::fs::read_to_string(proj.join("src/main.py")).unwrap(),
+        "code"
+    );
+    assert_eq!(
+        std::fs::read_to_string(proj.join("config.toml")).unwrap(),
+        "baseURL=\"x\"\n"
+    );
+}
+
+#[test]
 fn quickstart_refuses_an_existing_run_without_overwrite() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("runs/quickstart");

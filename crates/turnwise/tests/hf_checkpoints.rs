@@ -272,6 +272,27 @@ fn export_and_evaluate_checkpoints() {
         .to_string();
     assert!(e.contains("refusing"), "{e}");
     assert!(run_dir.join("config.toml").is_file());
+    // --overwrite replaces an earlier export's files only: the user's own stay.
+    std::fs::write(out.join("NOTES.md"), "mine").unwrap();
+    export_checkpoint(&run_dir, Some(1), &out, true).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(out.join("NOTES.md")).unwrap(),
+        "mine"
+    );
+    assert!(out.join("model.safetensors").is_file());
+    // ... and never writes into a folder that holds no export (the review's paper.tex).
+    let paper = tmp.path().join("paper");
+    std::fs::create_dir_all(&paper).unwrap();
+    std::fs::write(paper.join("paper.tex"), "precious").unwrap();
+    let e = format!(
+        "{:#}",
+        export_checkpoint(&run_dir, None, &paper, true).unwrap_err()
+    );
+    assert!(e.contains("no model export"), "{e}");
+    assert_eq!(
+        std::fs::read_to_string(paper.join("paper.tex")).unwrap(),
+        "precious"
+    );
 
     // Evaluate the run, the exported folder (same weights and prompts: same result), a named
     // checkpoint of the run and the warm-start export.

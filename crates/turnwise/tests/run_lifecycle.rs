@@ -148,6 +148,54 @@ fn resumes_keep_the_warm_start_the_summary_and_the_log() {
     );
     assert_eq!(summary(&c), full);
 
+    // No checkpoint loads: the resume stops, naming them, and changes nothing (the review's
+    // run lost its metrics, its set-aside folders and the user's notes to a silent restart).
+    let n = tmp.path().join("n");
+    common::copy_dir(&a, &n);
+    for step in [0, 1, 2] {
+        let w = n.join(format!("checkpoints/step-{step:05}/model.safetensors"));
+        if w.is_file() {
+            std::fs::write(&w, b"garbage").unwrap();
+        }
+    }
+    std::fs::write(n.join("NOTES.md"), "mine").unwrap();
+    let listing = |d: &Path| {
+        let mut v: Vec<String> = walk(d);
+        v.sort();
+        v
+    };
+    let before = listing(&n);
+    let metrics_before = file(&n, "metrics.jsonl");
+    let err = format!("{:#}", resume(&n, true).unwrap_err());
+    assert!(
+        err.contains("no checkpoint of") && err.contains("nothing was changed"),
+        "{err}"
+    );
+    assert!(
+        err.contains("step-00002") && err.contains("--overwrite"),
+        "{err}"
+    );
+    assert_eq!(listing(&n), before);
+    assert!(file(&n, "metrics.jsonl") == metrics_before);
+    // Set-aside folders alone (an earlier resume moved every checkpoint) stop it too.
+    let ck = n.join("checkpoints");
+    for e in std::fs::read_dir(&ck).unwrap() {
+        let p = e.unwrap().path();
+        let name = p
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .replace("step-", "corrupt-step-");
+        std::fs::rename(&p, ck.join(name)).unwrap();
+    }
+    let err = format!("{:#}", resume(&n, true).unwrap_err());
+    assert!(
+        err.contains("set aside") && err.contains("corrupt-step-00002"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(n.join("NOTES.md")).unwrap(), "mine");
+    std::fs::remove_dir_all(&n).unwrap();
+
     // `runs` and `compare` read the runs back.
     let found = find_runs(tmp.path()).unwrap();
     assert_eq!(found, vec![a.clone(), b.clone(), c.clone()]);
@@ -205,6 +253,24 @@ fn an_existing_run_is_replaced_only_when_asked_and_only_by_a_valid_run() {
         "preset = \"old\"\n"
     );
 
+    // Checks that need the task (a warm start without demonstrations, more few-shot examples
+    // than training questions) also come before the old run is touched; `turnwise config`
+    // makes them too (tests/cli.rs).
+    for set in ["task.world.questions.train=0", "eval.base_shots=[500]"] {
+        let err = format!(
+            "{:#}",
+            run(tiny("grpo", &[set]), &opts(&dir), true).unwrap_err()
+        );
+        assert!(
+            err.contains("no demonstrations") || err.contains("eval.base_shots = 500"),
+            "{set}: {err}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&config).unwrap(),
+            "preset = \"old\"\n"
+        );
+    }
+
     // Another process (here: a held lock) writes the directory: neither a new run nor a
     // resume may touch it.
     let held = RunDir::open_locked(&dir).unwrap();
@@ -232,4 +298,20 @@ fn a_critic_that_cannot_update_stops_the_run() {
     assert!(msg.contains("critic.lr"), "{msg}");
     // The steps before the stop are on disk.
     assert!(!common::phase_lines(&dir.join("metrics.jsonl"), "train").is_empty());
+}
+
+/// Every file and folder under `dir`, relative to it.
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            if p.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out
 }

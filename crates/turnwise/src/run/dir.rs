@@ -22,6 +22,58 @@ const PLOTS: &str = "plots";
 const REPORT: &str = "report.md";
 /// The lock file: one process at a time writes a run directory.
 pub const LOCK_FILE: &str = "run.lock";
+/// The marker every run directory holds from its creation: `--overwrite` replaces only a
+/// directory that holds it (or a run written before it existed, see [`RunDir::create`]).
+pub const RUN_MARKER: &str = ".turnwise-run";
+/// What a run writes at its top level (besides `corrupt-step-N` folders that `resume` sets
+/// aside): `--overwrite` deletes these and nothing else. The pipeline's own names
+/// (`summary.json`, `first_prompt.txt`, `warm-start-model`, `weights`) are listed here too; a
+/// test checks them against the pipeline's constants.
+pub const RUN_ENTRIES: &[&str] = &[
+    CONFIG,
+    METRICS,
+    SAMPLES,
+    EVALS,
+    CHECKPOINTS,
+    PLOTS,
+    REPORT,
+    RUN_MARKER,
+    "summary.json",
+    "first_prompt.txt",
+    "warm-start-model",
+    "weights",
+];
+/// The prefix of the checkpoint folders `resume` sets aside when they cannot be loaded.
+pub const CORRUPT_PREFIX: &str = "corrupt-step-";
+
+/// Whether a top-level entry of a run directory is one a run writes ([`RUN_ENTRIES`], the
+/// set-aside checkpoints, and the `.tmp` files of atomic writes).
+fn is_run_entry(name: &str) -> bool {
+    let base = name.strip_suffix(".tmp").unwrap_or(name);
+    RUN_ENTRIES.contains(&base) || base.starts_with(CORRUPT_PREFIX)
+}
+
+/// Why `root` is not a run directory `--overwrite` may replace, or `None` when it is one: it
+/// holds [`RUN_MARKER`], or, written before the marker existed, a `config.toml` with a top-level
+/// `preset` key beside `checkpoints/` or `metrics.jsonl`.
+fn not_a_run(root: &Path) -> Option<String> {
+    if root.join(RUN_MARKER).is_file() {
+        return None;
+    }
+    let config = root.join(CONFIG);
+    let has_preset = fs::read_to_string(&config)
+        .ok()
+        .and_then(|t| t.parse::<toml::Table>().ok())
+        .is_some_and(|t| t.get("preset").is_some_and(|v| v.is_str()));
+    if has_preset && (root.join(CHECKPOINTS).is_dir() || root.join(METRICS).is_file()) {
+        return None;
+    }
+    Some(format!(
+        "it holds no {RUN_MARKER} marker and is not a run written before the marker existed (a \
+         config.toml with a `preset` key beside checkpoints/ or metrics.jsonl), so it is not \
+         overwritten"
+    ))
+}
 
 /// One `checkpoints/step-N/` directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,12 +219,14 @@ fn is_empty_dir_but_lock(path: &Path) -> RunResult<bool> {
 
 impl RunDir {
     /// Creates a new run directory at `root` (and its parents), with empty `samples/`,
-    /// `checkpoints/` and `plots/`.
+    /// `checkpoints/` and `plots/` and its [`RUN_MARKER`].
     ///
     /// An existing empty directory is used as it is. A non-empty one is refused with
-    /// [`RunError::NotEmpty`], unless `overwrite` is set: then its contents are deleted first, but
-    /// only if it looks like a run directory (it holds `config.toml` or `metrics.jsonl`), so that
-    /// a mistyped path never deletes anything else ([`RunError::NotARunDir`]).
+    /// [`RunError::NotEmpty`], unless `overwrite` is set and it is a run directory (it holds
+    /// [`RUN_MARKER`], or is a run written before the marker: see [`not_a_run`]): then what a run
+    /// writes ([`RUN_ENTRIES`], set-aside `corrupt-step-N` folders) is deleted, and nothing else:
+    /// the user's own files stay, named in a warning. Anything else is refused with
+    /// [`RunError::NotARunDir`], so a mistyped path never deletes anything.
     ///
     /// The directory's lock ([`LOCK_FILE`]) is taken before anything in it is deleted, and held
     /// as long as the returned value (or a clone) lives: a run directory another process is
@@ -187,27 +241,37 @@ impl RunDir {
                 if !overwrite {
                     return Err(RunError::NotEmpty { path: root });
                 }
-                if !root.join(CONFIG).is_file() && !root.join(METRICS).is_file() {
-                    return Err(RunError::NotARunDir {
-                        path: root,
-                        reason: "it holds neither config.toml nor metrics.jsonl, so it is not \
-                                 overwritten"
-                            .into(),
-                    });
+                if let Some(reason) = not_a_run(&root) {
+                    return Err(RunError::NotARunDir { path: root, reason });
                 }
                 let lock = lock(&root)?;
                 tracing::warn!(dir = %root.display(), "overwriting the previous run");
+                let mut kept = Vec::new();
                 for entry in fs::read_dir(&root).map_err(RunError::io("list", &root))? {
-                    let path = entry.map_err(RunError::io("list", &root))?.path();
-                    if path.file_name().is_some_and(|n| n == LOCK_FILE) {
+                    let entry = entry.map_err(RunError::io("list", &root))?;
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    if name == LOCK_FILE {
                         continue;
                     }
+                    if !is_run_entry(&name) {
+                        kept.push(name);
+                        continue;
+                    }
+                    let path = entry.path();
                     let res = if path.is_dir() && !path.is_symlink() {
                         fs::remove_dir_all(&path)
                     } else {
                         fs::remove_file(&path)
                     };
                     res.map_err(RunError::io("remove", &path))?;
+                }
+                if !kept.is_empty() {
+                    kept.sort();
+                    tracing::warn!(
+                        dir = %root.display(),
+                        "kept what no run writes: {}",
+                        kept.join(", ")
+                    );
                 }
                 let run = Self {
                     root,
@@ -273,7 +337,53 @@ impl RunDir {
         for dir in [self.samples_dir(), self.checkpoints_dir(), self.plots_dir()] {
             fs::create_dir_all(&dir).map_err(RunError::io("create the directory", &dir))?;
         }
+        let marker = self.root.join(RUN_MARKER);
+        if !marker.is_file() {
+            fs::write(
+                &marker,
+                "a turnwise run directory: `turnwise train --overwrite` replaces what the run \
+                 wrote here, and nothing else\n",
+            )
+            .map_err(RunError::io("write", &marker))?;
+        }
         Ok(())
+    }
+
+    /// The checkpoint folders an earlier resume set aside as unloadable
+    /// (`checkpoints/corrupt-step-N…`), sorted.
+    pub fn set_aside_checkpoints(&self) -> RunResult<Vec<PathBuf>> {
+        let dir = self.checkpoints_dir();
+        if !dir.is_dir() {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(RunError::io("list", &dir))? {
+            let entry = entry.map_err(RunError::io("list", &dir))?;
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(CORRUPT_PREFIX)
+            {
+                out.push(entry.path());
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Moves the unloadable checkpoint `ck` aside to `checkpoints/corrupt-step-N` (`…-2`, `…-3`
+    /// when that name is taken: nothing is deleted) and returns where it went.
+    pub fn set_aside(&self, ck: &Checkpoint) -> RunResult<PathBuf> {
+        let base = format!("{CORRUPT_PREFIX}{:05}", ck.step);
+        let mut aside = ck.path.with_file_name(&base);
+        let mut n = 2;
+        while aside.exists() {
+            aside = ck.path.with_file_name(format!("{base}-{n}"));
+            n += 1;
+        }
+        fs::rename(&ck.path, &aside).map_err(RunError::io("move aside", &ck.path))?;
+        sync_dir(&self.checkpoints_dir())?;
+        Ok(aside)
     }
 
     /// The run directory itself.
@@ -627,6 +737,67 @@ mod tests {
         assert!(!again.config_path().exists());
         assert!(again.checkpoints().unwrap().is_empty());
         assert!(again.plots_dir().is_dir());
+    }
+
+    #[test]
+    fn overwrite_deletes_only_what_a_run_wrote() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = RunDir::create(tmp.path().join("run"), false).unwrap();
+        run.write_config("preset = \"grpo\"\n").unwrap();
+        write_ckpt(&run, 1, true);
+        fs::write(run.metrics_path(), b"{}\n").unwrap();
+        fs::create_dir(run.root().join("corrupt-step-00003")).unwrap();
+        fs::write(run.root().join("NOTES.md"), b"mine").unwrap();
+        fs::create_dir(run.root().join("analysis")).unwrap();
+        fs::write(run.root().join("analysis/plot.py"), b"mine too").unwrap();
+        assert!(run.root().join(RUN_MARKER).is_file());
+        let root = run.root().to_path_buf();
+        drop(run);
+        let again = RunDir::create(&root, true).unwrap();
+        assert!(!again.config_path().exists());
+        assert!(!again.metrics_path().exists());
+        assert!(again.checkpoints().unwrap().is_empty());
+        assert!(!root.join("corrupt-step-00003").exists());
+        assert_eq!(fs::read(root.join("NOTES.md")).unwrap(), b"mine");
+        assert_eq!(
+            fs::read(root.join("analysis/plot.py")).unwrap(),
+            b"mine too"
+        );
+        assert!(root.join(RUN_MARKER).is_file());
+    }
+
+    #[test]
+    fn overwrite_needs_the_marker_or_an_old_run() {
+        let tmp = tempfile::tempdir().unwrap();
+        // The review's project folder: a config.toml that is not a run's.
+        let proj = tmp.path().join("proj");
+        fs::create_dir_all(proj.join("src")).unwrap();
+        fs::write(proj.join("config.toml"), b"baseURL = \"x\"\n").unwrap();
+        fs::write(proj.join("thesis.tex"), b"precious").unwrap();
+        fs::write(proj.join("metrics.jsonl"), b"{}\n").unwrap();
+        let err = RunDir::create(&proj, true).unwrap_err();
+        assert!(matches!(err, RunError::NotARunDir { .. }), "{err}");
+        assert!(err.to_string().contains(RUN_MARKER), "{err}");
+        assert!(proj.join("thesis.tex").exists() && proj.join("config.toml").exists());
+        // A run written before the marker: config.toml with `preset`, and checkpoints/.
+        let old = tmp.path().join("old");
+        fs::create_dir_all(old.join("checkpoints/step-00001")).unwrap();
+        fs::write(old.join("config.toml"), b"preset = \"grpo\"\nseed = 0\n").unwrap();
+        RunDir::create(&old, true).unwrap();
+        assert!(!old.join("config.toml").exists());
+        assert!(old.join(RUN_MARKER).is_file());
+    }
+
+    #[test]
+    fn run_entries_name_what_the_pipeline_writes() {
+        for name in [
+            crate::pipeline::FIRST_PROMPT_FILE,
+            crate::pipeline::REFERENCE_DIR,
+            crate::pipeline::WEIGHTS_DIR,
+            "summary.json",
+        ] {
+            assert!(RUN_ENTRIES.contains(&name), "{name}");
+        }
     }
 
     #[test]
