@@ -651,6 +651,10 @@ pub fn run(cli: Cli) -> Result<()> {
                     cache.display()
                 )
             })?;
+            if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)
+                    .with_context(|| format!("creating {}", parent.display()))?;
+            }
             turnwise_env::corpus::write_corpus(&out, &docs)
                 .with_context(|| format!("writing {}", out.display()))?;
             println!("wrote {} documents to {}", docs.len(), out.display());

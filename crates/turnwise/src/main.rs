@@ -55,6 +55,25 @@ fn error_chain(e: &anyhow::Error) -> String {
     out
 }
 
+/// `turnwise presets | head -1`: when the reader of stdout goes away, `println!` panics with
+/// "failed printing to stdout: Broken pipe". Exit quietly (status 0, as ripgrep does) instead of
+/// printing a panic and a backtrace; every other panic keeps the default report.
+fn quiet_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.contains("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
+}
+
 fn main() -> std::process::ExitCode {
     #[cfg(unix)]
     reexec_with_fast_settings();
@@ -65,6 +84,7 @@ fn main() -> std::process::ExitCode {
         // SAFETY: no other thread exists yet, so nothing reads the environment concurrently.
         unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
     }
+    quiet_on_broken_pipe();
     let cli = commands::Cli::parse();
     commands::init_logging(cli.quiet);
     match commands::run(cli) {

@@ -110,6 +110,29 @@ fn train_overwrite_never_deletes_a_project_folder() {
 }
 
 #[test]
+fn a_closed_stdout_ends_quietly() {
+    // `turnwise presets | head -1`: the reader is gone before the first line is written.
+    let tmp = tempfile::tempdir().unwrap();
+    for args in [&["presets"][..], &["config", "--preset", "grpo"][..]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_turnwise"))
+            .args(args)
+            .current_dir(tmp.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = text(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {:?} {err}", out.status);
+        assert!(
+            !err.contains("panicked") && !err.contains("Broken pipe"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+#[test]
 fn quickstart_refuses_an_existing_run_without_overwrite() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("runs/quickstart");

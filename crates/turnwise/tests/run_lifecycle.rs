@@ -148,6 +148,24 @@ fn resumes_keep_the_warm_start_the_summary_and_the_log() {
     );
     assert_eq!(summary(&c), full);
 
+    // An edited architecture is refused by key, not resumed with the checkpoint's shape.
+    let e = tmp.path().join("arch");
+    common::copy_dir(&a, &e);
+    let text = std::fs::read_to_string(e.join("config.toml")).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("num_layers = "))
+        .expect("config.toml records model.num_layers")
+        .to_string();
+    let n_layers: usize = line["num_layers = ".len()..].trim().parse().unwrap();
+    let edited = text.replace(&line, &format!("num_layers = {}", n_layers + 1));
+    let edited = edited.replace("\nsteps = 2\n", "\nsteps = 3\n");
+    std::fs::write(e.join("config.toml"), edited).unwrap();
+    let err = format!("{:#}", resume(&e, true).unwrap_err());
+    assert!(err.contains("model.num_layers"), "{err}");
+    assert!(e.join("checkpoints/step-00002/COMPLETE").is_file());
+    std::fs::remove_dir_all(&e).unwrap();
+
     // No checkpoint loads: the resume stops, naming them, and changes nothing (the review's
     // run lost its metrics, its set-aside folders and the user's notes to a silent restart).
     let n = tmp.path().join("n");

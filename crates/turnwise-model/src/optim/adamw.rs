@@ -131,6 +131,19 @@ impl AdamW {
                 p
             };
             let p = (p - update)?;
+            // An update that overflows (a learning rate far too large) must not be written: it
+            // would surface steps later as an unrelated failure of sampling or the loss.
+            let total = f64::from(p.sum_all()?.to_dtype(DType::F32)?.to_scalar::<f32>()?);
+            if !total.is_finite() {
+                return Err(ModelError::invalid_input(
+                    "lr",
+                    format!(
+                        "the update at learning rate {lr} made parameter {name} non-finite (the \
+                         parameters before it in this step were updated, {name} and the rest \
+                         were not)"
+                    ),
+                ));
+            }
             match master {
                 Some(slot) => {
                     var.set(&p.to_dtype(var.dtype())?)?;

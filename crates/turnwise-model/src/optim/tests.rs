@@ -335,3 +335,24 @@ fn master_copies_follow_weights_changed_by_another_optimizer_once_synced() {
         value(&var)
     );
 }
+
+#[test]
+fn an_update_that_overflows_is_refused_and_not_written() {
+    // The review's `optim.lr = 1e308`: the step would write infinite weights and the run would
+    // fail steps later in sampling. The step refuses, naming the learning rate and the parameter.
+    let dev = Device::Cpu;
+    let w = candle_core::Var::from_tensor(&Tensor::new(&[1.0f32, -2.0], &dev).unwrap()).unwrap();
+    let vars = vec![("w".to_string(), w.clone())];
+    let mut opt = AdamW::new(vars.clone(), AdamWConfig::default()).unwrap();
+    let loss = w.as_tensor().sqr().unwrap().sum_all().unwrap();
+    let g = Gradients::from_grad_store(&loss.backward().unwrap(), &vars);
+    let err = opt.step(&g, 1e308).unwrap_err().to_string();
+    assert!(
+        err.contains("lr") && err.contains("non-finite") && err.contains('w'),
+        "{err}"
+    );
+    assert_eq!(w.as_tensor().to_vec1::<f32>().unwrap(), vec![1.0, -2.0]);
+    // A sane step goes through.
+    opt.step(&g, 1e-3).unwrap();
+    assert!(w.as_tensor().to_vec1::<f32>().unwrap()[0] < 1.0);
+}

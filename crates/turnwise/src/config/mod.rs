@@ -1259,7 +1259,19 @@ impl TrainConfig {
             if let Some(t) = &file_layer {
                 merge(doc, t.clone());
             }
-            sets.iter().try_for_each(|arg| apply_override(doc, arg))
+            sets.iter().try_for_each(|arg| {
+                let key = arg.split_once('=').map_or(arg.as_str(), |(k, _)| k).trim();
+                if matches!(key, "preset" | "description") {
+                    return Err(ConfigError::Override {
+                        arg: arg.clone(),
+                        message: format!(
+                            "`{key}` is read-only: it records the preset the config came from \
+                             (choose one with --preset NAME)"
+                        ),
+                    });
+                }
+                apply_override(doc, arg)
+            })
         };
         // The environment decides a layer between the preset and the user's settings, and the
         // user's settings may choose the environment: merge them once to learn it.
@@ -1911,6 +1923,14 @@ impl TrainConfig {
             if non_negative && x < 0.0 {
                 return fail("a non-negative number");
             }
+            // The estimators' epsilons guard a division by a group's standard deviation, which
+            // is 0 whenever every score of the group agrees: 0 gives NaN advantages.
+            if key.starts_with("advantage.") && name.contains("epsilon") && x <= 0.0 {
+                return fail(
+                    "positive (it is added to a group's standard deviation, which is 0 when all \
+                     its scores agree)",
+                );
+            }
             if name == "clip_ratio_c" && x <= 1.0 {
                 return fail("above 1 (the dual clip bounds ratios of negative advantages)");
             }
@@ -2517,7 +2537,13 @@ pub fn apply_override(doc: &mut toml::Table, arg: &str) -> Result<(), ConfigErro
     if (last == "estimator" || last == "name") && table.get(last) != Some(&value) {
         table.clear();
     }
-    table.insert(last.to_string(), value);
+    // An inline table (`optim={lr=1e-4}`) sets those keys and keeps the table's others.
+    match (table.get_mut(last), value) {
+        (Some(toml::Value::Table(existing)), toml::Value::Table(top)) => merge(existing, top),
+        (_, value) => {
+            table.insert(last.to_string(), value);
+        }
+    }
     Ok(())
 }
 

@@ -73,6 +73,23 @@ fn malformed_overrides_and_unknown_presets_are_explained() {
 }
 
 #[test]
+fn inline_tables_merge_and_the_preset_is_read_only() {
+    // `optim={lr=1e-4}` sets lr and keeps the preset's other optimizer settings (the review's
+    // grpo lost its mini_batch_size = 64 this way).
+    let base = TrainConfig::resolve(Some("grpo"), None, &[]).unwrap();
+    let c = TrainConfig::resolve(Some("grpo"), None, &["optim={lr=1e-4}".into()]).unwrap();
+    assert_eq!(c.optim.lr, 1e-4);
+    assert_eq!(c.optim.mini_batch_size, base.optim.mini_batch_size);
+    assert!(base.optim.mini_batch_size > 0);
+    for arg in ["preset=\"a2tgpo\"", "description=\"x\""] {
+        let err = TrainConfig::resolve(Some("grpo"), None, &[arg.into()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("read-only"), "{arg}: {err}");
+    }
+}
+
+#[test]
 fn switching_the_estimator_drops_the_old_settings() {
     // `epsilon` belongs to grpo; rloo has no such field and would reject it.
     let cfg = TrainConfig::resolve(
@@ -330,9 +347,9 @@ fn runs_record_their_preset_and_quickstart_is_one() {
             .unwrap()
             .advantage
     );
-    // A file or an override may still rename it.
-    let renamed = TrainConfig::resolve(Some("grpo"), None, &["preset=\"mine\"".into()]).unwrap();
-    assert_eq!(renamed.preset, "mine");
+    // An override may not relabel it (a grpo config labelled a2tgpo misleads `runs` and
+    // `compare`); a config file that names its own preset still may.
+    assert!(TrainConfig::resolve(Some("grpo"), None, &["preset=\"mine\"".into()]).is_err());
     let e = TrainConfig::resolve(Some("quickstrat"), None, &[]).unwrap_err();
     assert!(e.to_string().contains("quickstart"), "{e}");
 }
@@ -400,6 +417,7 @@ fn numeric_settings_are_range_checked_under_their_key() {
             "advantage.gamma",
         ),
         ("advantage.epsilon=-1", "advantage.epsilon"),
+        ("advantage.epsilon=0", "advantage.epsilon"),
         ("actor.kl_loss_coef=-1", "actor.kl_loss_coef"),
         ("actor.entropy_coeff=nan", "actor.entropy_coeff"),
         ("actor.policy.clip_ratio_c=0.5", "actor.policy.clip_ratio_c"),

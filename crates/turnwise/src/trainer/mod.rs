@@ -887,6 +887,50 @@ impl Trainer {
         task.set_chat_template(chat_template_of(&hf_meta, dir)?)?;
         log_first_prompt(&task)?;
         let step = ck.state.extra["rl_step"].as_u64().unwrap_or(0);
+        // A fresh model's shape comes from the config: an edited config.toml must not resume
+        // silently with the checkpoint's other shape (a model from `model.init_from` has the
+        // source's shape, whatever these keys say).
+        if config.model.init_from.is_none() {
+            let want = fresh_model_config(&config, ck.config.vocab_size);
+            let m = &config.model;
+            for (key, asked, has) in [
+                ("model.hidden_size", m.hidden_size, ck.config.hidden_size),
+                (
+                    "model.num_layers",
+                    m.num_layers,
+                    ck.config.num_hidden_layers,
+                ),
+                (
+                    "model.num_heads",
+                    m.num_heads,
+                    ck.config.num_attention_heads,
+                ),
+                (
+                    "model.num_kv_heads",
+                    m.num_kv_heads,
+                    ck.config.num_key_value_heads,
+                ),
+                (
+                    "model.intermediate_size",
+                    m.intermediate_size,
+                    ck.config.intermediate_size,
+                ),
+                (
+                    "model.max_position_embeddings",
+                    want.max_position_embeddings,
+                    ck.config.max_position_embeddings,
+                ),
+            ] {
+                if asked != has {
+                    bail!(
+                        "{key} = {asked} in the config, but the checkpoint {} was trained with \
+                         {has}: a run's architecture cannot change on resume (restore {key} = \
+                         {has}, or start a new run)",
+                        dir.display()
+                    );
+                }
+            }
+        }
         let lora = match (config.model.lora.to_lora_config(), ck.lora) {
             (None, None) => None,
             (Some(want), Some(adapters)) => {

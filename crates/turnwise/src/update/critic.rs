@@ -288,7 +288,9 @@ impl CriticModel {
                     skipped += 1;
                     continue;
                 }
-                self.optimizer.step(&grads, cfg.lr)?;
+                self.optimizer
+                    .step(&grads, cfg.lr)
+                    .with_context(|| format!("the critic's update (critic.lr = {})", cfg.lr))?;
                 applied += 1;
                 for (k, v) in shard_metrics {
                     let e = sums.entry(k).or_insert((0.0, 0));

@@ -82,7 +82,8 @@ pub fn sft_step(
     if !norm.is_finite() {
         return Ok(None);
     }
-    opt.step(&grads, lr)?;
+    opt.step(&grads, lr)
+        .with_context(|| format!("the supervised update at lr {lr} (sft.lr or rsft.lr)"))?;
     Ok(Some((value, norm)))
 }
 
@@ -554,7 +555,8 @@ pub fn actor_update(
             let e = sums.entry("actor/grad_norm".into()).or_insert((0.0, 0));
             e.0 += norm;
             e.1 += 1;
-            opt.step(&grads, cfg.lr * g.step_scale)?;
+            opt.step(&grads, cfg.lr * g.step_scale)
+                .with_context(|| format!("the policy update (optim.lr = {})", cfg.lr))?;
             stats.applied += 1;
         }
     }
