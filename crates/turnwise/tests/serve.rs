@@ -491,6 +491,56 @@ fn malformed_requests_get_4xx_naming_the_field() {
             "logprobs",
         ),
         (&ch, json!({"messages": []}).to_string(), 400, "messages"),
+        // Fields turnwise does not implement are refused by name, never silently ignored
+        // (the review's logit_bias, penalties, response_format, tools, min_new_tokens).
+        (
+            &c,
+            json!({"prompt": "x", "logit_bias": {"7": -100}}).to_string(),
+            400,
+            "logit_bias",
+        ),
+        (
+            &c,
+            json!({"prompt": "x", "frequency_penalty": 2}).to_string(),
+            400,
+            "frequency_penalty",
+        ),
+        (
+            &ch,
+            json!({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 2})
+                .to_string(),
+            400,
+            "presence_penalty",
+        ),
+        (
+            &ch,
+            json!({"messages": [{"role": "user", "content": "hi"}],
+                   "response_format": {"type": "json_object"}})
+            .to_string(),
+            400,
+            "response_format",
+        ),
+        (
+            &ch,
+            json!({"messages": [{"role": "user", "content": "hi"}],
+                   "tools": [{"type": "function", "function": {"name": "f"}}]})
+            .to_string(),
+            400,
+            "tools",
+        ),
+        (
+            &g,
+            json!({"input_ids": PROMPT, "sampling_params": {"repetition_penalty": 1.3}})
+                .to_string(),
+            400,
+            "sampling_params.repetition_penalty",
+        ),
+        (
+            &g,
+            json!({"input_ids": PROMPT, "sampling_params": {"min_new_tokens": 4}}).to_string(),
+            400,
+            "sampling_params.min_new_tokens",
+        ),
         (
             &ch,
             json!({"messages": [{"role": "wizard", "content": "hi"}]}).to_string(),
@@ -512,6 +562,19 @@ fn malformed_requests_get_4xx_naming_the_field() {
     }
     let r = client().get(format!("{base}/nope")).send().unwrap();
     assert_eq!(r.status(), 404);
+    // Neutral values and labels are accepted: they change nothing.
+    let (s, v) = post(
+        &c,
+        &json!({"prompt": "x", "max_tokens": 2, "frequency_penalty": 0, "presence_penalty": 0.0,
+                "logit_bias": {}, "user": "me", "best_of": 1}),
+    );
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = post(
+        &ch,
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                "response_format": {"type": "text"}, "tools": [], "tool_choice": "none"}),
+    );
+    assert_eq!(s, 200, "{v}");
     // The server still answers after all of that.
     let (s, _) = post(
         &g,

@@ -202,6 +202,7 @@ impl RemoteBackend {
                     logprob_start_len: -1,
                     rid: None,
                     stream: false,
+                    other: Default::default(),
                 };
                 let v = self.post(url, "/generate", &serde_json::to_value(&req)?)?;
                 let out: GenerateOutput = serde_json::from_value(v)

@@ -318,6 +318,15 @@ impl App {
     }
 }
 
+/// A 400 naming the first field of a request that turnwise does not implement and that is not
+/// at its neutral value (see [`super::protocol::check_other_fields`]).
+fn other_fields(
+    prefix: &str,
+    other: &std::collections::BTreeMap<String, serde_json::Value>,
+) -> Result<(), ApiError> {
+    super::protocol::check_other_fields(prefix, other).map_err(|(f, m)| ApiError::bad(f, m))
+}
+
 fn unsupported(field: &str, what: &str) -> ApiError {
     ApiError::bad(field, format!("{what} is not supported by turnwise serve"))
 }
@@ -332,6 +341,8 @@ fn created() -> u64 {
 async fn generate(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
     let t0 = Instant::now();
     let req: GenerateRequest = parse(&body)?;
+    other_fields("", &req.other)?;
+    other_fields("sampling_params.", &req.sampling_params.other)?;
     if req.stream {
         return Err(unsupported("stream", "streaming"));
     }
@@ -515,6 +526,7 @@ fn stop_reason(f: &Finish, stop: &[String]) -> Value {
 /// `POST /v1/completions` (OpenAI, vLLM's token-id extensions).
 async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse(&body)?;
+    other_fields("", &req.other)?;
     if req.stream {
         return Err(unsupported("stream", "streaming"));
     }
@@ -638,6 +650,7 @@ async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Respons
 /// `POST /v1/chat/completions` (OpenAI; the model's chat template renders the messages).
 async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse(&body)?;
+    other_fields("", &req.other)?;
     if req.stream {
         return Err(unsupported("stream", "streaming"));
     }

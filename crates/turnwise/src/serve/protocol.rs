@@ -95,6 +95,10 @@ pub struct SglSamplingParams {
     /// Seed of the first sample (sample `i` uses `seed + i`); absent: the server picks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampling_seed: Option<u64>,
+    /// Any other field: refused with a 400 unless it holds its neutral value
+    /// ([`check_other_fields`]), so that nothing is silently ignored.
+    #[serde(flatten, default, skip_serializing)]
+    pub other: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 impl Default for SglSamplingParams {
@@ -112,6 +116,7 @@ impl Default for SglSamplingParams {
             no_stop_trim: false,
             n: 1,
             sampling_seed: None,
+            other: Default::default(),
         }
     }
 }
@@ -143,6 +148,10 @@ pub struct GenerateRequest {
     /// Streaming (not supported: must be false).
     #[serde(default)]
     pub stream: bool,
+    /// Any other field: refused with a 400 unless it holds its neutral value
+    /// ([`check_other_fields`]), so that nothing is silently ignored.
+    #[serde(flatten, default, skip_serializing)]
+    pub other: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// `meta_info.finish_reason`.
@@ -352,6 +361,10 @@ pub struct CompletionRequest {
     /// Streaming (not supported: must be false).
     #[serde(default)]
     pub stream: bool,
+    /// Any other field: refused with a 400 unless it holds its neutral value
+    /// ([`check_other_fields`]), so that nothing is silently ignored.
+    #[serde(flatten, default, skip_serializing)]
+    pub other: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// A message of `/v1/chat/completions`.
@@ -432,4 +445,75 @@ pub struct ChatCompletionRequest {
     /// Streaming (not supported: must be false).
     #[serde(default)]
     pub stream: bool,
+    /// Any other field: refused with a 400 unless it holds its neutral value
+    /// ([`check_other_fields`]), so that nothing is silently ignored.
+    #[serde(flatten, default, skip_serializing)]
+    pub other: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+/// Fields of the OpenAI and SGLang APIs that only label a request (`user`, `metadata`, ...):
+/// accepted whatever their value.
+const LABELS: &[&str] = &[
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "stream_options",
+    "session_params",
+];
+
+/// Whether `value` is the neutral value of the field `key`: what the engines do when the field is
+/// absent (no penalty, no bias, no minimum length, plain text, no tools).
+fn is_neutral(key: &str, value: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match value {
+        Value::Null => true,
+        Value::Bool(b) => match key {
+            "spaces_between_special_tokens" | "skip_special_tokens" => *b,
+            _ => !*b,
+        },
+        Value::Number(n) => {
+            let x = n.as_f64().unwrap_or(f64::NAN);
+            match key {
+                "repetition_penalty" | "length_penalty" | "best_of" => x == 1.0,
+                _ => x == 0.0,
+            }
+        }
+        Value::String(t) => match key {
+            "response_format" => t == "text",
+            "tool_choice" | "function_call" => t == "none",
+            _ => t.is_empty(),
+        },
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => match key {
+            "response_format" => {
+                o.len() == 1 && o.get("type").and_then(Value::as_str) == Some("text")
+            }
+            _ => o.is_empty(),
+        },
+    }
+}
+
+/// Refuses, as `(field, message)`, the first field of `other` (the fields a request type does not
+/// implement) that is not a label and does not hold its neutral value: `logit_bias`, frequency,
+/// presence and repetition penalties, `min_new_tokens`/`min_tokens`, `response_format`, `tools`,
+/// ... would otherwise be accepted and silently ignored. `prefix` is the field's path
+/// (`sampling_params.`).
+pub fn check_other_fields(
+    prefix: &str,
+    other: &std::collections::BTreeMap<String, serde_json::Value>,
+) -> Result<(), (String, String)> {
+    for (key, value) in other {
+        if LABELS.contains(&key.as_str()) || is_neutral(key, value) {
+            continue;
+        }
+        return Err((
+            format!("{prefix}{key}"),
+            format!(
+                "= {value} is not supported by turnwise serve (it would be ignored): leave it \
+                 out, or at its neutral value"
+            ),
+        ));
+    }
+    Ok(())
 }
