@@ -266,9 +266,17 @@ pub enum Command {
         /// Most sequences decoding at once.
         #[arg(long, default_value_t = 64)]
         max_batch_size: usize,
-        /// Most sequences waiting or running; further requests get 503.
+        /// Most sequences waiting or running: a request that would exceed it while others run
+        /// gets 503 (retry), one that alone exceeds it 400.
         #[arg(long, default_value_t = 1024)]
         max_queue: usize,
+        /// Largest request body in bytes (413 beyond; default 64 MiB).
+        #[arg(long, default_value_t = 64 << 20)]
+        max_body_bytes: usize,
+        /// Seconds a client may take to send a request's headers, and then its body, before the
+        /// connection is closed (generation time does not count).
+        #[arg(long, default_value_t = 30.0)]
+        read_timeout_secs: f64,
         /// The weight version reported until the first `/update_weights_from_disk`.
         #[arg(long, default_value = "0")]
         weight_version: String,
@@ -739,7 +747,18 @@ pub fn run(cli: Cli) -> Result<()> {
             weight_version,
             device,
             dtype,
+            max_body_bytes,
+            read_timeout_secs,
         } => {
+            let read_timeout = Duration::try_from_secs_f64(read_timeout_secs)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    anyhow::anyhow!("--read-timeout-secs must be positive, got {read_timeout_secs}")
+                })?;
+            if max_body_bytes == 0 {
+                bail!("--max-body-bytes must be at least 1");
+            }
             let device = turnwise_model::device::pick_device(&device).context("--device")?;
             let dtype = match dtype.as_str() {
                 "auto" => turnwise_model::device::default_dtype(&device),
@@ -752,9 +771,10 @@ pub fn run(cli: Cli) -> Result<()> {
                 name,
                 max_batch_size,
                 max_queue,
+                max_body_bytes,
+                read_timeout,
                 weight_version,
                 placement: turnwise_model::device::Placement { device, dtype },
-                ..Default::default()
             };
             let t = Instant::now();
             let served = turnwise::serve::load_served(&model)

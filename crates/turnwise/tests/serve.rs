@@ -417,6 +417,28 @@ fn thirty_two_concurrent_clients_share_the_batch_without_errors() {
 }
 
 #[test]
+fn an_oversized_body_gets_a_json_413_naming_the_flag() {
+    let cfg = ServeConfig {
+        max_body_bytes: 2_000,
+        ..config(8)
+    };
+    let server = PolicyServer::start(load_served(&fixture()).unwrap(), &cfg).unwrap();
+    let url = format!("{}/v1/completions", server.url());
+    let body = json!({"prompt": "a ".repeat(2_000)}).to_string();
+    let (s, v) = post_raw(&url, &body);
+    assert_eq!(s, 413, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("--max-body-bytes") && msg.contains("2000"),
+        "{msg}"
+    );
+    // A body under the limit is served.
+    let (s, v) = post(&url, &json!({"prompt": "a b", "max_tokens": 2}));
+    assert_eq!(s, 200, "{v}");
+    server.shutdown().unwrap();
+}
+
+#[test]
 fn malformed_requests_get_4xx_naming_the_field() {
     let server = start(2);
     let base = server.url();
@@ -466,12 +488,13 @@ fn malformed_requests_get_4xx_naming_the_field() {
             400,
             "sampling_params.top_p",
         ),
-        // More sequences than the queue holds (2): 503, nothing admitted.
+        // More sequences than the queue ever holds (2): 400 naming the flag, not a 503 that
+        // invites retries that can never succeed.
         (
             &g,
             json!({"input_ids": PROMPT, "sampling_params": {"n": 3}}).to_string(),
-            503,
-            "overloaded",
+            400,
+            "--max-queue",
         ),
     ];
     let c = format!("{base}/v1/completions");
@@ -562,6 +585,13 @@ fn malformed_requests_get_4xx_naming_the_field() {
     }
     let r = client().get(format!("{base}/nope")).send().unwrap();
     assert_eq!(r.status(), 404);
+    // A prompt longer than any context is refused before it is tokenized, by its length.
+    let t0 = std::time::Instant::now();
+    let (s, v) = post(&c, &json!({"prompt": "a ".repeat(200_000)}));
+    assert_eq!(s, 400, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.starts_with("prompt: is 400000 bytes"), "{msg}");
+    assert!(t0.elapsed().as_secs_f64() < 5.0);
     // Neutral values and labels are accepted: they change nothing.
     let (s, v) = post(
         &c,

@@ -18,8 +18,10 @@
 //!
 //! Every request's sequences join one continuously batched [`SamplingEngine`] on the engine
 //! thread ([`worker`]): concurrent clients share its batch. At most
-//! [`ServeConfig::max_queue`] sequences wait or run; beyond it requests get 503. A malformed
-//! request gets 400 naming the field (`sampling_params.temperature: must be >= 0`).
+//! [`ServeConfig::max_queue`] sequences wait or run; a request that would exceed it while others
+//! run gets 503, one that alone exceeds it 400. A malformed request gets 400 naming the field
+//! (`sampling_params.temperature: must be >= 0`), and so does a field turnwise does not
+//! implement unless it holds its neutral value.
 //!
 //! Log-probs are those of the distribution each token was drawn from: the temperature-scaled
 //! softmax before top-k/top-p truncation (temperature 1 when greedy), the log-probs a policy
@@ -62,7 +64,8 @@ pub struct ServeConfig {
     pub name: Option<String>,
     /// Most sequences decoding at once.
     pub max_batch_size: usize,
-    /// Most sequences waiting or running; beyond it requests get 503.
+    /// Most sequences waiting or running; beyond it requests get 503 (400 for a request that
+    /// alone asks for more).
     pub max_queue: usize,
     /// Largest request body in bytes (413 beyond).
     pub max_body_bytes: usize,
@@ -83,7 +86,7 @@ impl Default for ServeConfig {
             max_batch_size: 64,
             max_queue: 1024,
             max_body_bytes: 64 << 20,
-            read_timeout: Duration::from_secs(300),
+            read_timeout: Duration::from_secs(30),
             weight_version: "0".into(),
             placement: Placement::cpu(),
         }
