@@ -257,7 +257,11 @@ fn eval_config(source: &EvalSource<'_>) -> Result<TrainConfig> {
 pub fn open_for_eval(source: &EvalSource<'_>) -> Result<(Trainer, String)> {
     let mut cfg = eval_config(source)?;
     let path: PathBuf = match (source.checkpoint, source.run) {
-        (Some(p), _) => p.to_path_buf(),
+        // A packaged model's name (`smollm2-135m-instruct`) as `serve --model` and
+        // `model.init_from` take it.
+        (Some(p), _) => {
+            crate::model_source::resolve(p, &turnwise_env::corpus::wiki::default_cache_dir())?
+        }
         (None, Some(run)) => {
             let ck = pick_checkpoint(&RunDir::open(run)?, None)
                 .with_context(|| format!("{} has no checkpoint to evaluate", run.display()))?;
@@ -266,6 +270,9 @@ pub fn open_for_eval(source: &EvalSource<'_>) -> Result<(Trainer, String)> {
         (None, None) => bail!("give --run DIR or --checkpoint PATH"),
     };
     let gguf = path.is_file() && turnwise_model::checkpoint::gguf::is_gguf_file(&path);
+    if path.is_file() && !gguf {
+        bail!("{}", crate::model_source::not_gguf(&path));
+    }
     if !path.is_dir() && !gguf {
         bail!("{} is neither a directory nor a GGUF file", path.display());
     }

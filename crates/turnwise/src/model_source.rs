@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarMap;
 use turnwise_model::ModelConfig;
@@ -75,10 +75,34 @@ pub struct ModelTensors {
     pub meta: HfMetadata,
 }
 
+/// Why the file `path` is not a model: empty, or its first bytes are not GGUF's magic (a model
+/// file is a GGUF file; a Hugging Face model is a folder).
+pub fn not_gguf(path: &Path) -> String {
+    use std::io::Read;
+    let mut head = Vec::new();
+    let read = std::fs::File::open(path).and_then(|f| f.take(4).read_to_end(&mut head));
+    match read {
+        Err(e) => format!("{}: cannot be read: {e}", path.display()),
+        Ok(0) => format!(
+            "{} is empty: a model is a GGUF file or a Hugging Face folder",
+            path.display()
+        ),
+        Ok(_) => format!(
+            "{} is not a GGUF file (it starts with {:?}, not the magic \"GGUF\"); a Hugging Face \
+             model is a folder",
+            path.display(),
+            String::from_utf8_lossy(&head)
+        ),
+    }
+}
+
 /// Loads what `init_from` names (see [`load_init_model`]) as plain tensors; returns the resolved
 /// path with them.
 pub fn load_init_tensors(init_from: &Path) -> Result<(PathBuf, ModelTensors)> {
     let path = resolve(init_from, &turnwise_env::corpus::wiki::default_cache_dir())?;
+    if path.is_file() && !is_gguf_file(&path) {
+        bail!("{}", not_gguf(&path));
+    }
     if path.is_file() && is_gguf_file(&path) {
         let ck = GgufCheckpoint::open(&path)?;
         let config = ck.config()?;

@@ -85,6 +85,64 @@ fn gguf_model_names_are_not_paths() {
     assert_eq!(resolve(p, Path::new("/nonexistent")).unwrap(), p);
 }
 
+fn load_error(path: &Path) -> String {
+    match turnwise::model_source::load_init_tensors(path) {
+        Ok(_) => panic!("{} loaded", path.display()),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn a_file_that_is_not_gguf_is_named_as_such() {
+    // The review's `x.gguf` starting with XXXX, or empty, was reported as a missing
+    // `x.gguf/config.json`.
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = tmp.path().join("x.gguf");
+    std::fs::write(&bad, b"XXXXrest of the file").unwrap();
+    let e = load_error(&bad);
+    assert!(
+        e.contains("is not a GGUF file") && e.contains("XXXX"),
+        "{e}"
+    );
+    std::fs::write(&bad, b"").unwrap();
+    let e = load_error(&bad);
+    assert!(e.contains("is empty"), "{e}");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_turnwise"))
+        .args(["eval", "--preset", "grpo", "--checkpoint"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("is empty"), "{err}");
+    // `eval --checkpoint` takes the packaged model's name, as `serve --model` does: it resolves
+    // to the cache's file (here a damaged one, so the error names that file).
+    let cache = tmp.path().join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::write(
+        cache.join(turnwise_model::checkpoint::gguf::smollm2::GGUF_FILE),
+        b"XXXX",
+    )
+    .unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_turnwise"))
+        .args([
+            "eval",
+            "--preset",
+            "grpo",
+            "--checkpoint",
+            "smollm2-135m-instruct",
+        ])
+        .env("TURNWISE_CACHE", &cache)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("SmolLM2-135M-Instruct.Q4_1.gguf is not a GGUF file"),
+        "{err}"
+    );
+}
+
 /// The last-position logits of `ids`.
 fn last_logits(model: &Transformer, ids: &[u32]) -> Vec<f32> {
     let n = ids.len();

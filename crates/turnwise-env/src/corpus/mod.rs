@@ -16,7 +16,7 @@ pub mod wiki;
 pub mod wiki_questions;
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -297,25 +297,46 @@ pub fn write_qa<'a>(
     w.flush().map_err(io)
 }
 
-/// Calls `f(line_number, line)` for each non-blank line; I/O errors name the line.
-fn for_each_json_line(
-    reader: impl BufRead,
+/// The longest line a JSON-lines file may hold (64 MiB): reading `/dev/zero` or a file without
+/// newlines stops there with an error naming the line, instead of allocating without bound.
+pub const MAX_JSON_LINE_BYTES: usize = 64 << 20;
+
+/// Calls `f(line_number, line)` for each non-blank line; I/O errors, lines longer than
+/// [`MAX_JSON_LINE_BYTES`] and lines that are not UTF-8 name the file and line.
+pub fn for_each_json_line(
+    mut reader: impl BufRead,
     name: &Path,
     mut f: impl FnMut(usize, &str) -> Result<(), CorpusError>,
 ) -> Result<(), CorpusError> {
-    for (i, line) in reader.lines().enumerate() {
-        let line = line.map_err(|e| CorpusError::Parse {
+    let mut buf = Vec::new();
+    let mut line_no = 0;
+    loop {
+        buf.clear();
+        line_no += 1;
+        let err = |message: String| CorpusError::Parse {
             path: name.to_path_buf(),
-            line: i + 1,
-            message: format!("cannot read line: {e}"),
-        })?;
-        let trimmed = line.trim();
+            line: line_no,
+            message,
+        };
+        let n = (&mut reader)
+            .take(MAX_JSON_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| err(format!("cannot read line: {e}")))?;
+        if n == 0 {
+            return Ok(());
+        }
+        if buf.len() > MAX_JSON_LINE_BYTES && buf.last() != Some(&b'\n') {
+            return Err(err(format!(
+                "the line is longer than {MAX_JSON_LINE_BYTES} bytes (is this a JSON-lines file?)"
+            )));
+        }
+        let text = std::str::from_utf8(&buf).map_err(|e| err(format!("not UTF-8: {e}")))?;
+        let trimmed = text.trim();
         if trimmed.is_empty() {
             continue;
         }
-        f(i + 1, trimmed)?;
+        f(line_no, trimmed)?;
     }
-    Ok(())
 }
 
 impl From<turnwise_core::pip::PipError> for CorpusError {
@@ -332,6 +353,40 @@ impl From<turnwise_core::pip::PipError> for CorpusError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_endless_line_stops_at_the_bound_naming_the_line() {
+        // `/dev/zero` as a corpus: bytes without a newline, read only up to the bound.
+        let reader = std::io::BufReader::new(std::io::repeat(0u8));
+        let mut calls = 0;
+        let err = for_each_json_line(reader, Path::new("/dev/zero"), |_, _| {
+            calls += 1;
+            Ok(())
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("/dev/zero:1: the line is longer than"),
+            "{err}"
+        );
+        assert_eq!(calls, 0);
+        // Ordinary lines, the last without a newline, and blank lines.
+        let text = "{\"a\": 1}\n\n  \n{\"b\": 2}";
+        let mut seen = Vec::new();
+        for_each_json_line(text.as_bytes(), Path::new("t"), |n, l| {
+            seen.push((n, l.to_string()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            seen,
+            vec![(1, "{\"a\": 1}".to_string()), (4, "{\"b\": 2}".to_string())]
+        );
+        let err = for_each_json_line(&b"ok\n\xff\xfe\n"[..], Path::new("t"), |_, _| Ok(()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("t:2: not UTF-8"), "{err}");
+    }
 
     #[test]
     fn corpus_roundtrip_through_a_file() {

@@ -1179,16 +1179,20 @@ pub fn shuffle<T>(v: &mut [T], rng: &mut TurnRng) {
 
 /// Reads demonstrations from a JSON-lines file (`{"prompt", "segments": [[text, is_agent]]}`).
 pub fn read_demonstrations(path: &Path) -> Result<Vec<crate::task::Demonstration>> {
-    let text = std::fs::read_to_string(path)
+    let file = std::fs::File::open(path)
         .with_context(|| format!("reading demonstrations {}", path.display()))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            serde_json::from_str(l)
-                .with_context(|| format!("{}:{}: not a demonstration", path.display(), i + 1))
-        })
-        .collect()
+    let mut out = Vec::new();
+    turnwise_env::corpus::for_each_json_line(std::io::BufReader::new(file), path, |n, line| {
+        let d =
+            serde_json::from_str(line).map_err(|e| turnwise_env::corpus::CorpusError::Parse {
+                path: path.to_path_buf(),
+                line: n,
+                message: format!("not a demonstration: {e}"),
+            })?;
+        out.push(d);
+        Ok(())
+    })?;
+    Ok(out)
 }
 
 /// Mean of a tensor (helper for metrics).
