@@ -620,6 +620,24 @@ fn half_sent_requests_time_out() {
         "closed after {waited:?}"
     );
 
+    // A declared length above the limit gets its 413 at once, without waiting for the body
+    // (the review's Content-Length 99999999999 with 2 bytes waited 30 s for a 408).
+    let mut huge = TcpStream::connect(server.local_addr()).unwrap();
+    let started = Instant::now();
+    huge.write_all(
+        b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 99999999999\r\n\r\n{}",
+    )
+    .unwrap();
+    let answer = read_until_closed(&mut huge, patience);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("--max-body-bytes"), "{answer}");
+    assert!(
+        started.elapsed() < timeout,
+        "answered after {:?}",
+        started.elapsed()
+    );
+
     // Headers cut off mid-way, and a connection that never sends anything: both closed.
     let mut head_cut = TcpStream::connect(server.local_addr()).unwrap();
     head_cut

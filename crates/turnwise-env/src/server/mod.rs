@@ -497,21 +497,36 @@ async fn retrieve_handler(
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let timeout = state.config.read_timeout;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            None,
+            format!(
+                "request body exceeds the limit of {} bytes (raise it with `turnwise \
+                 serve-retriever --max-body-bytes N`, ServerConfig::max_body_bytes)",
+                state.config.max_body_bytes
+            ),
+        )
+        .closing()
+    };
+    // A declared length above the limit is answered at once, not after waiting for a body
+    // that will be refused anyway (or that never comes).
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > state.config.max_body_bytes as u64) {
+        let e = too_large();
+        state.log_rejection(&e);
+        return Err(e);
+    }
     let body = match tokio::time::timeout(timeout, Bytes::from_request(request, &())).await {
         Ok(Ok(body)) => body,
         Ok(Err(rejection)) => {
             let status = rejection.status();
             let e = if status == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(
-                    status,
-                    None,
-                    format!(
-                        "request body exceeds the limit of {} bytes (raise it with `turnwise \
-                         serve-retriever --max-body-bytes N`, ServerConfig::max_body_bytes)",
-                        state.config.max_body_bytes
-                    ),
-                )
-                .closing()
+                too_large()
             } else {
                 ApiError::new(
                     status,
