@@ -254,10 +254,17 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
     rl_phase(&mut trainer, &cfg, &dir, &mut log, quiet)
 }
 
-/// The checks of a run that need its task, made before the run directory is created or an
-/// old run in it is deleted (and by `turnwise config`): the warm start has demonstrations, and
-/// every `eval.base_shots` entry has that many training examples.
+/// The checks of a run that need its task or the file system, made before the run directory is
+/// created or an old run in it is deleted (and by `turnwise config`): `model.init_from` exists
+/// (or is a packaged model's name), the warm start has demonstrations, and every
+/// `eval.base_shots` entry has that many training examples.
 pub fn preflight(cfg: &TrainConfig, task: &WorldTask) -> Result<()> {
+    if let Some(p) = &cfg.model.init_from
+        && !crate::model_source::is_model_name(&p.to_string_lossy())
+        && !p.exists()
+    {
+        bail!("model.init_from: {} does not exist", p.display());
+    }
     if cfg.sft.steps > 0 {
         let n = match &cfg.sft.demonstrations {
             Some(path) => crate::trainer::read_demonstrations(path)?.len(),

@@ -54,6 +54,7 @@ fn config_makes_the_checks_that_need_the_task() {
     for (set, want) in [
         ("task.world.questions.train=0", "no demonstrations"),
         ("eval.base_shots=[5000]", "eval.base_shots = 5000"),
+        ("model.init_from=\"/nonexistent/model\"", "does not exist"),
     ] {
         let out = turnwise(&["config", "--preset", "grpo", "--set", set], tmp.path());
         assert!(!out.status.success(), "{set}");

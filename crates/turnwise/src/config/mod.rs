@@ -1300,7 +1300,28 @@ impl TrainConfig {
         // Paths given with `--set` are relative to the working directory. Every path is stored
         // absolute, so `resume` and `eval` work from any directory.
         absolutize_paths(&mut doc, Path::new(""))?;
-        Self::from_table(doc)
+        let cfg = Self::from_table(doc)?;
+        cfg.check_new_run_paths()?;
+        Ok(cfg)
+    }
+
+    /// Checks made when a config is resolved for a new run (not when a run's own config.toml is
+    /// read back): `model.init_from` is not empty. Whether it exists is checked before a run
+    /// touches its directory and by `turnwise config` ([`crate::pipeline::preflight`]).
+    fn check_new_run_paths(&self) -> Result<(), ConfigError> {
+        if let Some(p) = &self.model.init_from {
+            let s = p.to_string_lossy();
+            if s.trim().is_empty() {
+                return Err(ConfigError::Invalid {
+                    field: "model.init_from",
+                    message: "is empty: give a GGUF file, a Hugging Face folder, a checkpoint or \
+                              a packaged model's name (smollm2-135m-instruct), or leave it out \
+                              for a fresh model"
+                        .into(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The preset's layer (with the quickstart's overrides) and its `[for_env]` table (see
@@ -2049,6 +2070,18 @@ impl TrainConfig {
         )?;
         let m = &self.model;
         if m.init_from.is_none() {
+            // A rank above the layers' width makes the adapters larger than the layer.
+            let width = m.hidden_size.min(m.intermediate_size);
+            if m.lora.rank > width {
+                return Err(ConfigError::Invalid {
+                    field: "model.lora.rank",
+                    message: format!(
+                        "must be at most the narrowest adapted width, min(model.hidden_size, \
+                         model.intermediate_size) = {width}, got {}",
+                        m.lora.rank
+                    ),
+                });
+            }
             for (field, v) in [
                 ("model.vocab_size", m.vocab_size),
                 ("model.hidden_size", m.hidden_size),

@@ -73,6 +73,30 @@ fn malformed_overrides_and_unknown_presets_are_explained() {
 }
 
 #[test]
+fn init_from_is_not_empty_and_lora_rank_fits_the_model() {
+    let err = TrainConfig::resolve(Some("grpo"), None, &["model.init_from=\"\"".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("model.init_from") && err.contains("is empty"),
+        "{err}"
+    );
+    // A path that does not exist resolves (configs are written for other machines too); it
+    // is refused before a run starts and by `turnwise config` (tests/cli.rs).
+    // The review's rank 100000 on a hidden size of 32.
+    let base = TrainConfig::resolve(Some("grpo"), None, &[]).unwrap();
+    let err = TrainConfig::resolve(Some("grpo"), None, &["model.lora.rank=100000".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("model.lora.rank"), "{err}");
+    let ok = format!(
+        "model.lora.rank={}",
+        base.model.hidden_size.min(base.model.intermediate_size)
+    );
+    TrainConfig::resolve(Some("grpo"), None, &[ok]).unwrap();
+}
+
+#[test]
 fn inline_tables_merge_and_the_preset_is_read_only() {
     // `optim={lr=1e-4}` sets lr and keeps the preset's other optimizer settings (the review's
     // grpo lost its mini_batch_size = 64 this way).
