@@ -131,12 +131,7 @@ pub fn clear_export_dir(out: &Path) -> Result<()> {
             continue;
         }
         let path = entry.path();
-        let res = if path.is_dir() && !path.is_symlink() {
-            std::fs::remove_dir_all(&path)
-        } else {
-            std::fs::remove_file(&path)
-        };
-        res.with_context(|| format!("removing {}", path.display()))?;
+        crate::run::remove_entry(&path).with_context(|| format!("removing {}", path.display()))?;
     }
     if !kept.is_empty() {
         kept.sort();

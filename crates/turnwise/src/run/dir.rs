@@ -206,6 +206,16 @@ fn sync_tree(dir: &Path) -> RunResult<()> {
     sync_dir(dir)
 }
 
+/// Deletes a directory entry: a folder with its contents, or a file or symlink (a symlink to a
+/// folder is removed, not followed).
+pub(crate) fn remove_entry(path: &Path) -> std::io::Result<()> {
+    if path.is_dir() && !path.is_symlink() {
+        fs::remove_dir_all(path)
+    } else {
+        fs::remove_file(path)
+    }
+}
+
 /// Whether `path` holds nothing but (at most) a [`LOCK_FILE`] left by an earlier process.
 fn is_empty_dir_but_lock(path: &Path) -> RunResult<bool> {
     for entry in fs::read_dir(path).map_err(RunError::io("list", path))? {
@@ -258,12 +268,7 @@ impl RunDir {
                         continue;
                     }
                     let path = entry.path();
-                    let res = if path.is_dir() && !path.is_symlink() {
-                        fs::remove_dir_all(&path)
-                    } else {
-                        fs::remove_file(&path)
-                    };
-                    res.map_err(RunError::io("remove", &path))?;
+                    remove_entry(&path).map_err(RunError::io("remove", &path))?;
                 }
                 if !kept.is_empty() {
                     kept.sort();
@@ -349,16 +354,23 @@ impl RunDir {
         Ok(())
     }
 
-    /// The checkpoint folders an earlier resume set aside as unloadable
-    /// (`checkpoints/corrupt-step-N…`), sorted.
-    pub fn set_aside_checkpoints(&self) -> RunResult<Vec<PathBuf>> {
+    /// The entries of `checkpoints/` (none when it does not exist).
+    fn checkpoint_entries(&self) -> RunResult<Vec<fs::DirEntry>> {
         let dir = self.checkpoints_dir();
         if !dir.is_dir() {
             return Ok(Vec::new());
         }
+        fs::read_dir(&dir)
+            .map_err(RunError::io("list", &dir))?
+            .map(|e| e.map_err(RunError::io("list", &dir)))
+            .collect()
+    }
+
+    /// The checkpoint folders an earlier resume set aside as unloadable
+    /// (`checkpoints/corrupt-step-N…`), sorted.
+    pub fn set_aside_checkpoints(&self) -> RunResult<Vec<PathBuf>> {
         let mut out = Vec::new();
-        for entry in fs::read_dir(&dir).map_err(RunError::io("list", &dir))? {
-            let entry = entry.map_err(RunError::io("list", &dir))?;
+        for entry in self.checkpoint_entries()? {
             if entry
                 .file_name()
                 .to_string_lossy()
@@ -603,13 +615,8 @@ impl RunDir {
 
     /// Every `checkpoints/step-N/` directory, complete or not, by increasing step.
     pub fn checkpoints(&self) -> RunResult<Vec<Checkpoint>> {
-        let dir = self.checkpoints_dir();
-        if !dir.is_dir() {
-            return Ok(Vec::new());
-        }
         let mut out = Vec::new();
-        for entry in fs::read_dir(&dir).map_err(RunError::io("list", &dir))? {
-            let entry = entry.map_err(RunError::io("list", &dir))?;
+        for entry in self.checkpoint_entries()? {
             let path = entry.path();
             let Some(step) = entry.file_name().to_str().and_then(|n| parse_step(n, None)) else {
                 continue;

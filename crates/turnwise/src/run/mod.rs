@@ -36,6 +36,7 @@ pub use catalog::{
     COMPARE_CHARTS, RunInfo, SUMMARY_KEYS, compare_charts, compare_table, find_runs, runs_table,
     write_compare_charts,
 };
+pub(crate) use dir::remove_entry;
 pub use dir::{COMPLETE_MARKER, Checkpoint, LOCK_FILE, RunDir};
 pub use metrics::{MetricsLog, MetricsRecord, MetricsWriter, PairedGain, read_metrics};
 pub use plots::{PlotFile, PlotSpec, SeriesSpec, default_plot_specs, plot_records, write_plots};

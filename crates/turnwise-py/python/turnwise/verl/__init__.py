@@ -58,6 +58,7 @@ train`` carry those; see docs/scaling.md.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -370,27 +371,9 @@ def verl_policy_loss(
     return out.loss, metrics
 
 
-def _loss_fn(verl_name: str, kind: str) -> Callable[..., Tuple[torch.Tensor, Dict[str, Any]]]:
-    def compute(
-        old_log_prob: torch.Tensor,
-        log_prob: torch.Tensor,
-        advantages: torch.Tensor,
-        response_mask: torch.Tensor,
-        loss_agg_mode: str = "token-mean",
-        config: Any = None,
-        rollout_is_weights: Optional[torch.Tensor] = None,
-    ) -> Tuple[torch.Tensor, Dict[str, Any]]:
-        return verl_policy_loss(
-            kind, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
-        )
-
-    compute.__name__ = f"compute_policy_loss_{verl_name}"
-    compute.__doc__ = f"verl policy loss `{verl_name}`: turnwise's `{kind}` (turnwise.verl)."
-    return compute
-
-
 _ESTIMATOR_FNS = {v: _estimator_fn(v, t) for v, t in ADVANTAGE_ESTIMATORS.items()}
-_LOSS_FNS = {v: _loss_fn(v, k) for v, k in POLICY_LOSSES.items()}
+# verl calls a policy loss by keyword with `verl_policy_loss`'s own parameter names.
+_LOSS_FNS = {v: functools.partial(verl_policy_loss, k) for v, k in POLICY_LOSSES.items()}
 
 
 def register() -> List[str]:
