@@ -115,6 +115,24 @@ pub enum Command {
         /// The run directory.
         dir: PathBuf,
     },
+    /// Show one RL step's sample episodes (samples/step-N.jsonl) as a self-contained HTML page:
+    /// per turn the decoded text, tokens coloured by advantage, log-prob or entropy, the
+    /// observation, reward, advantage, information gain, clip state and group; filters by
+    /// outcome, group and text. Writes the page, or serves it with `--serve`.
+    View {
+        /// The run directory.
+        run: PathBuf,
+        /// The RL step (default: the latest with samples).
+        #[arg(long)]
+        step: Option<u64>,
+        /// The page to write (default: RUN/view/step-N.html).
+        #[arg(long, conflicts_with = "serve")]
+        out: Option<PathBuf>,
+        /// Serve the page over HTTP instead, on HOST:PORT (default 127.0.0.1 with a free port),
+        /// until Ctrl-C; `/?step=N` shows step N. Anything but loopback exposes the run.
+        #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:0")]
+        serve: Option<String>,
+    },
     /// Evaluate a checkpoint on a split of its task: the latest complete checkpoint of a run
     /// (`--run`), or any checkpoint or Hugging Face folder (`--checkpoint`, e.g. an `sft --out`
     /// or `export` folder). Prints the checkpoint evaluated on stderr and the result as JSON.
@@ -144,6 +162,10 @@ pub enum Command {
         /// Sampling temperature (0 = greedy).
         #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
         temperature: f64,
+        /// Episodes per question (needs `--temperature` > 0): the figures become means over
+        /// them (mean@k) and pass@k is reported for k = 1, 2, 4, … and this number.
+        #[arg(long, default_value_t = 1)]
+        samples: usize,
         /// Also write every evaluated episode (question, gold answers, answer, EM, decoded
         /// text, token-exact trajectory) to this JSON-lines file.
         #[arg(long)]
@@ -249,6 +271,28 @@ pub enum Command {
         #[arg(long, default_value_t = turnwise_env::server::DEFAULT_READ_TIMEOUT.as_secs_f64())]
         read_timeout_secs: f64,
     },
+    /// Serve a task's environment (the search world, frozen_lake, sokoban, two_turn) with
+    /// OpenEnv's protocol: the WebSocket session `/ws` (reset with split and index or seed, step
+    /// with the agent's turn text in `message`), `/health`, `/schema`, `/metadata`, `/reset`,
+    /// `/state`, for OpenEnv clients (EnvClient, GenericEnvClient, TRL, AgileRL).
+    ServeEnv {
+        /// Preset whose task to serve (see `turnwise presets`).
+        #[arg(long)]
+        preset: Option<String>,
+        /// A TOML config file applied over the preset.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// `key=value` overrides applied last (e.g. `--set task.env="frozen_lake"`).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+        /// Address to bind, HOST:PORT. Anything but loopback exposes the environment to the
+        /// network.
+        #[arg(long, default_value = "127.0.0.1:8000")]
+        addr: String,
+        /// Most WebSocket sessions (episodes played) at once.
+        #[arg(long, default_value_t = 256)]
+        max_sessions: usize,
+    },
     /// Serve a policy over HTTP: SGLang's `/generate` (token ids and log-probs in and out),
     /// OpenAI's `/v1/completions` and `/v1/chat/completions`, `/update_weights_from_disk`,
     /// `/get_weight_version` and `/health`. Concurrent requests share one batch.
@@ -331,6 +375,42 @@ pub enum DataCommand {
         #[arg(long)]
         cache: Option<PathBuf>,
     },
+}
+
+/// `turnwise view`: writes the page of a step, or serves the run's pages until Ctrl-C.
+fn view(
+    run: &Path,
+    step: Option<u64>,
+    out: Option<&Path>,
+    serve: Option<&str>,
+    quiet: bool,
+) -> Result<()> {
+    use turnwise::run::view;
+    let Some(addr) = serve else {
+        let (path, step) = view::write_view(run, step, out)?;
+        if !quiet {
+            println!("wrote {} (step {step})", path.display());
+        }
+        return Ok(());
+    };
+    let addr = resolve_addr(addr).with_context(|| format!("--serve {addr}"))?;
+    let (step, _) = view::resolve_step(&turnwise::run::RunDir::open(run)?, step)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("building the tokio runtime")?;
+    runtime.block_on(turnwise_env::server::serve_router(
+        "viewer",
+        view::router(run.to_path_buf()),
+        addr,
+        view::READ_TIMEOUT,
+        |addr| println!("turnwise view: serving step {step} of {} on http://{addr}/?step={step} (Ctrl-C stops)", run.display()),
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        },
+    ))?;
+    Ok(())
 }
 
 /// Sets up `tracing` output on stderr (`RUST_LOG` overrides the level), coloured only when
@@ -446,6 +526,12 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::View {
+            run,
+            step,
+            out,
+            serve,
+        } => view(&run, step, out.as_deref(), serve.as_deref(), quiet),
         Command::Config {
             preset,
             config,
@@ -513,11 +599,19 @@ pub fn run(cli: Cli) -> Result<()> {
             split,
             questions,
             temperature,
+            samples,
             dump,
         } => {
             // Checked before the model is loaded and the questions are answered.
             if !(temperature >= 0.0 && temperature.is_finite()) {
                 bail!("--temperature must be 0 (greedy) or positive, got {temperature}");
+            }
+            if samples == 0 || (samples > 1 && temperature == 0.0) {
+                bail!(
+                    "--samples must be 1, or more with --temperature above 0 (greedy decoding \
+                     draws the same episode every time), got {samples} at temperature \
+                     {temperature}"
+                );
             }
             let split = match split.as_str() {
                 "train" => Split::Train,
@@ -541,7 +635,8 @@ pub fn run(cli: Cli) -> Result<()> {
                     sets: &sets,
                 })?;
             eprintln!("evaluating {what}");
-            let (r, episodes) = trainer.evaluate_with_episodes(split, questions, temperature, 0)?;
+            let (r, episodes) =
+                trainer.evaluate_samples(split, questions, temperature, 0, samples)?;
             if r.n == 0 {
                 bail!(
                     "the {} split of the task of {what} has no questions to evaluate",
@@ -581,6 +676,9 @@ pub fn run(cli: Cli) -> Result<()> {
             for (name, _) in turnwise::config::presets::PRESETS {
                 let cfg = TrainConfig::resolve(Some(name), None, &[])?;
                 println!("{name:<10} {}", cfg.description);
+                for paper in &cfg.papers {
+                    println!("{:<10}   paper: {paper}", "");
+                }
             }
             println!(
                 "{:<10} {}",
@@ -731,6 +829,49 @@ pub fn run(cli: Cli) -> Result<()> {
                     Arc::new(index),
                     config,
                     |bound| println!("serving on http://{bound} (Ctrl-C stops)"),
+                    async {
+                        let _ = tokio::signal::ctrl_c().await;
+                    },
+                ))
+                .context("serving")?;
+            Ok(())
+        }
+        Command::ServeEnv {
+            preset,
+            config,
+            sets,
+            addr,
+            max_sessions,
+        } => {
+            if max_sessions == 0 {
+                bail!("--max-sessions must be at least 1");
+            }
+            let addr = resolve_addr(&addr).context("--addr")?;
+            let cfg = resolve_train_config(preset.as_deref(), config.as_deref(), &sets)?;
+            let task = turnwise::task::WorldTask::build(&cfg.task).context("building the task")?;
+            let source = turnwise::openenv_task::TaskEpisodes::new(task)?;
+            let name = turnwise_env::server::openenv::EpisodeSource::name(&source);
+            let app = turnwise_env::server::openenv::router(
+                source.into_source(),
+                turnwise_env::server::openenv::EnvServerConfig {
+                    max_sessions,
+                    ..Default::default()
+                },
+            );
+            let runtime = tokio_runtime()?;
+            runtime
+                .block_on(turnwise_env::server::serve_router(
+                    "openenv",
+                    app,
+                    addr,
+                    turnwise_env::server::DEFAULT_READ_TIMEOUT,
+                    |bound| {
+                        use std::io::Write;
+                        println!(
+                            "serving {name} with OpenEnv's protocol on http://{bound} (Ctrl-C stops)"
+                        );
+                        let _ = std::io::stdout().flush();
+                    },
                     async {
                         let _ = tokio::signal::ctrl_c().await;
                     },

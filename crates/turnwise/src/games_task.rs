@@ -52,7 +52,7 @@ fn rules(kind: TaskEnv) -> &'static str {
              move inside <action> </action>: up, down, left or right (up is one row towards \
              the top). Rows of the board are separated by |."
         }
-        TaskEnv::Search | TaskEnv::TwoTurn => "",
+        TaskEnv::Search | TaskEnv::TwoTurn | TaskEnv::OpenEnv => "",
     }
 }
 
@@ -85,7 +85,7 @@ impl GameEnv {
                 max_steps: max_turns,
                 ..SokobanConfig::default()
             })?),
-            TaskEnv::Search | TaskEnv::TwoTurn => {
+            TaskEnv::Search | TaskEnv::TwoTurn | TaskEnv::OpenEnv => {
                 bail!("task.env = \"{}\" is not a game", kind.name())
             }
         };

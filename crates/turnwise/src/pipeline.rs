@@ -12,10 +12,13 @@ use anyhow::{Context, Result, bail};
 use turnwise_env::world::Split;
 
 use crate::config::TrainConfig;
+use crate::run::wandb::{WandbOptions, WandbSidecar};
 use crate::run::{MetricsWriter, PairedGain, Progress, RunDir, write_report};
 use crate::task::WorldTask;
 use crate::trainer::Trainer;
-use crate::trainer::eval::{EvalEpisode, EvalResult, QuestionOutcome, eval_prefix, paired_gain};
+use crate::trainer::eval::{
+    EvalEpisode, EvalResult, QuestionOutcome, eval_prefix, paired_gain, question_outcomes,
+};
 use crate::trainer::rejection::{RsftProgress, RsftReport};
 
 pub use crate::config::presets::QUICKSTART_OVERRIDES;
@@ -111,6 +114,11 @@ fn eval_line(name: &str, r: &EvalResult) -> String {
         ),
         _ => String::new(),
     };
+    let pass: String = r
+        .pass_at
+        .iter()
+        .map(|(k, v)| format!(" | pass@{k} {:.1}%", v * 100.0))
+        .collect();
     let line = format!(
         "{name:<22} {:<10} n={:<4} | EM {:5.1}% ± {:.1} | F1 {:5.1}% | answered {:5.1}% | {:.2} searches, {:.2} turns, {:.0} tokens | {}",
         r.split,
@@ -124,7 +132,7 @@ fn eval_line(name: &str, r: &EvalResult) -> String {
         r.agent_tokens,
         hops.join(", ")
     );
-    line + &rubric
+    line + &pass + &rubric
 }
 
 /// Runs the whole pipeline of `cfg` in a new run directory `opts.dir` (an existing run
@@ -142,7 +150,7 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
     let dir = RunDir::create(&opts.dir, overwrite)?;
     dir.write_config(&cfg.to_toml())?;
     say(quiet, format!("run directory: {}", opts.dir.display()));
-    let mut log = dir.metrics_writer()?;
+    let mut log = open_log(&dir, &cfg, None, quiet)?;
     if let Some((_, prompt)) = trainer.task.first_prompt()? {
         std::fs::write(dir.root().join(FIRST_PROMPT_FILE), prompt)?;
     }
@@ -256,8 +264,9 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
 
 /// The checks of a run that need its task or the file system, made before the run directory is
 /// created or an old run in it is deleted (and by `turnwise config`): `model.init_from` exists
-/// (or is a packaged model's name), the warm start has demonstrations, and every
-/// `eval.base_shots` entry has that many training examples.
+/// (or is a packaged model's name), the warm start has demonstrations, every
+/// `eval.base_shots` entry has that many training examples, and with `run.wandb` on, the
+/// `wandb` Python package imports.
 pub fn preflight(cfg: &TrainConfig, task: &WorldTask) -> Result<()> {
     if let Some(p) = &cfg.model.init_from
         && !crate::model_source::is_model_name(&p.to_string_lossy())
@@ -283,6 +292,9 @@ pub fn preflight(cfg: &TrainConfig, task: &WorldTask) -> Result<()> {
                 }
             );
         }
+    }
+    if cfg.run.wandb.mode().is_some() {
+        crate::run::wandb::check_wandb(&crate::run::wandb::python()).context(WANDB_CONTEXT)?;
     }
     if !task.questions(Split::Test).is_empty() {
         for &k in &cfg.eval.base_shots {
@@ -432,6 +444,9 @@ pub fn resume(run_dir: &Path, quiet: bool) -> Result<RunSummary> {
         crate::rollout::remote::RemoteBackend::connect(&cfg.rollout.remote)
             .context("rollout.backend = \"remote\"")?;
     }
+    if cfg.run.wandb.mode().is_some() {
+        crate::run::wandb::check_wandb(&crate::run::wandb::python()).context(WANDB_CONTEXT)?;
+    }
     // Newest first; nothing is moved until one loads, so a resume that finds no loadable
     // checkpoint leaves the run exactly as it was.
     let complete: Vec<_> = dir
@@ -536,8 +551,99 @@ pub fn resume(run_dir: &Path, quiet: bool) -> Result<RunSummary> {
             format!("resuming {} from step {}", run_dir.display(), ck.step),
         );
     }
-    let mut log = dir.metrics_writer()?;
+    let mut log = open_log(&dir, &cfg, Some(ck.step), quiet)?;
     rl_phase(&mut trainer, &cfg, &dir, &mut log, quiet)
+}
+
+/// Opens the run's metrics log with the trackers `cfg.run` asks for: TensorBoard event files
+/// (`run.tensorboard`), rewritten from the log so that a resumed run's folder holds what
+/// `metrics.jsonl` holds, and a Weights & Biases sidecar (`run.wandb`). Each process gets its
+/// own W&B run in the group `run.wandb_name` (the run directory's name by default); a resumed
+/// one (`resumed_at`: its checkpoint's step) is named `<name> (resumed at step N)` and starts
+/// with the whole truncated log, so the newest W&B run of a group holds what `metrics.jsonl`
+/// holds.
+fn open_log(
+    dir: &RunDir,
+    cfg: &TrainConfig,
+    resumed_at: Option<u64>,
+    quiet: bool,
+) -> Result<MetricsWriter> {
+    let mut log = dir.metrics_writer()?;
+    if cfg.run.tensorboard {
+        let file = log.attach_tensorboard(dir.tensorboard_dir())?;
+        tracing::debug!(file = %file.display(), "TensorBoard events");
+    }
+    let Some(mode) = cfg.run.wandb.mode() else {
+        return Ok(log);
+    };
+    let root = std::fs::canonicalize(dir.root()).unwrap_or_else(|_| dir.root().to_path_buf());
+    let group = cfg.run.wandb_name.clone().unwrap_or_else(|| {
+        root.file_name()
+            .map_or_else(|| "turnwise".into(), |n| n.to_string_lossy().into_owned())
+    });
+    let opts = WandbOptions {
+        python: crate::run::wandb::python(),
+        mode,
+        project: cfg.run.wandb_project.clone(),
+        entity: cfg.run.wandb_entity.clone(),
+        name: match resumed_at {
+            Some(step) => format!("{group} (resumed at step {step})"),
+            None => group.clone(),
+        },
+        group,
+        job_type: if resumed_at.is_some() {
+            "resume"
+        } else {
+            "train"
+        }
+        .into(),
+        dir: root,
+        config: serde_json::to_value(cfg)?,
+    };
+    let sidecar = WandbSidecar::start(&opts).context(WANDB_CONTEXT)?;
+    let status = sidecar.status();
+    let place = status
+        .dir
+        .as_deref()
+        .unwrap_or("the run directory's wandb/ folder");
+    if let Some(reason) = &status.reason {
+        tracing::warn!(
+            "run.wandb = \"online\", but {reason}: the W&B run is kept offline in {place}; \
+             upload it later with `wandb sync {place}`"
+        );
+    } else if status.mode == "offline" {
+        say(
+            quiet,
+            format!("W&B offline run: {place} (upload it with `wandb sync {place}`)"),
+        );
+    } else if let Some(url) = &status.url {
+        say(quiet, format!("W&B run: {url}"));
+    }
+    log.attach_wandb(sidecar)?;
+    Ok(log)
+}
+
+/// The context of a W&B error.
+const WANDB_CONTEXT: &str = "run.wandb asks for Weights & Biases logging (set run.wandb = \"off\" \
+                             to train without it)";
+
+/// Ends the run's W&B run, if any (waiting for `wandb.finish`), and says where it is; a sidecar
+/// that fails now is a warning, not an error (the metrics are all in `metrics.jsonl`).
+fn finish_tracking(log: &mut MetricsWriter, quiet: bool) {
+    match log.finish_wandb() {
+        Ok(Some(status)) => {
+            if let Some(url) = status.url.filter(|_| status.mode == "online") {
+                say(quiet, format!("W&B run: {url}"));
+            } else if let Some(dir) = status.dir {
+                say(
+                    quiet,
+                    format!("W&B offline run: {dir} (upload it with `wandb sync {dir}`)"),
+                );
+            }
+        }
+        Ok(None) => {}
+        Err(e) => tracing::warn!("{e}"),
+    }
 }
 
 /// Greedy and sampled evaluations (as `cfg.eval` asks) of the first `eval.questions` questions
@@ -574,14 +680,18 @@ fn evaluate(
     }
     if cfg.eval.sampled {
         let t0 = Instant::now();
-        let (r, episodes) = t.evaluate_with_episodes(
+        let (r, episodes) = t.evaluate_samples(
             split,
             cfg.eval.questions,
             cfg.rollout.temperature,
             cfg.seed ^ 0xf,
+            cfg.eval.samples,
         )?;
         write_outcomes(dir, split, "sampled", t.step, &episodes)?;
-        let label = format!("{when} sampled T={}", cfg.rollout.temperature);
+        let label = match cfg.eval.samples {
+            1 => format!("{when} sampled T={}", cfg.rollout.temperature),
+            k => format!("{when} sampled T={} mean@{k}", cfg.rollout.temperature),
+        };
         say(quiet, eval_line(&label, &r));
         let mut m = r.to_metrics(&eval_prefix(split, "sampled"));
         m.insert(EVAL_SECONDS.into(), t0.elapsed().as_secs_f64());
@@ -599,7 +709,7 @@ fn write_outcomes(
     step: u64,
     episodes: &[EvalEpisode],
 ) -> Result<()> {
-    let outcomes: Vec<QuestionOutcome> = episodes.iter().map(EvalEpisode::outcome).collect();
+    let outcomes: Vec<QuestionOutcome> = question_outcomes(episodes);
     dir.write_eval(split.name(), mode, step, &outcomes)?;
     Ok(())
 }
@@ -735,16 +845,10 @@ fn rl_phase(
         let step = trainer.step;
         bar.set_position(step);
         log.write(step, "train", &out.metrics)?;
-        let traj: Vec<_> = out
-            .episodes
-            .iter()
-            .take(cfg.run.samples_per_step)
-            .map(|e| e.trajectory.clone())
-            .collect();
-        dir.write_samples(step, &traj)?;
+        dir.write_samples(step, &out.samples)?;
         let line = step_line(step, cfg.run.steps, &out.metrics);
         let em = out.metrics.get("train/em").copied().unwrap_or(f64::NAN);
-        let what = if trainer.task.game.is_some() {
+        let what = if trainer.task.scored_by_return() {
             "success"
         } else {
             "em"
@@ -782,6 +886,7 @@ fn rl_phase(
     )?;
     let report = write_report(dir)?;
     say(quiet, format!("report: {}", report.display()));
+    finish_tracking(log, quiet);
     Ok(summary)
 }
 

@@ -16,6 +16,7 @@ use turnwise_model::tokenizer::{ChatMessage, ChatTemplate, DEFAULT_SPECIAL_TOKEN
 
 use crate::config::{AgentFormatName, TaskConfig, TokenizerKind};
 use crate::games_task::GameTask;
+use crate::openenv_task::OpenEnvTask;
 use crate::prompt::{PromptTemplate, Prompter};
 
 /// Tags beyond the model crate's defaults that must be single tokens (T2PO's action block).
@@ -160,6 +161,8 @@ pub struct WorldTask {
     pub world: Option<World>,
     /// The text game (`task.env = "frozen_lake" | "sokoban"`), `None` for the search task.
     pub game: Option<GameTask>,
+    /// The OpenEnv server's episodes (`task.env = "openenv"`), `None` otherwise.
+    pub openenv: Option<OpenEnvTask>,
     /// Search over the corpus (an empty index for games).
     pub retriever: Arc<dyn Retriever>,
     /// Settings.
@@ -210,6 +213,9 @@ impl WorldTask {
         if config.env.is_game() {
             return Self::from_game(config);
         }
+        if config.env == crate::config::TaskEnv::OpenEnv {
+            return Self::from_openenv(config);
+        }
         if let Some(files) = &config.search_r1 {
             return Self::from_search_r1(config, files);
         }
@@ -228,6 +234,7 @@ impl WorldTask {
         Ok(Self {
             world: Some(world),
             game: None,
+            openenv: None,
             retriever,
             config: config.clone(),
             questions,
@@ -239,13 +246,20 @@ impl WorldTask {
     }
 
     fn from_search_r1(config: &TaskConfig, files: &crate::config::SearchR1Files) -> Result<Self> {
-        use turnwise_env::corpus::{read_corpus, read_qa};
+        use turnwise_env::corpus::{read_corpus, read_qa_split};
         let read = |p: &Option<std::path::PathBuf>, key: &str| -> Result<Vec<QaItem>> {
             let Some(p) = p else {
                 return Ok(Vec::new());
             };
-            let items: Vec<QaItem> = read_qa(p)
-                .with_context(|| format!("reading the questions {}", p.display()))?
+            // JSON lines, Parquet, or a `datasets` folder (a DatasetDict is read at the split
+            // named by the key).
+            let items: Vec<QaItem> = read_qa_split(p, Some(key))
+                .with_context(|| {
+                    format!(
+                        "reading the questions {} (task.search_r1.{key})",
+                        p.display()
+                    )
+                })?
                 .into_iter()
                 .map(|q| QaItem::from_qa(q).with_context(|| p.display().to_string()))
                 .collect::<Result<_>>()?;
@@ -289,6 +303,7 @@ impl WorldTask {
         Ok(Self {
             world: None,
             game: None,
+            openenv: None,
             retriever,
             config: config.clone(),
             questions,
@@ -351,6 +366,7 @@ impl WorldTask {
         Ok(Self {
             world: None,
             game: None,
+            openenv: None,
             retriever: Arc::new(bm25),
             config: config.clone(),
             questions,
@@ -369,6 +385,7 @@ impl WorldTask {
         Ok(Self {
             world: None,
             game: Some(game),
+            openenv: None,
             retriever: Arc::new(InMemoryBm25::new(Vec::new())),
             config: config.clone(),
             questions,
@@ -377,6 +394,32 @@ impl WorldTask {
             prompter: plain_prompter(config)?,
             wiki: None,
         })
+    }
+
+    /// The episodes of the OpenEnv server of `task.openenv` (checked with `/health`, then
+    /// every episode's first observation fetched as its question; no corpus, no oracle).
+    fn from_openenv(config: &TaskConfig) -> Result<Self> {
+        let openenv = OpenEnvTask::build(config)?;
+        let questions = Split::ALL.map(|s| openenv.questions(s));
+        let rl_reserved = vec![false; questions[0].len()];
+        Ok(Self {
+            world: None,
+            game: None,
+            corpus_texts: vec![openenv.template_text()],
+            openenv: Some(openenv),
+            retriever: Arc::new(InMemoryBm25::new(Vec::new())),
+            config: config.clone(),
+            questions,
+            rl_reserved,
+            prompter: plain_prompter(config)?,
+            wiki: None,
+        })
+    }
+
+    /// Whether episodes are scored by the environment's return and evaluated by their success
+    /// rate (the games and OpenEnv servers) rather than by their answers.
+    pub fn scored_by_return(&self) -> bool {
+        self.game.is_some() || self.openenv.is_some()
     }
 
     /// Whether [`WorldTask::demonstrations`] can write demonstrations (the built-in world's
@@ -394,7 +437,7 @@ impl WorldTask {
         ep: &crate::rollout::Episode,
         golds: &[String],
     ) -> Result<turnwise_core::reward::RewardOutput> {
-        if self.game.is_some() {
+        if self.scored_by_return() {
             return Ok(crate::games_task::game_reward(ep));
         }
         let turns = crate::trainer::reward_turns(ep);
@@ -479,6 +522,9 @@ impl WorldTask {
     pub fn env(&self) -> Result<Box<dyn Environment>> {
         if let Some(game) = &self.game {
             return Ok(Box::new(game.env()?));
+        }
+        if let Some(openenv) = &self.openenv {
+            return Ok(Box::new(openenv.env()?));
         }
         let env = SearchEnv::new(
             self.retriever.clone(),
@@ -567,6 +613,13 @@ impl WorldTask {
                     })
                 })
                 .collect();
+        }
+        if self.openenv.is_some() {
+            bail!(
+                "task.env = \"openenv\" has no oracle to demonstrate its episodes: give \
+                 sft.demonstrations = FILE, or set sft.steps = 0 (with model.init_from = DIR or a \
+                 packaged model to start from a trained one)"
+            );
         }
         let Some(world) = &self.world else {
             anyhow::bail!(

@@ -173,3 +173,65 @@ fn evaluate_asks_the_first_n_questions_of_one_split() {
     let r = t.evaluate(Split::Test, all + 10, 0.0, 0).unwrap();
     assert_eq!(r.n, all);
 }
+
+/// `eval.samples = k`: k episodes a question, the first the one a one-sample evaluation draws
+/// with the same seed, EM the mean over all of them (mean@k), pass@1 equal to it (EM is 0 or 1),
+/// pass@k rising with k, and the per-question outcomes one per question.
+#[test]
+fn sampled_evaluation_draws_k_episodes_a_question() {
+    use turnwise::trainer::eval::question_outcomes;
+    let cfg = TrainConfig::resolve(Some("grpo"), None, &tiny_overrides()).unwrap();
+    let mut t = Trainer::new(cfg).unwrap();
+    t.warm_start(&mut |_, _, _| {}).unwrap();
+    let (one, one_eps) = t.evaluate_samples(Split::Test, 4, 1.0, 7, 1).unwrap();
+    let (r, eps) = t.evaluate_samples(Split::Test, 4, 1.0, 7, 4).unwrap();
+    assert_eq!((r.n, r.samples, eps.len()), (4, 4, 16));
+    assert!(one.pass_at.is_empty() && one.samples == 1);
+    for (q, first) in one_eps.iter().enumerate() {
+        let e = &eps[q * 4];
+        assert_eq!(
+            (e.question_id.as_str(), e.sample),
+            (first.question_id.as_str(), 0)
+        );
+        // The same tokens (log-probs may differ in the last bit: another batch shape).
+        let ids = |t: &turnwise_core::trajectory::Trajectory| {
+            t.segments
+                .iter()
+                .map(|s| s.ids().to_vec())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&e.trajectory), ids(&first.trajectory), "question {q}");
+        assert_eq!(
+            eps[q * 4 + 3].question_id,
+            first.question_id,
+            "a question's samples are consecutive"
+        );
+    }
+    let mean = eps.iter().map(|e| e.em).sum::<f64>() / 16.0;
+    assert!((r.em - mean).abs() < 1e-12);
+    assert_eq!(r.pass_at.keys().copied().collect::<Vec<_>>(), vec![1, 2, 4]);
+    assert!((r.pass_at[&1] - r.em).abs() < 1e-12);
+    assert!(r.pass_at[&1] <= r.pass_at[&2] && r.pass_at[&2] <= r.pass_at[&4]);
+    // pass@4 with 4 samples: the share of questions with at least one right episode.
+    let any_right = eps
+        .chunks(4)
+        .filter(|c| c.iter().any(|e| e.em == 1.0))
+        .count() as f64
+        / 4.0;
+    assert!((r.pass_at[&4] - any_right).abs() < 1e-12);
+    let outcomes = question_outcomes(&eps);
+    assert_eq!(outcomes.len(), 4);
+    let m = r.to_metrics("eval/test/sampled");
+    assert_eq!(m["eval/test/sampled/samples"], 4.0);
+    assert_eq!(m["eval/test/sampled/mean@4"], r.em);
+    assert_eq!(m["eval/test/sampled/pass@4"], r.pass_at[&4]);
+    let back =
+        turnwise::trainer::eval::EvalResult::from_metrics("test", "eval/test/sampled", |k| {
+            m.get(k).copied()
+        })
+        .unwrap();
+    assert_eq!((back.samples, back.pass_at.clone()), (4, r.pass_at.clone()));
+    // Greedy decoding cannot draw several samples.
+    let e = t.evaluate_samples(Split::Test, 4, 0.0, 7, 2).unwrap_err();
+    assert!(e.to_string().contains("sampled decoding"), "{e}");
+}

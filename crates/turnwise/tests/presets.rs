@@ -515,6 +515,7 @@ fn against_base(variant: &Run, base: &Run) -> anyhow::Result<()> {
         let mut v = serde_json::to_value(c).expect("a config serialises");
         v["actor"]["policy"] = serde_json::Value::Null;
         v["description"] = serde_json::Value::Null;
+        v["papers"] = serde_json::Value::Null;
         v["preset"] = serde_json::Value::Null;
         v
     };

@@ -100,6 +100,18 @@ fn resumes_keep_the_warm_start_the_summary_and_the_log() {
         "the run resumed from step 0 ends with other weights"
     );
     assert_eq!(summary(&b), full, "the resumed run's summary differs");
+    // TensorBoard: each run holds one event file with every metrics line once (the resumed
+    // run's was rewritten from its truncated log), the train metrics of both steps included.
+    for run in [&a, &b] {
+        let scalars = common::event_scalars(run);
+        assert_eq!(scalars, common::metrics_as_scalars(run));
+        let steps: Vec<i64> = scalars
+            .iter()
+            .filter(|s| s.1 == "actor/pg_loss")
+            .map(|s| s.0)
+            .collect();
+        assert_eq!(steps, [1, 2]);
+    }
 
     // Resuming a finished run evaluates and appends nothing.
     let log_before = file(&a, "metrics.jsonl");

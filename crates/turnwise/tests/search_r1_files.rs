@@ -235,6 +235,93 @@ fn eval_of_a_split_without_questions_is_an_error() {
     assert_eq!(r["n"], 2);
 }
 
+/// The question fixtures of turnwise-env (Parquet and `datasets` folders written by
+/// `datasets`, pandas and pyarrow; tests/fixtures/questions/make_question_fixtures.py there).
+fn question_fixtures() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../turnwise-env/tests/fixtures/questions")
+}
+
+#[test]
+fn parquet_files_and_datasets_folders_give_the_questions_of_their_json_lines() {
+    let fx = question_fixtures();
+    // The corpus as Parquet too (pandas: integer ids, Search-R1's contents).
+    let corpus = fx.join("corpus.parquet");
+    let build = |train: &str, test: &str, extra: &[String]| {
+        let mut sets = common::tiny_overrides();
+        sets.extend([
+            "sft.steps=0".to_string(),
+            format!("task.search_r1.train=\"{}\"", fx.join(train).display()),
+            format!("task.search_r1.test=\"{}\"", fx.join(test).display()),
+            format!("task.search_r1.corpus=\"{}\"", corpus.display()),
+        ]);
+        sets.extend(extra.iter().cloned());
+        Trainer::new(TrainConfig::resolve(Some("grpo"), None, &sets).unwrap())
+    };
+    let jsonl = build("nq_search/train.jsonl", "nq_search/test.jsonl", &[]).unwrap();
+    // Search-R1's train.parquet (snappy, nested prompt and reward_model), and a DatasetDict
+    // saved with save_to_disk for `test` (read at its test split).
+    let parquet = build("nq_search/train.parquet", "hf_dataset_dict", &[]).unwrap();
+    for split in [Split::Train, Split::Test] {
+        let want = jsonl.task.questions(split);
+        assert!(!want.is_empty());
+        assert_eq!(parquet.task.questions(split), want, "{split:?}");
+    }
+    let q = parquet.task.questions(Split::Test)[0];
+    assert_eq!(q.id, "test_0");
+    assert_eq!(q.text, "when was the last time anyone was on the moon?");
+    assert_eq!(q.golden_answers, ["14 December 1972 UTC", "December 1972"]);
+    // The `prompt` column is the question's chat prompt (template auto: "data").
+    let prompt = q.prompt.as_ref().expect("the prompt column");
+    assert!(
+        prompt[0]
+            .content
+            .ends_with("Question: when was the last time anyone was on the moon?\n")
+    );
+    let hits = parquet
+        .task
+        .retriever
+        .retrieve(&["who wrote I will always love you".to_string()], 1)
+        .unwrap();
+    assert!(
+        hits[0][0].document.contents.starts_with("\"Dolly Parton\""),
+        "{hits:?}"
+    );
+    // Evaluation runs on them.
+    let r = parquet.evaluate(Split::Test, 2, 0.0, 0).unwrap();
+    assert_eq!(r.n, 2);
+
+    // The verl columns alone (zstd), a two-shard `datasets` folder: the same training questions.
+    for train in ["verl_columns_zstd.parquet", "hf_dataset"] {
+        let t = build(train, "nq_search/test.parquet", &[]).unwrap();
+        assert_eq!(
+            t.task.questions(Split::Train),
+            jsonl.task.questions(Split::Train),
+            "{train}"
+        );
+    }
+
+    // A DatasetDict without the split a key asks for: the error names the key and the splits.
+    let e = format!(
+        "{:#}",
+        build(
+            "nq_search/train.parquet",
+            "nq_search/test.parquet",
+            &[format!(
+                "task.search_r1.validation=\"{}\"",
+                fx.join("hf_dataset_dict").display()
+            )],
+        )
+        .err()
+        .expect("no validation split")
+    );
+    assert!(
+        e.contains("task.search_r1.validation")
+            && e.contains("a DatasetDict with the splits [train, test] and no validation split"),
+        "{e}"
+    );
+}
+
 /// A retriever with no documents (only its address matters here).
 struct Empty;
 

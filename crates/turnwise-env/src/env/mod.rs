@@ -10,12 +10,14 @@
 //! (spec §3.7) groups steps by that string. Feedback goes to [`StepInfo`] instead.
 
 mod http;
+pub mod openenv;
 mod search;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use http::{HttpEnv, ResetRequest, ResetResponse, StepRequest, StepResponse};
+pub use openenv::{OpenEnvEnv, OpenEnvSettings};
 pub use search::{SearchEnv, SearchEnvConfig};
 
 /// What one episode is about: its id, a seed for generated content, and task data.

@@ -76,6 +76,8 @@
 //! server.shutdown().unwrap();
 //! ```
 
+pub mod openenv;
+
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -767,10 +769,13 @@ async fn serve_connections(
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
         }
-        let connection = http.serve_connection(
-            hyper_util::rt::TokioIo::new(stream),
-            hyper_util::service::TowerToHyperService::new(app.clone()),
-        );
+        // With upgrades: the OpenEnv server's `/ws` sessions (server/openenv.rs) are WebSockets.
+        let connection = http
+            .serve_connection(
+                hyper_util::rt::TokioIo::new(stream),
+                hyper_util::service::TowerToHyperService::new(app.clone()),
+            )
+            .with_upgrades();
         let mut stop = stop_rx.clone();
         connections.spawn(async move {
             let mut connection = std::pin::pin!(connection);

@@ -96,6 +96,9 @@ pub struct ActorLossOutput {
     pub loss: Tensor,
     /// Diagnostics.
     pub metrics: ActorLossMetrics,
+    /// Per row and token: the policy loss's PPO clip was active on a loss-mask token
+    /// ([`super::policy::PolicyLossOutput::clipped`]).
+    pub clipped: Vec<Vec<bool>>,
 }
 
 /// Computes `pg − entropy_coeff·H + kl_coef·KL` (§5.8, §5.9).
@@ -166,6 +169,7 @@ pub fn compute_actor_loss(
     let total_loss = finite_scalar(name, "loss", &loss)?;
     Ok(ActorLossOutput {
         loss,
+        clipped: pg.clipped,
         metrics: ActorLossMetrics {
             policy: pg.metrics,
             kl_loss: kl,

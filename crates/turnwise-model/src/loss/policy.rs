@@ -525,6 +525,9 @@ pub struct PolicyLossOutput {
     pub per_token_loss: Tensor,
     /// The ratio that was clipped, per token (token `w` or segment `s_{i,t}` value), detached.
     pub ratio: Tensor,
+    /// Per row and token: the PPO clip was active (`l2 > l1`, what `actor/pg_clipfrac`
+    /// counts) on a loss-mask token; `[B][L]`.
+    pub clipped: Vec<Vec<bool>>,
     /// Diagnostics.
     pub metrics: PolicyLossMetrics,
 }
@@ -750,6 +753,13 @@ fn run(
             .map(|i| (0..dims.1).map(|t| f64::from(u8::from(f(i, t)))).collect())
             .collect()
     };
+    let clipped: Vec<Vec<bool>> = (0..dims.0)
+        .map(|i| {
+            (0..dims.1)
+                .map(|t| mask_rows[i][t] > 0.0 && l2_rows[i][t] > l1_rows[i][t])
+                .collect()
+        })
+        .collect();
     let pg_clipfrac = masked_mean_rows(
         &indicator(&|i, t| l2_rows[i][t] > l1_rows[i][t]),
         &mask_rows,
@@ -873,6 +883,7 @@ fn run(
         loss,
         per_token_loss: loss_mat,
         ratio: ratio.detach(),
+        clipped,
         metrics: PolicyLossMetrics {
             loss_name: name,
             pg_loss,
@@ -934,6 +945,7 @@ mod tests {
         let o = one(-1.0, 4.0, "vanilla", &cfg("vanilla"));
         assert!((scalar(&o.loss) - 3.0).abs() < 1e-6);
         assert_eq!(o.metrics.pg_clipfrac, 0.0); // l2 = 1.2 < l1 = 4: PPO clip not active
+        assert_eq!(o.clipped, vec![vec![false]]);
         assert_eq!(o.metrics.pg_clipfrac_lower, 1.0);
         // A = −1, w = 1.5: 1.5, no clip, dual not active.
         let o = one(-1.0, 1.5, "vanilla", &cfg("vanilla"));
@@ -943,6 +955,7 @@ mod tests {
         let o = one(1.0, 1.5, "vanilla", &cfg("vanilla"));
         assert!((scalar(&o.loss) + 1.2).abs() < 1e-6);
         assert_eq!(o.metrics.pg_clipfrac, 1.0);
+        assert_eq!(o.clipped, vec![vec![true]]);
         // The dual clip can be turned off.
         let no_dual = PolicyLossConfig {
             clip_ratio_c: None,

@@ -178,6 +178,28 @@ impl TextTokenizer {
             .map_err(|e| tok_err("decode failed", e))
     }
 
+    /// The text each of `ids` adds to the decoded text, in order (special tokens kept): the
+    /// pieces concatenate to `decode(ids, false)`, except for a multi-byte character left
+    /// incomplete at the end. Decoded as a stream (`tokenizers`' `DecodeStream`), so a word-level
+    /// token carries the space before it, and a token that completes a character split over
+    /// several byte-level tokens carries the whole character while the tokens before it get
+    /// empty pieces. Where the stream cannot continue (a decoder whose output is not
+    /// prefix-stable), the token is decoded alone and the stream restarts after it.
+    pub fn decode_pieces(&self, ids: &[u32]) -> Result<Vec<String>> {
+        let mut out = Vec::with_capacity(ids.len());
+        let mut stream = self.inner.decode_stream(false);
+        for &id in ids {
+            match stream.step(id) {
+                Ok(piece) => out.push(piece.unwrap_or_default()),
+                Err(_) => {
+                    out.push(self.decode(&[id], false)?);
+                    stream = self.inner.decode_stream(false);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// The id of a token (special or not).
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
@@ -291,6 +313,37 @@ mod tests {
             back.decode(&tok.encode(text).unwrap(), false).unwrap(),
             text
         );
+    }
+
+    /// The pieces of every token concatenate to the decoded text, for both tokenizer kinds: a
+    /// character split over byte-level tokens lands whole on the token that completes it, and a
+    /// word-level token carries its leading space.
+    #[test]
+    fn decode_pieces_concatenate_to_the_text() {
+        let bpe =
+            TextTokenizer::train_byte_level_bpe(&corpus(), 320, DEFAULT_SPECIAL_TOKENS).unwrap();
+        let text = "<think>ok</think><search>Zorvak Telim</search> wörd ✓ 42<|im_end|>";
+        let ids = bpe.encode(text).unwrap();
+        let pieces = bpe.decode_pieces(&ids).unwrap();
+        assert_eq!(pieces.len(), ids.len());
+        assert_eq!(pieces.concat(), text);
+        assert!(pieces.iter().any(|p| p.contains('✓')), "{pieces:?}");
+        // "✓" is three bytes, not in the training corpus: three byte tokens, the first two
+        // with empty pieces.
+        assert!(
+            pieces.iter().filter(|p| p.is_empty()).count() >= 2,
+            "{pieces:?}"
+        );
+        assert_eq!(pieces[0], "<think>");
+
+        let words =
+            TextTokenizer::train_word_level(&corpus(), 1000, DEFAULT_SPECIAL_TOKENS).unwrap();
+        let text = "Zorvak Telim works for Mirabel Corp.";
+        let ids = words.encode(text).unwrap();
+        let pieces = words.decode_pieces(&ids).unwrap();
+        assert_eq!(pieces.concat(), text);
+        assert_eq!(pieces[1], " Telim");
+        assert!(words.decode_pieces(&[]).unwrap().is_empty());
     }
 
     #[test]

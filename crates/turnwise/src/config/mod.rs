@@ -100,15 +100,21 @@ pub enum TaskEnv {
     /// one-hop questions, exactly one search turn and one answer turn, in the verifiers format,
     /// scored by the verifiable turn and outcome rubrics (`mt_grpo_two_turn`).
     TwoTurn,
+    /// Any environment served with OpenEnv's protocol (`[task.openenv]`, see
+    /// [`crate::openenv_task`]): episodes by reset seed per split, the server's rewards, success
+    /// when an episode's return reaches `task.openenv.success_reward`.
+    #[serde(rename = "openenv")]
+    OpenEnv,
 }
 
 impl TaskEnv {
     /// Every environment.
-    pub const ALL: [TaskEnv; 4] = [
+    pub const ALL: [TaskEnv; 5] = [
         TaskEnv::Search,
         TaskEnv::FrozenLake,
         TaskEnv::Sokoban,
         TaskEnv::TwoTurn,
+        TaskEnv::OpenEnv,
     ];
 
     /// The name configs use (`"search"`, `"frozen_lake"`, `"sokoban"`, `"two_turn"`).
@@ -118,6 +124,7 @@ impl TaskEnv {
             TaskEnv::FrozenLake => "frozen_lake",
             TaskEnv::Sokoban => "sokoban",
             TaskEnv::TwoTurn => "two_turn",
+            TaskEnv::OpenEnv => "openenv",
         }
     }
 
@@ -143,6 +150,14 @@ impl TaskEnv {
                 "task.max_turns=2",
                 "task.max_tool_calls=1",
                 "task.world.questions.hop_weights=[1.0, 0.0, 0.0, 0.0]",
+            ],
+            // An OpenEnv server's episodes: T2PO-format actions by default, the server's return
+            // as the reward, and a byte-level BPE tokenizer for a fresh model (the server's
+            // observations are unknown when the vocabulary is learnt; BPE encodes any text).
+            TaskEnv::OpenEnv => &[
+                "task.format=\"t2po\"",
+                "reward.name=\"em\"",
+                "model.tokenizer=\"bpe\"",
             ],
         }
     }
@@ -188,18 +203,24 @@ impl Default for GameConfig {
 }
 
 /// Search-R1-format data instead of the built-in world: question files (JSON lines with
-/// `question` and `golden_answers`) and a corpus (`{"id", "contents"}` lines, searched with BM25
-/// in memory) or a running retrieval server.
+/// `question` and `golden_answers`; Parquet files in Search-R1's / verl's layouts, with
+/// `prompt` and `reward_model.ground_truth`; or Hugging Face `datasets` folders, a
+/// `DatasetDict` read at the key's split; see `turnwise_env::corpus::read_qa`) and a corpus
+/// (`{"id", "contents"}` lines or Parquet rows, searched with BM25 in memory) or a running
+/// retrieval server.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SearchR1Files {
-    /// Training questions.
+    /// Training questions: JSON lines, a Parquet file, or a Hugging Face `datasets` folder (a
+    /// `DatasetDict` is read at its `train` split).
     pub train: Option<PathBuf>,
-    /// Validation questions.
+    /// Validation questions, as `train` (a `DatasetDict` is read at its `validation`, `val`,
+    /// `valid` or `dev` split).
     pub validation: Option<PathBuf>,
-    /// Test questions.
+    /// Test questions, as `train` (a `DatasetDict` is read at its `test` split).
     pub test: Option<PathBuf>,
-    /// The corpus.
+    /// The corpus: `{"id", "contents"}` JSON lines, or a Parquet file or `datasets` folder with
+    /// `id` and `contents` (or `title` and `text`) columns.
     pub corpus: Option<PathBuf>,
     /// A Search-R1 retrieval server (`http://127.0.0.1:8000`, or Search-R1's endpoint form
     /// `http://127.0.0.1:8000/retrieve`) instead of the corpus. Checked when the task is built
@@ -232,17 +253,20 @@ pub struct TaskConfig {
     /// Most searches per episode; later searches get the tool-limit notice (`None`: only the
     /// turn limit bounds them).
     pub max_tool_calls: Option<usize>,
-    /// Share of the built-in world's training subjects reserved for RL (0 to below 1): their
+    /// Share of the built-in world's training subjects reserved for RL, in [0, 1): their
     /// questions are left out of the oracle demonstrations of the warm start, and RL prompts
     /// are drawn from them only. With 0 (the default) SFT and RL share every training question.
     /// Held-out evaluation subjects are never trained on either way.
     pub rl_subject_fraction: f64,
     /// How a question becomes the prompt (`[task.prompt]`, see [`crate::prompt`]).
     pub prompt: crate::prompt::PromptConfig,
-    /// The environment: the search world (default) or a text game.
+    /// The environment: the search world (default), a text game, the two-turn task, or an
+    /// OpenEnv server (`"openenv"`, `[task.openenv]`).
     pub env: TaskEnv,
     /// The maps of a game (`task.env = "frozen_lake" | "sokoban"`).
     pub game: GameConfig,
+    /// The OpenEnv server of `task.env = "openenv"` and how its episodes are played.
+    pub openenv: crate::openenv_task::OpenEnvConfig,
 }
 
 impl Default for TaskConfig {
@@ -260,6 +284,7 @@ impl Default for TaskConfig {
             prompt: Default::default(),
             env: TaskEnv::Search,
             game: GameConfig::default(),
+            openenv: Default::default(),
         }
     }
 }
@@ -417,7 +442,7 @@ pub struct SftConfig {
     pub lr: f64,
     /// Warm-up steps.
     pub warmup_steps: u64,
-    /// Cosine floor as a fraction of the peak.
+    /// Cosine floor as a fraction of the peak, in [0, 1].
     pub min_lr_ratio: f64,
     /// Probability that a demonstration carries one error (oracle noise).
     pub noise: f64,
@@ -864,13 +889,22 @@ impl RolloutConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OptimConfig {
-    /// Learning rate (constant after warm-up).
+    /// Peak learning rate: reached after `warmup_steps`, then held or decayed as
+    /// `lr_schedule` says.
     pub lr: f64,
-    /// Warm-up steps.
+    /// Warm-up RL steps: the rate rises linearly from `lr / warmup_steps` to `lr` (verl
+    /// `actor.optim.lr_warmup_steps`).
     pub warmup_steps: u64,
-    /// AdamW β1.
+    /// The rate after warm-up, per RL step (verl `actor.optim.warmup_style` /
+    /// `lr_scheduler_type`, TRL `lr_scheduler_type`): `constant` (default), `linear` or
+    /// `cosine` from `lr` down to `lr × min_lr_ratio` at the last step (`run.steps`).
+    pub lr_schedule: turnwise_model::optim::DecayShape,
+    /// Floor of a `linear` or `cosine` decay as a fraction of `lr` (verl `min_lr_ratio`), in
+    /// [0, 1].
+    pub min_lr_ratio: f64,
+    /// AdamW β1, in [0, 1).
     pub beta1: f64,
-    /// AdamW β2.
+    /// AdamW β2, in [0, 1).
     pub beta2: f64,
     /// Decoupled weight decay.
     pub weight_decay: f64,
@@ -910,6 +944,8 @@ impl Default for OptimConfig {
         Self {
             lr: 2e-4,
             warmup_steps: 0,
+            lr_schedule: turnwise_model::optim::DecayShape::Constant,
+            min_lr_ratio: 0.0,
             beta1: 0.9,
             beta2: 0.95,
             weight_decay: 0.0,
@@ -1043,6 +1079,12 @@ pub struct EvalConfig {
     pub greedy: bool,
     /// Sampled decoding at the rollout temperature.
     pub sampled: bool,
+    /// Episodes per question of the sampled evaluation (verl's `val_kwargs.n`). With k > 1
+    /// every sampled figure is a mean over the k samples of every question (logged also as
+    /// `eval/<split>/sampled/mean@k`) and pass@k is logged for k = 1, 2, 4, … and k itself
+    /// (`…/pass@K`, the unbiased estimator of Chen et al. 2021). Greedy decoding is always one
+    /// episode a question. Range 1..=1024.
+    pub samples: usize,
     /// Evaluate the starting model before the warm start (greedy, test split), once per entry:
     /// with that many of the oracle's solved training questions shown in the prompt (`[0, 3]`:
     /// zero-shot and 3-shot). Logged as `eval/test/base_{k}shot/…`. Empty: no such evaluation.
@@ -1056,6 +1098,7 @@ impl Default for EvalConfig {
             every: 0,
             greedy: true,
             sampled: true,
+            samples: 1,
             base_shots: Vec::new(),
         }
     }
@@ -1073,6 +1116,22 @@ pub struct RunConfig {
     pub keep_checkpoints: usize,
     /// Trajectories saved per step to `samples/`.
     pub samples_per_step: usize,
+    /// Write every metrics line also as TensorBoard scalars to `<run>/tensorboard/`
+    /// (`tensorboard --logdir <run>/tensorboard`; wandb up to 0.29 uploads the folder with
+    /// `wandb sync <run>/tensorboard`).
+    pub tensorboard: bool,
+    /// Log every metrics line to Weights & Biases: `off`, `online` (offline, with a warning,
+    /// when no `WANDB_API_KEY` or `wandb login` is found) or `offline` (kept under
+    /// `<run>/wandb/` for `wandb sync`). Needs the `wandb` Python package in `python3` (or
+    /// `$TURNWISE_PYTHON`); the run stops before it starts when that is missing.
+    pub wandb: WandbSetting,
+    /// The W&B project.
+    pub wandb_project: String,
+    /// The W&B entity (user or team); the account's default when unset.
+    pub wandb_entity: Option<String>,
+    /// The W&B run name (and group, shared by the run's resumes); the run directory's name
+    /// when unset.
+    pub wandb_name: Option<String>,
 }
 
 impl Default for RunConfig {
@@ -1082,8 +1141,86 @@ impl Default for RunConfig {
             save_every: 10,
             keep_checkpoints: 2,
             samples_per_step: 4,
+            tensorboard: true,
+            wandb: WandbSetting::Off,
+            wandb_project: "turnwise".into(),
+            wandb_entity: None,
+            wandb_name: None,
         }
     }
+}
+
+/// Whether and how a run logs to Weights & Biases (`run.wandb`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WandbSetting {
+    /// No W&B logging.
+    #[default]
+    Off,
+    /// Sync to the W&B server as the run goes (offline when no API key is found).
+    Online,
+    /// Keep the W&B run on disk for `wandb sync`.
+    Offline,
+}
+
+impl WandbSetting {
+    /// The sidecar's mode, `None` when off.
+    pub fn mode(self) -> Option<crate::run::wandb::WandbMode> {
+        match self {
+            Self::Off => None,
+            Self::Online => Some(crate::run::wandb::WandbMode::Online),
+            Self::Offline => Some(crate::run::wandb::WandbMode::Offline),
+        }
+    }
+}
+
+impl RunConfig {
+    /// Checks the W&B names: a project (and an entity, when set) of 1 to 128 characters
+    /// without `/ \ # ? % :`, and a run name that is not empty when set.
+    fn validate_tracking(&self) -> Result<(), ConfigError> {
+        let bad = |field, message: String| Err(ConfigError::Invalid { field, message });
+        let name_ok = |s: &str| {
+            !s.trim().is_empty()
+                && s.chars().count() <= 128
+                && !s.contains(['/', '\\', '#', '?', '%', ':'])
+        };
+        if !name_ok(&self.wandb_project) {
+            return bad(
+                "run.wandb_project",
+                format!(
+                    "must be 1 to 128 characters without / \\ # ? % : (a W&B project name), got {:?}",
+                    self.wandb_project
+                ),
+            );
+        }
+        if let Some(e) = &self.wandb_entity
+            && !name_ok(e)
+        {
+            return bad(
+                "run.wandb_entity",
+                format!(
+                    "must be 1 to 128 characters without / \\ # ? % : (a W&B user or team), got {e:?}; leave it out for the account's default"
+                ),
+            );
+        }
+        if let Some(n) = &self.wandb_name
+            && n.trim().is_empty()
+        {
+            return bad(
+                "run.wandb_name",
+                "must not be empty (leave it out to use the run directory's name)".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// This machine's memory in bytes (`MemTotal` of /proc/meminfo); `None` where it cannot be read.
+pub fn machine_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 /// Policy losses whose defining mechanism is a clip on the ratio (token, sequence or turn) or
@@ -1103,6 +1240,9 @@ pub struct TrainConfig {
     pub preset: String,
     /// What the preset reproduces (paper, method).
     pub description: String,
+    /// The papers the preset follows, each as "Title. Authors (year). arXiv:id" (read-only,
+    /// like `description`; empty for a config that names no preset).
+    pub papers: Vec<String>,
     /// Seed of every random choice of the run.
     pub seed: u64,
     /// Questions, corpus and environment.
@@ -1222,6 +1362,7 @@ impl Default for TrainConfig {
         Self {
             preset: "custom".into(),
             description: String::new(),
+            papers: Vec::new(),
             seed: 0,
             task: TaskConfig::default(),
             model: ModelSpec::default(),
@@ -1261,7 +1402,7 @@ impl TrainConfig {
             }
             sets.iter().try_for_each(|arg| {
                 let key = arg.split_once('=').map_or(arg.as_str(), |(k, _)| k).trim();
-                if matches!(key, "preset" | "description") {
+                if matches!(key, "preset" | "description" | "papers") {
                     return Err(ConfigError::Override {
                         arg: arg.clone(),
                         message: format!(
@@ -1406,6 +1547,51 @@ impl TrainConfig {
         toml::to_string_pretty(self).expect("the config serializes to TOML")
     }
 
+    /// The memory one RL step's rollouts need at least, in bytes: every sampled token keeps its
+    /// id, log-prob and entropy (12 bytes) for `rollout.prompts_per_step × rollout.group_size`
+    /// sequences of up to `rollout.max_response_tokens`, and a fresh model sampled locally adds
+    /// its KV cache (keys and values of every layer, f32) over the whole context. A lower bound:
+    /// activations, the model and the optimizer come on top.
+    pub fn rollout_memory_floor(&self) -> u128 {
+        let r = &self.rollout;
+        let seqs = r.prompts_per_step as u128 * r.group_size as u128;
+        let mut bytes = seqs * r.max_response_tokens as u128 * 12;
+        let m = &self.model;
+        if m.init_from.is_none() && r.backend == RolloutBackend::Local && m.num_heads > 0 {
+            let head_dim = (m.hidden_size / m.num_heads) as u128;
+            let per_token = 2 * m.num_layers as u128 * m.num_kv_heads as u128 * head_dim * 4;
+            bytes += seqs * m.max_position_embeddings as u128 * per_token;
+        }
+        bytes
+    }
+
+    /// Refuses a batch whose [`TrainConfig::rollout_memory_floor`] exceeds `total` bytes (this
+    /// machine's memory; `None` when it cannot be read, and then nothing is checked), naming the
+    /// keys that size it.
+    fn validate_memory(&self, total: Option<u64>) -> Result<(), ConfigError> {
+        let Some(total) = total else { return Ok(()) };
+        let need = self.rollout_memory_floor();
+        if need > u128::from(total) {
+            let gb = |b: u128| b as f64 / 1e9;
+            return Err(ConfigError::Invalid {
+                field: "rollout.group_size",
+                message: format!(
+                    "rollout.prompts_per_step × rollout.group_size = {} × {} sequences of up to \
+                     {} tokens (rollout.max_response_tokens; model.max_position_embeddings {} for \
+                     a fresh model's KV cache) need at least {:.1} GB, more than this machine's \
+                     {:.1} GB of memory",
+                    self.rollout.prompts_per_step,
+                    self.rollout.group_size,
+                    self.rollout.max_response_tokens,
+                    self.model.max_position_embeddings,
+                    gb(need),
+                    gb(u128::from(total))
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Checks ranges and cross-field consistency.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |field, message: String| Err(ConfigError::Invalid { field, message });
@@ -1435,6 +1621,7 @@ impl TrainConfig {
             );
         }
         self.validate_device()?;
+        self.run.validate_tracking()?;
         self.validate_tree_shape()?;
         self.validate_rollout_control()?;
         self.validate_ranges()?;
@@ -1478,8 +1665,23 @@ impl TrainConfig {
         if self.task.max_turns == 0 {
             return bad("task.max_turns", "must be at least 1".into());
         }
+        if self.task.max_turns > r.max_response_tokens {
+            return bad(
+                "task.max_turns",
+                format!(
+                    "must be at most rollout.max_response_tokens ({}): every turn takes at least \
+                     one token of the response, got {}",
+                    r.max_response_tokens, self.task.max_turns
+                ),
+            );
+        }
+        self.validate_memory(machine_memory_bytes())?;
         self.validate_game()?;
         self.validate_two_turn()?;
+        crate::openenv_task::OpenEnvConfig::validate(
+            &self.task,
+            matches!(self.reward, RewardConfig::Em(_)),
+        )?;
         if self.task.topk == 0 {
             return bad("task.topk", "must be at least 1".into());
         }
@@ -1835,7 +2037,7 @@ impl TrainConfig {
                     );
                 }
             }
-            TaskEnv::Search | TaskEnv::TwoTurn => {}
+            TaskEnv::Search | TaskEnv::TwoTurn | TaskEnv::OpenEnv => {}
         }
         Ok(())
     }
@@ -2177,6 +2379,18 @@ impl TrainConfig {
                 e.questions as f64,
             )?;
         }
+        check(
+            (1..=1024).contains(&e.samples),
+            "eval.samples",
+            "in 1..=1024 (episodes per question of the sampled evaluation)",
+            e.samples as f64,
+        )?;
+        check(
+            unit(o.min_lr_ratio),
+            "optim.min_lr_ratio",
+            "in [0, 1] (the decay's floor as a fraction of optim.lr)",
+            o.min_lr_ratio,
+        )?;
         check(
             self.run.keep_checkpoints >= 1,
             "run.keep_checkpoints",

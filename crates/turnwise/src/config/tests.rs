@@ -13,6 +13,47 @@ fn every_preset_resolves_and_validates() {
     }
 }
 
+/// Every preset cites its papers in full ("Title. Authors (year). arXiv:id", or anonymous
+/// authors under review), and README's table of papers has every arXiv id a preset cites, with
+/// its link.
+#[test]
+fn every_preset_cites_its_papers_as_readme_does() {
+    let readme = include_str!("../../../../README.md");
+    for name in presets::names() {
+        let cfg = TrainConfig::resolve(Some(name), None, &[]).unwrap();
+        assert!(!cfg.papers.is_empty(), "preset {name} cites no paper");
+        for paper in &cfg.papers {
+            let (title, rest) = paper
+                .split_once(". ")
+                .unwrap_or_else(|| panic!("preset {name}: {paper:?} has no title"));
+            assert!(title.len() > 10, "preset {name}: title {title:?}");
+            match rest.split_once("arXiv:") {
+                Some((_, id)) => {
+                    let id = id.trim();
+                    assert!(
+                        id.len() == 10 && id.as_bytes()[4] == b'.',
+                        "preset {name}: arXiv id {id:?}"
+                    );
+                    assert!(
+                        readme.contains(&format!("[{id}](https://arxiv.org/abs/{id})")),
+                        "README's table of papers lacks arXiv {id} (preset {name})"
+                    );
+                    assert!(
+                        readme.contains(title),
+                        "README's table of papers lacks {title:?} (preset {name})"
+                    );
+                }
+                None => assert!(
+                    rest.starts_with("Anonymous authors"),
+                    "preset {name}: {paper:?} names neither an arXiv id nor anonymous authors"
+                ),
+            }
+        }
+    }
+    let e = TrainConfig::resolve(Some("grpo"), None, &["papers=[]".into()]).unwrap_err();
+    assert!(e.to_string().contains("read-only"), "{e}");
+}
+
 #[test]
 fn overrides_apply_with_toml_types() {
     let cfg = TrainConfig::resolve(
@@ -644,4 +685,79 @@ fn lora_settings_are_validated_under_their_dotted_keys() {
         e.contains("model.lora.target_modules") && e.contains("qproj"),
         "{e}"
     );
+}
+
+/// Absurd batch sizes are refused before anything runs, by a memory estimate naming the keys
+/// (review defect 13: `rollout.group_size = 100000000` passed `turnwise config`), and a turn
+/// limit no response can reach is refused.
+#[test]
+fn batches_beyond_the_machines_memory_are_refused() {
+    let cfg = TrainConfig::resolve(Some("grpo"), None, &[]).unwrap();
+    // 16 × 8 sequences, 400 tokens, the fresh model's KV cache: a few hundred MB at most.
+    let floor = cfg.rollout_memory_floor();
+    assert!(
+        floor > 16 * 8 * 400 * 12 && floor < 2_000_000_000,
+        "{floor}"
+    );
+    assert!(cfg.validate_memory(Some(4_000_000_000)).is_ok());
+    let e = cfg
+        .validate_memory(Some(1_000_000))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rollout.group_size") && e.contains("16 × 8") && e.contains("GB"),
+        "{e}"
+    );
+    let e = TrainConfig::resolve(Some("grpo"), None, &["rollout.group_size=100000000".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rollout.group_size") && e.contains("memory"),
+        "{e}"
+    );
+    // Remote rollouts keep no KV cache here: only the trajectories count.
+    let mut remote = cfg.clone();
+    remote.rollout.backend = RolloutBackend::Remote;
+    assert_eq!(remote.rollout_memory_floor(), 16 * 8 * 400 * 12);
+    let e = TrainConfig::resolve(Some("grpo"), None, &["task.max_turns=1000000".into()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("task.max_turns") && e.contains("max_response_tokens"),
+        "{e}"
+    );
+}
+
+/// The tracking keys: TensorBoard on and W&B off by default; W&B modes by name; names W&B
+/// would refuse are refused here, naming the key.
+#[test]
+fn tracking_keys_default_parse_and_validate() {
+    let cfg = TrainConfig::resolve(Some("grpo"), None, &[]).unwrap();
+    assert!(cfg.run.tensorboard);
+    assert_eq!(cfg.run.wandb, WandbSetting::Off);
+    assert_eq!(cfg.run.wandb.mode(), None);
+    let set = |sets: &[&str]| {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        TrainConfig::resolve(Some("grpo"), None, &sets)
+    };
+    let cfg = set(&[
+        "run.wandb=\"offline\"",
+        "run.wandb_entity=\"team\"",
+        "run.tensorboard=false",
+    ])
+    .unwrap();
+    assert_eq!(cfg.run.wandb, WandbSetting::Offline);
+    assert_eq!(cfg.run.wandb_entity.as_deref(), Some("team"));
+    assert!(!cfg.run.tensorboard);
+    let e = set(&["run.wandb=\"cloud\""]).unwrap_err().to_string();
+    assert!(e.contains("run.wandb"), "{e}");
+    for (key, value) in [
+        ("run.wandb_project", "\"a/b\""),
+        ("run.wandb_project", "\" \""),
+        ("run.wandb_entity", "\"x:y\""),
+        ("run.wandb_name", "\"\""),
+    ] {
+        let e = set(&[&format!("{key}={value}")]).unwrap_err().to_string();
+        assert!(e.contains(key), "{key}={value}: {e}");
+    }
 }

@@ -20,6 +20,11 @@ const EVALS: &str = "evals";
 const CHECKPOINTS: &str = "checkpoints";
 const PLOTS: &str = "plots";
 const REPORT: &str = "report.md";
+/// The trajectory viewer's pages (`turnwise view`, [`super::view`]).
+pub(super) const VIEW: &str = "view";
+const TENSORBOARD: &str = "tensorboard";
+/// What wandb writes under the run directory (`wandb.init(dir = <run>)`).
+const WANDB: &str = "wandb";
 /// The lock file: one process at a time writes a run directory.
 pub const LOCK_FILE: &str = "run.lock";
 /// The marker every run directory holds from its creation: `--overwrite` replaces only a
@@ -37,6 +42,9 @@ pub const RUN_ENTRIES: &[&str] = &[
     CHECKPOINTS,
     PLOTS,
     REPORT,
+    VIEW,
+    TENSORBOARD,
+    WANDB,
     RUN_MARKER,
     "summary.json",
     "first_prompt.txt",
@@ -133,7 +141,7 @@ fn step_name(step: u64) -> String {
 }
 
 /// The step of a `step-N` or `step-N.<ext>` name.
-fn parse_step(name: &str, ext: Option<&str>) -> Option<u64> {
+pub(super) fn parse_step(name: &str, ext: Option<&str>) -> Option<u64> {
     let rest = name.strip_prefix("step-")?;
     let digits = match ext {
         Some(ext) => rest.strip_suffix(ext)?.strip_suffix('.')?,
@@ -462,6 +470,12 @@ impl RunDir {
     pub fn read_config(&self) -> RunResult<String> {
         let path = self.config_path();
         fs::read_to_string(&path).map_err(RunError::io("read", &path))
+    }
+
+    /// `tensorboard/`: the TensorBoard event files of the metrics
+    /// ([`MetricsWriter::attach_tensorboard`]).
+    pub fn tensorboard_dir(&self) -> PathBuf {
+        self.root.join(TENSORBOARD)
     }
 
     /// Opens `metrics.jsonl` for appending (see [`MetricsWriter::open`]).

@@ -8,6 +8,8 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use super::dir::write_atomic;
+use super::tensorboard::TensorBoardWriter;
+use super::wandb::{FINISH_TIMEOUT, WandbSidecar, WandbStatus};
 use super::{RunError, RunResult};
 
 /// Keys every line has; metrics may not use them.
@@ -184,11 +186,29 @@ pub fn read_metrics(path: impl AsRef<Path>) -> RunResult<MetricsLog> {
 /// Appends metrics lines `{"step": n, "phase": "...", "time": unix seconds, "metric": value,
 /// ...}` to a file, each written whole, flushed and synced to disk before [`MetricsWriter::write`]
 /// returns, so that a kill loses at most the line being written.
+///
+/// Each line can also go to TensorBoard event files ([`MetricsWriter::attach_tensorboard`]) and
+/// to Weights & Biases ([`MetricsWriter::attach_wandb`]), with the same step, phase, time and
+/// finite values.
 #[derive(Debug)]
 pub struct MetricsWriter {
     path: PathBuf,
     file: fs::File,
     warned: HashSet<String>,
+    tensorboard: Option<TensorBoardWriter>,
+    wandb: Option<WandbSidecar>,
+}
+
+/// How long a resumed run's W&B sidecar may take to accept the replayed log before lines are
+/// dropped (see [`MetricsWriter::attach_wandb`]).
+const REPLAY_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// The finite values of a line as read back (what a tracker was sent when it was written).
+fn finite_values(r: &MetricsRecord) -> BTreeMap<String, f64> {
+    r.values
+        .iter()
+        .filter_map(|(k, v)| v.filter(|v| v.is_finite()).map(|v| (k.clone(), v)))
+        .collect()
 }
 
 fn open_append(path: &Path) -> RunResult<fs::File> {
@@ -251,7 +271,45 @@ impl MetricsWriter {
             path,
             file,
             warned: HashSet::new(),
+            tensorboard: None,
+            wandb: None,
         })
+    }
+
+    /// Mirrors the log into TensorBoard event files in `dir`: rewrites the folder from the lines
+    /// the file holds now ([`TensorBoardWriter::rewrite`]; call it after any truncation for a
+    /// resume) and appends every line written from now on. Returns the event file.
+    pub fn attach_tensorboard(&mut self, dir: impl AsRef<Path>) -> RunResult<PathBuf> {
+        let records = read_metrics(&self.path)?.records;
+        let w = TensorBoardWriter::rewrite(dir, &records)?;
+        let path = w.path().to_path_buf();
+        self.tensorboard = Some(w);
+        Ok(path)
+    }
+
+    /// Sends the log to Weights & Biases through `sidecar`: first every line the file holds
+    /// now (a resumed run's W&B run starts with the whole truncated log, so it holds what
+    /// `metrics.jsonl` holds), then every line written from now on. Never fails the run: a
+    /// sidecar that dies is reported once and left behind.
+    pub fn attach_wandb(&mut self, mut sidecar: WandbSidecar) -> RunResult<()> {
+        let records = read_metrics(&self.path)?.records;
+        let deadline = std::time::Instant::now() + REPLAY_PATIENCE;
+        for r in &records {
+            let patience = deadline.saturating_duration_since(std::time::Instant::now());
+            sidecar.log_waiting(r.step, &r.phase, &finite_values(r), patience);
+        }
+        self.wandb = Some(sidecar);
+        Ok(())
+    }
+
+    /// Ends the W&B run, if one is attached: closes the sidecar's input and waits for
+    /// `wandb.finish` (three minutes at most). Returns its status; `Ok(None)` without a
+    /// sidecar or when it had died before (reported then).
+    pub fn finish_wandb(&mut self) -> RunResult<Option<WandbStatus>> {
+        match self.wandb.take() {
+            Some(mut w) => w.finish(FINISH_TIMEOUT),
+            None => Ok(None),
+        }
     }
 
     /// The file.
@@ -288,7 +346,7 @@ impl MetricsWriter {
         K: AsRef<str>,
         V: Borrow<f64>,
     {
-        let sorted: BTreeMap<String, f64> = metrics
+        let mut sorted: BTreeMap<String, f64> = metrics
             .into_iter()
             .map(|(k, v)| (k.as_ref().to_string(), *v.borrow()))
             .collect();
@@ -297,7 +355,7 @@ impl MetricsWriter {
             json_str(phase),
             number(time)
         );
-        for (k, v) in sorted {
+        for (k, &v) in &sorted {
             if RESERVED.contains(&k.as_str()) {
                 tracing::warn!(metric = %k, "a metric may not be named step, phase or time: skipped");
                 continue;
@@ -311,7 +369,7 @@ impl MetricsWriter {
                 );
             }
             line.push(',');
-            line.push_str(&json_str(&k));
+            line.push_str(&json_str(k));
             line.push(':');
             line.push_str(&number(v));
         }
@@ -320,12 +378,24 @@ impl MetricsWriter {
             .write_all(line.as_bytes())
             .and_then(|_| self.file.flush())
             .and_then(|_| self.file.sync_data())
-            .map_err(RunError::io("append to", &self.path))
+            .map_err(RunError::io("append to", &self.path))?;
+        if self.tensorboard.is_some() || self.wandb.is_some() {
+            // What the line holds as read back: finite values, reserved names left out.
+            sorted.retain(|k, v| v.is_finite() && !RESERVED.contains(&k.as_str()));
+            if let Some(tb) = &mut self.tensorboard {
+                tb.write(step, phase, time, &sorted)?;
+            }
+            if let Some(w) = &mut self.wandb {
+                w.log(step, phase, &sorted);
+            }
+        }
+        Ok(())
     }
 
     /// Drops every line past `step`, whatever its phase, so that a run resumed from the
-    /// checkpoint of `step` does not log those steps twice; a torn line is dropped too. Returns
-    /// how many lines were dropped. Warm-start (`sft`) lines count their own steps: use
+    /// checkpoint of `step` does not log those steps twice; a torn line is dropped too (and the
+    /// TensorBoard files, when attached, are rewritten to match). Returns how many lines were
+    /// dropped. Warm-start (`sft`) lines count their own steps: use
     /// [`MetricsWriter::truncate_phases_after`] to leave them alone.
     pub fn truncate_after(&mut self, step: u64) -> RunResult<usize> {
         self.truncate_where(step, |_| true)
@@ -367,6 +437,14 @@ impl MetricsWriter {
             write_atomic(&self.path, kept.as_bytes())?;
             // The rename replaced the file: append to the new one.
             self.file = open_append(&self.path)?;
+            // TensorBoard follows the file (W&B cannot take logged lines back).
+            if let Some(dir) = self
+                .tensorboard
+                .as_ref()
+                .and_then(|tb| tb.path().parent().map(Path::to_path_buf))
+            {
+                self.attach_tensorboard(dir)?;
+            }
             tracing::info!(file = %self.path.display(), dropped, step, "metrics truncated for resuming");
         }
         Ok(dropped)
@@ -606,5 +684,20 @@ mod tests {
         let log = read_metrics(&path).unwrap();
         assert_eq!(log.records.len(), 3);
         assert!(!path.with_extension("jsonl.tmp").exists());
+
+        // With TensorBoard attached, its events follow the truncation.
+        let tb = tmp.path().join("tb");
+        w.attach_tensorboard(&tb).unwrap();
+        w.write(3, "train", [("r", 30.0)]).unwrap();
+        assert_eq!(w.truncate_after(2).unwrap(), 1);
+        let files = super::super::tensorboard::event_files(&tb).unwrap();
+        assert_eq!(files.len(), 1);
+        let steps: Vec<i64> = super::super::tensorboard::read_event_file(&files[0])
+            .unwrap()
+            .iter()
+            .skip(1)
+            .map(|e| e.step)
+            .collect();
+        assert_eq!(steps, [1, 2, 2]);
     }
 }

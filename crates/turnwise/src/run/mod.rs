@@ -4,12 +4,16 @@
 //! <run>/
 //!   config.toml          the resolved configuration, written once ([`RunDir::write_config`])
 //!   metrics.jsonl        one JSON object per line and per phase ([`MetricsWriter`], [`read_metrics`])
-//!   samples/step-N.jsonl trajectories of step N, one JSON line each ([`RunDir::samples_path`])
+//!   samples/step-N.jsonl trajectories of step N, one JSON line each, decoded and annotated
+//!                        ([`RunDir::samples_path`], [`SampleRecord`]; `turnwise view` shows them, [`view`])
 //!   evals/<split>-<mode>-step-N.jsonl
 //!                        how each question of an evaluation at step N went ([`RunDir::eval_path`])
 //!   checkpoints/step-N/  written by the caller, complete once `COMPLETE` exists ([`RunDir::begin_checkpoint`])
 //!   plots/*.svg          line charts of the main curves ([`write_plots`])
 //!   report.md            first/last/best values, evaluations, plots, timing ([`write_report`])
+//!   view/step-N.html     `turnwise view`'s page of step N's samples ([`view`])
+//!   tensorboard/         TensorBoard event files of every metrics line ([`tensorboard`])
+//!   wandb/               what wandb writes when the run logs to Weights & Biases ([`wandb`])
 //!   run.lock             held (an OS file lock) by the one process that writes the run
 //! ```
 //!
@@ -28,7 +32,11 @@ mod metrics;
 mod plots;
 mod progress;
 mod report;
+mod samples;
 mod svg;
+pub mod tensorboard;
+pub mod view;
+pub mod wandb;
 
 use std::path::{Path, PathBuf};
 
@@ -42,6 +50,7 @@ pub use metrics::{MetricsLog, MetricsRecord, MetricsWriter, PairedGain, read_met
 pub use plots::{PlotFile, PlotSpec, SeriesSpec, default_plot_specs, plot_records, write_plots};
 pub use progress::{Progress, ProgressMode};
 pub use report::{ReportInput, render_report, write_report};
+pub use samples::{SampleGroup, SampleRecord, StepGroup, TurnText};
 pub use svg::{LineChart, Series};
 
 /// What went wrong with a file of the run directory, and which file.
@@ -114,6 +123,13 @@ pub enum RunError {
         /// The line number, starting at 1.
         line: usize,
         /// What is wrong with it.
+        message: String,
+    },
+    /// Experiment tracking (the Weights & Biases sidecar) failed; the message says why and what
+    /// to do.
+    #[error("{message}")]
+    Tracking {
+        /// What went wrong.
         message: String,
     },
     /// A value could not be serialized.

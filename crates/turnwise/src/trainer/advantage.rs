@@ -28,6 +28,93 @@ pub struct AdvantageRows {
     /// With KL in the reward: the batch mean of the per-rollout masked-mean KL (verl
     /// `actor/reward_kl_penalty`, the adaptive controller's input).
     pub reward_kl: Option<f64>,
+    /// What the estimator computed for each kept row, in row order (for the step's samples).
+    pub details: Vec<EpisodeAdvantage>,
+}
+
+/// What the estimator computed for one episode, beside its per-token advantages: what the
+/// trajectory viewer shows (`samples/step-N.jsonl`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EpisodeAdvantage {
+    /// Per agent turn: the turn's advantage (for the estimators whose advantage varies within
+    /// a turn, GAE and IGPO's code form, the one at its first token).
+    pub turns: Vec<f64>,
+    /// A2TGPO: per agent turn, the clip scale `c_{i,t}`.
+    pub clip_scale: Option<Vec<f64>>,
+    /// A2TGPO: per process turn, the normalised information gain.
+    pub normalized_info_gain: Option<Vec<f64>>,
+    /// The score the estimator read (the episode's outcome, after KL in the reward).
+    pub score: f64,
+    /// The prompt group's id in the step.
+    pub group: usize,
+    /// Rollouts of the group in the trained batch.
+    pub group_size: usize,
+    /// Mean of the scores the estimator normalised in the group: the rollouts' scores, or, for
+    /// GiGPO's episode term over step samples (`cross_steps`, its default), the step samples'.
+    pub group_mean: f64,
+    /// Sample (unbiased) standard deviation of the same scores; 0 for one score.
+    pub group_std: f64,
+    /// GiGPO and T2PO: per agent turn, the step's anchor group (its id in the batch and its
+    /// size in step samples), formed as the estimator forms it (within the prompt group and
+    /// the step's anchor scope, exact anchors or by similarity).
+    pub step_groups: Option<Vec<(usize, usize)>>,
+}
+
+/// Count, mean and sample (unbiased) standard deviation of `values` (std 0 below two values).
+pub fn mean_std(values: &[f64]) -> (usize, f64, f64) {
+    let n = values.len();
+    if n == 0 {
+        return (0, 0.0, 0.0);
+    }
+    let mean = values.iter().sum::<f64>() / n as f64;
+    let std = match n {
+        1 => 0.0,
+        _ => (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt(),
+    };
+    (n, mean, std)
+}
+
+/// GiGPO's anchor groups of every step sample of `rs` (per rollout, per step: the group's id,
+/// numbered in first appearance, and its size), formed as the estimator forms them: within
+/// each prompt group and anchor scope, by identical anchors or, with `similarity`, by
+/// `anchor_clusters`' greedy clustering over the step samples in trajectory-major order.
+pub fn step_groups(rs: &[Rollout], similarity: Option<f64>) -> Vec<Vec<(usize, usize)>> {
+    // (prompt group, scope) → step samples (rollout, step), in trajectory-major order.
+    let mut scopes: BTreeMap<(usize, &str), Vec<(usize, usize)>> = BTreeMap::new();
+    for (i, r) in rs.iter().enumerate() {
+        for k in 0..r.anchors.len() {
+            let scope = r.anchor_scopes.get(k).map_or("", String::as_str);
+            scopes.entry((r.group, scope)).or_default().push((i, k));
+        }
+    }
+    let mut cluster_of: BTreeMap<(usize, usize), (usize, &str, usize)> = BTreeMap::new();
+    for (&(g, scope), members) in &scopes {
+        let anchors: Vec<&str> = members
+            .iter()
+            .map(|&(i, k)| rs[i].anchors[k].as_str())
+            .collect();
+        let clusters = turnwise_core::advantage::anchor_clusters(&anchors, similarity);
+        for (&m, c) in members.iter().zip(clusters) {
+            cluster_of.insert(m, (g, scope, c));
+        }
+    }
+    let mut sizes: BTreeMap<(usize, &str, usize), usize> = BTreeMap::new();
+    for key in cluster_of.values() {
+        *sizes.entry(*key).or_default() += 1;
+    }
+    let mut ids: BTreeMap<(usize, &str, usize), usize> = BTreeMap::new();
+    rs.iter()
+        .enumerate()
+        .map(|(i, r)| {
+            (0..r.anchors.len())
+                .map(|k| {
+                    let key = cluster_of[&(i, k)];
+                    let next = ids.len();
+                    (*ids.entry(key).or_insert(next), sizes[&key])
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// KL in the reward (spec §5.8, verl `apply_kl_penalty`): per episode, the behaviour and
@@ -349,6 +436,7 @@ pub fn compute_with_kl(
             kept_index: Vec::new(),
             metrics,
             reward_kl: None,
+            details: Vec::new(),
         });
     }
     if let Some(g) = info_gain {
@@ -418,6 +506,7 @@ pub fn compute_with_kl(
     }
     let mut rows = Vec::with_capacity(kept.len());
     let mut all = Vec::new();
+    let details = episode_details(cfg, &batch, &out);
     for ((&i, ro), adv) in kept.iter().zip(&batch.rollouts).zip(&out.rollouts) {
         let ep = &episodes[i];
         let mut row = Row::from_trajectory(&ep.trajectory, cfg.rollout.train_on_forced);
@@ -468,7 +557,70 @@ pub fn compute_with_kl(
         kept_index: kept,
         metrics,
         reward_kl,
+        details,
     })
+}
+
+/// [`EpisodeAdvantage`] of every rollout of `batch`.
+fn episode_details(
+    cfg: &TrainConfig,
+    batch: &AdvantageBatch,
+    out: &turnwise_core::advantage::AdvantageOutput,
+) -> Vec<EpisodeAdvantage> {
+    use turnwise_core::advantage::AdvantageConfig;
+    use turnwise_core::advantage::EpisodeTerm;
+    let rs = &batch.rollouts;
+    // GiGPO's episode term over step samples: the score of step sample k is its
+    // `step_scores[k]`, by default the episode's summed step rewards.
+    let step_scores = match &cfg.advantage {
+        AdvantageConfig::Gigpo(g) => g.cross_steps && g.episode_term == EpisodeTerm::EpisodeReward,
+        AdvantageConfig::T2po(t) => t.cross_steps && t.episode_term == EpisodeTerm::EpisodeReward,
+        _ => false,
+    };
+    let mut scores: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
+    let mut sizes: BTreeMap<usize, usize> = BTreeMap::new();
+    for r in rs {
+        *sizes.entry(r.group).or_default() += 1;
+        let pool = scores.entry(r.group).or_default();
+        match (step_scores, &r.step_scores) {
+            (true, Some(v)) => pool.extend(v),
+            (true, None) => pool.extend(std::iter::repeat_n(
+                r.step_rewards.iter().sum::<f64>(),
+                r.step_rewards.len(),
+            )),
+            (false, _) => pool.push(r.outcome),
+        }
+    }
+    let stats: BTreeMap<usize, (usize, f64, f64)> = scores
+        .iter()
+        .map(|(&g, v)| {
+            let (_, mean, std) = mean_std(v);
+            (g, (sizes[&g], mean, std))
+        })
+        .collect();
+    let similarity = match &cfg.advantage {
+        AdvantageConfig::Gigpo(g) => Some(g.enable_similarity.then_some(g.similarity_thresh)),
+        AdvantageConfig::T2po(t) => Some(t.enable_similarity.then_some(t.similarity_thresh)),
+        _ => None,
+    };
+    let mut steps = similarity.map(|s| step_groups(rs, s).into_iter());
+    rs.iter()
+        .zip(&out.rollouts)
+        .map(|(r, a)| {
+            let (group_size, group_mean, group_std) = stats[&r.group];
+            EpisodeAdvantage {
+                turns: a.turns.clone(),
+                clip_scale: a.clip_scale.clone(),
+                normalized_info_gain: a.normalized_info_gain.clone(),
+                score: r.outcome,
+                group: r.group,
+                group_size,
+                group_mean,
+                group_std,
+                step_groups: steps.as_mut().and_then(Iterator::next),
+            }
+        })
+        .collect()
 }
 
 /// Size statistics of the groups formed by `keys`: `{prefix}/groups`,

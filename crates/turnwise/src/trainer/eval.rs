@@ -59,6 +59,15 @@ pub struct EvalResult {
     /// The parts of a composite training reward (the two-turn rubrics: `tool_execution`,
     /// `search_result_presence`, …), each a mean over the questions; empty otherwise.
     pub reward_parts: BTreeMap<String, f64>,
+    /// Samples drawn per question (`eval.samples`; 1, the default, is one episode a question).
+    /// With more, every figure above is a mean over all `n × samples` episodes, i.e. mean@k,
+    /// and `em_se` is the standard error over questions of each question's mean EM.
+    pub samples: usize,
+    /// pass@k for k = 1, 2, 4, … up to `samples` (and `samples` itself): the chance that at
+    /// least one of k samples of a question is right (EM 1, a game won), by the unbiased
+    /// estimator of Chen et al. (2021) over the `samples` drawn, averaged over questions.
+    /// Empty when one sample per question was drawn.
+    pub pass_at: BTreeMap<usize, f64>,
 }
 
 impl serde::Serialize for EvalResult {
@@ -75,6 +84,15 @@ impl serde::Serialize for EvalResult {
             m.serialize_entry("format_ok", &self.format_ok)?;
             m.serialize_entry("turns", &self.turns)?;
             m.serialize_entry("agent_tokens", &self.agent_tokens)?;
+            if self.samples > 1 {
+                m.serialize_entry("samples", &self.samples)?;
+                let pass: BTreeMap<String, f64> = self
+                    .pass_at
+                    .iter()
+                    .map(|(k, v)| (format!("pass@{k}"), *v))
+                    .collect();
+                m.serialize_entry("pass_at", &pass)?;
+            }
             return m.end();
         }
         m.serialize_entry("em", &self.em)?;
@@ -89,6 +107,15 @@ impl serde::Serialize for EvalResult {
         m.serialize_entry("em_by_hops", &self.em_by_hops)?;
         if !self.reward_parts.is_empty() {
             m.serialize_entry("reward_parts", &self.reward_parts)?;
+        }
+        if self.samples > 1 {
+            m.serialize_entry("samples", &self.samples)?;
+            let pass: BTreeMap<String, f64> = self
+                .pass_at
+                .iter()
+                .map(|(k, v)| (format!("pass@{k}"), *v))
+                .collect();
+            m.serialize_entry("pass_at", &pass)?;
         }
         m.end()
     }
@@ -110,6 +137,13 @@ impl EvalResult {
         m.insert(format!("{prefix}/format_ok"), self.format_ok);
         m.insert(format!("{prefix}/turns"), self.turns);
         m.insert(format!("{prefix}/agent_tokens"), self.agent_tokens);
+        if self.samples > 1 {
+            m.insert(format!("{prefix}/samples"), self.samples as f64);
+            m.insert(format!("{prefix}/mean@{}", self.samples), self.em);
+            for (k, v) in &self.pass_at {
+                m.insert(format!("{prefix}/pass@{k}"), *v);
+            }
+        }
         if self.is_game() {
             m.insert(
                 format!("{prefix}/steps_to_success"),
@@ -152,9 +186,18 @@ impl EvalResult {
                 em_by_hops.insert(h, (e, n));
             }
         }
+        let samples = field("samples").map_or(1, |k| k as usize);
+        let mut pass_at = BTreeMap::new();
+        for k in pass_at_ks(samples) {
+            if let Some(v) = field(&format!("pass@{k}")) {
+                pass_at.insert(k, v);
+            }
+        }
         Some(Self {
             split: split.to_owned(),
             n: field("n").unwrap_or(0.0) as usize,
+            samples,
+            pass_at,
             em,
             em_se: field("em_se").unwrap_or(0.0),
             f1: field("f1").unwrap_or(0.0),
@@ -176,6 +219,32 @@ impl EvalResult {
     }
 }
 
+/// The k of the pass@k an evaluation with `samples` samples per question reports: 1, 2, 4, …
+/// below `samples`, and `samples` itself; none for one sample.
+pub fn pass_at_ks(samples: usize) -> Vec<usize> {
+    if samples <= 1 {
+        return Vec::new();
+    }
+    let mut ks: Vec<usize> = std::iter::successors(Some(1usize), |k| k.checked_mul(2))
+        .take_while(|&k| k < samples)
+        .collect();
+    ks.push(samples);
+    ks
+}
+
+/// The unbiased pass@k estimate from `n` samples of which `c` are right (Chen et al. 2021,
+/// "Evaluating Large Language Models Trained on Code", eq. 1): 1 − C(n−c, k) / C(n, k),
+/// computed as 1 − ∏_{i=n−c+1}^{n} (1 − k/i) for stability. Needs `k ≤ n`.
+pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
+    assert!(k >= 1 && k <= n && c <= n, "pass@{k} of {c} right in {n}");
+    if n - c < k {
+        return 1.0;
+    }
+    1.0 - ((n - c + 1)..=n)
+        .map(|i| 1.0 - k as f64 / i as f64)
+        .product::<f64>()
+}
+
 /// The key prefix of a reward part in an evaluation's metrics (`eval/test/greedy/r_exact_match`).
 pub const REWARD_PART: &str = "r_";
 
@@ -190,6 +259,8 @@ pub fn eval_prefix(split: Split, mode: &str) -> String {
 pub struct EvalEpisode {
     /// The question's id in the world.
     pub question_id: String,
+    /// Which of the question's samples this is (0 with one sample per question).
+    pub sample: usize,
     /// The question text.
     pub question: String,
     /// Hops from the subject to the answer.
@@ -219,6 +290,31 @@ impl EvalEpisode {
             answer: self.answer.clone(),
         }
     }
+}
+
+/// One outcome per question from the episodes of an evaluation (in their order, a question's
+/// samples consecutive): with several samples a question's EM and F1 are their means (mean@k)
+/// and its answer the first sample's, so two evaluations of the same questions still pair
+/// question by question ([`paired_gain`]).
+pub fn question_outcomes(episodes: &[EvalEpisode]) -> Vec<QuestionOutcome> {
+    let mut out: Vec<(QuestionOutcome, usize)> = Vec::new();
+    for e in episodes {
+        match out.last_mut() {
+            Some((q, k)) if q.question_id == e.question_id && e.sample > 0 => {
+                q.em += e.em;
+                q.f1 += e.f1;
+                *k += 1;
+            }
+            _ => out.push((e.outcome(), 1)),
+        }
+    }
+    out.into_iter()
+        .map(|(mut q, k)| {
+            q.em /= k as f64;
+            q.f1 /= k as f64;
+            q
+        })
+        .collect()
 }
 
 /// How one evaluated question went: what a run keeps of every evaluation
@@ -334,17 +430,52 @@ impl Trainer {
         temperature: f64,
         seed: u64,
     ) -> Result<(EvalResult, Vec<EvalEpisode>)> {
+        self.evaluate_samples(split, n, temperature, seed, 1)
+    }
+
+    /// [`Trainer::evaluate_with_episodes`] with `samples` episodes per question (sampled
+    /// decoding; `samples` must be 1 when `temperature` is 0): the figures are means over every
+    /// episode (mean@k), [`EvalResult::pass_at`] holds pass@k, and the episodes come question
+    /// by question, a question's samples consecutive. The first sample of every question is
+    /// the episode a one-sample evaluation with the same seed draws.
+    pub fn evaluate_samples(
+        &self,
+        split: Split,
+        n: usize,
+        temperature: f64,
+        seed: u64,
+        samples: usize,
+    ) -> Result<(EvalResult, Vec<EvalEpisode>)> {
+        anyhow::ensure!(samples >= 1, "eval.samples must be at least 1, got 0");
+        anyhow::ensure!(
+            samples == 1 || temperature > 0.0,
+            "{samples} samples per question need sampled decoding (temperature > 0): greedy \
+             decoding draws the same episode every time"
+        );
         let questions: Vec<_> = self.task.questions(split).into_iter().take(n).collect();
-        let mut specs = Vec::with_capacity(questions.len());
+        let nq = questions.len();
+        let mut specs = Vec::with_capacity(nq * samples);
         for (i, q) in questions.iter().enumerate() {
-            specs.push(EpisodeSpec {
-                id: format!("eval-{}", q.id),
-                prompt_uid: q.id.clone(),
-                prompt_ids: self.tokenizer.encode(&self.task.prompt(q)?)?,
-                task: WorldTask::env_task(q),
-                seed: crate::rollout::turn_seed(seed, i),
-            });
+            let prompt_ids = self.tokenizer.encode(&self.task.prompt(q)?)?;
+            for j in 0..samples {
+                specs.push(EpisodeSpec {
+                    id: if j == 0 {
+                        format!("eval-{}", q.id)
+                    } else {
+                        format!("eval-{}-s{j}", q.id)
+                    },
+                    prompt_uid: q.id.clone(),
+                    prompt_ids: prompt_ids.clone(),
+                    task: WorldTask::env_task(q),
+                    seed: crate::rollout::turn_seed(seed, i + j * nq),
+                });
+            }
         }
+        // The question of each episode, in the episodes' order.
+        let questions: Vec<_> = questions
+            .iter()
+            .flat_map(|q| std::iter::repeat_n(q, samples))
+            .collect();
         let policy = self.rollout_policy();
         let env = self.make_env();
         let mut decoding = self.decoding(temperature);
@@ -355,14 +486,15 @@ impl Trainer {
         }
         let mut r = EvalResult {
             split: split.name().to_owned(),
-            n: episodes.len(),
+            n: nq,
+            samples,
             ..EvalResult::default()
         };
         let mut turns_total = 0usize;
         let mut fmt_ok = 0usize;
         let mut dumped = Vec::with_capacity(episodes.len());
         let format = self.config.task.format.grammar();
-        let game = self.task.game.is_some();
+        let game = self.task.scored_by_return();
         // A composite reward's parts (the two-turn rubrics), as training logs them; other
         // rewards have none and are not scored again.
         let has_parts = !game && !self.config.reward.part_names().is_empty();
@@ -376,7 +508,7 @@ impl Trainer {
                 .parts)
         };
         let (mut won, mut won_turns, mut invalid) = (0usize, 0usize, 0usize);
-        for (ep, q) in episodes.iter().zip(&questions) {
+        for (k, (ep, q)) in episodes.iter().zip(&questions).enumerate() {
             let golds = &q.golden_answers;
             // The rewards' extraction: an answer the agent wrote inside one of its own turns,
             // never text of an observation or the prompt.
@@ -423,6 +555,7 @@ impl Trainer {
             }
             dumped.push(EvalEpisode {
                 question_id: q.id.clone(),
+                sample: k % samples,
                 question: q.text.clone(),
                 hops: q.hops(),
                 golden_answers: golds.clone(),
@@ -433,7 +566,7 @@ impl Trainer {
                 trajectory: ep.trajectory.clone(),
             });
         }
-        let n = r.n.max(1) as f64;
+        let n = episodes.len().max(1) as f64;
         r.em /= n;
         r.f1 /= n;
         r.sub_em /= n;
@@ -445,13 +578,39 @@ impl Trainer {
             *v /= n;
         }
         r.format_ok = fmt_ok as f64 / turns_total.max(1) as f64;
-        r.em_se = (r.em * (1.0 - r.em) / n).sqrt();
+        // Over questions: each question's mean EM (its one EM with one sample, where this is
+        // the binomial error).
+        let per_question: Vec<(f64, usize)> = dumped
+            .chunks(samples)
+            .map(|c| {
+                let right = c.iter().filter(|e| e.em >= 1.0).count();
+                (c.iter().map(|e| e.em).sum::<f64>() / c.len() as f64, right)
+            })
+            .collect();
+        let nq_f = per_question.len().max(1) as f64;
+        r.em_se = (per_question
+            .iter()
+            .map(|(m, _)| (m - r.em).powi(2))
+            .sum::<f64>()
+            / nq_f
+            / nq_f)
+            .sqrt();
+        for k in pass_at_ks(samples) {
+            let p = per_question
+                .iter()
+                .map(|&(_, c)| pass_at_k(samples, c, k))
+                .sum::<f64>()
+                / nq_f;
+            r.pass_at.insert(k, p);
+        }
         if game {
             r.steps_to_success = Some(won_turns as f64 / won.max(1) as f64);
             r.invalid_actions = Some(invalid as f64 / turns_total.max(1) as f64);
         }
         for v in r.em_by_hops.values_mut() {
             v.0 /= v.1.max(1) as f64;
+            // Counted per episode: the questions are every `samples` of them.
+            v.1 /= samples;
         }
         Ok((r, dumped))
     }
@@ -514,6 +673,84 @@ mod tests {
         let g = paired_gain(&before, &after).unwrap();
         let binomial = (0.5f64 * 0.5 / 400.0).sqrt();
         assert!(g.se < binomial / 5.0, "{} vs {binomial}", g.se);
+    }
+
+    /// Chen et al.'s estimator on hand-computed cases: 2 right of 5 gives pass@1 = 2/5,
+    /// pass@2 = 1 − C(3,2)/C(5,2) = 0.7, pass@4 = 1 − 0 = 1 (only 3 wrong to pick 4 from);
+    /// none right gives 0 and all right 1.
+    #[test]
+    fn pass_at_k_of_known_counts() {
+        assert!((pass_at_k(5, 2, 1) - 0.4).abs() < 1e-12);
+        assert!((pass_at_k(5, 2, 2) - 0.7).abs() < 1e-12);
+        assert!((pass_at_k(5, 2, 3) - 0.9).abs() < 1e-12);
+        assert_eq!(pass_at_k(5, 2, 4), 1.0);
+        assert_eq!(pass_at_k(8, 0, 4), 0.0);
+        assert_eq!(pass_at_k(8, 8, 1), 1.0);
+        // 1 of 10, k = 3: 1 − C(9,3)/C(10,3) = 1 − 84/120 = 0.3.
+        assert!((pass_at_k(10, 1, 3) - 0.3).abs() < 1e-12);
+        assert_eq!(pass_at_ks(1), Vec::<usize>::new());
+        assert_eq!(pass_at_ks(8), vec![1, 2, 4, 8]);
+        assert_eq!(pass_at_ks(6), vec![1, 2, 4, 6]);
+    }
+
+    /// pass@k never falls as k grows, and pass@1 is the fraction right.
+    #[test]
+    fn pass_at_k_rises_with_k() {
+        for n in 1..=12 {
+            for c in 0..=n {
+                assert!((pass_at_k(n, c, 1) - c as f64 / n as f64).abs() < 1e-12);
+                for k in 1..n {
+                    assert!(pass_at_k(n, c, k + 1) >= pass_at_k(n, c, k) - 1e-12);
+                }
+            }
+        }
+    }
+
+    fn episode(id: &str, sample: usize, em: f64) -> EvalEpisode {
+        EvalEpisode {
+            question_id: id.into(),
+            sample,
+            question: String::new(),
+            hops: 2,
+            golden_answers: vec![],
+            answer: Some(format!("a{sample}")),
+            em,
+            f1: em,
+            text: String::new(),
+            trajectory: Trajectory {
+                id: format!("{id}-{sample}"),
+                prompt_uid: id.into(),
+                prompt_ids: vec![],
+                segments: vec![],
+                turns: vec![],
+                finish: Default::default(),
+                outcome_reward: None,
+                turn_rewards: vec![],
+            },
+        }
+    }
+
+    /// A question's samples become one outcome with their mean EM; one-sample evaluations are
+    /// unchanged, and a question asked twice in a row with one sample stays two questions.
+    #[test]
+    fn question_outcomes_average_a_questions_samples() {
+        let eps = [
+            episode("q1", 0, 1.0),
+            episode("q1", 1, 0.0),
+            episode("q1", 2, 1.0),
+            episode("q1", 3, 1.0),
+            episode("q2", 0, 0.0),
+            episode("q2", 1, 0.0),
+            episode("q2", 2, 0.0),
+            episode("q2", 3, 1.0),
+        ];
+        let q = question_outcomes(&eps);
+        assert_eq!(q.len(), 2);
+        assert_eq!((q[0].question_id.as_str(), q[0].em), ("q1", 0.75));
+        assert_eq!((q[1].question_id.as_str(), q[1].em), ("q2", 0.25));
+        assert_eq!(q[0].answer.as_deref(), Some("a0"));
+        let single = [episode("q1", 0, 1.0), episode("q1", 0, 0.0)];
+        assert_eq!(question_outcomes(&single).len(), 2);
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod advantage;
 pub mod eval;
 pub mod judge;
 pub mod rejection;
+pub mod samples;
 pub mod sampling;
 
 use std::collections::{BTreeMap, HashMap};
@@ -105,8 +106,11 @@ const LORA_DROPOUT_SEED: u64 = 0x4c6f_5244;
 pub struct StepOutput {
     /// Metrics of the step.
     pub metrics: BTreeMap<String, f64>,
-    /// The episodes (for samples).
+    /// The episodes.
     pub episodes: Vec<Episode>,
+    /// The lines of `samples/step-N.jsonl`: the first `run.samples_per_step` episodes, decoded
+    /// and annotated with what the step computed for them.
+    pub samples: Vec<crate::run::SampleRecord>,
 }
 
 /// Builds the model configuration of a fresh model.
@@ -128,6 +132,19 @@ pub fn fresh_model_config(cfg: &TrainConfig, vocab_size: usize) -> ModelConfig {
         attention_bias: true,
         qk_norm: false,
         initializer_range: 0.02,
+    }
+}
+
+/// The RL phase's learning-rate schedule (`optim.lr`, `warmup_steps`, `lr_schedule`,
+/// `min_lr_ratio`) over `run.steps` RL steps.
+pub fn rl_lr_schedule(cfg: &TrainConfig) -> turnwise_model::optim::LrSchedule {
+    let o = &cfg.optim;
+    turnwise_model::optim::LrSchedule {
+        peak_lr: o.lr,
+        warmup_steps: o.warmup_steps,
+        total_steps: cfg.run.steps,
+        min_lr_ratio: o.min_lr_ratio,
+        decay: o.lr_schedule,
     }
 }
 
@@ -563,13 +580,32 @@ impl Trainer {
         let mut rows = std::mem::take(&mut adv.rows);
         let kept = adv.kept;
         let trajectory_rows = rows.len();
+        // The step's sample episodes: what the estimator gave those that are trained on.
+        let n_samples = cfg.run.samples_per_step.min(all.episodes.len());
+        let sample_rows =
+            samples::trained_rows(&all.episodes[..n_samples], &batch.episodes, &adv.kept_index);
+        let mut trained_samples: Vec<Option<samples::TrainedSample>> = sample_rows
+            .iter()
+            .map(|j| j.map(|j| samples::TrainedSample::new(&rows[j], &adv.details[j])))
+            .collect();
+        // Each training row's trajectory row and where it starts in it.
+        let mut row_origin: Vec<(usize, usize)> = (0..rows.len()).map(|j| (j, 0)).collect();
         if cfg.optim.samples == crate::config::TrainSamples::Step {
             // verl-agent: every environment step is a training row, on the context it was
             // sampled from (config validation refuses a critic and KL in the reward here).
-            rows = rows
-                .iter()
-                .flat_map(|row| row.step_samples(r.memory_window))
-                .collect();
+            row_origin.clear();
+            let mut steps = Vec::new();
+            for (j, row) in rows.iter().enumerate() {
+                let s = row.step_samples(r.memory_window);
+                row_origin.extend(
+                    samples::step_sample_offsets(&row.turn_id)
+                        .into_iter()
+                        .take(s.len())
+                        .map(|o| (j, o)),
+                );
+                steps.extend(s);
+            }
+            rows = steps;
         }
 
         let mut metrics = BTreeMap::new();
@@ -627,8 +663,8 @@ impl Trainer {
             .map(|e| e.trajectory.num_turns() as f64)
             .collect();
         metrics.insert("env/turns/mean".into(), mean(&turns));
-        if self.task.game.is_some() {
-            // A game has no searches; its invalid-action rate over the batch's turns instead.
+        if self.task.scored_by_return() {
+            // A game (or an OpenEnv server) has no searches; its invalid-action rate over the batch's turns instead.
             let (turns, invalid) = all.episodes.iter().fold((0, 0), |(n, bad), e| {
                 let t = &e.trajectory.turns;
                 let b = t
@@ -724,7 +760,7 @@ impl Trainer {
                 shuffle(&mut v, &mut rng);
                 v
             };
-            let stats = if actor_warm {
+            let mut stats = if actor_warm {
                 actor_update(
                     &self.policy,
                     &mut self.optimizer,
@@ -737,7 +773,18 @@ impl Trainer {
             } else {
                 crate::update::UpdateStats::default()
             };
-            metrics.extend(stats.metrics);
+            metrics.extend(std::mem::take(&mut stats.metrics));
+            // The clip counts of the sample episodes' rows (the rows, or their step samples).
+            let sample_of: HashMap<usize, usize> = sample_rows
+                .iter()
+                .enumerate()
+                .filter_map(|(s, j)| j.map(|j| (j, s)))
+                .collect();
+            for (clips, &(j, offset)) in stats.row_clips.iter().zip(&row_origin) {
+                if let Some(t) = sample_of.get(&j).and_then(|&s| trained_samples[s].as_mut()) {
+                    t.add_clips(offset, clips);
+                }
+            }
             if let (Some(critic), Some(values)) = (self.critic.as_mut(), values.as_ref()) {
                 let old = rows_of(values);
                 let vcfg = turnwise_model::loss::value::ValueLossConfig {
@@ -796,20 +843,21 @@ impl Trainer {
         metrics.insert("timing_s/gen".into(), all.gen_seconds);
         metrics.insert("timing_s/info_gain".into(), all.ig_seconds);
         metrics.insert("timing_s/update".into(), t_upd);
+        let samples = samples::sample_records(&self.tokenizer, &all, trained_samples)
+            .context("the step's samples")?;
         metrics.insert("timing_s/step".into(), t0.elapsed().as_secs_f64());
         Ok(StepOutput {
             metrics,
             episodes: all.episodes,
+            samples,
         })
     }
 
+    /// The learning rate of the current RL step: `optim.lr` after a linear warm-up of
+    /// `optim.warmup_steps`, held or decayed to `optim.lr × optim.min_lr_ratio` at `run.steps`
+    /// as `optim.lr_schedule` says.
     fn lr(&self) -> f64 {
-        let o = &self.config.optim;
-        if o.warmup_steps > 0 && self.step < o.warmup_steps {
-            o.lr * (self.step + 1) as f64 / o.warmup_steps as f64
-        } else {
-            o.lr
-        }
+        rl_lr_schedule(&self.config).lr_at(self.step)
     }
 
     /// Writes a checkpoint of the RL state into `dir` (weights, optimizer, RNG, step,

@@ -28,6 +28,19 @@ pub struct UpdateStats {
     pub skipped: usize,
     /// Updates applied.
     pub applied: usize,
+    /// Per row (in the order given): how the PPO clip treated its tokens over the applied
+    /// mini-batches (0 passes for a row no applied mini-batch held).
+    pub row_clips: Vec<RowClips>,
+}
+
+/// How often the PPO clip was active on one row's tokens during an update.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RowClips {
+    /// Applied mini-batches (over every epoch) the row was in.
+    pub passes: u32,
+    /// Per response token: in how many of those passes its clip was active (`l2 > l1` on a
+    /// loss token, what `actor/pg_clipfrac` counts).
+    pub clipped: Vec<u32>,
 }
 
 /// One supervised step: mean negative log-likelihood of the masked response tokens of `rows`.
@@ -186,6 +199,8 @@ pub struct MiniBatchGradient {
     /// otherwise. [`actor_update`] divides [`Self::grads`] by it before the norm clip and
     /// multiplies the learning rate by it, so that the clip and Adam keep the down-weighting.
     pub step_scale: f64,
+    /// Per row of the mini-batch (row index, per response token): the PPO clip was active.
+    pub clipped: Vec<(usize, Vec<bool>)>,
 }
 
 /// Loss inputs of the rows `micro_idx` of a mini-batch, after the forward pass `logp`.
@@ -318,6 +333,8 @@ enum PieceOutcome {
         tokens: f64,
         /// Its samples with a loss token (the weight of its sample-mean metrics).
         seqs: f64,
+        /// Per row of the piece (row index, per response token): the PPO clip was active.
+        clipped: Vec<(usize, Vec<bool>)>,
     },
     /// Its loss could not be computed, or was not finite: the mini-batch is skipped.
     Failed,
@@ -393,6 +410,14 @@ pub fn minibatch_gradient(
         let mut acc = GradAccumulator::new();
         acc.add(&out.loss.backward()?, vars, 1.0)
             .context("accumulating gradients")?;
+        let clipped = piece_idx
+            .iter()
+            .zip(out.clipped)
+            .map(|(&i, mut c)| {
+                c.truncate(rows[i].response.len());
+                (i, c)
+            })
+            .collect();
         Ok(PieceOutcome::Done {
             grads: acc.take(),
             metrics: out.metrics.to_map(),
@@ -404,6 +429,7 @@ pub fn minibatch_gradient(
             ),
             tokens,
             seqs,
+            clipped,
         })
     };
     let mut acc = GradAccumulator::new();
@@ -411,6 +437,7 @@ pub fn minibatch_gradient(
     let mut sums: BTreeMap<String, (f64, f64)> = BTreeMap::new();
     let (mut cb_sq, mut cb_clipped) = (0.0, 0.0);
     let (mut cb_weight, mut cb_share) = (0.0, 0.0);
+    let mut clipped_rows = Vec::with_capacity(mb.len());
     // One micro-batch at a time (its shards side by side), so that at most one micro-batch of
     // activations is alive.
     for shards in &micro_batches {
@@ -423,10 +450,12 @@ pub fn minibatch_gradient(
                 clip_bias_weights,
                 tokens,
                 seqs,
+                clipped,
             } = outcome
             else {
                 return Ok(None);
             };
+            clipped_rows.extend(clipped);
             cb_sq += clip_bias_sq;
             cb_clipped += clip_bias_clipped;
             cb_weight += clip_bias_weights.0;
@@ -486,6 +515,7 @@ pub fn minibatch_gradient(
         grads: acc.take(),
         metrics,
         step_scale,
+        clipped: clipped_rows,
     }))
 }
 
@@ -520,6 +550,13 @@ pub fn actor_update(
             cfg.epochs
         );
     }
+    stats.row_clips = rows
+        .iter()
+        .map(|r| RowClips {
+            passes: 0,
+            clipped: vec![0; r.response.len()],
+        })
+        .collect();
     for _ in 0..cfg.epochs {
         let perm = order(n);
         for mb in perm.chunks(mini) {
@@ -558,6 +595,13 @@ pub fn actor_update(
             opt.step(&grads, cfg.lr * g.step_scale)
                 .with_context(|| format!("the policy update (optim.lr = {})", cfg.lr))?;
             stats.applied += 1;
+            for (i, clipped) in g.clipped {
+                let rc = &mut stats.row_clips[i];
+                rc.passes += 1;
+                for (count, c) in rc.clipped.iter_mut().zip(clipped) {
+                    *count += u32::from(c);
+                }
+            }
         }
     }
     stats.metrics = sums

@@ -178,3 +178,43 @@ pub fn run_and_resume(
     turnwise::pipeline::resume(&b, true).unwrap();
     (a, b)
 }
+
+/// What `metrics.jsonl` holds, as TensorBoard scalars: `(step, tag, value as f32, time)`.
+#[allow(dead_code)]
+pub fn metrics_as_scalars(run: &std::path::Path) -> Vec<(i64, String, f32, f64)> {
+    let log = turnwise::run::read_metrics(run.join("metrics.jsonl")).unwrap();
+    let mut out = Vec::new();
+    for r in &log.records {
+        let values: std::collections::BTreeMap<String, f64> = r
+            .values
+            .iter()
+            .filter_map(|(k, v)| v.map(|v| (k.clone(), v)))
+            .collect();
+        for (tag, v) in turnwise::run::tensorboard::metric_tags(&r.phase, &values) {
+            out.push((r.step as i64, tag, v as f32, r.time.unwrap()));
+        }
+    }
+    out
+}
+
+/// The scalars of the run's one event file, in file order.
+#[allow(dead_code)]
+pub fn event_scalars(run: &std::path::Path) -> Vec<(i64, String, f32, f64)> {
+    let files = turnwise::run::tensorboard::event_files(run.join("tensorboard")).unwrap();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let events = turnwise::run::tensorboard::read_event_file(&files[0]).unwrap();
+    assert!(matches!(
+        events[0].payload,
+        turnwise::run::tensorboard::EventPayload::FileVersion(_)
+    ));
+    let mut out = Vec::new();
+    for e in &events[1..] {
+        let turnwise::run::tensorboard::EventPayload::Scalars(values) = &e.payload else {
+            panic!("{e:?}")
+        };
+        for (tag, v) in values {
+            out.push((e.step, tag.clone(), *v, e.wall_time));
+        }
+    }
+    out
+}
