@@ -242,8 +242,20 @@ fn resumes_keep_the_warm_start_the_summary_and_the_log() {
     let table = runs_table(&infos);
     assert_eq!(table.lines().count(), 4, "{table}");
     assert!(table.contains("finished"), "{table}");
-    let cmp = compare_table(&infos);
-    assert!(cmp.contains("| grpo | 2/2 |"), "{cmp}");
+    let mut cmp = compare_table(&infos);
+    assert!(cmp.contains("| grpo | 2/2 | 3 |"), "{cmp}");
+    assert!(
+        cmp.contains("| test n |") && !cmp.contains("Note:"),
+        "{cmp}"
+    );
+    // Runs evaluated on different numbers of test questions are flagged.
+    let mut mixed = infos.clone();
+    mixed[0].test_n = Some(800);
+    cmp = compare_table(&mixed);
+    assert!(
+        cmp.contains("different numbers of test questions (3, 800)"),
+        "{cmp}"
+    );
     let charts = compare_charts(&infos);
     let train = charts
         .iter()

@@ -67,8 +67,12 @@ pub struct ActorLossMetrics {
     pub kl_loss: Option<f64>,
     /// `actor/kl_coef`.
     pub kl_coef: f64,
-    /// `actor/entropy` (aggregated entropy).
+    /// `actor/entropy_agg`: the entropy aggregated as the loss aggregates (verl's
+    /// `actor/entropy`, the value the entropy bonus scales).
     pub entropy: Option<f64>,
+    /// `actor/entropy`: the mean entropy per loss-mask token, whatever the aggregation, so that
+    /// runs with different `loss_agg_mode`s compare.
+    pub entropy_token_mean: Option<f64>,
     /// Value of the total loss.
     pub total_loss: f64,
 }
@@ -82,6 +86,9 @@ impl ActorLossMetrics {
             m.insert("actor/kl_coef".to_string(), self.kl_coef);
         }
         if let Some(h) = self.entropy {
+            m.insert("actor/entropy_agg".to_string(), h);
+        }
+        if let Some(h) = self.entropy_token_mean {
             m.insert("actor/entropy".to_string(), h);
         }
         m.insert("actor/loss".to_string(), self.total_loss);
@@ -118,6 +125,13 @@ pub fn compute_actor_loss(
     let mut loss = pg.loss.clone();
 
     // Entropy bonus: loss −= entropy_coeff · agg(H, mask).
+    let entropy_token_mean = match input.entropy {
+        Some(h) => Some(super::masked_mean_rows(
+            &super::finite_rows(name, "entropy", h, None)?,
+            &super::finite_rows(name, "loss_mask", mask, None)?,
+        )),
+        None => None,
+    };
     let entropy = match input.entropy {
         Some(h) => {
             let bonus = entropy_bonus(h, mask, resolved.agg_mode, &opts)?;
@@ -175,6 +189,7 @@ pub fn compute_actor_loss(
             kl_loss: kl,
             kl_coef: cfg.kl_loss_coef,
             entropy,
+            entropy_token_mean,
             total_loss,
         },
     })
@@ -212,6 +227,7 @@ mod tests {
         assert_eq!(o.metrics.entropy, Some(3.0));
         let map = o.metrics.to_map();
         assert!(map.contains_key("actor/kl_loss") && map.contains_key("actor/entropy"));
+        assert!(map.contains_key("actor/entropy_agg"));
 
         let no_ref = ActorLossInput {
             ref_logp: None,
@@ -223,5 +239,35 @@ mod tests {
             serde_json::from_str(r#"{"policy":{"policy_loss":"gspo_turn"},"use_kl_loss":true,"kl_loss_type":"low_var_kl"}"#).unwrap();
         assert_eq!(parsed.policy.policy_loss, "gspo_turn");
         assert!(serde_json::from_str::<ActorLossConfig>(r#"{"entropy_coef":0.1}"#).is_err());
+    }
+
+    /// `actor/entropy` is the mean per loss-mask token whatever the aggregation (review defect
+    /// 22: dr-grpo's seq-mean-token-sum-norm and token-mean logged values an order of magnitude
+    /// apart on identical rollouts); `actor/entropy_agg` keeps the aggregated value.
+    #[test]
+    fn entropy_is_the_token_mean_whatever_the_aggregation() {
+        let lp = t2(&[&[-1.0, -1.0, -1.0], &[-1.0, -1.0, -1.0]]);
+        let adv = t2(&[&[1.0, 1.0, 1.0], &[1.0, 1.0, 1.0]]);
+        let m = t2(&[&[1.0, 1.0, 0.0], &[1.0, 0.0, 0.0]]);
+        let h = t2(&[&[2.0, 4.0, 9.0], &[6.0, 9.0, 9.0]]);
+        for (mode, agg) in [("token-mean", 4.0), ("seq-mean-token-sum", 6.0)] {
+            let mut cfg = ActorLossConfig::default();
+            cfg.policy.loss_agg_mode = Some(mode.parse().unwrap());
+            let input = ActorLossInput {
+                policy: PolicyLossInput::new(&lp, &lp, &adv, &m),
+                ref_logp: None,
+                entropy: Some(&h),
+            };
+            let map = compute_actor_loss(&input, &cfg).unwrap().metrics.to_map();
+            // (2 + 4 + 6) / 3 masked tokens; the masked 9s never count.
+            assert!(
+                (map["actor/entropy"] - 4.0).abs() < 1e-12,
+                "{mode}: {map:?}"
+            );
+            assert!(
+                (map["actor/entropy_agg"] - agg).abs() < 1e-12,
+                "{mode}: {map:?}"
+            );
+        }
     }
 }

@@ -31,6 +31,9 @@ pub struct RunInfo {
     pub last_time: Option<f64>,
     /// Test-split EM `(before, after)` by decoding (`greedy`, `sampled`).
     pub test_em: BTreeMap<String, (Option<f64>, Option<f64>)>,
+    /// Test questions of its last test evaluation (`eval/test/<mode>/n`, greedy before
+    /// sampled); `None` when none was logged.
+    pub test_n: Option<usize>,
     /// The mean of the last (up to) ten RL steps, per metric of [`SUMMARY_KEYS`].
     pub recent: BTreeMap<String, f64>,
     /// Seconds of RL steps logged (`timing_s/step` summed).
@@ -132,6 +135,13 @@ impl RunInfo {
         }
         let rl_seconds = train.iter().filter_map(|r| r.get("timing_s/step")).sum();
         let mut test_em = BTreeMap::new();
+        let test_n = ["greedy", "sampled"].iter().find_map(|mode| {
+            let key = format!("eval/test/{mode}/n");
+            log.phase("eval")
+                .filter_map(|r| r.get(&key))
+                .last()
+                .map(|n| n as usize)
+        });
         for mode in ["greedy", "sampled"] {
             let key = format!("eval/test/{mode}/em");
             let evals: Vec<_> = log
@@ -157,6 +167,7 @@ impl RunInfo {
             finished: run.root().join("summary.json").is_file(),
             last_time: log.records.iter().rev().find_map(|r| r.time),
             test_em,
+            test_n,
             recent,
             rl_seconds,
             log,
@@ -241,13 +252,13 @@ pub fn compare_table(runs: &[RunInfo]) -> String {
     let mut out = String::new();
     let _ = write!(
         out,
-        "| run | preset | steps | test greedy EM | test sampled EM |"
+        "| run | preset | steps | test n | test greedy EM | test sampled EM |"
     );
     for k in SUMMARY_KEYS {
         let _ = write!(out, " {k} (last 10) |");
     }
     let _ = writeln!(out, " RL s |");
-    let _ = write!(out, "|---|---|---:|---:|---:|");
+    let _ = write!(out, "|---|---|---:|---:|---:|---:|");
     for _ in SUMMARY_KEYS {
         let _ = write!(out, "---:|");
     }
@@ -259,11 +270,12 @@ pub fn compare_table(runs: &[RunInfo]) -> String {
         };
         let _ = write!(
             out,
-            "| {} | {} | {}/{} | {} | {} |",
+            "| {} | {} | {}/{} | {} | {} | {} |",
             r.dir.display(),
             r.preset,
             r.steps_done,
             r.steps_planned,
+            r.test_n.map_or_else(|| "-".to_owned(), |n| n.to_string()),
             em("greedy"),
             em("sampled")
         );
@@ -271,6 +283,16 @@ pub fn compare_table(runs: &[RunInfo]) -> String {
             let _ = write!(out, " {} |", num(r.recent.get(*k), 3));
         }
         let _ = writeln!(out, " {:.0} |", r.rl_seconds);
+    }
+    let ns: std::collections::BTreeSet<usize> = runs.iter().filter_map(|r| r.test_n).collect();
+    if ns.len() > 1 {
+        let list: Vec<String> = ns.iter().map(|n| n.to_string()).collect();
+        let _ = writeln!(
+            out,
+            "\nNote: these runs were evaluated on different numbers of test questions ({}): \
+             their EMs are not on the same questions.",
+            list.join(", ")
+        );
     }
     out
 }

@@ -181,7 +181,7 @@ pub fn is_on_policy(cfg: &ActorUpdate<'_>, n: usize) -> bool {
 const ADDITIVE: [&str; 6] = [
     "actor/pg_loss",
     "actor/kl_loss",
-    "actor/entropy",
+    "actor/entropy_agg",
     "actor/loss",
     "actor/num_turns",
     "actor/single_turn_count",
