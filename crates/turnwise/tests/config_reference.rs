@@ -327,8 +327,17 @@ fn show_value(v: &toml::Value) -> String {
     }
 }
 
-/// A range the doc comment states, in the reference's notation.
+/// A range the doc comment states, in the reference's notation: an interval ("in [0, 1)"),
+/// an integer range ("1..=1024"), or a one-sided bound ("Range: > 0.", "Range: ≥ 1.").
 fn doc_range(doc: &str) -> Option<String> {
+    if let Some(i) = doc.find("Range: ") {
+        let rest = &doc[i + "Range: ".len()..];
+        let end = rest.find(". ").unwrap_or(rest.len());
+        let r = rest[..end].trim_end_matches('.').trim();
+        if r.starts_with("> ") || r.starts_with("≥ ") {
+            return Some(r.to_owned());
+        }
+    }
     if let Some(i) = doc.find("..=") {
         let start = doc[..i]
             .rfind(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-'))
@@ -865,6 +874,12 @@ fn every_default_key_is_documented() {
 
 /// A bound of a stated range: its value and whether it is included.
 fn bounds(range: &str) -> Option<((f64, bool), (f64, bool))> {
+    if let Some(lo) = range.strip_prefix("> ") {
+        return Some(((lo.parse().ok()?, false), (f64::INFINITY, false)));
+    }
+    if let Some(lo) = range.strip_prefix("≥ ") {
+        return Some(((lo.parse().ok()?, true), (f64::INFINITY, false)));
+    }
     if let Some((lo, hi)) = range.split_once("..=") {
         return Some(((lo.parse().ok()?, true), (hi.parse().ok()?, true)));
     }
@@ -932,7 +947,7 @@ fn stated_ranges_are_enforced() {
             if hi_in { hi + step } else { hi },
         ];
         for x in outside {
-            if integer && x < 0.0 && r.ty == "integer ≥ 0" {
+            if (integer && x < 0.0 && r.ty == "integer ≥ 0") || x.is_infinite() {
                 continue;
             }
             let e =
@@ -944,7 +959,13 @@ fn stated_ranges_are_enforced() {
                 fmt(x)
             );
         }
-        for (x, inside) in [(lo, lo_in), (hi, hi_in)] {
+        // An open lower end of a one-sided range: just above it is accepted.
+        let above = if integer { lo + 1.0 } else { lo + 1e-3 };
+        for (x, inside) in [
+            (lo, lo_in),
+            (hi, hi_in),
+            (above, hi.is_infinite() && !lo_in),
+        ] {
             if inside {
                 resolve(x).unwrap_or_else(|e| {
                     panic!("{} = {} is inside {}: {e}", r.key, fmt(x), r.range)

@@ -246,7 +246,7 @@ pub struct TaskConfig {
     pub format: AgentFormatName,
     /// Passages per search.
     pub topk: usize,
-    /// Most agent turns per episode (spec §6.5 default 4).
+    /// Most agent turns per episode (spec §6.5 default 4). Range: ≥ 1.
     pub max_turns: usize,
     /// Bound on the words of an observation's passages (`None`: unbounded).
     pub max_observation_words: Option<usize>,
@@ -438,7 +438,7 @@ pub struct SftConfig {
     pub steps: u64,
     /// Demonstrations per step.
     pub batch_size: usize,
-    /// Peak learning rate.
+    /// Peak learning rate. Range: > 0.
     pub lr: f64,
     /// Warm-up steps.
     pub warmup_steps: u64,
@@ -547,13 +547,13 @@ pub enum FilterMetric {
 pub struct RolloutConfig {
     /// Chain or tree.
     pub strategy: RolloutStrategy,
-    /// Prompts per training step.
+    /// Prompts per training step. Range: ≥ 1.
     pub prompts_per_step: usize,
     /// Rollouts per prompt (G). For tree strategies it must equal the leaves per prompt,
     /// `tree_count × tree_leaves` (with `tree_leaves` absent: `tree_count × (tree_initial_chains
-    /// + tree_iterations × tree_forks)`); validation rejects a mismatch.
+    /// + tree_iterations × tree_forks)`); validation rejects a mismatch. Range: ≥ 1.
     pub group_size: usize,
-    /// Sampling temperature.
+    /// Sampling temperature. Range: > 0.
     pub temperature: f64,
     /// Nucleus sampling mass.
     pub top_p: f64,
@@ -890,7 +890,7 @@ impl RolloutConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct OptimConfig {
     /// Peak learning rate: reached after `warmup_steps`, then held or decayed as
-    /// `lr_schedule` says.
+    /// `lr_schedule` says. Range: > 0.
     pub lr: f64,
     /// Warm-up RL steps: the rate rises linearly from `lr / warmup_steps` to `lr` (verl
     /// `actor.optim.lr_warmup_steps`).
@@ -906,18 +906,18 @@ pub struct OptimConfig {
     pub beta1: f64,
     /// AdamW β2, in [0, 1).
     pub beta2: f64,
-    /// Decoupled weight decay.
+    /// Decoupled weight decay. Range: ≥ 0.
     pub weight_decay: f64,
     /// Global gradient-norm bound.
     pub grad_clip: f64,
-    /// Passes over each rollout batch.
+    /// Passes over each rollout batch. Range: ≥ 1.
     pub ppo_epochs: usize,
     /// Rollouts per optimizer step (0: the whole batch).
     pub mini_batch_size: usize,
     /// Rollouts per forward/backward (gradient accumulation within a mini-batch; 0: the
     /// mini-batch).
     pub micro_batch_size: usize,
-    /// Consecutive non-finite updates that stop the run.
+    /// Consecutive non-finite updates that stop the run. Range: ≥ 1.
     pub max_bad_updates: usize,
     /// What one training row is, and so what `mini_batch_size` and `micro_batch_size` count:
     /// `trajectory` (default: the prompt and the whole response) or `step` (verl-agent's: every
@@ -967,9 +967,9 @@ impl Default for OptimConfig {
 pub struct CriticConfig {
     /// Train a critic (needed by `gae`).
     pub enabled: bool,
-    /// Critic learning rate.
+    /// Critic learning rate. Range: > 0.
     pub lr: f64,
-    /// Value clip range (verl `cliprange_value`).
+    /// Value clip range (verl `cliprange_value`). Range: > 0.
     pub cliprange_value: f64,
     /// Critic warm-up updates before the actor trains.
     pub warmup_updates: u64,
@@ -1112,7 +1112,7 @@ pub struct RunConfig {
     pub steps: u64,
     /// Checkpoint every N steps (and at the end).
     pub save_every: u64,
-    /// Keep the last K checkpoints.
+    /// Keep the last K checkpoints. Range: ≥ 1.
     pub keep_checkpoints: usize,
     /// Trajectories saved per step to `samples/`.
     pub samples_per_step: usize,
