@@ -86,12 +86,7 @@ impl serde::Serialize for EvalResult {
             m.serialize_entry("agent_tokens", &self.agent_tokens)?;
             if self.samples > 1 {
                 m.serialize_entry("samples", &self.samples)?;
-                let pass: BTreeMap<String, f64> = self
-                    .pass_at
-                    .iter()
-                    .map(|(k, v)| (format!("pass@{k}"), *v))
-                    .collect();
-                m.serialize_entry("pass_at", &pass)?;
+                m.serialize_entry("pass_at", &self.pass_at_named())?;
             }
             return m.end();
         }
@@ -110,18 +105,21 @@ impl serde::Serialize for EvalResult {
         }
         if self.samples > 1 {
             m.serialize_entry("samples", &self.samples)?;
-            let pass: BTreeMap<String, f64> = self
-                .pass_at
-                .iter()
-                .map(|(k, v)| (format!("pass@{k}"), *v))
-                .collect();
-            m.serialize_entry("pass_at", &pass)?;
+            m.serialize_entry("pass_at", &self.pass_at_named())?;
         }
         m.end()
     }
 }
 
 impl EvalResult {
+    /// [`EvalResult::pass_at`] keyed `pass@k`, as summaries print it.
+    fn pass_at_named(&self) -> BTreeMap<String, f64> {
+        self.pass_at
+            .iter()
+            .map(|(k, v)| (format!("pass@{k}"), *v))
+            .collect()
+    }
+
     /// Whether this is a game's evaluation (it has the invalid-action rate).
     pub fn is_game(&self) -> bool {
         self.invalid_actions.is_some()
