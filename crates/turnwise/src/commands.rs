@@ -395,11 +395,7 @@ fn view(
     };
     let addr = resolve_addr(addr).with_context(|| format!("--serve {addr}"))?;
     let (step, _) = view::resolve_step(&turnwise::run::RunDir::open(run)?, step)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("building the tokio runtime")?;
+    let runtime = tokio_runtime()?;
     runtime.block_on(turnwise_env::server::serve_router(
         "viewer",
         view::router(run.to_path_buf()),

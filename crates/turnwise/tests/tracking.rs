@@ -12,26 +12,7 @@ use std::path::Path;
 use common::{event_scalars, metrics_as_scalars};
 
 /// Records each call as a JSON line in `$FAKE_WANDB_LOG`.
-const FAKE_WANDB: &str = r#"
-import json, os
-_out = open(os.environ["FAKE_WANDB_LOG"], "a")
-def _record(call, **kw):
-    _out.write(json.dumps({"call": call, **kw}) + "\n")
-    _out.flush()
-class _Run:
-    def __init__(self, kw):
-        self.dir = os.path.join(kw["dir"], "wandb", "offline-run-fake", "files")
-        self.url = None
-    def define_metric(self, name, step_metric=None):
-        _record("define_metric", name=name, step_metric=step_metric)
-    def log(self, data):
-        _record("log", data=data)
-    def finish(self):
-        _record("finish")
-def init(**kw):
-    _record("init", **kw)
-    return _Run(kw)
-"#;
+const FAKE_WANDB: &str = include_str!("fake_wandb/wandb.py");
 
 fn args(out: &Path, extra: &[&str]) -> Vec<String> {
     let mut a: Vec<String> = ["train", "--preset", "grpo", "--out"]

@@ -170,6 +170,32 @@ fn sync_dir(path: &Path) -> RunResult<()> {
 /// Writes `bytes` to `path` through a temporary file and a rename, so that readers see either the
 /// old file or the whole new one.
 /// Writes `items` to `path`, one JSON line each, atomically.
+/// The JSON lines of `path` (blank lines skipped), each parsed as a `T`; `None` when the file
+/// does not exist. A line that does not parse is a [`RunError::BadLine`] whose message is
+/// `what` followed by serde's.
+pub(crate) fn read_json_lines<T: DeserializeOwned>(
+    path: &Path,
+    what: &str,
+) -> RunResult<Option<Vec<T>>> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = fs::read_to_string(path).map_err(RunError::io("read", path))?;
+    let mut out = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        out.push(serde_json::from_str(line).map_err(|e| RunError::BadLine {
+            path: path.to_path_buf(),
+            line: i + 1,
+            message: format!("{what}{e}"),
+        })?);
+    }
+    Ok(Some(out))
+}
+
 fn write_json_lines<T: Serialize>(path: &Path, items: &[T]) -> RunResult<()> {
     let mut buf = Vec::new();
     for item in items {
@@ -527,24 +553,7 @@ impl RunDir {
         mode: &str,
         step: u64,
     ) -> RunResult<Option<Vec<T>>> {
-        let path = self.eval_path(split, mode, step);
-        if !path.is_file() {
-            return Ok(None);
-        }
-        let text = fs::read_to_string(&path).map_err(RunError::io("read", &path))?;
-        let mut out = Vec::new();
-        for (i, line) in text
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty())
-        {
-            out.push(serde_json::from_str(line).map_err(|e| RunError::BadLine {
-                path: path.clone(),
-                line: i + 1,
-                message: e.to_string(),
-            })?);
-        }
-        Ok(Some(out))
+        read_json_lines(&self.eval_path(split, mode, step), "")
     }
 
     /// Deletes the sample and evaluation files of steps after `step` (a run resumed from the

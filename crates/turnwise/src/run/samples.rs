@@ -139,24 +139,7 @@ pub struct StepGroup {
 impl RunDir {
     /// Reads `samples/step-N.jsonl` back; `None` when the step has no samples file.
     pub fn read_samples(&self, step: u64) -> RunResult<Option<Vec<SampleRecord>>> {
-        let path = self.samples_path(step);
-        if !path.is_file() {
-            return Ok(None);
-        }
-        let text = std::fs::read_to_string(&path).map_err(RunError::io("read", &path))?;
-        let mut out = Vec::new();
-        for (i, line) in text
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty())
-        {
-            out.push(serde_json::from_str(line).map_err(|e| RunError::BadLine {
-                path: path.clone(),
-                line: i + 1,
-                message: format!("not a sample line: {e}"),
-            })?);
-        }
-        Ok(Some(out))
+        super::dir::read_json_lines(&self.samples_path(step), "not a sample line: ")
     }
 
     /// The steps with a samples file, in increasing order.
