@@ -321,6 +321,16 @@ pub enum Command {
         /// connection is closed (generation time does not count).
         #[arg(long, default_value_t = 30.0)]
         read_timeout_secs: f64,
+        /// MiB the key/value cache and the prefill's activations may take together: requests
+        /// beyond it wait for room, one that alone can never fit gets a 400 naming this flag
+        /// (default: a quarter of the machine's memory).
+        #[arg(long)]
+        memory_budget_mb: Option<u64>,
+        /// Most prompt tokens of one sequence prefilled per engine step: a long prompt is
+        /// prefilled in chunks while the batch keeps decoding, and stops at the next chunk when
+        /// its client goes away (0: whole prompts at once).
+        #[arg(long, default_value_t = turnwise_model::sampling::DEFAULT_PREFILL_CHUNK)]
+        prefill_chunk_tokens: usize,
         /// The weight version reported until the first `/update_weights_from_disk`.
         #[arg(long, default_value = "0")]
         weight_version: String,
@@ -886,7 +896,16 @@ pub fn run(cli: Cli) -> Result<()> {
             dtype,
             max_body_bytes,
             read_timeout_secs,
+            memory_budget_mb,
+            prefill_chunk_tokens,
         } => {
+            let memory_budget = match memory_budget_mb {
+                Some(0) => bail!("--memory-budget-mb must be at least 1"),
+                Some(mb) => mb.checked_mul(1 << 20).with_context(|| {
+                    format!("--memory-budget-mb {mb} is beyond any machine's memory")
+                })?,
+                None => turnwise::serve::default_memory_budget(),
+            };
             let read_timeout = Duration::try_from_secs_f64(read_timeout_secs)
                 .ok()
                 .filter(|d| !d.is_zero())
@@ -910,6 +929,8 @@ pub fn run(cli: Cli) -> Result<()> {
                 max_queue,
                 max_body_bytes,
                 read_timeout,
+                memory_budget,
+                prefill_chunk: prefill_chunk_tokens,
                 weight_version,
                 placement: turnwise_model::device::Placement { device, dtype },
             };

@@ -379,16 +379,51 @@ pub fn top_j_confidence(top: &[(u32, f32)], j: usize) -> f32 {
     (-vals.iter().sum::<f64>() / vals.len() as f64) as f32
 }
 
+/// Tokens of one sequence prefilled per step by default ([`EngineConfig::prefill_chunk`]).
+pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+
 /// Engine-wide settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EngineConfig {
     /// Most sequences decoding at once (`0`: unlimited); the others wait in arrival order.
     pub max_batch_size: usize,
+    /// Bytes the key/value cache and the prefill's activations may take together (`None`:
+    /// unlimited). Waiting sequences join the batch while the estimate
+    /// ([`SamplingEngine::memory_estimate`]) stays within it and wait otherwise; a sequence that
+    /// alone could never fit is refused by [`SamplingEngine::add_sequence`] with an error naming
+    /// `memory_budget`.
+    #[serde(default)]
+    pub memory_budget: Option<u64>,
+    /// Most uncached tokens of one sequence run through the model in one step (`0`: all at
+    /// once). A longer prompt is prefilled a chunk per step, on its own, while the batch keeps
+    /// decoding: its attention scores are `chunk × context` instead of `context²`, and a
+    /// sequence removed between steps (its client gone) stops at the next chunk.
+    #[serde(default = "default_prefill_chunk")]
+    pub prefill_chunk: usize,
+}
+
+fn default_prefill_chunk() -> usize {
+    DEFAULT_PREFILL_CHUNK
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        Self { max_batch_size: 64 }
+        Self {
+            max_batch_size: 64,
+            memory_budget: None,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// The default settings with at most `max_batch_size` sequences decoding at once (`0`:
+    /// unlimited).
+    pub fn with_max_batch_size(max_batch_size: usize) -> Self {
+        Self {
+            max_batch_size,
+            ..Self::default()
+        }
     }
 }
 
@@ -544,6 +579,7 @@ impl<'a> SamplingEngine<'a> {
                 "stop strings need a tokenizer",
             ));
         }
+        self.check_alone_fits(prompt.len(), &params)?;
         let choice = self.compile_choice(&params)?;
         let id = SeqId(self.next_id);
         self.next_id += 1;
@@ -808,8 +844,11 @@ impl<'a> SamplingEngine<'a> {
 
     fn step_inner(&mut self, mut hook: Option<&mut dyn TokenHook>) -> Result<Vec<TurnEnd>> {
         let mut ends = Vec::new();
-        self.admit(&mut ends)?;
+        let ran = self.admit(&mut ends)?;
         if self.batch.rows.is_empty() {
+            if ran {
+                self.stats.steps += 1;
+            }
             ends.sort_by_key(|e| e.id);
             return Ok(ends);
         }
@@ -915,16 +954,40 @@ impl<'a> SamplingEngine<'a> {
         Ok(ends)
     }
 
-    /// Moves waiting sequences into the batch while there is room, prefilling them together.
-    fn admit(&mut self, ends: &mut Vec<TurnEnd>) -> Result<()> {
+    /// Moves waiting sequences into the batch while there is room (the batch size and the
+    /// memory budget), prefilling them together. A sequence with more than
+    /// [`EngineConfig::prefill_chunk`] uncached tokens is instead prefilled one chunk on its
+    /// own and stays first in line; nothing behind it joins this step. Returns whether the
+    /// model ran.
+    fn admit(&mut self, ends: &mut Vec<TurnEnd>) -> Result<bool> {
         let cap = match self.config.max_batch_size {
             0 => usize::MAX,
             n => n,
         };
+        let chunk = match self.config.prefill_chunk {
+            0 => usize::MAX,
+            n => n,
+        };
         let max_pos = self.model.config().max_position_embeddings;
-        let mut group = Vec::new();
+        // What the budget must hold besides the batch: the caches of sequences not running.
+        let parked: u64 = self
+            .seqs
+            .values()
+            .filter(|s| s.seq.status != SeqStatus::Running)
+            .map(|s| s.cached as u64)
+            .sum::<u64>()
+            * self.kv_column_bytes();
+        let running_left = self
+            .batch
+            .rows
+            .iter()
+            .map(|id| turn_left(&self.seqs[id], max_pos))
+            .max()
+            .unwrap_or(0);
+        let mut group: Vec<SeqId> = Vec::new();
+        let (mut c_max, mut n_max, mut left_max) = (0usize, 0usize, running_left);
         while self.batch.rows.len() + group.len() < cap {
-            let Some(id) = self.waiting.pop_front() else {
+            let Some(&id) = self.waiting.front() else {
                 break;
             };
             let st = self.seqs.get_mut(&id).expect("waiting id has a state");
@@ -936,6 +999,7 @@ impl<'a> SamplingEngine<'a> {
                 limit_reached(&st.seq, st.generated, max_pos)
             };
             if let Some(reason) = reason {
+                self.waiting.pop_front();
                 ends.push(TurnEnd {
                     id,
                     reason: reason.clone(),
@@ -945,11 +1009,47 @@ impl<'a> SamplingEngine<'a> {
                 st.seq.status = SeqStatus::Paused(reason);
                 continue;
             }
+            let (cached, len) = (st.cached, st.seq.tokens.len());
+            let left = turn_left(st, max_pos);
+            let first = self.batch.rows.is_empty() && group.is_empty();
+            if len - cached > chunk {
+                // A long prefill runs a chunk a step, alone.
+                if !group.is_empty() {
+                    break;
+                }
+                let width = cached + chunk;
+                let need = self.memory_need(
+                    self.batch.rows.len() + 1,
+                    self.batch.width().max(len) + left_max.max(left),
+                    1,
+                    chunk,
+                    width,
+                ) + parked;
+                if !first && self.over_budget(need) {
+                    break;
+                }
+                self.prefill_chunk_of(id, chunk)?;
+                return Ok(true);
+            }
+            let (c, n) = (c_max.max(cached), n_max.max(len - cached));
+            let need = self.memory_need(
+                self.batch.rows.len() + group.len() + 1,
+                self.batch.width().max(c + n) + left_max.max(left),
+                group.len() + 1,
+                n,
+                c + n,
+            ) + parked;
+            if !first && self.over_budget(need) {
+                break;
+            }
+            (c_max, n_max, left_max) = (c, n, left_max.max(left));
+            self.waiting.pop_front();
+            let st = self.seqs.get_mut(&id).expect("waiting id has a state");
             st.seq.status = SeqStatus::Running;
             group.push(id);
         }
         if group.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let (layers, mask, logits) = self.prefill(&group)?;
         self.stats.prefill_tokens += group
@@ -961,7 +1061,114 @@ impl<'a> SamplingEngine<'a> {
             st.cache = None;
             st.cached = 0;
         }
-        self.merge(group, layers, mask, logits)
+        self.merge(group, layers, mask, logits)?;
+        Ok(true)
+    }
+
+    /// Runs the next `chunk` uncached tokens of waiting sequence `id` through the model on top
+    /// of its own cache, alone, and keeps their keys and values in its cache.
+    fn prefill_chunk_of(&mut self, id: SeqId, chunk: usize) -> Result<()> {
+        let cfg = self.model.config();
+        let device = self.model.device();
+        let st = &self.seqs[&id];
+        let c = st.cached;
+        let n = chunk.min(st.seq.tokens.len() - c);
+        let mut cache = KvCache::new(cfg.num_hidden_layers);
+        if let Some(layers) = st.cache.as_ref().filter(|_| c > 0) {
+            for (layer, (k, v)) in layers.iter().enumerate() {
+                *cache.slot_mut(layer) = Some(LayerKv::exact(k.clone(), v.clone())?);
+            }
+        }
+        let ids = Tensor::from_vec(st.seq.tokens[c..c + n].to_vec(), (1, n), device)?;
+        let pos = Tensor::from_vec((c as u32..(c + n) as u32).collect(), (1, n), device)?;
+        let mask = mask_tensor(&[vec![1u8; c + n]], device)?;
+        self.model
+            .forward_hidden(&ids, &pos, &mask, Some(&mut cache))?;
+        let layers = take_layers(&mut cache)?
+            .iter()
+            .map(|l| Ok((l.k()?, l.v()?)))
+            .collect::<Result<Vec<_>>>()?;
+        let st = self.seqs.get_mut(&id).expect("checked above");
+        st.cache = Some(layers);
+        st.cached = c + n;
+        self.stats.prefill_tokens += n as u64;
+        Ok(())
+    }
+
+    /// Bytes one cached position of one sequence takes over all layers (keys and values).
+    fn kv_column_bytes(&self) -> u64 {
+        let cfg = self.model.config();
+        (cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim) as u64
+            * self.model.dtype().size_in_bytes() as u64
+    }
+
+    /// The memory a batch of `rows` rows `width` columns wide needs while `prefill_rows` of
+    /// them run `prefill_tokens` new tokens each over `prefill_width` columns: the key/value
+    /// cache (with its spare columns), twice, as it exists while rows join the batch
+    /// (concatenation) and while its buffers grow, plus the largest layer's transient
+    /// activations (the attention scores and their softmax, the MLP's hidden states) counted in
+    /// f32.
+    fn memory_need(
+        &self,
+        rows: usize,
+        width: usize,
+        prefill_rows: usize,
+        prefill_tokens: usize,
+        prefill_width: usize,
+    ) -> u64 {
+        let cfg = self.model.config();
+        let kv = 2 * rows as u64 * (width + KV_RESERVE) as u64 * self.kv_column_bytes();
+        let per_token = 3 * cfg.num_attention_heads * prefill_width
+            + 4 * (cfg.hidden_size + cfg.intermediate_size);
+        let act = (prefill_rows * prefill_tokens) as u64 * per_token as u64 * 4;
+        // The prefill's new columns exist twice while the cache is joined.
+        let joined = (prefill_rows * prefill_width) as u64 * self.kv_column_bytes();
+        kv + act + joined
+    }
+
+    /// Whether `need` bytes exceed the memory budget.
+    fn over_budget(&self, need: u64) -> bool {
+        self.config.memory_budget.is_some_and(|b| need > b)
+    }
+
+    /// The memory a sequence of `len` tokens sampled by `params` needs alone:
+    /// its whole turn's cache and its prefill's activations.
+    pub fn memory_estimate(&self, len: usize, params: &SequenceParams) -> u64 {
+        let max_pos = self.model.config().max_position_embeddings;
+        let left = seq_turn_left(len, 0, 0, params, max_pos);
+        let chunk = match self.config.prefill_chunk {
+            0 => len,
+            n => n.min(len),
+        };
+        self.memory_need(1, len + left, 1, chunk, len)
+    }
+
+    /// Refuses a sequence of `len` tokens that could never fit the memory budget, even alone.
+    fn check_alone_fits(&self, len: usize, params: &SequenceParams) -> Result<()> {
+        let Some(budget) = self.config.memory_budget else {
+            return Ok(());
+        };
+        let need = self.memory_estimate(len, params);
+        if need <= budget {
+            return Ok(());
+        }
+        let mib = |b: u64| b.div_ceil(1 << 20);
+        Err(ModelError::invalid_input(
+            "memory_budget",
+            format!(
+                "a sequence of {len} tokens that may generate {} more needs about {} MiB of \
+                 key/value cache and activations, beyond the budget of {} MiB",
+                seq_turn_left(
+                    len,
+                    0,
+                    0,
+                    params,
+                    self.model.config().max_position_embeddings
+                ),
+                mib(need),
+                mib(budget)
+            ),
+        ))
     }
 
     /// Runs the uncached tokens of `group` (left-padded) on top of their own caches
@@ -1311,6 +1518,38 @@ fn limit_reached(seq: &Sequence, generated: usize, max_pos: usize) -> Option<Sto
     } else {
         None
     }
+}
+
+/// Tokens the current turn of `st` may still add to it (its per-turn, trajectory, sequence and
+/// context limits).
+fn turn_left(st: &SeqState, max_pos: usize) -> usize {
+    let seq = &st.seq;
+    seq_turn_left(
+        seq.tokens.len(),
+        seq.tokens.len() - seq.turn_start,
+        st.generated,
+        &seq.params,
+        max_pos,
+    )
+}
+
+/// [`turn_left`] of a sequence of `len` tokens whose turn has generated `in_turn` tokens and
+/// whose trajectory `generated`.
+fn seq_turn_left(
+    len: usize,
+    in_turn: usize,
+    generated: usize,
+    p: &SequenceParams,
+    max_pos: usize,
+) -> usize {
+    let mut left = p.sampling.max_new_tokens.saturating_sub(in_turn);
+    if let Some(m) = p.max_generated_tokens {
+        left = left.min(m.saturating_sub(generated));
+    }
+    if let Some(m) = p.max_len {
+        left = left.min(m.saturating_sub(len));
+    }
+    left.min(max_pos.saturating_sub(len))
 }
 
 fn take_layers(cache: &mut KvCache) -> Result<Vec<LayerKv>> {

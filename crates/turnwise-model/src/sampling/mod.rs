@@ -29,8 +29,9 @@ pub mod engine;
 
 pub use choice::{ChoiceConstraint, TokenPieces};
 pub use engine::{
-    DEFAULT_CONFIDENCE_TOP_J, EngineConfig, EngineStats, SamplingEngine, SeqId, SeqStatus,
-    Sequence, SequenceParams, StopReason, TokenHook, TokenOrigin, TurnEnd, top_j_confidence,
+    DEFAULT_CONFIDENCE_TOP_J, DEFAULT_PREFILL_CHUNK, EngineConfig, EngineStats, SamplingEngine,
+    SeqId, SeqStatus, Sequence, SequenceParams, StopReason, TokenHook, TokenOrigin, TurnEnd,
+    top_j_confidence,
 };
 
 /// How tokens are drawn.
@@ -261,7 +262,7 @@ fn run_engine(
     processor: Option<&mut dyn LogitsProcessor>,
 ) -> Result<Vec<Completion>> {
     let mut out: Vec<Completion> = prompts.iter().map(|_| Completion::empty()).collect();
-    let mut engine = SamplingEngine::new(model, tokenizer, EngineConfig { max_batch_size: 0 });
+    let mut engine = SamplingEngine::new(model, tokenizer, EngineConfig::with_max_batch_size(0));
     let seq_params = SequenceParams {
         sampling: params.clone(),
         max_generated_tokens: None,

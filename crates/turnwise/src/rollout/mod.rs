@@ -962,7 +962,7 @@ fn signal_turns(
     control: &RolloutControl,
 ) -> Result<Vec<TurnOutput>> {
     let mut engine =
-        SamplingEngine::new(model, Some(tokenizer), EngineConfig { max_batch_size: 0 });
+        SamplingEngine::new(model, Some(tokenizer), EngineConfig::with_max_batch_size(0));
     let seq_params = SequenceParams {
         sampling: params.clone(),
         max_generated_tokens: None,

@@ -993,6 +993,8 @@ async fn server_info(State(app): State<Arc<App>>) -> axum::Json<Value> {
         "weight_version": app.shared.version(),
         "in_flight": app.shared.in_flight(),
         "max_queue": app.shared.max_queue,
+        "memory_budget_bytes": app.shared.memory_budget,
+        "prefill_chunk": app.shared.prefill_chunk,
         "engine": app.shared.counters(),
     }))
 }

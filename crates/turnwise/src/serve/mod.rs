@@ -71,6 +71,14 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// Header and body read timeout per connection.
     pub read_timeout: Duration,
+    /// Bytes the key/value cache and the prefill's activations may take together
+    /// ([`EngineConfig::memory_budget`]): requests beyond it wait for room, and one that alone
+    /// can never fit gets a 400 naming `--memory-budget-mb`. Default: a quarter of the
+    /// machine's memory ([`default_memory_budget`]).
+    pub memory_budget: u64,
+    /// Most prompt tokens of one sequence prefilled per engine step
+    /// ([`EngineConfig::prefill_chunk`]; `0`: whole prompts at once).
+    pub prefill_chunk: usize,
     /// The weight version reported until the first reload.
     pub weight_version: String,
     /// Where the served model lives (`--device`, `--dtype`); reloaded weights and merged LoRA
@@ -87,14 +95,26 @@ impl Default for ServeConfig {
             max_queue: 1024,
             max_body_bytes: 64 << 20,
             read_timeout: Duration::from_secs(30),
+            memory_budget: default_memory_budget(),
+            prefill_chunk: turnwise_model::sampling::DEFAULT_PREFILL_CHUNK,
             weight_version: "0".into(),
             placement: Placement::cpu(),
         }
     }
 }
 
+/// The default memory budget of a policy server: a quarter of the machine's memory (its
+/// `MemTotal`), leaving the rest to the trainer and the environment that share the host; 4 GiB
+/// where the machine's memory cannot be read.
+pub fn default_memory_budget() -> u64 {
+    crate::config::machine_memory_bytes().map_or(4 << 30, |total| total / 4)
+}
+
 impl ServeConfig {
     fn validate(&self) -> Result<()> {
+        if self.memory_budget == 0 {
+            bail!("memory_budget must be at least 1 byte");
+        }
         if self.max_batch_size == 0 {
             bail!("max_batch_size must be at least 1");
         }
@@ -311,16 +331,21 @@ fn build_app(
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "turnwise".into())
     });
-    let shared = Arc::new(Shared::new(
-        config.weight_version.clone(),
-        path.clone(),
-        config.max_queue,
-    ));
+    let shared = Arc::new(
+        Shared::new(
+            config.weight_version.clone(),
+            path.clone(),
+            config.max_queue,
+        )
+        .with_memory(config.memory_budget, config.prefill_chunk),
+    );
     let (worker, engine) = WorkerHandle::spawn(
         transformer,
         tensors.tokenizer.clone(),
         EngineConfig {
             max_batch_size: config.max_batch_size,
+            memory_budget: Some(config.memory_budget),
+            prefill_chunk: config.prefill_chunk,
         },
         Arc::clone(&shared),
     )

@@ -147,6 +147,11 @@ pub struct Shared {
     in_flight: AtomicUsize,
     /// Most sequences in flight; beyond it requests get 503.
     pub max_queue: usize,
+    /// The engine's memory budget in bytes (`--memory-budget-mb`), reported by
+    /// `/get_server_info`.
+    pub memory_budget: Option<u64>,
+    /// The engine's prefill chunk in tokens (`--prefill-chunk-tokens`).
+    pub prefill_chunk: usize,
     /// What the engine has done.
     pub stats: Mutex<EngineCounters>,
 }
@@ -176,8 +181,17 @@ impl Shared {
             model_path: Mutex::new(path),
             in_flight: AtomicUsize::new(0),
             max_queue,
+            memory_budget: None,
+            prefill_chunk: 0,
             stats: Mutex::new(EngineCounters::default()),
         }
+    }
+
+    /// The same, reporting the engine's memory budget and prefill chunk.
+    pub fn with_memory(mut self, memory_budget: u64, prefill_chunk: usize) -> Self {
+        self.memory_budget = Some(memory_budget);
+        self.prefill_chunk = prefill_chunk;
+        self
     }
 
     /// Reserves room for `n` sequences, or `None` when the queue is full.
@@ -528,6 +542,15 @@ impl<'a> Engine<'a> {
 
 fn invalid(e: &turnwise_model::ModelError) -> WorkerError {
     match e {
+        turnwise_model::ModelError::InvalidInput { arg, reason } if arg == "memory_budget" => {
+            WorkerError::Invalid {
+                field: arg.clone(),
+                message: format!(
+                    "{reason} (turnwise serve --memory-budget-mb); a shorter prompt or a \
+                     smaller max_tokens fits"
+                ),
+            }
+        }
         turnwise_model::ModelError::InvalidInput { arg, reason } => WorkerError::Invalid {
             field: arg.clone(),
             message: reason.clone(),

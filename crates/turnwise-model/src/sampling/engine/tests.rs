@@ -79,7 +79,7 @@ fn a_row_alone_equals_the_row_in_a_churning_batch() {
     let solo = alone.sequence(a).unwrap().clone();
     assert_eq!(generated(&solo).len(), 14);
 
-    let mut eng = SamplingEngine::new(&model, None, EngineConfig { max_batch_size: 8 });
+    let mut eng = SamplingEngine::new(&model, None, EngineConfig::with_max_batch_size(8));
     let other = |eng: &mut SamplingEngine<'_>, len: usize, max_new: usize, seed: u64| {
         let prompt: Vec<u32> = (0..len as u32)
             .map(|i| (i * 7 + seed as u32) % 90)
@@ -431,4 +431,146 @@ fn the_engine_sees_optimizer_updates_without_copies() {
     }
     let after = run(&model);
     assert!(max_diff(&before, &after) > 1e-3);
+}
+
+fn long_prompt(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 7 + 3) % 90 + 2).collect()
+}
+
+#[test]
+fn chunked_prefill_equals_one_shot_and_interleaves_with_decoding() {
+    let cfg = ModelConfig::tiny_qwen2(96);
+    let (_vm, model) = detached(&cfg, DType::F32, 5);
+    let prompt = long_prompt(150);
+    let run = |chunk: usize| {
+        let config = EngineConfig {
+            prefill_chunk: chunk,
+            ..EngineConfig::default()
+        };
+        let mut eng = SamplingEngine::new(&model, None, config);
+        // A short sequence decodes while the long one is prefilled chunk by chunk.
+        let short = eng.add_sequence(vec![4, 5, 6], greedy(8), 1).unwrap();
+        let long = eng.add_sequence(prompt.clone(), greedy(6), 2).unwrap();
+        let mut rec = Recorder::default();
+        let mut first_token_step = None;
+        let mut short_tokens_meanwhile = 0;
+        while !eng.is_idle() {
+            eng.step(Some(&mut rec)).unwrap();
+            if first_token_step.is_none() && eng.sequence(long).unwrap().len() > prompt.len() {
+                first_token_step = Some(eng.stats().steps);
+                short_tokens_meanwhile = eng.sequence(short).unwrap().num_generated();
+            }
+        }
+        let out = (
+            generated(eng.sequence(long).unwrap()),
+            rec.seen.remove(&long).unwrap(),
+        );
+        (
+            out,
+            eng.stats(),
+            first_token_step.unwrap(),
+            short_tokens_meanwhile,
+        )
+    };
+    let ((toks_one, logits_one), stats_one, first_one, _) = run(0);
+    let ((toks_chunked, logits_chunked), stats_chunked, first_chunked, meanwhile) = run(32);
+    assert_eq!(toks_one, toks_chunked, "greedy tokens");
+    for (a, b) in logits_one.iter().zip(&logits_chunked) {
+        assert_close(a, b, "logits after a chunked prefill");
+    }
+    assert_eq!(stats_one.prefill_tokens, stats_chunked.prefill_tokens);
+    // Unchunked, both join at step 1. Chunked, the short one joins alone at step 1 (a long
+    // prefill never shares a step), then four chunks of 32 run on their own (steps 2-5) and the
+    // last 22 tokens join the batch at step 6.
+    assert_eq!(first_one, 1);
+    assert_eq!(
+        first_chunked, 6,
+        "steps before the long sequence's first token"
+    );
+    assert!(
+        meanwhile >= 4,
+        "the short sequence decodes while the long one prefills ({meanwhile} tokens)"
+    );
+}
+
+#[test]
+fn a_sequence_removed_mid_prefill_stops_at_its_chunk() {
+    let cfg = ModelConfig::tiny_qwen2(96);
+    let (_vm, model) = detached(&cfg, DType::F32, 6);
+    let config = EngineConfig {
+        prefill_chunk: 16,
+        ..EngineConfig::default()
+    };
+    let mut eng = SamplingEngine::new(&model, None, config);
+    let id = eng.add_sequence(long_prompt(100), greedy(4), 3).unwrap();
+    eng.step(None).unwrap();
+    eng.step(None).unwrap();
+    assert_eq!(eng.stats().prefill_tokens, 32);
+    assert_eq!(eng.cached_len(id), Some(32));
+    assert_eq!(eng.sequence(id).unwrap().status, SeqStatus::Waiting);
+    eng.remove(id).unwrap();
+    assert!(eng.is_idle());
+    eng.step(None).unwrap();
+    assert_eq!(
+        eng.stats().prefill_tokens,
+        32,
+        "no prefill after the removal"
+    );
+}
+
+#[test]
+fn the_memory_budget_queues_what_does_not_fit_and_refuses_what_never_can() {
+    let cfg = ModelConfig::tiny_qwen2(96);
+    let (_vm, model) = detached(&cfg, DType::F32, 7);
+    let prompts: Vec<Vec<u32>> = (0..6).map(|i| long_prompt(40 + i)).collect();
+    let run = |budget: Option<u64>| {
+        let config = EngineConfig {
+            memory_budget: budget,
+            ..EngineConfig::default()
+        };
+        let mut eng = SamplingEngine::new(&model, None, config);
+        let ids: Vec<SeqId> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| eng.add_sequence(p.clone(), free(10), i as u64).unwrap())
+            .collect();
+        let mut peak = 0;
+        while !eng.is_idle() {
+            eng.step(None).unwrap();
+            peak = peak.max(eng.running().len());
+        }
+        let out: Vec<Vec<u32>> = ids
+            .iter()
+            .map(|&id| generated(eng.sequence(id).unwrap()))
+            .collect();
+        (out, peak)
+    };
+    let (free_out, free_peak) = run(None);
+    assert_eq!(free_peak, 6, "unbudgeted, all six decode together");
+    // Room for two rows of this size decoding while a third is prefilled.
+    let probe = SamplingEngine::new(&model, None, EngineConfig::default());
+    let budget = probe.memory_need(2, 45 + 10, 1, 45, 45);
+    let (out, peak) = run(Some(budget));
+    assert!((1..=2).contains(&peak), "budgeted peak batch {peak}");
+    assert_eq!(out, free_out, "queueing changes no sequence's tokens");
+
+    // A sequence that alone needs more than the budget is refused, naming the budget.
+    let one = probe.memory_estimate(40, &free(10));
+    let mut eng = SamplingEngine::new(
+        &model,
+        None,
+        EngineConfig {
+            memory_budget: Some(one - 1),
+            ..EngineConfig::default()
+        },
+    );
+    let err = eng
+        .add_sequence(long_prompt(40), free(10), 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("memory_budget") && err.contains("MiB"),
+        "{err}"
+    );
+    assert!(eng.add_sequence(long_prompt(30), free(10), 0).is_ok());
 }

@@ -1,0 +1,230 @@
+//! `turnwise serve` under a memory ceiling (review defects 1 and 7 of
+//! ../shared/reviews/cli-as-a-user-2.md): the binary runs with its data segment limited
+//! (`ulimit -d`), and a small request that asks for 64 long sequences at once is answered
+//! within the `--memory-budget-mb` instead of taking the machine down; a sequence that alone
+//! can never fit gets a 400 naming the flag; a long prompt's prefill stops at its next chunk
+//! when the client goes away. The model is the committed tiny GGUF fixture's architecture with
+//! a 4,096-token context.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use candle_core::{DType, Device};
+use serde_json::{Value, json};
+use turnwise::model_source::load_init_tensors;
+use turnwise_model::checkpoint::export_hf_folder;
+use turnwise_model::model::weights::init_varmap;
+
+/// The data-segment ceiling the server runs under (512 MiB). One prefill of the 64 × 500-token
+/// request below without a budget materialises attention scores of 64 × 4 heads × 500² f32
+/// (256 MB) in each layer, several such tensors at once.
+const CEILING_KB: u64 = 512 << 10;
+
+/// The fixture's architecture with a 4,096-token context and fresh weights, as an HF folder.
+fn long_context_model(dir: &Path) -> PathBuf {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../turnwise-model/src/checkpoint/fixtures/gguf/tiny-llama.gguf");
+    let (_, m) = load_init_tensors(&fixture).unwrap();
+    let mut cfg = m.config.clone();
+    cfg.max_position_embeddings = 4096;
+    let varmap = init_varmap(&cfg, DType::F32, &Device::Cpu, 3).unwrap();
+    let out = dir.join("long-context");
+    export_hf_folder(&out, &cfg, &varmap, &m.tokenizer, &m.meta).unwrap();
+    out
+}
+
+/// `turnwise serve` under the ceiling; its pid and URL.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(model: &Path, flags: &[&str]) -> Self {
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(format!("ulimit -d {CEILING_KB} && exec \"$0\" \"$@\""))
+            .arg(env!("CARGO_BIN_EXE_turnwise"))
+            .args(["serve", "--addr", "127.0.0.1:0", "--model"])
+            .arg(model)
+            .args(flags)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let url = loop {
+            let line = lines
+                .next()
+                .expect("the server exited before listening")
+                .unwrap();
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                break rest.trim().to_string();
+            }
+        };
+        // Keep draining stdout so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Self { child, url }
+    }
+
+    /// Peak resident memory so far (`VmHWM`), in bytes.
+    fn peak_rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 1024
+    }
+
+    fn info(&self) -> Value {
+        client(60)
+            .get(format!("{}/get_server_info", self.url))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap()
+    }
+
+    fn prefill_tokens(&self) -> u64 {
+        self.info()["engine"]["prefill_tokens"].as_u64().unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client(timeout_secs: u64) -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(timeout_secs))
+        .build()
+        .unwrap()
+}
+
+/// A prompt of `n` token ids of the fixture's 301-token vocabulary.
+fn prompt(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 13 + 5) % 290 + 4).collect()
+}
+
+/// POSTs the review's request shape: 64 sequences of one 500-token prompt.
+fn sixty_four(server: &Server) -> reqwest::Result<reqwest::blocking::Response> {
+    client(600)
+        .post(format!("{}/v1/completions", server.url))
+        .json(&json!({"prompt": prompt(500), "max_tokens": 4, "n": 64, "temperature": 0}))
+        .send()
+}
+
+#[test]
+fn sixty_four_sequences_are_answered_within_the_budget_under_a_ceiling() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = long_context_model(tmp.path());
+    let server = Server::start(&model, &["--memory-budget-mb", "64"]);
+    let info = server.info();
+    assert_eq!(info["memory_budget_bytes"], 64 << 20, "{info}");
+    assert_eq!(info["prefill_chunk"], 512, "{info}");
+    let rss_before = server.peak_rss();
+    let t = Instant::now();
+    let r = sixty_four(&server).expect("the server answers");
+    let status = r.status().as_u16();
+    let v: Value = r.json().unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 64);
+    let peak = server.peak_rss();
+    eprintln!(
+        "64 x 500 prompt tokens in {:.1} s; peak RSS {} MiB (before the request {} MiB)",
+        t.elapsed().as_secs_f64(),
+        peak >> 20,
+        rss_before >> 20
+    );
+    assert!(
+        peak < rss_before + (64 << 20) + (64 << 20),
+        "peak RSS {} MiB: beyond the budget plus the server's own memory",
+        peak >> 20
+    );
+    let peak_batch = server.info()["engine"]["peak_batch"].as_u64().unwrap();
+    eprintln!("peak batch {peak_batch}");
+    assert!(
+        peak_batch < 64,
+        "the budget held rows back: peak batch {peak_batch}"
+    );
+    assert_eq!(server.prefill_tokens(), 64 * 500);
+
+    // The control: with a budget beyond the ceiling, the same request kills the server (what
+    // every request did before the budget existed).
+    let unbounded = Server::start(&model, &["--memory-budget-mb", "100000"]);
+    let answer = sixty_four(&unbounded);
+    let mut unbounded = unbounded;
+    let exit = unbounded.child.wait().unwrap();
+    assert!(
+        answer.is_err() && !exit.success(),
+        "without a budget the request should exceed the {} MiB ceiling",
+        CEILING_KB >> 10
+    );
+}
+
+#[test]
+fn a_sequence_that_can_never_fit_gets_a_400_naming_the_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = long_context_model(tmp.path());
+    let server = Server::start(&model, &["--memory-budget-mb", "1"]);
+    let url = format!("{}/v1/completions", server.url);
+    let r = client(60)
+        .post(&url)
+        .json(&json!({"prompt": prompt(3000), "max_tokens": 1}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let v: Value = r.json().unwrap();
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("--memory-budget-mb") && msg.contains("budget of 1 MiB"),
+        "{msg}"
+    );
+    // What fits is served.
+    let r = client(60)
+        .post(&url)
+        .json(&json!({"prompt": prompt(5), "max_tokens": 2}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+}
+
+#[test]
+fn a_long_prefill_stops_when_its_client_goes_away() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = long_context_model(tmp.path());
+    let server = Server::start(&model, &["--prefill-chunk-tokens", "2"]);
+    let before = server.prefill_tokens();
+    let url = format!("{}/v1/completions", server.url);
+    let gone = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap()
+        .post(&url)
+        .json(&json!({"prompt": prompt(4000), "max_tokens": 1}))
+        .send();
+    assert!(gone.is_err(), "the client timed out");
+    // The engine notices at its next step; then the count stays put.
+    std::thread::sleep(Duration::from_millis(500));
+    let after = server.prefill_tokens() - before;
+    std::thread::sleep(Duration::from_millis(500));
+    let later = server.prefill_tokens() - before;
+    eprintln!("prefilled {after} of 4,000 prompt tokens before the client went away");
+    assert_eq!(after, later, "the prefill went on after its client left");
+    assert!(after < 4000, "the whole prompt was prefilled ({after})");
+    // The server still answers.
+    let r = client(60)
+        .post(&url)
+        .json(&json!({"prompt": prompt(5), "max_tokens": 2}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+}
