@@ -9,13 +9,12 @@ use std::process::Command;
 #[derive(Debug, thiserror::Error)]
 pub enum PipError {
     /// The cache directory could not be created or the wheel moved into it.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {cause}", path.display())]
     Io {
         /// The file or directory involved.
         path: PathBuf,
         /// The underlying I/O error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// pip could not run, failed, or did not write the expected wheel.
     #[error("fetching {what} failed: {message}")]
@@ -58,9 +57,9 @@ pub fn fetch_wheel(
     if wheel.is_file() {
         return Ok(wheel);
     }
-    let io = |path: &Path, source| PipError::Io {
+    let io = |path: &Path, cause| PipError::Io {
         path: path.to_path_buf(),
-        source,
+        cause,
     };
     std::fs::create_dir_all(cache_dir).map_err(|e| io(cache_dir, e))?;
     let tmp = cache_dir.join(format!(".pip-{package}-{}", std::process::id()));

@@ -8,24 +8,22 @@ use std::path::PathBuf;
 pub enum ModelError {
     /// A tensor operation failed inside candle.
     #[error("tensor operation failed: {0}")]
-    Candle(#[from] candle_core::Error),
+    Candle(candle_core::Error),
     /// A file could not be read or written.
-    #[error("i/o error on {path}: {source}")]
+    #[error("i/o error on {path}: {cause}")]
     Io {
         /// The file or folder involved.
         path: PathBuf,
         /// The underlying error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A JSON document could not be parsed or written.
-    #[error("invalid JSON in {what}: {source}")]
+    #[error("invalid JSON in {what}: {cause}")]
     Json {
         /// What was being parsed (usually a path).
         what: String,
         /// The underlying error.
-        #[source]
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
     /// A model configuration field is missing or has an unusable value.
     #[error("invalid model config: field `{field}`: {reason}")]
@@ -92,6 +90,14 @@ pub enum ModelError {
     },
 }
 
+// The wrapped error is printed in the variant's message, so it is not also its `source()`: a
+// report that walks the causes (`{:#}`, `turnwise`'s error line) would print it twice.
+impl From<candle_core::Error> for ModelError {
+    fn from(e: candle_core::Error) -> Self {
+        Self::Candle(e)
+    }
+}
+
 /// Result alias used throughout the crate.
 pub type Result<T> = std::result::Result<T, ModelError>;
 
@@ -113,10 +119,10 @@ impl ModelError {
     }
 
     /// Wraps an I/O error with its path.
-    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub fn io(path: impl Into<PathBuf>, cause: std::io::Error) -> Self {
         Self::Io {
             path: path.into(),
-            source,
+            cause,
         }
     }
 }

@@ -37,12 +37,12 @@ pub enum BindingError {
         message: String,
     },
     /// JSON that does not parse into what the argument must hold.
-    #[error("`{arg}` is not valid here: {source}")]
+    #[error("`{arg}` is not valid here: {cause}")]
     Json {
         /// The argument.
         arg: &'static str,
         /// The parse error.
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
     /// An advantage estimator refused the batch or its settings.
     #[error(transparent)]
@@ -73,10 +73,10 @@ pub type Result<T> = std::result::Result<T, BindingError>;
 
 /// Parses `text` (the JSON form of argument `arg`) into `T`.
 pub fn from_json<T: serde::de::DeserializeOwned>(arg: &'static str, text: &str) -> Result<T> {
-    serde_json::from_str(text).map_err(|source| BindingError::Json { arg, source })
+    serde_json::from_str(text).map_err(|cause| BindingError::Json { arg, cause })
 }
 
 /// Serializes a result for Python (`json.loads` on the other side).
 pub fn to_json<T: serde::Serialize>(arg: &'static str, value: &T) -> Result<String> {
-    serde_json::to_string(value).map_err(|source| BindingError::Json { arg, source })
+    serde_json::to_string(value).map_err(|cause| BindingError::Json { arg, cause })
 }

@@ -43,11 +43,25 @@ pub fn pick_checkpoint(run: &RunDir, step: Option<u64>) -> Result<Checkpoint> {
     match step {
         Some(n) => match complete.iter().find(|c| c.step == n) {
             Some(c) => Ok(c.clone()),
-            None => bail!(
-                "{} has no complete checkpoint of step {n} (complete steps: {})",
-                run.root().display(),
-                steps()
-            ),
+            None => {
+                // Step 0 (the warm-started model) is rotated out like the others, but the run
+                // keeps it as a Hugging Face folder of its own.
+                let reference = run.root().join(crate::pipeline::REFERENCE_DIR);
+                let hint = match n == 0 && reference.join("config.json").is_file() {
+                    true => format!(
+                        "; the warm-started model of step 0 is kept in {}, a Hugging Face folder \
+                         that `turnwise eval --checkpoint` and `turnwise serve --model` read as \
+                         it is",
+                        reference.display()
+                    ),
+                    false => String::new(),
+                };
+                bail!(
+                    "{} has no complete checkpoint of step {n} (complete steps: {}){hint}",
+                    run.root().display(),
+                    steps()
+                )
+            }
         },
         None => match complete.iter().max_by_key(|c| c.step) {
             Some(c) => Ok(c.clone()),

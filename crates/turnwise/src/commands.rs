@@ -70,9 +70,13 @@ pub enum Command {
     /// rollouts, and export it as a Hugging Face folder (config.json, model.safetensors,
     /// tokenizer.json).
     Sft {
-        /// Preset whose task, model and warm-start settings to use.
-        #[arg(long, default_value = "grpo")]
-        preset: String,
+        /// Preset whose task, model and warm-start settings to use (grpo when neither it nor
+        /// `--config` is given).
+        #[arg(long)]
+        preset: Option<String>,
+        /// A TOML config file applied over the preset (as for `train`).
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// `key=value` overrides.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         sets: Vec<String>,
@@ -475,6 +479,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Sft {
             preset,
+            config,
             mut sets,
             out,
             rejection,
@@ -486,15 +491,24 @@ pub fn run(cli: Cli) -> Result<()> {
             if rejection {
                 sets.push("rsft.enabled=true".into());
             }
-            let cfg = TrainConfig::resolve(Some(&preset), None, &sets)?;
+            let preset = match (&preset, &config) {
+                (None, None) => Some("grpo"),
+                _ => preset.as_deref(),
+            };
+            let cfg = resolve_train_config(preset, config.as_deref(), &sets)?;
             let steps = cfg.sft.steps;
             let mut trainer = turnwise::trainer::Trainer::new(cfg.clone())?;
             let bar = turnwise::run::Progress::new("warm start", steps, quiet);
+            let t = Instant::now();
             trainer.warm_start(&mut |step, loss, _| {
                 bar.set_position(step);
                 bar.set_message(format!("loss {loss:.4}"));
             })?;
-            bar.finish("done");
+            bar.finish(format!(
+                "{} in {:.0} s",
+                turnwise::pipeline::count(steps, "step", "steps"),
+                t.elapsed().as_secs_f64()
+            ));
             if cfg.rsft.enabled {
                 turnwise::pipeline::rejection_phase(&mut trainer, &cfg, None, quiet)?;
             }
@@ -505,10 +519,10 @@ pub fn run(cli: Cli) -> Result<()> {
             trainer.export(&out)?;
             if !quiet {
                 println!(
-                    "wrote {} (validation EM {:.1}% greedy on {} questions)",
+                    "wrote {} (validation EM {:.1}% greedy on {})",
                     out.display(),
                     r.em * 100.0,
-                    r.n
+                    turnwise::pipeline::count(r.n as u64, "question", "questions")
                 );
             }
             Ok(())
@@ -549,9 +563,9 @@ pub fn run(cli: Cli) -> Result<()> {
             turnwise::pipeline::preflight(&cfg, &task)?;
             let (steps, off) = cfg.update_structure();
             println!(
-                "# resolved config of preset {:?}: {steps} optimizer steps per rollout batch \
-                 ({off} off-policy)",
-                cfg.preset
+                "# resolved config of preset {:?}: {} per rollout batch ({off} off-policy)",
+                cfg.preset,
+                turnwise::pipeline::count(steps as u64, "optimizer step", "optimizer steps")
             );
             print!("{}", cfg.to_toml());
             Ok(())
@@ -612,6 +626,9 @@ pub fn run(cli: Cli) -> Result<()> {
             if !(temperature >= 0.0 && temperature.is_finite()) {
                 bail!("--temperature must be 0 (greedy) or positive, got {temperature}");
             }
+            if questions == 0 {
+                bail!("--questions must be at least 1 (the number of questions to evaluate)");
+            }
             if samples == 0 || (samples > 1 && temperature == 0.0) {
                 bail!(
                     "--samples must be 1, or more with --temperature above 0 (greedy decoding \
@@ -658,7 +675,11 @@ pub fn run(cli: Cli) -> Result<()> {
                 }
                 file.write_all(out.as_bytes())
                     .with_context(|| format!("writing the episodes to {}", path.display()))?;
-                eprintln!("wrote {} episodes to {}", episodes.len(), path.display());
+                eprintln!(
+                    "wrote {} to {}",
+                    turnwise::pipeline::count(episodes.len() as u64, "episode", "episodes"),
+                    path.display()
+                );
             }
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(())

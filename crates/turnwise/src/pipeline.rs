@@ -13,13 +13,13 @@ use turnwise_env::world::Split;
 
 use crate::config::TrainConfig;
 use crate::run::wandb::{WandbOptions, WandbSidecar};
-use crate::run::{MetricsWriter, PairedGain, Progress, RunDir, write_report};
+use crate::run::{MetricsRecord, MetricsWriter, PairedGain, Progress, RunDir, write_report};
 use crate::task::WorldTask;
-use crate::trainer::Trainer;
 use crate::trainer::eval::{
     EvalEpisode, EvalResult, QuestionOutcome, eval_prefix, paired_gain, question_outcomes,
 };
 use crate::trainer::rejection::{RsftProgress, RsftReport};
+use crate::trainer::{Trainer, WarmStartState};
 
 pub use crate::config::presets::QUICKSTART_OVERRIDES;
 
@@ -140,17 +140,32 @@ fn eval_line(name: &str, r: &EvalResult) -> String {
 ///
 /// Everything that can fail on the configuration (the task, its files and retriever, the
 /// tokenizer, the model) is built before the run directory is created or an old run in it is
-/// deleted. The warm-started model is checkpointed as step 0, after the evaluations before RL,
-/// so a run killed at any later point resumes without redoing the warm start.
+/// deleted. The warm start is checkpointed every `sft.save_every` steps and at its end
+/// (`checkpoints/warm-start-step-N/`, the newest kept), and the warm-started model is
+/// checkpointed as step 0 after the evaluations before RL, so a killed run resumes without
+/// redoing the warm start, or the part of it already done.
 pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSummary> {
     let quiet = opts.quiet;
     let t_start = Instant::now();
-    let mut trainer = Trainer::new(cfg.clone())?;
+    let trainer = Trainer::new(cfg.clone())?;
     preflight(&cfg, &trainer.task)?;
     let dir = RunDir::create(&opts.dir, overwrite)?;
     dir.write_config(&cfg.to_toml())?;
     say(quiet, format!("run directory: {}", opts.dir.display()));
-    let mut log = open_log(&dir, &cfg, None, quiet)?;
+    let log = open_log(&dir, &cfg, None, quiet)?;
+    run_from_start(trainer, &cfg, &dir, log, quiet, t_start)
+}
+
+/// The run in `dir` from its beginning, with the fresh `trainer` of `cfg` and its open `log`:
+/// the starting model's evaluations, the warm start, and on ([`after_warm_start`]).
+fn run_from_start(
+    mut trainer: Trainer,
+    cfg: &TrainConfig,
+    dir: &RunDir,
+    mut log: MetricsWriter,
+    quiet: bool,
+    t_start: Instant,
+) -> Result<RunSummary> {
     if let Some((_, prompt)) = trainer.task.first_prompt()? {
         std::fs::write(dir.root().join(FIRST_PROMPT_FILE), prompt)?;
     }
@@ -176,44 +191,137 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
     // The starting model before any training, zero- and few-shot (`eval.base_shots`).
     // Its seconds are logged on its eval lines, not counted again as setup.
     let t_base = Instant::now();
-    evaluate_base(&mut trainer, &cfg, &mut log, quiet)?;
-    let base_seconds = t_base.elapsed().as_secs_f64();
+    evaluate_base(&mut trainer, cfg, &mut log, quiet)?;
+    let clock = PhaseClock {
+        t_start,
+        t_sft: Instant::now(),
+        earlier_sft_seconds: 0.0,
+        base_seconds: t_base.elapsed().as_secs_f64(),
+    };
+    warm_start_phase(&mut trainer, cfg, dir, &mut log, quiet, None, &clock)?;
+    after_warm_start(trainer, cfg, dir, log, quiet, &clock)
+}
 
-    // Warm start.
-    let t_sft = Instant::now();
+/// When the phases of this process began, for the run's timing line.
+struct PhaseClock {
+    /// The process's start.
+    t_start: Instant,
+    /// The warm start's start (in this process).
+    t_sft: Instant,
+    /// Seconds of the warm start spent by earlier processes (a resumed warm start).
+    earlier_sft_seconds: f64,
+    /// Seconds of the starting model's evaluations (logged on their own lines).
+    base_seconds: f64,
+}
+
+/// What a warm-start checkpoint keeps of the pipeline's own state, so that a resumed warm start
+/// logs exactly what an uninterrupted one would.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct WarmStartLog {
+    /// The losses of the steps after the last `sft` metrics line (as bits, to be exact).
+    pending_loss_bits: Vec<u64>,
+    /// Seconds the warm start had taken at the checkpoint, over every process.
+    seconds: f64,
+}
+
+/// The warm start (`sft.steps` updates), from its beginning or from a warm-start checkpoint
+/// (`from`): a progress bar, an `sft` metrics line every 2 % of the steps (the mean loss since
+/// the last one), and a warm-start checkpoint every `sft.save_every` steps and at the last one,
+/// written durably and marked complete before the older one is deleted.
+fn warm_start_phase(
+    trainer: &mut Trainer,
+    cfg: &TrainConfig,
+    dir: &RunDir,
+    log: &mut MetricsWriter,
+    quiet: bool,
+    from: Option<(WarmStartState, WarmStartLog)>,
+    clock: &PhaseClock,
+) -> Result<()> {
     let total = cfg.sft.steps;
-    if total > 0 {
-        let every = (total / 50).max(1);
-        let bar = Progress::new("warm start", total, quiet);
-        let mut recent = Vec::new();
-        let mut write_err = None;
-        trainer.warm_start(&mut |step, loss, lr| {
-            bar.set_position(step);
+    if total == 0 {
+        return Ok(());
+    }
+    let (from, mut recent) = match from {
+        Some((state, l)) => (
+            Some(state),
+            l.pending_loss_bits
+                .into_iter()
+                .map(f64::from_bits)
+                .collect(),
+        ),
+        None => (None, Vec::new()),
+    };
+    let start = from.as_ref().map_or(0, WarmStartState::step);
+    let every = (total / 50).max(1);
+    let save_every = cfg.sft.save_every;
+    let bar = (start < total).then(|| Progress::new("warm start", total, quiet));
+    if let Some(bar) = &bar {
+        bar.set_position(start);
+    }
+    trainer.warm_start_with(from, &mut |s| {
+        if let Some(bar) = &bar {
+            bar.set_position(s.step);
+        }
+        if let Some(loss) = s.loss {
             recent.push(loss);
-            if step % every == 0 || step == total {
+            if s.step.is_multiple_of(every) || s.step == total {
                 let mean = recent.iter().sum::<f64>() / recent.len() as f64;
                 recent.clear();
-                bar.set_message(format!("loss {mean:.4}"));
-                let m =
-                    BTreeMap::from([("sft/loss".to_string(), mean), ("sft/lr".to_string(), lr)]);
-                if let Err(e) = log.write(step, "sft", &m) {
-                    write_err = Some(e);
+                if let Some(bar) = &bar {
+                    bar.set_message(format!("loss {mean:.4}"));
                 }
+                let m =
+                    BTreeMap::from([("sft/loss".to_string(), mean), ("sft/lr".to_string(), s.lr)]);
+                log.write(s.step, "sft", &m)?;
             }
-        })?;
-        bar.finish(format!(
-            "{total} steps in {:.0} s",
-            t_sft.elapsed().as_secs_f64()
-        ));
-        if let Some(e) = write_err {
-            return Err(e.into());
         }
+        if save_every > 0 && (s.step.is_multiple_of(save_every) || s.step == total) {
+            let path = dir.begin_warm_start_checkpoint(s.step)?;
+            let kept = WarmStartLog {
+                pending_loss_bits: recent.iter().map(|l| l.to_bits()).collect(),
+                seconds: clock.earlier_sft_seconds + clock.t_sft.elapsed().as_secs_f64(),
+            };
+            s.save(&path, serde_json::to_value(&kept)?)?;
+            dir.mark_warm_start_complete(s.step)?;
+            dir.prune_warm_start_checkpoints(Some(s.step))?;
+        }
+        Ok(())
+    })?;
+    if let Some(bar) = bar {
+        let secs = clock.t_sft.elapsed().as_secs_f64();
+        bar.finish(match start {
+            0 => format!("{} in {secs:.0} s", count(total, "step", "steps")),
+            _ => format!(
+                "{} in {secs:.0} s after resuming at step {start}",
+                count(total - start, "step", "steps")
+            ),
+        });
     }
+    Ok(())
+}
+
+/// `1 step`, `2 steps`: `n` with the singular or the plural noun.
+pub fn count(n: u64, singular: &str, plural: &str) -> String {
+    format!("{n} {}", if n == 1 { singular } else { plural })
+}
+
+/// Everything after the warm start: the rejection-sampling fine-tuning (when on), the timing
+/// line, the reference model (`warm-start-model/`), the evaluations before RL, the checkpoint of
+/// step 0 (after which the warm-start checkpoints are deleted) and the RL phase.
+fn after_warm_start(
+    mut trainer: Trainer,
+    cfg: &TrainConfig,
+    dir: &RunDir,
+    mut log: MetricsWriter,
+    quiet: bool,
+    clock: &PhaseClock,
+) -> Result<RunSummary> {
     // Rejection-sampling fine-tuning (T2PO's RFT cold start) on the warm-started policy.
     if cfg.rsft.enabled {
-        rejection_phase(&mut trainer, &cfg, Some(&mut log), quiet)?;
+        rejection_phase(&mut trainer, cfg, Some(&mut log), quiet)?;
     }
-    let sft_seconds = t_sft.elapsed().as_secs_f64();
+    let this_process = clock.t_sft.elapsed().as_secs_f64();
+    let sft_seconds = clock.earlier_sft_seconds + this_process;
     log.write(
         0,
         TIMING_PHASE,
@@ -221,7 +329,7 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
             (WARM_START_SECONDS.to_string(), sft_seconds),
             (
                 SETUP_SECONDS.to_string(),
-                t_start.elapsed().as_secs_f64() - sft_seconds - base_seconds,
+                clock.t_start.elapsed().as_secs_f64() - this_process - clock.base_seconds,
             ),
             (
                 PARAMETERS.to_string(),
@@ -240,26 +348,27 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
     trainer.sync_remote(&dir.root().join(WEIGHTS_DIR))?;
     evaluate(
         &trainer,
-        &cfg,
+        cfg,
         "before RL",
         Split::Validation,
-        &dir,
+        dir,
         &mut log,
         quiet,
     )?;
     evaluate(
         &trainer,
-        &cfg,
+        cfg,
         "before RL",
         Split::Test,
-        &dir,
+        dir,
         &mut log,
         quiet,
     )?;
     // Step 0: the warm-started policy with its fresh RL optimizer, so a resume never redoes
-    // the warm start.
-    save_checkpoint(&trainer, &cfg, &dir)?;
-    rl_phase(&mut trainer, &cfg, &dir, &mut log, quiet)
+    // the warm start; the warm-start checkpoints are not needed any more.
+    save_checkpoint(&trainer, cfg, dir)?;
+    dir.prune_warm_start_checkpoints(None)?;
+    rl_phase(&mut trainer, cfg, dir, &mut log, quiet)
 }
 
 /// The checks of a run that need its task or the file system, made before the run directory is
@@ -387,7 +496,7 @@ pub fn rejection_phase(
         }
     })?;
     if let Some(bar) = train_bar {
-        bar.finish(format!("{} steps", report.steps));
+        bar.finish(count(report.steps, "step", "steps"));
     }
     if let Some(e) = write_err {
         return Err(e.into());
@@ -397,20 +506,20 @@ pub fn rejection_phase(
     }
     let loss = match (report.epoch_loss.first(), report.epoch_loss.last()) {
         (Some(a), Some(b)) => format!(
-            "loss {a:.4} -> {b:.4} over {} epochs",
-            report.epoch_loss.len()
+            "loss {a:.4} -> {b:.4} over {}",
+            count(report.epoch_loss.len() as u64, "epoch", "epochs")
         ),
         _ => "nothing to fine-tune on".into(),
     };
     let line = format!(
-        "rejection fine-tuning: kept {}/{} rollouts ({:.1}%, {}/{} questions) at reward >= {}; {} steps, {loss} ({:.0} s sampling, {:.0} s training)",
+        "rejection fine-tuning: kept {}/{} rollouts ({:.1}%, {}/{} questions) at reward >= {}; {}, {loss} ({:.0} s sampling, {:.0} s training)",
         report.kept,
         report.sampled,
         report.kept_fraction * 100.0,
         report.questions_covered,
         report.questions,
         cfg.rsft.threshold,
-        report.steps,
+        count(report.steps, "step", "steps"),
         report.sampling_seconds,
         report.training_seconds,
     );
@@ -427,7 +536,8 @@ pub const FIRST_PROMPT_FILE: &str = "first_prompt.txt";
 pub const REFERENCE_DIR: &str = "warm-start-model";
 
 /// Continues a killed run from its latest complete checkpoint; a run killed before its first
-/// checkpoint (the warm-started model, step 0) starts over. A checkpoint that cannot be loaded
+/// checkpoint (the warm-started model, step 0) continues its warm start from its newest
+/// warm-start checkpoint, or restarts the warm start when it has none. A checkpoint that cannot be loaded
 /// (a torn or corrupt file, weights that are not finite) is set aside as
 /// `checkpoints/corrupt-step-N/`, with a warning, and the one before it is used. Resuming a
 /// finished run evaluates nothing again: it rewrites summary.json and report.md from the log.
@@ -506,21 +616,10 @@ pub fn resume(run_dir: &Path, quiet: bool) -> Result<RunSummary> {
                 run_dir.display()
             );
         }
-        say(
-            quiet,
-            "no checkpoint yet (the run stopped before its first one, in the warm start or the \
-             evaluations before RL): starting it over",
-        );
-        drop(dir);
-        return run(
-            cfg,
-            &RunOptions {
-                dir: run_dir.to_path_buf(),
-                quiet,
-            },
-            true,
-        );
+        return resume_before_rl(&dir, &cfg, quiet);
     };
+    // Killed between the checkpoint of step 0 and the deletion of the warm start's.
+    dir.prune_warm_start_checkpoints(None)?;
     for (bad, e) in &failed {
         let aside = dir.set_aside(bad)?;
         tracing::warn!(
@@ -553,6 +652,101 @@ pub fn resume(run_dir: &Path, quiet: bool) -> Result<RunSummary> {
     }
     let mut log = open_log(&dir, &cfg, Some(ck.step), quiet)?;
     rl_phase(&mut trainer, &cfg, &dir, &mut log, quiet)
+}
+
+/// Resumes a run that stopped before its first RL checkpoint (step 0): from its newest
+/// warm-start checkpoint, continuing the warm start exactly where it was (or, when it was
+/// complete, going on to the evaluations before RL); without one, the warm start starts over in
+/// the same directory (nothing is deleted but the stopped attempt's metrics lines).
+fn resume_before_rl(dir: &RunDir, cfg: &TrainConfig, quiet: bool) -> Result<RunSummary> {
+    let t_start = Instant::now();
+    let root = dir.root().display();
+    let Some(ck) = dir.latest_warm_start_checkpoint()? else {
+        let why = if cfg.sft.steps == 0 {
+            "the run stopped in its evaluations before RL".to_string()
+        } else if cfg.sft.save_every == 0 {
+            "the run stopped in its warm start, whose checkpoints are off (sft.save_every = 0)"
+                .to_string()
+        } else {
+            format!(
+                "the run stopped in its warm start before its first warm-start checkpoint \
+                 (sft.save_every = {})",
+                cfg.sft.save_every
+            )
+        };
+        say(
+            quiet,
+            match cfg.sft.steps {
+                0 => format!("{root}: no checkpoint yet ({why}): starting the run over"),
+                n => format!(
+                    "{root}: no checkpoint yet ({why}): restarting the warm start from step 1/{n}"
+                ),
+            },
+        );
+        let trainer = Trainer::new(cfg.clone())?;
+        preflight(cfg, &trainer.task)?;
+        // The stopped attempt's lines are logged again.
+        dir.metrics_writer()?.retain(|_| false)?;
+        let log = open_log(dir, cfg, None, quiet)?;
+        return run_from_start(trainer, cfg, dir, log, quiet, t_start);
+    };
+    let (mut trainer, state, kept) =
+        Trainer::load_warm_start(cfg.clone(), &ck.path).with_context(|| {
+            format!(
+                "the warm-start checkpoint {} cannot be loaded, so the run cannot be resumed; \
+                 nothing was changed. Delete it to redo the warm start from step 1, or start the \
+                 run over with `turnwise train --config {} --out {root} --overwrite`",
+                ck.path.display(),
+                dir.config_path().display(),
+            )
+        })?;
+    let kept: WarmStartLog = serde_json::from_value(kept).with_context(|| {
+        format!(
+            "{}: the warm-start checkpoint holds no state of the run's log",
+            ck.path.display()
+        )
+    })?;
+    let n = state.step();
+    // The log keeps the starting model's evaluations and the warm start's lines up to the
+    // checkpoint; what came after it is logged again.
+    let base = format!("{}/", eval_prefix(Split::Test, "base_"));
+    dir.metrics_writer()?
+        .retain(|r| kept_at_warm_start_resume(r, n, &base))?;
+    say(
+        quiet,
+        format!(
+            "{root}: resuming the warm start at step {n}/{}",
+            cfg.sft.steps
+        ),
+    );
+    let mut log = open_log(dir, cfg, Some(0), quiet)?;
+    let clock = PhaseClock {
+        t_start,
+        t_sft: Instant::now(),
+        earlier_sft_seconds: kept.seconds,
+        base_seconds: 0.0,
+    };
+    warm_start_phase(
+        &mut trainer,
+        cfg,
+        dir,
+        &mut log,
+        quiet,
+        Some((state, kept)),
+        &clock,
+    )?;
+    after_warm_start(trainer, cfg, dir, log, quiet, &clock)
+}
+
+/// Whether a metrics line stays when the warm start resumes after its step `step`: the warm
+/// start's own lines up to it and the starting model's evaluations (their keys start with
+/// `base`), which came before the warm start.
+fn kept_at_warm_start_resume(r: &MetricsRecord, step: u64, base: &str) -> bool {
+    match r.phase.as_str() {
+        "sft" => r.step <= step,
+        "eval" => r.step == 0 && r.values.keys().any(|k| k.starts_with(base)),
+        _ => false,
+    }
 }
 
 /// Opens the run's metrics log with the trackers `cfg.run` asks for: TensorBoard event files
@@ -725,12 +919,14 @@ pub fn gain_prefix(split: Split, mode: &str) -> String {
 /// The EM gains from before RL (step 0) to `step` of every split and decoding both
 /// evaluated ([`paired_gain`] of their `evals/` files), printed and logged as one `gain` line
 /// at `step` (`gain/<split>/<mode>/{em,se,n,improved,regressed}`). An evaluation without its
-/// file (a run resumed from before the files were kept) is skipped with a warning.
+/// file (a run resumed from before the files were kept) is skipped with a warning. A task scored
+/// by its return (`game`: the games, OpenEnv) prints its success rate over episodes.
 fn log_gains(
     dir: &RunDir,
     step: u64,
     log: &mut MetricsWriter,
     quiet: bool,
+    game: bool,
 ) -> Result<BTreeMap<String, PairedGain>> {
     let mut gains = BTreeMap::new();
     let mut m = BTreeMap::new();
@@ -754,20 +950,7 @@ fn log_gains(
                 .with_context(|| format!("the {} {mode} gain", split.name()))?;
             let prefix = gain_prefix(split, mode);
             m.extend(g.to_metrics(&prefix));
-            say(
-                quiet,
-                format!(
-                    "gain {mode:<7} {:<10} n={:<4} | EM {:+.1} ± {:.1} points (paired: {} questions \
-                     up, {} down; {:.1} standard errors)",
-                    split.name(),
-                    g.n,
-                    g.gain * 100.0,
-                    g.se * 100.0,
-                    g.improved,
-                    g.regressed,
-                    if g.se > 0.0 { g.gain / g.se } else { 0.0 },
-                ),
-            );
+            say(quiet, gain_line(mode, split, &g, game));
             gains.insert(prefix, g);
         }
     }
@@ -775,6 +958,26 @@ fn log_gains(
         log.write(step, GAIN_PHASE, &m)?;
     }
     Ok(gains)
+}
+
+/// The printed line of the paired gain `g` of `split` with decoding `mode`: EM over questions,
+/// or, for a task scored by its return (`game`), the success rate over episodes.
+fn gain_line(mode: &str, split: Split, g: &PairedGain, game: bool) -> String {
+    let (what, item, items) = match game {
+        true => ("success", "episode", "episodes"),
+        false => ("EM", "question", "questions"),
+    };
+    format!(
+        "gain {mode:<7} {:<10} n={:<4} | {what} {:+.1} ± {:.1} points (paired: {} up, {} down; \
+         {:.1} standard errors)",
+        split.name(),
+        g.n,
+        g.gain * 100.0,
+        g.se * 100.0,
+        count(g.improved as u64, item, items),
+        g.regressed,
+        if g.se > 0.0 { g.gain / g.se } else { 0.0 },
+    )
 }
 
 /// The mode name of the starting model's greedy evaluation with `shots` solved examples in the
@@ -870,10 +1073,10 @@ fn rl_phase(
             })?;
         }
         if last {
-            bar.finish(format!("{} steps", cfg.run.steps));
+            bar.finish(count(cfg.run.steps, "step", "steps"));
             evaluate(trainer, cfg, "after RL", Split::Validation, dir, log, quiet)?;
             evaluate(trainer, cfg, "after RL", Split::Test, dir, log, quiet)?;
-            log_gains(dir, step, log, quiet)?;
+            log_gains(dir, step, log, quiet, trainer.task.scored_by_return())?;
         }
         if (cfg.run.save_every > 0 && step.is_multiple_of(cfg.run.save_every)) || last {
             save_checkpoint(trainer, cfg, dir)?;
@@ -947,12 +1150,14 @@ fn summary_from_log(dir: &RunDir, cfg: &TrainConfig) -> Result<RunSummary> {
         EvalResult::from_metrics(split.name(), &prefix, |k| rec.get(k))
     };
     let end = cfg.run.steps;
+    // Folded from +0.0: `Iterator::sum` of no values is -0.0, printed "-0" (a run of 0 RL
+    // steps said "RL -0 s").
     let sum = |phase: &str, key: &str| -> f64 {
         log.records
             .iter()
             .filter(|r| r.phase == phase)
             .filter_map(|r| r.get(key))
-            .sum()
+            .fold(0.0, |a, b| a + b)
     };
     // The gains of the final step's gain line.
     let mut gains = BTreeMap::new();
@@ -1005,6 +1210,37 @@ mod tests {
     use super::QUICKSTART_OVERRIDES;
     use crate::config::TrainConfig;
     use turnwise_env::world::{Split, World};
+
+    /// Counts agree with their nouns, and a game's gain line speaks of success over episodes
+    /// (it read "EM … questions up" for games, "1 questions up" for one question).
+    #[test]
+    fn counts_agree_and_gain_lines_use_the_tasks_words() {
+        use super::{count, gain_line};
+        assert_eq!(count(1, "step", "steps"), "1 step");
+        assert_eq!(count(0, "step", "steps"), "0 steps");
+        assert_eq!(
+            count(2, "optimizer step", "optimizer steps"),
+            "2 optimizer steps"
+        );
+        let g = crate::run::PairedGain {
+            n: 8,
+            before: 0.25,
+            after: 0.375,
+            gain: 0.125,
+            se: 0.05,
+            improved: 1,
+            regressed: 0,
+        };
+        let game = gain_line("greedy", Split::Test, &g, true);
+        assert!(game.contains("| success +12.5 ± 5.0 points"), "{game}");
+        assert!(game.contains("(paired: 1 episode up, 0 down;"), "{game}");
+        assert!(!game.contains("EM") && !game.contains("question"), "{game}");
+        let qa = gain_line("sampled", Split::Validation, &g, false);
+        assert!(
+            qa.contains("| EM +12.5 ± 5.0 points (paired: 1 question up"),
+            "{qa}"
+        );
+    }
 
     /// The quickstart's overrides resolve on the a2tgpo preset, and its world names every
     /// held-out person with words that training questions also use.

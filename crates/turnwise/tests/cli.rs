@@ -33,6 +33,25 @@ fn config_prints_the_resolved_config_and_checks_it() {
     let table: toml::Table = stdout.parse().expect("the dry run prints TOML");
     assert_eq!(table["preset"].as_str(), Some("grpo"));
     assert_eq!(table["optim"]["lr"].as_float(), Some(2e-4));
+    // One optimizer step (a single mini-batch of every rollout) is "1 optimizer step".
+    let out = turnwise(
+        &[
+            "config",
+            "--preset",
+            "grpo",
+            "--set",
+            "optim.mini_batch_size=0",
+        ],
+        tmp.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with(
+            "# resolved config of preset \"grpo\": 1 optimizer step per rollout batch"
+        ),
+        "{}",
+        text(&out.stdout)
+    );
 
     let out = turnwise(
         &["config", "--preset", "grpo", "--set", "optim.beta1=1.5"],
@@ -164,6 +183,85 @@ fn an_io_error_names_its_cause_once() {
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
 }
 
+/// The reports that print an error's causes (`{:#}`, as `resume` does for each checkpoint that
+/// fails to load) print an I/O cause once: no error type both shows its source in its message
+/// and returns it as `source()`.
+#[test]
+fn an_error_chain_prints_its_io_cause_once() {
+    let missing = std::path::Path::new("/nonexistent/turnwise/run");
+    for e in [
+        anyhow::Error::new(turnwise::run::read_metrics(missing.join("metrics.jsonl")).unwrap_err()),
+        anyhow::Error::new(
+            turnwise::config::TrainConfig::resolve(None, Some(&missing.join("c.toml")), &[])
+                .unwrap_err(),
+        ),
+        anyhow::Error::new(
+            turnwise_model::checkpoint::load_checkpoint(
+                missing,
+                candle_core::DType::F32,
+                &candle_core::Device::Cpu,
+            )
+            .unwrap_err(),
+        ),
+    ] {
+        let chain = format!("{:#}", e.context("resuming"));
+        assert_eq!(
+            chain.matches("No such file or directory").count(),
+            1,
+            "{chain}"
+        );
+    }
+}
+
+/// No `thiserror` variant of the workspace prints a field that is also its `source()` (a field
+/// named `source`, or marked `#[source]` or `#[from]`): the cause would be printed twice by
+/// every report that walks the chain. The io::Error / serde_json::Error causes are kept in the
+/// message, under another name.
+#[test]
+fn no_error_message_repeats_its_source() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut offenders = Vec::new();
+    let mut stack = vec![root.clone()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if p.is_dir() {
+                if name != "target" && !name.starts_with('.') {
+                    stack.push(p);
+                }
+                continue;
+            }
+            if !name.ends_with(".rs") || !p.components().any(|c| c.as_os_str() == "src") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&p).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            for (i, line) in lines.iter().enumerate() {
+                let Some(msg) = line.trim().strip_prefix("#[error(\"") else {
+                    continue;
+                };
+                // The variant: its fields up to the closing `}` or `)` of the next lines.
+                let body: Vec<&str> = lines[i + 1..]
+                    .iter()
+                    .take_while(|l| !l.trim().starts_with("#[error") && l.trim() != "}")
+                    .take(12)
+                    .copied()
+                    .collect();
+                let body = body.join("\n");
+                let source_field = body.lines().any(|l| l.trim().starts_with("source:"))
+                    || body.contains("#[source]");
+                let prints_source = msg.contains("{source}") && source_field;
+                let prints_from = msg.contains("{0}") && body.contains("#[from]");
+                if prints_source || prints_from {
+                    offenders.push(format!("{}:{}", p.display(), i + 1));
+                }
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{offenders:#?}");
+}
+
 #[test]
 fn logs_in_a_pipe_have_no_colour_and_one_line_per_rl_step_and_quiet_is_quiet() {
     let tmp = tempfile::tempdir().unwrap();
@@ -207,6 +305,15 @@ fn logs_in_a_pipe_have_no_colour_and_one_line_per_rl_step_and_quiet_is_quiet() {
 #[test]
 fn eval_and_sft_check_their_arguments_before_working() {
     let tmp = tempfile::tempdir().unwrap();
+    // No questions to evaluate is refused as such, before anything is loaded (it read "the test
+    // split … has no questions to evaluate").
+    let out = turnwise(
+        &["eval", "--run", "no-such-run", "--questions", "0"],
+        tmp.path(),
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("--questions must be at least 1"), "{err}");
     // A negative temperature is a value, refused by name before anything is loaded.
     let out = turnwise(
         &["eval", "--run", "no-such-run", "--temperature", "-1"],
@@ -254,6 +361,60 @@ fn eval_and_sft_check_their_arguments_before_working() {
         std::fs::read_to_string(foreign.join("thesis.tex")).unwrap(),
         "precious"
     );
+}
+
+/// `cfg/tiny.toml` of the review: the tiny overrides as a config file.
+fn tiny_config_file(dir: &Path) -> std::path::PathBuf {
+    let mut text = String::new();
+    for s in common::tiny_overrides() {
+        let (k, v) = s.split_once('=').unwrap();
+        text.push_str(&format!("{k} = {v}\n"));
+    }
+    let path = dir.join("tiny.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `sft` takes `--config` as `train` does, and its progress ends in one "done"; a run of no RL
+/// steps reports "RL 0 s", not "-0".
+#[test]
+fn sft_takes_a_config_file_and_the_summary_has_no_negative_zero() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tiny_config_file(tmp.path());
+    let cfg = cfg.to_str().unwrap();
+    let out = turnwise(&["sft", "--config", cfg, "--out", "model"], tmp.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(err.contains("warm start: 3/3 done, "), "{err}");
+    assert!(!err.contains("done done"), "{err}");
+    assert!(err.contains("3 steps in "), "{err}");
+    assert!(tmp.path().join("model/config.json").is_file());
+    // The file is applied over grpo's settings (the tiny model, not the preset's).
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("model/config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config["hidden_size"], 32, "{config}");
+
+    let out = turnwise(
+        &[
+            "train",
+            "--preset",
+            "grpo",
+            "--config",
+            cfg,
+            "--set",
+            "run.steps=0",
+            "--set",
+            "eval.questions=2",
+            "--out",
+            "run",
+        ],
+        tmp.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains(", RL 0 s, "), "{stdout}");
+    assert!(!stdout.contains("-0 s"), "{stdout}");
 }
 
 #[test]

@@ -240,7 +240,24 @@ fn export_and_evaluate_checkpoints() {
     .collect();
     assert_eq!(files(&out), expected);
     let a = load_safetensors(ck.path.join("model.safetensors"), DType::F32, &Device::Cpu).unwrap();
-    let b = load_safetensors(out.join("model.safetensors"), DType::F32, &Device::Cpu).unwrap();
+    let mut b = load_safetensors(out.join("model.safetensors"), DType::F32, &Device::Cpu).unwrap();
+    // A word-level tokenizer: the export is the Llama form, with zero o_proj biases.
+    assert_eq!(read_json(&out.join("config.json"))["model_type"], "llama");
+    let o_biases: Vec<String> = b
+        .keys()
+        .filter(|n| n.ends_with("self_attn.o_proj.bias"))
+        .cloned()
+        .collect();
+    let layers = read_json(&out.join("config.json"))["num_hidden_layers"].as_u64();
+    assert_eq!(
+        Some(o_biases.len() as u64),
+        layers,
+        "one per layer: {o_biases:?}"
+    );
+    for name in o_biases {
+        let v = b.remove(&name).unwrap().to_vec1::<f32>().unwrap();
+        assert!(v.iter().all(|x| *x == 0.0), "{name}");
+    }
     assert_eq!(a.len(), b.len());
     for (name, ta) in &a {
         let va = ta.flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -267,6 +284,14 @@ fn export_and_evaluate_checkpoints() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("complete steps: 1, 2"), "{e}");
+    // Step 0 has been rotated out of checkpoints/, but the run keeps the warm-started model.
+    let e = export_checkpoint(&run_dir, Some(0), &tmp.path().join("x"), false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("complete steps: 1, 2") && e.contains("warm-start-model"),
+        "{e}"
+    );
     let e = export_checkpoint(&run_dir, None, &run_dir, true)
         .unwrap_err()
         .to_string();

@@ -10,13 +10,12 @@ use serde::de::DeserializeOwned;
 #[derive(Debug, thiserror::Error)]
 pub enum JsonlError {
     /// The underlying reader or writer failed.
-    #[error("I/O error at line {line}: {source}")]
+    #[error("I/O error at line {line}: {cause}")]
     Io {
         /// 1-based line number where it happened (0 when writing).
         line: usize,
         /// The I/O error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A line is not valid JSON for the expected record type.
     #[error("line {line}, column {column}: {message}")]
@@ -48,21 +47,18 @@ pub fn write_jsonl<T: Serialize, W: Write>(mut writer: W, items: &[T]) -> Result
         writer
             .write_all(line.as_bytes())
             .and_then(|()| writer.write_all(b"\n"))
-            .map_err(|source| JsonlError::Io { line: 0, source })?;
+            .map_err(|cause| JsonlError::Io { line: 0, cause })?;
     }
     writer
         .flush()
-        .map_err(|source| JsonlError::Io { line: 0, source })
+        .map_err(|cause| JsonlError::Io { line: 0, cause })
 }
 
 /// Reads every non-blank line as one record, naming the line and column of the first error.
 pub fn read_jsonl<T: DeserializeOwned, R: BufRead>(reader: R) -> Result<Vec<T>, JsonlError> {
     let mut out = Vec::new();
     for (i, line) in reader.lines().enumerate() {
-        let line = line.map_err(|source| JsonlError::Io {
-            line: i + 1,
-            source,
-        })?;
+        let line = line.map_err(|cause| JsonlError::Io { line: i + 1, cause })?;
         if line.trim().is_empty() {
             continue;
         }

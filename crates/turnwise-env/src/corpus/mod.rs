@@ -32,13 +32,12 @@ use crate::search::Document;
 #[derive(Debug, thiserror::Error)]
 pub enum CorpusError {
     /// A file could not be opened, read or written.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The file or directory involved.
         path: PathBuf,
         /// The underlying I/O error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A line of a JSON-lines file is malformed.
     #[error("{path}:{line}: {message}")]
@@ -92,10 +91,10 @@ fn table_location(row: Option<usize>, column: Option<&str>) -> String {
 }
 
 impl CorpusError {
-    fn io(path: &Path, source: std::io::Error) -> Self {
+    fn io(path: &Path, cause: std::io::Error) -> Self {
         CorpusError::Io {
             path: path.to_path_buf(),
-            source,
+            cause,
         }
     }
 }
@@ -576,7 +575,7 @@ pub fn for_each_json_line(
 impl From<turnwise_core::pip::PipError> for CorpusError {
     fn from(e: turnwise_core::pip::PipError) -> Self {
         match e {
-            turnwise_core::pip::PipError::Io { path, source } => CorpusError::Io { path, source },
+            turnwise_core::pip::PipError::Io { path, cause } => CorpusError::Io { path, cause },
             turnwise_core::pip::PipError::Fetch { what, message } => {
                 CorpusError::Fetch { what, message }
             }

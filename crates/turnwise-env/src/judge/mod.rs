@@ -127,12 +127,12 @@ pub enum JudgeError {
         reply: String,
     },
     /// The cache directory could not be read or written.
-    #[error("judge cache {path}: {source}")]
+    #[error("judge cache {path}: {cause}")]
     Cache {
         /// File or directory.
         path: PathBuf,
         /// Underlying I/O error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -247,9 +247,9 @@ impl LlmJudge {
                 message: format!("cannot build HTTP client: {}", error_chain(&e)),
             })?;
         if let Some(dir) = &config.cache_dir {
-            std::fs::create_dir_all(dir).map_err(|source| JudgeError::Cache {
+            std::fs::create_dir_all(dir).map_err(|cause| JudgeError::Cache {
                 path: dir.clone(),
-                source,
+                cause,
             })?;
         }
         Ok(Self {
@@ -309,10 +309,10 @@ impl LlmJudge {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => {
+            Err(cause) => {
                 return Err(JudgeError::Cache {
                     path: path.to_owned(),
-                    source,
+                    cause,
                 });
             }
         };
@@ -336,9 +336,9 @@ impl LlmJudge {
         static WRITES: AtomicUsize = AtomicUsize::new(0);
         let n = WRITES.fetch_add(1, Ordering::Relaxed);
         let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
-        let io = |source| JudgeError::Cache {
+        let io = |cause| JudgeError::Cache {
             path: path.to_owned(),
-            source,
+            cause,
         };
         std::fs::write(&tmp, entry.to_string()).map_err(io)?;
         std::fs::rename(&tmp, path).map_err(io)

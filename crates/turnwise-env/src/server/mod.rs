@@ -209,12 +209,12 @@ pub enum ServerError {
         message: String,
     },
     /// The address could not be bound.
-    #[error("cannot bind the server to {addr}: {source}")]
+    #[error("cannot bind the server to {addr}: {cause}")]
     Bind {
         /// Requested address.
         addr: SocketAddr,
         /// Underlying I/O error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The runtime or server thread could not be started or panicked.
     #[error("server runtime on {addr}: {message}")]
@@ -689,10 +689,10 @@ impl RetrievalServer {
 async fn bind(addr: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr), ServerError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|source| ServerError::Bind { addr, source })?;
+        .map_err(|cause| ServerError::Bind { addr, cause })?;
     let addr = listener
         .local_addr()
-        .map_err(|source| ServerError::Bind { addr, source })?;
+        .map_err(|cause| ServerError::Bind { addr, cause })?;
     Ok((listener, addr))
 }
 
@@ -887,10 +887,10 @@ impl BackgroundServer {
                         },
                     )
                     .await;
-                    if let Err(ServerError::Bind { addr, source }) = &result {
+                    if let Err(ServerError::Bind { addr, cause }) = &result {
                         let _ = bound_err_tx.send(Err(ServerError::Bind {
                             addr: *addr,
-                            source: std::io::Error::new(source.kind(), source.to_string()),
+                            cause: std::io::Error::new(cause.kind(), cause.to_string()),
                         }));
                     }
                     result

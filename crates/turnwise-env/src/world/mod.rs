@@ -999,7 +999,7 @@ impl World {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(|e| CorpusError::Io {
             path: dir.to_path_buf(),
-            source: e,
+            cause: e,
         })?;
         write_corpus(dir.join("corpus.jsonl"), &self.documents())?;
         for split in Split::ALL {
@@ -1008,7 +1008,7 @@ impl World {
         }
         let path = dir.join("world.json");
         let json = serde_json::to_vec(self).expect("world serialises");
-        std::fs::write(&path, json).map_err(|e| CorpusError::Io { path, source: e })
+        std::fs::write(&path, json).map_err(|e| CorpusError::Io { path, cause: e })
     }
 }
 

@@ -175,9 +175,9 @@ pub fn save_checkpoint_with_lora(
         dir.join("optimizer.safetensors"),
     )?;
     let path = dir.join("trainer_state.json");
-    let text = serde_json::to_string_pretty(state).map_err(|source| ModelError::Json {
+    let text = serde_json::to_string_pretty(state).map_err(|cause| ModelError::Json {
         what: path.display().to_string(),
-        source,
+        cause,
     })?;
     std::fs::write(&path, text).map_err(|e| ModelError::io(&path, e))
 }
@@ -193,9 +193,9 @@ pub fn load_checkpoint(dir: impl AsRef<Path>, dtype: DType, device: &Device) -> 
     )?;
     let path = dir.join("trainer_state.json");
     let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
-    let state: TrainerState = serde_json::from_str(&text).map_err(|source| ModelError::Json {
+    let state: TrainerState = serde_json::from_str(&text).map_err(|cause| ModelError::Json {
         what: path.display().to_string(),
-        source,
+        cause,
     })?;
     if state.format_version != CHECKPOINT_FORMAT_VERSION {
         return Err(ModelError::Checkpoint {

@@ -134,10 +134,12 @@ fn required(v: Option<usize>, field: &str) -> Result<usize> {
 
 impl ModelConfig {
     /// Parses a Hugging Face `config.json` document (Qwen2, Qwen3 or Llama) and validates it.
+    /// Llama with `attention_bias = true` is read as Qwen2: the two compute the same once the
+    /// o_proj biases of such a Llama are zero, which [`crate::model::weights::load_hf`] checks.
     pub fn from_hf_json(json: &str) -> Result<Self> {
-        let hf: HfConfig = serde_json::from_str(json).map_err(|source| ModelError::Json {
+        let hf: HfConfig = serde_json::from_str(json).map_err(|cause| ModelError::Json {
             what: "config.json".into(),
-            source,
+            cause,
         })?;
         let architecture =
             Architecture::from_hf(hf.model_type.as_deref(), hf.architectures.as_deref())?;
@@ -207,6 +209,17 @@ impl ModelConfig {
                 hidden_size / num_attention_heads
             }
         };
+        let attention_bias = hf
+            .attention_bias
+            .unwrap_or(architecture == Architecture::Qwen2);
+        // Llama with `attention_bias` is Qwen2 (q/k/v biases) once its o_proj biases, which
+        // `load_hf` requires to be zero, are dropped: turnwise writes Qwen2 models whose
+        // tokenizer is not Qwen2's in that form (see `checkpoint::hf::export_model_config`),
+        // and reads them back as what they were.
+        let architecture = match architecture {
+            Architecture::Llama if attention_bias => Architecture::Qwen2,
+            other => other,
+        };
         let cfg = Self {
             architecture,
             hidden_size,
@@ -220,9 +233,7 @@ impl ModelConfig {
             vocab_size: required(hf.vocab_size, "vocab_size")?,
             tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
             max_position_embeddings: hf.max_position_embeddings.unwrap_or(32_768),
-            attention_bias: hf
-                .attention_bias
-                .unwrap_or(architecture == Architecture::Qwen2),
+            attention_bias,
             qk_norm: architecture == Architecture::Qwen3,
             initializer_range: hf.initializer_range.unwrap_or(0.02),
         };
@@ -235,9 +246,9 @@ impl ModelConfig {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
         Self::from_hf_json(&text).map_err(|e| match e {
-            ModelError::Json { source, .. } => ModelError::Json {
+            ModelError::Json { cause, .. } => ModelError::Json {
                 what: path.display().to_string(),
-                source,
+                cause,
             },
             other => other,
         })
@@ -451,6 +462,11 @@ mod tests {
         assert_eq!(c.architecture, Architecture::Llama);
         assert_eq!(c.num_key_value_heads, 4);
         assert!(!c.attention_bias && !c.qk_norm);
+        // Llama with q/k/v (and zero o_proj) biases computes as Qwen2 does.
+        let biased = llama.replace("\"rope_scaling\":null", "\"attention_bias\":true");
+        let c = ModelConfig::from_hf_json(&biased).unwrap();
+        assert_eq!(c.architecture, Architecture::Qwen2);
+        assert!(c.attention_bias && !c.qk_norm);
     }
 
     #[test]

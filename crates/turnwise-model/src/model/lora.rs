@@ -457,9 +457,9 @@ pub fn save_peft_adapter(
     std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
     let cfg_path = dir.join(ADAPTER_CONFIG_FILE);
     let text = serde_json::to_string_pretty(&lora.to_peft_json(base_model_name_or_path)).map_err(
-        |source| ModelError::Json {
+        |cause| ModelError::Json {
             what: cfg_path.display().to_string(),
-            source,
+            cause,
         },
     )?;
     std::fs::write(&cfg_path, format!("{text}\n")).map_err(|e| ModelError::io(&cfg_path, e))?;
@@ -487,9 +487,9 @@ pub fn load_peft_adapter(
     let dir = dir.as_ref();
     let cfg_path = dir.join(ADAPTER_CONFIG_FILE);
     let text = std::fs::read_to_string(&cfg_path).map_err(|e| ModelError::io(&cfg_path, e))?;
-    let v: Value = serde_json::from_str(&text).map_err(|source| ModelError::Json {
+    let v: Value = serde_json::from_str(&text).map_err(|cause| ModelError::Json {
         what: cfg_path.display().to_string(),
-        source,
+        cause,
     })?;
     let config = LoraConfig::from_peft_json(&v).map_err(|e| ModelError::Checkpoint {
         path: cfg_path.clone(),

@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 
 use crate::error::{ModelError, Result};
-use crate::model::config::ModelConfig;
+use crate::model::config::{Architecture, ModelConfig};
 use crate::rng::TurnRng;
 
 /// Whether a parameter is an RMSNorm weight (initialised to 1).
@@ -233,9 +233,9 @@ pub fn load_hf_weights(
     }
     let text = std::fs::read_to_string(&index_path).map_err(|e| ModelError::io(&index_path, e))?;
     let index: serde_json::Value =
-        serde_json::from_str(&text).map_err(|source| ModelError::Json {
+        serde_json::from_str(&text).map_err(|cause| ModelError::Json {
             what: index_path.display().to_string(),
-            source,
+            cause,
         })?;
     let map = index
         .get("weight_map")
@@ -260,7 +260,10 @@ pub fn load_hf_weights(
     Ok(all)
 }
 
-/// Loads `config.json` and the weights of a Hugging Face model folder.
+/// Loads `config.json` and the weights of a Hugging Face model folder. Attention output
+/// biases (`model.layers.N.self_attn.o_proj.bias`, which Llama and Qwen3 have when
+/// `attention_bias = true`) must be zero, and are dropped: the attention here has none, so a
+/// non-zero one is an error naming the tensor.
 pub fn load_hf(
     dir: impl AsRef<Path>,
     dtype: DType,
@@ -268,9 +271,39 @@ pub fn load_hf(
 ) -> Result<(ModelConfig, HashMap<String, Tensor>)> {
     let dir = dir.as_ref();
     let config = ModelConfig::from_hf_file(dir.join("config.json"))?;
-    let weights = load_hf_weights(dir, dtype, device)?;
+    let mut weights = load_hf_weights(dir, dtype, device)?;
+    let mut o_biases: Vec<String> = weights
+        .keys()
+        .filter(|k| k.ends_with(O_PROJ_BIAS))
+        .cloned()
+        .collect();
+    o_biases.sort();
+    for name in o_biases {
+        let t = &weights[&name];
+        let non_zero = t
+            .flatten_all()?
+            .to_dtype(DType::F32)?
+            .to_vec1::<f32>()?
+            .iter()
+            .filter(|x| **x != 0.0)
+            .count();
+        if non_zero > 0 {
+            return Err(ModelError::Checkpoint {
+                path: dir.to_path_buf(),
+                reason: format!(
+                    "`{name}` holds {non_zero} non-zero values (of {}): attention output \
+                     biases are not supported (only zero ones, which are dropped)",
+                    t.elem_count()
+                ),
+            });
+        }
+        weights.remove(&name);
+    }
     Ok((config, weights))
 }
+
+/// The name ending of an attention output projection's bias.
+const O_PROJ_BIAS: &str = ".self_attn.o_proj.bias";
 
 /// Writes a Hugging Face model folder (`config.json` + `model.safetensors`) from a `VarMap`,
 /// loadable by [`load_hf`] and by `transformers`.
@@ -283,13 +316,35 @@ pub fn export_hf(dir: impl AsRef<Path>, config: &ModelConfig, varmap: &VarMap) -
 }
 
 /// [`export_hf`] from named tensors (e.g. base weights with LoRA adapters merged in); every
-/// tensor of `tensors` is written.
+/// tensor of `tensors` is written, and for Llama with `attention_bias` zero o_proj biases
+/// (transformers' Llama puts a bias there too; [`load_hf`] drops them).
 pub fn export_hf_tensors(
     dir: impl AsRef<Path>,
     config: &ModelConfig,
     tensors: &HashMap<String, Tensor>,
 ) -> Result<()> {
     let dir = dir.as_ref();
+    // transformers' Llama with `attention_bias` has a bias on o_proj as well: write it as zero.
+    let mut with_o_bias;
+    let tensors = if config.architecture == Architecture::Llama && config.attention_bias {
+        with_o_bias = tensors.clone();
+        for i in 0..config.num_hidden_layers {
+            let p = format!("model.layers.{i}.self_attn");
+            let like = tensors.get(&format!("{p}.q_proj.bias")).ok_or_else(|| {
+                ModelError::MissingTensor {
+                    name: format!("{p}.q_proj.bias"),
+                    source_desc: "the weights to export".into(),
+                }
+            })?;
+            let zeros = Tensor::zeros(config.hidden_size, like.dtype(), like.device())?;
+            with_o_bias
+                .entry(format!("{p}.o_proj.bias"))
+                .or_insert(zeros);
+        }
+        &with_o_bias
+    } else {
+        tensors
+    };
     std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
     let cfg_path = dir.join("config.json");
     let mut json = config.to_hf_json();
@@ -302,9 +357,9 @@ pub fn export_hf_tensors(
         };
         json["torch_dtype"] = serde_json::Value::String(name.into());
     }
-    let text = serde_json::to_string_pretty(&json).map_err(|source| ModelError::Json {
+    let text = serde_json::to_string_pretty(&json).map_err(|cause| ModelError::Json {
         what: cfg_path.display().to_string(),
-        source,
+        cause,
     })?;
     std::fs::write(&cfg_path, text).map_err(|e| ModelError::io(&cfg_path, e))?;
     set_mode_644(&cfg_path)?;

@@ -115,7 +115,7 @@ impl ChatTemplate {
     pub fn from_tokenizer_config_json(json: &str) -> Result<Self> {
         let v: serde_json::Value = serde_json::from_str(json).map_err(|e| ModelError::Json {
             what: "tokenizer_config.json".into(),
-            source: e,
+            cause: e,
         })?;
         let template = match v.get("chat_template") {
             Some(serde_json::Value::String(s)) => s.clone(),
@@ -193,7 +193,7 @@ impl ChatTemplate {
         };
         let msgs = serde_json::to_value(messages).map_err(|e| ModelError::Json {
             what: "chat messages".into(),
-            source: e,
+            cause: e,
         })?;
         ctx.insert("messages".into(), msgs);
         ctx.insert(

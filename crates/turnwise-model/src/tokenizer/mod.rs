@@ -6,9 +6,9 @@ use std::path::Path;
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::decoders::wordpiece::WordPiece as WordPieceDecoder;
-use tokenizers::models::TrainerWrapper;
 use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
 use tokenizers::models::wordlevel::{WordLevel, WordLevelTrainer};
+use tokenizers::models::{ModelWrapper, TrainerWrapper};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::punctuation::Punctuation;
 use tokenizers::pre_tokenizers::sequence::Sequence;
@@ -29,6 +29,9 @@ pub const IM_START: &str = "<|im_start|>";
 pub const IM_END: &str = "<|im_end|>";
 /// Unknown word (word-level tokenizers only).
 pub const UNK: &str = "<unk>";
+
+/// Qwen2's pre-tokenizer regex (transformers' `Qwen2Tokenizer`, Qwen2's `tokenizer.json`).
+pub const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// The special tokens every trained tokenizer gets, in id order from 0: the chat markers, then
 /// the agent tags.
@@ -215,6 +218,61 @@ impl TextTokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// Whether this is Qwen2's tokenizer: a byte-level BPE with Qwen2's NFC normalizer,
+    /// pre-tokenizer (its regex, then byte-level without a regex) and byte-level decoder, and no
+    /// post-processor that adds tokens. transformers ≥ 5 loads the tokenizer of every
+    /// `model_type = "qwen2"` folder as `Qwen2Tokenizer`, which keeps only the vocabulary, the
+    /// merges and the added tokens of `tokenizer.json` and rebuilds the rest as Qwen2's: it
+    /// tokenizes as this tokenizer does only when this is true.
+    pub fn is_qwen2_byte_level_bpe(&self) -> bool {
+        use serde_json::Value;
+        let model_ok = match self.inner.get_model() {
+            ModelWrapper::BPE(bpe) => {
+                bpe.dropout.is_none()
+                    && bpe.unk_token.is_none()
+                    && bpe
+                        .continuing_subword_prefix
+                        .as_deref()
+                        .unwrap_or("")
+                        .is_empty()
+                    && bpe.end_of_word_suffix.as_deref().unwrap_or("").is_empty()
+                    && !bpe.fuse_unk
+                    && !bpe.byte_fallback
+                    && !bpe.ignore_merges
+            }
+            _ => false,
+        };
+        // The other parts as `tokenizer.json` spells them (`null` when absent).
+        let json = |part: Option<serde_json::Result<Value>>| match part {
+            Some(Ok(v)) => v,
+            _ => Value::Null,
+        };
+        let normalizer = json(self.inner.get_normalizer().map(serde_json::to_value));
+        let pre = json(self.inner.get_pre_tokenizer().map(serde_json::to_value));
+        let post = json(self.inner.get_post_processor().map(serde_json::to_value));
+        let decoder = json(self.inner.get_decoder().map(serde_json::to_value));
+        let str_is = |v: &Value, key: &str, want: &str| v[key].as_str() == Some(want);
+        let is_false = |v: &Value, key: &str| v[key].as_bool() == Some(false);
+        let pre_ok = str_is(&pre, "type", "Sequence")
+            && match pre["pretokenizers"].as_array().map(Vec::as_slice) {
+                Some([split, byte_level]) => {
+                    str_is(split, "type", "Split")
+                        && str_is(&split["pattern"], "Regex", QWEN2_SPLIT)
+                        && str_is(split, "behavior", "Isolated")
+                        && is_false(split, "invert")
+                        && str_is(byte_level, "type", "ByteLevel")
+                        && is_false(byte_level, "add_prefix_space")
+                        && is_false(byte_level, "use_regex")
+                }
+                _ => false,
+            };
+        model_ok
+            && pre_ok
+            && str_is(&normalizer, "type", "NFC")
+            && str_is(&decoder, "type", "ByteLevel")
+            && (post.is_null() || str_is(&post, "type", "ByteLevel"))
+    }
+
     /// The id of a special token, or an error naming it.
     pub fn special_id(&self, token: &str) -> Result<u32> {
         self.token_to_id(token).ok_or_else(|| {
@@ -227,9 +285,68 @@ fn specials(tokens: &[&str]) -> Vec<AddedToken> {
     tokens.iter().map(|t| AddedToken::from(*t, true)).collect()
 }
 
+/// `bpe` (a trained byte-level BPE) with Qwen2's normalizer, pre-tokenizer, post-processor and
+/// decoder, laid out as Qwen2's own `tokenizer.json` is: the tokenizer of a real Qwen2 checkpoint,
+/// in small.
+#[cfg(test)]
+pub(crate) fn qwen2_style(bpe: &TextTokenizer) -> TextTokenizer {
+    use std::str::FromStr;
+    let byte_level = serde_json::json!({
+        "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false
+    });
+    let mut v = serde_json::to_value(bpe.inner()).unwrap();
+    v["normalizer"] = serde_json::json!({"type": "NFC"});
+    v["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated",
+         "invert": false},
+        byte_level,
+    ]});
+    v["post_processor"] = byte_level.clone();
+    v["decoder"] = byte_level;
+    TextTokenizer::from_inner(Tokenizer::from_str(&v.to_string()).unwrap())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_qwen2_style_tokenizers_count_as_qwen2s() {
+        let bpe =
+            TextTokenizer::train_byte_level_bpe(&corpus(), 320, DEFAULT_SPECIAL_TOKENS).unwrap();
+        let word = TextTokenizer::train_word_level(&corpus(), 200, DEFAULT_SPECIAL_TOKENS).unwrap();
+        let qwen = qwen2_style(&bpe);
+        assert!(qwen.is_qwen2_byte_level_bpe());
+        assert!(!bpe.is_qwen2_byte_level_bpe(), "GPT-2's regex");
+        assert!(!word.is_qwen2_byte_level_bpe());
+        // Each part that Qwen2Tokenizer rebuilds matters.
+        let base = serde_json::to_value(qwen.inner()).unwrap();
+        for (path, value) in [
+            ("/normalizer", serde_json::Value::Null),
+            (
+                "/pre_tokenizer/pretokenizers/0/pattern/Regex",
+                "\\s+".into(),
+            ),
+            ("/pre_tokenizer/pretokenizers/1/use_regex", true.into()),
+            (
+                "/post_processor",
+                serde_json::json!({"type": "TemplateProcessing",
+                "single": [{"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"Sequence": {"id": "A", "type_id": 0}}], "special_tokens": {}}),
+            ),
+            ("/model/byte_fallback", true.into()),
+        ] {
+            let mut v = base.clone();
+            *v.pointer_mut(path).unwrap() = value;
+            let t = TextTokenizer::from_inner(std::str::FromStr::from_str(&v.to_string()).unwrap());
+            assert!(!t.is_qwen2_byte_level_bpe(), "{path}");
+        }
+        // Qwen2's normalizer composes characters.
+        assert_ne!(
+            qwen.encode("cafe\u{301}").unwrap(),
+            bpe.encode("cafe\u{301}").unwrap()
+        );
+    }
 
     fn corpus() -> Vec<String> {
         let people = ["Zorvak Telim", "Quenor Abalu", "Mira Selvan", "Tobin Krael"];

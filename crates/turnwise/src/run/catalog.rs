@@ -133,7 +133,11 @@ impl RunInfo {
                 );
             }
         }
-        let rl_seconds = train.iter().filter_map(|r| r.get("timing_s/step")).sum();
+        // From +0.0: the `sum` of no steps is -0.0, printed "-0".
+        let rl_seconds = train
+            .iter()
+            .filter_map(|r| r.get("timing_s/step"))
+            .fold(0.0, |a, b| a + b);
         let mut test_em = BTreeMap::new();
         let test_n = ["greedy", "sampled"].iter().find_map(|mode| {
             let key = format!("eval/test/{mode}/n");

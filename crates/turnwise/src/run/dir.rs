@@ -53,6 +53,9 @@ pub const RUN_ENTRIES: &[&str] = &[
 ];
 /// The prefix of the checkpoint folders `resume` sets aside when they cannot be loaded.
 pub const CORRUPT_PREFIX: &str = "corrupt-step-";
+/// The prefix of the warm start's checkpoint folders under `checkpoints/`
+/// (`warm-start-step-00100`: after warm-start step 100).
+pub const WARM_START_PREFIX: &str = "warm-start-";
 
 /// Whether a top-level entry of a run directory is one a run writes ([`RUN_ENTRIES`], the
 /// set-aside checkpoints, and the `.tmp` files of atomic writes).
@@ -199,9 +202,9 @@ pub(crate) fn read_json_lines<T: DeserializeOwned>(
 fn write_json_lines<T: Serialize>(path: &Path, items: &[T]) -> RunResult<()> {
     let mut buf = Vec::new();
     for item in items {
-        serde_json::to_writer(&mut buf, item).map_err(|source| RunError::Serialize {
+        serde_json::to_writer(&mut buf, item).map_err(|cause| RunError::Serialize {
             path: path.to_path_buf(),
-            source,
+            cause,
         })?;
         buf.push(b'\n');
     }
@@ -259,6 +262,42 @@ fn is_empty_dir_but_lock(path: &Path) -> RunResult<bool> {
         }
     }
     Ok(true)
+}
+
+/// Prepares the checkpoint folder `path` for writing ([`RunDir::begin_checkpoint`]).
+fn begin_checkpoint_at(path: PathBuf) -> RunResult<PathBuf> {
+    if path.join(COMPLETE_MARKER).exists() {
+        return Err(RunError::CheckpointExists { path });
+    }
+    if path.exists() {
+        tracing::warn!(dir = %path.display(), "deleting an incomplete checkpoint");
+        fs::remove_dir_all(&path).map_err(RunError::io("remove", &path))?;
+    }
+    fs::create_dir_all(&path).map_err(RunError::io("create the directory", &path))?;
+    Ok(path)
+}
+
+/// Marks the checkpoint folder `path` (of `step`) complete ([`RunDir::mark_complete`]).
+fn mark_complete_at(path: &Path, step: u64) -> RunResult<()> {
+    if !path.is_dir() {
+        return Err(RunError::Io {
+            cause: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "the checkpoint directory does not exist",
+            ),
+            path: path.to_path_buf(),
+            action: "mark complete",
+        });
+    }
+    sync_tree(path)?;
+    let time = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    write_atomic(
+        &path.join(COMPLETE_MARKER),
+        format!("step = {step}\ntime = {time}\n").as_bytes(),
+    )
 }
 
 impl RunDir {
@@ -583,41 +622,86 @@ impl RunDir {
     /// is refused with [`RunError::CheckpointExists`]. Call [`RunDir::mark_complete`] once every
     /// file is written.
     pub fn begin_checkpoint(&self, step: u64) -> RunResult<PathBuf> {
-        let path = self.checkpoint_path(step);
-        if path.join(COMPLETE_MARKER).exists() {
-            return Err(RunError::CheckpointExists { path });
-        }
-        if path.exists() {
-            tracing::warn!(dir = %path.display(), "deleting an incomplete checkpoint");
-            fs::remove_dir_all(&path).map_err(RunError::io("remove", &path))?;
-        }
-        fs::create_dir_all(&path).map_err(RunError::io("create the directory", &path))?;
-        Ok(path)
+        begin_checkpoint_at(self.checkpoint_path(step))
     }
 
     /// Marks the checkpoint of `step` complete: syncs every file in it to disk, then writes the
     /// [`COMPLETE_MARKER`] through a temporary file and an atomic rename.
     pub fn mark_complete(&self, step: u64) -> RunResult<()> {
-        let path = self.checkpoint_path(step);
-        if !path.is_dir() {
-            return Err(RunError::Io {
-                source: std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    "the checkpoint directory does not exist",
-                ),
+        mark_complete_at(&self.checkpoint_path(step), step)
+    }
+
+    /// `checkpoints/warm-start-step-NNNNN/`: where the warm-start checkpoint after warm-start
+    /// step `step` goes.
+    pub fn warm_start_checkpoint_path(&self, step: u64) -> PathBuf {
+        self.checkpoints_dir()
+            .join(format!("{WARM_START_PREFIX}{}", step_name(step)))
+    }
+
+    /// Every warm-start checkpoint folder, complete or not, by increasing warm-start step.
+    pub fn warm_start_checkpoints(&self) -> RunResult<Vec<Checkpoint>> {
+        let mut out = Vec::new();
+        for entry in self.checkpoint_entries()? {
+            let path = entry.path();
+            let Some(step) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix(WARM_START_PREFIX))
+                .and_then(|n| parse_step(n, None))
+            else {
+                continue;
+            };
+            if !path.is_dir() {
+                continue;
+            }
+            let complete = path.join(COMPLETE_MARKER).is_file();
+            out.push(Checkpoint {
+                step,
                 path,
-                action: "mark complete",
+                complete,
             });
         }
-        sync_tree(&path)?;
-        let time = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        write_atomic(
-            &path.join(COMPLETE_MARKER),
-            format!("step = {step}\ntime = {time}\n").as_bytes(),
-        )
+        out.sort_by_key(|c| c.step);
+        Ok(out)
+    }
+
+    /// The complete warm-start checkpoint of the highest step, if any.
+    pub fn latest_warm_start_checkpoint(&self) -> RunResult<Option<Checkpoint>> {
+        Ok(self
+            .warm_start_checkpoints()?
+            .into_iter()
+            .rev()
+            .find(|c| c.complete))
+    }
+
+    /// [`RunDir::begin_checkpoint`] for the warm-start checkpoint after warm-start step `step`.
+    pub fn begin_warm_start_checkpoint(&self, step: u64) -> RunResult<PathBuf> {
+        begin_checkpoint_at(self.warm_start_checkpoint_path(step))
+    }
+
+    /// [`RunDir::mark_complete`] for the warm-start checkpoint of `step`.
+    pub fn mark_warm_start_complete(&self, step: u64) -> RunResult<()> {
+        mark_complete_at(&self.warm_start_checkpoint_path(step), step)
+    }
+
+    /// Deletes every warm-start checkpoint but the complete one of step `keep` (`None`: all of
+    /// them, once the RL checkpoint of step 0 holds the warm-started model), each losing its
+    /// marker first as in [`RunDir::prune_checkpoints`]. Returns the deleted directories.
+    pub fn prune_warm_start_checkpoints(&self, keep: Option<u64>) -> RunResult<Vec<PathBuf>> {
+        let mut removed = Vec::new();
+        for c in self.warm_start_checkpoints()? {
+            if c.complete && Some(c.step) == keep {
+                continue;
+            }
+            let marker = c.path.join(COMPLETE_MARKER);
+            if c.complete {
+                fs::remove_file(&marker).map_err(RunError::io("remove", &marker))?;
+            }
+            fs::remove_dir_all(&c.path).map_err(RunError::io("remove", &c.path))?;
+            tracing::debug!(dir = %c.path.display(), "deleted an old warm-start checkpoint");
+            removed.push(c.path);
+        }
+        Ok(removed)
     }
 
     /// Prepares a resumed run: finds the newest complete checkpoint and, if there is one, drops

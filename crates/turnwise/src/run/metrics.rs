@@ -407,6 +407,16 @@ impl MetricsWriter {
     }
 
     fn truncate_where(&mut self, step: u64, phase: impl Fn(&str) -> bool) -> RunResult<usize> {
+        self.retain(|r| !(r.step > step && phase(&r.phase)))
+    }
+
+    /// Keeps the lines for which `keep` is true and drops the others (and a torn last line),
+    /// as [`MetricsWriter::truncate_after`] does; a missing file is left missing. Returns how
+    /// many lines were dropped.
+    pub fn retain(&mut self, keep: impl Fn(&MetricsRecord) -> bool) -> RunResult<usize> {
+        if !self.path.exists() {
+            return Ok(0);
+        }
         let bytes = fs::read(&self.path).map_err(RunError::io("read", &self.path))?;
         let text = String::from_utf8_lossy(&bytes);
         let lines = lines(&text);
@@ -415,7 +425,7 @@ impl MetricsWriter {
         let mut dropped = 0;
         for (i, (n, line)) in lines.into_iter().enumerate() {
             match MetricsRecord::parse(line) {
-                Ok(r) if r.step > step && phase(&r.phase) => dropped += 1,
+                Ok(r) if !keep(&r) => dropped += 1,
                 Ok(_) => {
                     kept.push_str(line);
                     kept.push('\n');
@@ -445,7 +455,7 @@ impl MetricsWriter {
             {
                 self.attach_tensorboard(dir)?;
             }
-            tracing::info!(file = %self.path.display(), dropped, step, "metrics truncated for resuming");
+            tracing::info!(file = %self.path.display(), dropped, "metrics truncated for resuming");
         }
         Ok(dropped)
     }

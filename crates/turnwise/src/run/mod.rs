@@ -57,15 +57,14 @@ pub use svg::{LineChart, Series};
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// An I/O operation failed.
-    #[error("cannot {action} {}: {source}", path.display())]
+    #[error("cannot {action} {}: {cause}", path.display())]
     Io {
         /// The file or directory.
         path: PathBuf,
         /// What was being done ("create the directory", "append to", ...).
         action: &'static str,
         /// The underlying error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A new run would overwrite a directory that already holds files.
     #[error(
@@ -133,13 +132,12 @@ pub enum RunError {
         message: String,
     },
     /// A value could not be serialized.
-    #[error("cannot serialize a line for {}: {source}", path.display())]
+    #[error("cannot serialize a line for {}: {cause}", path.display())]
     Serialize {
         /// The file it was meant for.
         path: PathBuf,
         /// The underlying error.
-        #[source]
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
 }
 
@@ -147,10 +145,10 @@ impl RunError {
     /// Wraps an I/O error with the path and the action.
     pub(crate) fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.to_path_buf();
-        move |source| RunError::Io {
+        move |cause| RunError::Io {
             path,
             action,
-            source,
+            cause,
         }
     }
 }

@@ -183,11 +183,14 @@ impl Progress {
         out
     }
 
-    /// The line logged in Log mode.
+    /// The line logged in Log mode: with the share done (`pct`), or, at the end, with "done"
+    /// after the position (the final message comes last: "warm start: 30/30 done, 0:03
+    /// elapsed, 30 steps in 3 s").
     fn status_line(&self, pct: Option<u64>) -> String {
         let mut line = format!("{}: {}/{}", self.name, self.position(), self.total());
-        if let Some(p) = pct {
-            line.push_str(&format!(" ({p}%)"));
+        match pct {
+            Some(p) => line.push_str(&format!(" ({p}%)")),
+            None => line.push_str(" done"),
         }
         line.push_str(", ");
         line.push_str(&self.elapsed_and_eta());
@@ -228,8 +231,7 @@ impl Progress {
             ProgressMode::Log { .. } => {
                 self.bar.set_message(msg);
                 self.bar.abandon();
-                let line = format!("{} done", self.status_line(None));
-                tracing::info!("{line}");
+                tracing::info!("{}", self.status_line(None));
             }
             ProgressMode::Silent => self.bar.abandon(),
         }
@@ -285,7 +287,7 @@ mod tests {
         assert!(lines[1].contains("rl: 20/40 (50%)"));
         assert!(lines[2].contains("rl: 30/40 (75%)"));
         assert!(lines[3].contains("an extra line"));
-        assert!(lines[4].contains("rl: 40/40") && lines[4].contains("all steps done"));
+        assert!(lines[4].contains("rl: 40/40 done, ") && lines[4].ends_with(", all steps"));
         assert!(!lines[4].contains("ETA"));
     }
 

@@ -344,7 +344,35 @@ fn eval_label(name: &str, game: bool) -> &str {
     }
 }
 
-fn write_main_table(out: &mut String, log: &MetricsLog) {
+/// Whether the run's config (`config`: the resolved `config.toml`) turns on the mechanism whose
+/// metric is `key`. Some mechanisms' metrics are logged by every run (verl logs them whatever
+/// the recipe: the clipping-bias statistics, DAPO's dynamic-sampling counts, the KL in the
+/// reward, the overlong penalty): they are shown only when the run uses the mechanism. Without a
+/// config (or for any other metric, which only its mechanism logs) the metric decides.
+fn mechanism_on(key: &str, config: Option<&toml::Table>) -> bool {
+    let Some(config) = config else {
+        return true;
+    };
+    let get = |path: &str| {
+        let mut parts = path.split('.');
+        let first = config.get(parts.next()?)?;
+        parts.try_fold(first, |at, part| at.get(part))
+    };
+    let flag = |path: &str| get(path).and_then(toml::Value::as_bool) == Some(true);
+    if key.starts_with("actor/clip_bias_") {
+        get("actor.policy.clip_bias").is_some()
+    } else if key.starts_with("batch/filtered_groups") || key.starts_with("batch/refill_rounds") {
+        flag("rollout.filter_zero_variance_groups")
+    } else if key.starts_with("actor/reward_kl_penalty") {
+        flag("algorithm.use_kl_in_reward")
+    } else if key.starts_with("reward/overlong_penalty") {
+        flag("overlong_buffer.enable")
+    } else {
+        true
+    }
+}
+
+fn write_main_table(out: &mut String, log: &MetricsLog, config: Option<&str>) {
     let main: Vec<(&str, &[&str], Better)> = MAIN
         .iter()
         .map(|&(label, keys, better)| match label {
@@ -359,7 +387,13 @@ fn write_main_table(out: &mut String, log: &MetricsLog) {
         &main,
         Some("No training metrics were logged."),
     );
-    write_metric_table(out, log, "Mechanism at work", MECHANISM, None);
+    let config = config.and_then(|c| c.parse::<toml::Table>().ok());
+    let mechanism: Vec<(&str, &[&str], Better)> = MECHANISM
+        .iter()
+        .copied()
+        .filter(|(_, keys, _)| keys.iter().all(|k| mechanism_on(k, config.as_ref())))
+        .collect();
+    write_metric_table(out, log, "Mechanism at work", &mechanism, None);
 }
 
 fn write_metric_table(
@@ -718,7 +752,7 @@ pub fn render_report(input: &ReportInput<'_>) -> String {
         );
     }
     let _ = writeln!(out);
-    write_main_table(&mut out, log);
+    write_main_table(&mut out, log, input.config);
     write_eval(&mut out, log);
     write_gains(&mut out, log);
     write_plots_section(&mut out, input.plots, input.base);
@@ -789,6 +823,72 @@ mod tests {
         assert_eq!(duration(125.0), "2m 05s");
         assert_eq!(duration(3723.0), "1h 02m 03s");
         assert_eq!(duration(f64::NAN), "?");
+    }
+
+    /// The mechanism table lists only what the run's preset uses: grpo and a2tgpo log the
+    /// clipping-bias statistics and DAPO's dynamic-sampling counts too (the review's report of
+    /// a2tgpo showed "clipping-bias scale" and "refill rounds"), which a run that turns them on
+    /// shows.
+    #[test]
+    fn the_mechanism_table_shows_the_mechanisms_the_config_turns_on() {
+        let record = |step: u64| crate::run::MetricsRecord {
+            step,
+            phase: "train".into(),
+            time: None,
+            values: [
+                ("train/em", 0.5),
+                ("actor/clip_bias_scale", 1.0),
+                ("actor/clip_bias_num_clipped", 0.0),
+                ("batch/filtered_groups", 0.0),
+                ("batch/refill_rounds", 0.0),
+                ("a2tgpo/clip_scale/max", 1.1),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), Some(v)))
+            .collect(),
+        };
+        let log = MetricsLog::from_records(vec![record(1), record(2)]);
+        let md = |config: &str| {
+            render_report(&ReportInput {
+                title: "t",
+                log: &log,
+                config: Some(config),
+                plots: &[],
+                base: Path::new("."),
+            })
+        };
+        let rows = [
+            "clipping-bias scale",
+            "clipping-bias clipped tokens",
+            "filtered groups",
+        ];
+        for preset in ["grpo", "a2tgpo"] {
+            let cfg = crate::config::TrainConfig::resolve(Some(preset), None, &[]).unwrap();
+            let text = md(&cfg.to_toml());
+            for row in rows.iter().chain(&["refill rounds"]) {
+                assert!(
+                    !text.contains(&format!("| {row} |")),
+                    "{preset}: {row}\n{text}"
+                );
+            }
+            assert!(text.contains("| A2TGPO clip scale, max |"), "{text}");
+        }
+        let cfg = crate::config::TrainConfig::resolve(Some("dapo"), None, &[]).unwrap();
+        assert!(cfg.rollout.filter_zero_variance_groups);
+        let text = md(&cfg.to_toml());
+        assert!(text.contains("| refill rounds |"), "{text}");
+        assert!(!text.contains("| clipping-bias scale |"), "{text}");
+        let on = "[actor.policy]\nclip_bias = { rule = \"inverse_norm\" }\n";
+        assert!(md(on).contains("| clipping-bias scale |"));
+        // Without a config, what was logged decides.
+        let bare = render_report(&ReportInput {
+            title: "t",
+            log: &log,
+            config: None,
+            plots: &[],
+            base: Path::new("."),
+        });
+        assert!(bare.contains("| refill rounds |"), "{bare}");
     }
 
     fn sample_run(root: &Path) -> RunDir {

@@ -66,20 +66,33 @@ pub enum ViewError {
         message: String,
     },
     /// The page could not be written.
-    #[error("cannot write {}: {source}", path.display())]
+    #[error("cannot write {}: {cause}", path.display())]
     Write {
         /// The page's path.
         path: PathBuf,
         /// The underlying error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The page's data could not be serialised.
     #[error("cannot serialise the page's data: {0}")]
-    Serialize(#[from] serde_json::Error),
+    Serialize(serde_json::Error),
     /// The HTTP server could not start.
     #[error("cannot serve the viewer: {0}")]
-    Serve(#[from] turnwise_env::server::ServerError),
+    Serve(turnwise_env::server::ServerError),
+}
+
+// The wrapped error is printed in the variant's message, so it is not also its `source()`: a
+// report that walks the causes (`{:#}`, `turnwise`'s error line) would print it twice.
+impl From<serde_json::Error> for ViewError {
+    fn from(e: serde_json::Error) -> Self {
+        Self::Serialize(e)
+    }
+}
+
+impl From<turnwise_env::server::ServerError> for ViewError {
+    fn from(e: turnwise_env::server::ServerError) -> Self {
+        Self::Serve(e)
+    }
 }
 
 /// Result of the viewer's functions.
@@ -509,9 +522,9 @@ pub fn write_view(dir: &Path, step: Option<u64>, out: Option<&Path>) -> ViewResu
         Some(p) => p.to_path_buf(),
         None => default_page_path(dir, data.step),
     };
-    let write_err = |source| ViewError::Write {
+    let write_err = |cause| ViewError::Write {
         path: path.clone(),
-        source,
+        cause,
     };
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(write_err)?;

@@ -245,9 +245,9 @@ impl WandbSidecar {
             }
         });
         let mut stdin = child.stdin.take().expect("piped stdin");
-        let settings = serde_json::to_string(opts).map_err(|source| RunError::Serialize {
+        let settings = serde_json::to_string(opts).map_err(|cause| RunError::Serialize {
             path: opts.dir.clone(),
-            source,
+            cause,
         })?;
         // A sidecar that exits at once breaks the pipe: its reply says why.
         let _ = writeln!(stdin, "{settings}").and_then(|_| stdin.flush());

@@ -157,6 +157,63 @@ fn adamw(cfg: &TrainConfig, weight_decay: f64) -> AdamWConfig {
     }
 }
 
+/// The warm start's optimizer settings: the run's β1, β2 and a weight decay of 0.1.
+fn sft_adamw(cfg: &TrainConfig) -> AdamWConfig {
+    adamw(cfg, 0.1)
+}
+
+/// Mixed into `seed` for the warm start's data order.
+const SFT_DATA_SEED: u64 = 0x5f74;
+/// `trainer_state.json`'s RNG of a warm-start checkpoint: the data order's.
+const SFT_DATA_RNG: &str = "warm_start_data";
+/// `trainer_state.json`'s `extra` key of a warm-start checkpoint's step (updates done).
+const WARM_START_STEP: &str = "warm_start_step";
+
+/// Where an interrupted warm start stands, read from its checkpoint
+/// ([`Trainer::load_warm_start`]) to continue it ([`Trainer::warm_start_with`]).
+#[derive(Debug)]
+pub struct WarmStartState {
+    step: u64,
+    optimizer: AdamW,
+    rng: TurnRng,
+    /// The rest of the current pass's shuffled order (popped from the back).
+    order: Vec<usize>,
+}
+
+impl WarmStartState {
+    /// The warm-start steps done.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+}
+
+/// One step of the warm start, as [`Trainer::warm_start_with`] reports it.
+pub struct WarmStartStep<'a> {
+    trainer: &'a Trainer,
+    /// The steps done, this one included (1 to `total`).
+    pub step: u64,
+    /// `sft.steps`.
+    pub total: u64,
+    /// The step's loss; `None` when it was not finite and the update was skipped.
+    pub loss: Option<f64>,
+    /// The step's learning rate.
+    pub lr: f64,
+    optimizer: &'a AdamW,
+    rng: &'a TurnRng,
+    order: &'a [usize],
+}
+
+impl WarmStartStep<'_> {
+    /// Writes a checkpoint of the warm start after this step into the folder `dir` (the
+    /// weights, the tokenizer, the warm start's optimizer, data RNG and order), with `caller`,
+    /// a value of the caller's that [`Trainer::load_warm_start`] hands back (e.g. what its
+    /// logging needs to continue exactly). Making it durable and complete is the caller's
+    /// part, as for [`Trainer::save`].
+    pub fn save(&self, dir: &Path, caller: serde_json::Value) -> Result<()> {
+        self.trainer.save_warm_start(dir, self, caller)
+    }
+}
+
 /// The critic's optimizer settings: the run's β1, β2 and `critic.weight_decay`.
 fn critic_adamw(cfg: &TrainConfig) -> AdamWConfig {
     adamw(cfg, cfg.critic.weight_decay)
@@ -410,8 +467,27 @@ impl Trainer {
     }
 
     /// Supervised warm start on oracle demonstrations of the training split. `on_step` gets
-    /// `(step, loss, lr)` after every update.
+    /// `(step, loss, lr)` after every update whose loss was finite.
     pub fn warm_start(&mut self, on_step: &mut dyn FnMut(u64, f64, f64)) -> Result<()> {
+        self.warm_start_with(None, &mut |s| {
+            if let Some(loss) = s.loss {
+                on_step(s.step, loss, s.lr);
+            }
+            Ok(())
+        })
+    }
+
+    /// The warm start of [`Trainer::warm_start`], from its beginning or, with `from`, from a
+    /// warm-start checkpoint ([`Trainer::load_warm_start`]): the steps after `from`'s are the
+    /// same, bit for bit, as those of a warm start that was never interrupted. `on_step` gets
+    /// every step (its loss is `None` when the update was skipped for a non-finite loss), and
+    /// can write a warm-start checkpoint with [`WarmStartStep::save`]; an error from it stops
+    /// the warm start.
+    pub fn warm_start_with(
+        &mut self,
+        from: Option<WarmStartState>,
+        on_step: &mut dyn FnMut(&WarmStartStep<'_>) -> Result<()>,
+    ) -> Result<()> {
         let c = self.config.sft.clone();
         if c.steps == 0 {
             return Ok(());
@@ -444,10 +520,24 @@ impl Trainer {
             decay: DecayShape::Cosine,
         };
         schedule.validate()?;
-        let mut opt = AdamW::new(self.trainable_vars(), adamw(&self.config, 0.1))?;
-        let mut rng = TurnRng::seed_from_u64(self.config.seed ^ 0x5f74);
-        let mut order: Vec<usize> = Vec::new();
-        for s in 0..c.steps {
+        let (start, mut opt, mut rng, mut order) = match from {
+            Some(st) => {
+                if let Some(&i) = st.order.iter().find(|&&i| i >= rows.len()) {
+                    bail!(
+                        "the warm-start checkpoint's data order names demonstration {i}, but                          there are {} (were sft.demonstrations or the task changed?)",
+                        rows.len()
+                    );
+                }
+                (st.step, st.optimizer, st.rng, st.order)
+            }
+            None => (
+                0,
+                AdamW::new(self.trainable_vars(), sft_adamw(&self.config))?,
+                TurnRng::seed_from_u64(self.config.seed ^ SFT_DATA_SEED),
+                Vec::new(),
+            ),
+        };
+        for s in start..c.steps {
             let mut batch = Vec::with_capacity(c.batch_size);
             while batch.len() < c.batch_size {
                 if order.is_empty() {
@@ -457,15 +547,110 @@ impl Trainer {
                 batch.push(&rows[order.pop().expect("non-empty")]);
             }
             let lr = schedule.lr_at(s);
-            match sft_step(&self.policy, &mut opt, &batch, lr, 1.0)? {
-                Some((loss, _)) => on_step(s + 1, loss, lr),
-                None => tracing::warn!(step = s + 1, "non-finite SFT loss: update skipped"),
+            let loss = sft_step(&self.policy, &mut opt, &batch, lr, 1.0)?.map(|(loss, _)| loss);
+            if loss.is_none() {
+                tracing::warn!(step = s + 1, "non-finite SFT loss: update skipped");
             }
+            on_step(&WarmStartStep {
+                trainer: self,
+                step: s + 1,
+                total: c.steps,
+                loss,
+                lr,
+                optimizer: &opt,
+                rng: &rng,
+                order: &order,
+            })?;
         }
         // The RL optimizer's f32 master copies (bf16 weights) must start from the warm-started
         // weights, not from the ones it was built on.
         self.optimizer.sync_masters(Some(&opt))?;
         Ok(())
+    }
+
+    /// Writes a warm-start checkpoint of `at` into `dir`: the weights (as [`Trainer::save`]
+    /// writes them, tokenizer included), the warm start's optimizer, its data RNG and the rest
+    /// of its shuffled data order, and `caller`, a value of the caller's that
+    /// [`Trainer::load_warm_start`] hands back.
+    fn save_warm_start(
+        &self,
+        dir: &Path,
+        at: &WarmStartStep<'_>,
+        caller: serde_json::Value,
+    ) -> Result<()> {
+        let mut state = TrainerState::for_optimizer(at.optimizer);
+        state.rng_states.insert(SFT_DATA_RNG.into(), at.rng.state());
+        state.extra = serde_json::json!({
+            WARM_START_STEP: at.step,
+            "warm_start_steps": at.total,
+            "warm_start_order": at.order,
+            "warm_start_caller": caller,
+        });
+        if let Some(l) = &self.lora {
+            state.extra[LORA_DROPOUT_CALLS] = l.dropout.calls().into();
+        }
+        self.write_checkpoint(dir, at.optimizer, &state)
+    }
+
+    /// Restores a trainer in the middle of its warm start from a checkpoint written by
+    /// [`WarmStartStep::save`]: the trainer (weights, tokenizer, a fresh RL optimizer, as
+    /// [`Trainer::new`] left them but for the weights), where the warm start stands (pass it to
+    /// [`Trainer::warm_start_with`]), and the caller's value saved with it.
+    pub fn load_warm_start(
+        config: TrainConfig,
+        dir: &Path,
+    ) -> Result<(Self, WarmStartState, serde_json::Value)> {
+        let state_path = dir.join("trainer_state.json");
+        let text = std::fs::read_to_string(&state_path)
+            .with_context(|| format!("reading {}", state_path.display()))?;
+        let state: TrainerState = serde_json::from_str(&text)
+            .with_context(|| format!("parsing {}", state_path.display()))?;
+        let bad = |what: &str| anyhow::anyhow!("{} has no {what}", state_path.display());
+        let step = state.extra[WARM_START_STEP]
+            .as_u64()
+            .ok_or_else(|| bad(WARM_START_STEP))?;
+        let rng = state
+            .rng_states
+            .get(SFT_DATA_RNG)
+            .map(|s| TurnRng::from_state(*s))
+            .ok_or_else(|| bad("warm-start data RNG"))?;
+        let order: Vec<usize> = serde_json::from_value(state.extra["warm_start_order"].clone())
+            .with_context(|| format!("{}: warm_start_order", state_path.display()))?;
+        let saved_total = state.extra["warm_start_steps"].as_u64();
+        if saved_total.is_some_and(|t| t != config.sft.steps) {
+            tracing::warn!(
+                "sft.steps = {} in the config, but the warm start was checkpointed with {}: its                  learning-rate schedule changes, so it does not continue exactly",
+                config.sft.steps,
+                saved_total.unwrap_or(0)
+            );
+        }
+        let caller = state.extra["warm_start_caller"].clone();
+        let mut t = Self::load(config, dir, None)?;
+        // What `load` restored as the trainer's optimizer is the warm start's; the RL optimizer
+        // is a fresh one, as after `Trainer::new`.
+        let rl = AdamW::new(
+            t.trainable_vars(),
+            adamw(&t.config, t.config.optim.weight_decay),
+        )?;
+        let optimizer = std::mem::replace(&mut t.optimizer, rl);
+        if optimizer.step_count() != state.step {
+            bail!(
+                "{}: the optimizer state is at step {}, the trainer state at {}",
+                dir.display(),
+                optimizer.step_count(),
+                state.step
+            );
+        }
+        Ok((
+            t,
+            WarmStartState {
+                step,
+                optimizer,
+                rng,
+                order,
+            },
+            caller,
+        ))
     }
 
     /// Freezes the current weights as the KL reference and, for the PPO family, builds the
@@ -883,6 +1068,12 @@ impl Trainer {
         if let Some(l) = &self.lora {
             state.extra[LORA_DROPOUT_CALLS] = l.dropout.calls().into();
         }
+        self.write_checkpoint(dir, &self.optimizer, &state)
+    }
+
+    /// Writes the weights, `optimizer`'s state, `state`, the tokenizer files and the critic
+    /// (when there is one) into the checkpoint folder `dir`.
+    fn write_checkpoint(&self, dir: &Path, optimizer: &AdamW, state: &TrainerState) -> Result<()> {
         // A LoRA checkpoint's own folder holds the (unmerged) base its adapters apply to.
         let base_name = std::path::absolute(dir).ok();
         let base_name = base_name.as_deref().and_then(Path::to_str);
@@ -905,8 +1096,8 @@ impl Trainer {
                 lora,
                 base_model_name_or_path: base_name,
             }),
-            &self.optimizer,
-            &state,
+            optimizer,
+            state,
         )
         .with_context(|| format!("writing the checkpoint {}", dir.display()))?;
         write_hf_metadata(dir, &self.tokenizer, &self.hf_meta)

@@ -52,13 +52,12 @@ use super::RetrievalError;
 #[derive(Debug, thiserror::Error)]
 pub enum DenseError {
     /// A file could not be opened, read, written or mapped.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The file or directory involved.
         path: PathBuf,
         /// The underlying I/O error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The model package could not be downloaded (pip missing, registry unreachable).
     #[error("fetching {what} failed: {message}")]
@@ -89,7 +88,7 @@ pub enum DenseError {
     Tokenizer(String),
     /// A tensor operation failed while encoding.
     #[error("encoder: {0}")]
-    Tensor(#[from] candle_core::Error),
+    Tensor(candle_core::Error),
     /// An index on disk is malformed, incomplete or does not fit the encoder.
     #[error("dense index {path}: {message}")]
     Format {
@@ -108,11 +107,19 @@ pub enum DenseError {
     },
 }
 
+// The wrapped error is printed in the variant's message, so it is not also its `source()`: a
+// report that walks the causes (`{:#}`) would print it twice.
+impl From<candle_core::Error> for DenseError {
+    fn from(e: candle_core::Error) -> Self {
+        Self::Tensor(e)
+    }
+}
+
 impl DenseError {
-    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
+    pub(crate) fn io(path: &Path, cause: std::io::Error) -> Self {
         DenseError::Io {
             path: path.to_path_buf(),
-            source,
+            cause,
         }
     }
 
@@ -135,7 +142,7 @@ impl DenseError {
 impl From<turnwise_core::pip::PipError> for DenseError {
     fn from(e: turnwise_core::pip::PipError) -> Self {
         match e {
-            turnwise_core::pip::PipError::Io { path, source } => DenseError::Io { path, source },
+            turnwise_core::pip::PipError::Io { path, cause } => DenseError::Io { path, cause },
             turnwise_core::pip::PipError::Fetch { what, message } => {
                 DenseError::Fetch { what, message }
             }

@@ -21,7 +21,7 @@ pub mod smollm2;
 impl From<turnwise_core::pip::PipError> for GgufError {
     fn from(e: turnwise_core::pip::PipError) -> Self {
         match e {
-            turnwise_core::pip::PipError::Io { path, source } => GgufError::Io { path, source },
+            turnwise_core::pip::PipError::Io { path, cause } => GgufError::Io { path, cause },
             turnwise_core::pip::PipError::Fetch { what, message } => {
                 GgufError::Fetch { what, message }
             }
@@ -53,13 +53,12 @@ use crate::tokenizer::TextTokenizer;
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
     /// The file could not be opened or read.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         /// The GGUF file.
         path: PathBuf,
         /// The underlying error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The header or a tensor's data could not be parsed.
     #[error("{path}: not a readable GGUF file: {reason}")]
@@ -331,9 +330,9 @@ impl GgufCheckpoint {
     /// Reads the header of the GGUF file at `path` and checks its architecture.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|source| GgufError::Io {
+        let file = File::open(&path).map_err(|cause| GgufError::Io {
             path: path.clone(),
-            source,
+            cause,
         })?;
         let content = Content::read(&mut BufReader::new(file)).map_err(|e| {
             let reason = first_line(&e);
@@ -651,7 +650,7 @@ impl GgufCheckpoint {
                 |file, (hf, g, _)| {
                     let reader = file.as_mut().map_err(|e| GgufError::Io {
                         path: self.path.clone(),
-                        source: std::io::Error::new(e.kind(), e.to_string()),
+                        cause: std::io::Error::new(e.kind(), e.to_string()),
                     })?;
                     let t = self.read_tensor(reader, g)?;
                     let t = match (permute, g.rsplit('.').nth(1)) {

