@@ -97,6 +97,42 @@ type RowDraw<'a> = (&'a mut TurnRng, &'a SamplingParams, &'a [f32], Option<u32>)
 /// A prefilled group: its cache layers, key masks and next-token logits.
 type Prefilled = (Vec<LayerKv>, Vec<Vec<u8>>, Vec<Vec<f32>>);
 
+/// Keys and values of a context's first tokens, kept between engines (a multi-turn episode's
+/// context between its turns): [`SamplingEngine::add_sequence_with_prefix`] starts a sequence
+/// whose prompt begins with these tokens from them and prefills only the rest. Cloning shares
+/// the tensors (candle tensors are immutable), so forks of an episode share its prefix.
+#[derive(Clone)]
+pub struct PrefixKv {
+    tokens: Vec<u32>,
+    layers: Vec<SeqKv>,
+}
+
+impl PrefixKv {
+    /// The tokens whose keys and values these are.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Number of tokens.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether it holds no token.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
+impl std::fmt::Debug for PrefixKv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrefixKv")
+            .field("tokens", &self.tokens.len())
+            .field("layers", &self.layers.len())
+            .finish()
+    }
+}
+
 /// Identifies a sequence of a [`SamplingEngine`] (allocated in increasing order from 0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct SeqId(pub u64);
@@ -612,6 +648,85 @@ impl<'a> SamplingEngine<'a> {
         );
         self.waiting.push_back(id);
         Ok(id)
+    }
+
+    /// [`SamplingEngine::add_sequence`], starting from `prefix`'s keys and values for the
+    /// longest common prefix of its tokens and `prompt` (all but the prompt's last token at
+    /// most: that one is run to give the first logits). A prefix of another model shape is an
+    /// error naming `prefix`.
+    pub fn add_sequence_with_prefix(
+        &mut self,
+        prompt: Vec<u32>,
+        params: SequenceParams,
+        seed: u64,
+        prefix: Option<&PrefixKv>,
+    ) -> Result<SeqId> {
+        let id = self.add_sequence(prompt, params, seed)?;
+        if let Some(p) = prefix
+            && let Err(e) = self.attach_prefix(id, p)
+        {
+            let _ = self.remove(id);
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    fn attach_prefix(&mut self, id: SeqId, p: &PrefixKv) -> Result<()> {
+        let cfg = self.model.config();
+        let (layers, kv, hd) = (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim);
+        let st = self.seqs.get_mut(&id).expect("just added");
+        let n = p
+            .tokens
+            .iter()
+            .zip(&st.seq.tokens)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(st.seq.tokens.len() - 1);
+        if n == 0 {
+            return Ok(());
+        }
+        if p.layers.len() != layers {
+            return Err(ModelError::invalid_input(
+                "prefix",
+                format!("{} layers, the model has {layers}", p.layers.len()),
+            ));
+        }
+        let mut cache = Vec::with_capacity(layers);
+        for (k, v) in &p.layers {
+            let (b, h, cols, d) = k.dims4()?;
+            if (b, h, d) != (1, kv, hd) || cols != p.tokens.len() || v.dims4()? != k.dims4()? {
+                return Err(ModelError::invalid_input(
+                    "prefix",
+                    format!(
+                        "keys {:?} do not fit the model's [1, {kv}, {}, {hd}]",
+                        k.dims(),
+                        p.tokens.len()
+                    ),
+                ));
+            }
+            cache.push(if n == cols {
+                (k.clone(), v.clone())
+            } else {
+                (k.narrow(2, 0, n)?, v.narrow(2, 0, n)?)
+            });
+        }
+        st.cache = Some(cache);
+        st.cached = n;
+        Ok(())
+    }
+
+    /// The keys and values a paused or waiting sequence has cached (its first
+    /// [`SamplingEngine::cached_len`] tokens), to start a later sequence from
+    /// ([`SamplingEngine::add_sequence_with_prefix`]); `None` while it runs or caches nothing.
+    pub fn prefix_of(&self, id: SeqId) -> Option<PrefixKv> {
+        let st = self.seqs.get(&id)?;
+        if st.seq.status == SeqStatus::Running || st.cached == 0 {
+            return None;
+        }
+        Some(PrefixKv {
+            tokens: st.seq.tokens[..st.cached].to_vec(),
+            layers: st.cache.clone()?,
+        })
     }
 
     /// Appends `tokens` (e.g. an environment observation) to a paused or waiting sequence,

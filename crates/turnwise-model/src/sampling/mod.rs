@@ -29,9 +29,9 @@ pub mod engine;
 
 pub use choice::{ChoiceConstraint, TokenPieces};
 pub use engine::{
-    DEFAULT_CONFIDENCE_TOP_J, DEFAULT_PREFILL_CHUNK, EngineConfig, EngineStats, SamplingEngine,
-    SeqId, SeqStatus, Sequence, SequenceParams, StopReason, TokenHook, TokenOrigin, TurnEnd,
-    top_j_confidence,
+    DEFAULT_CONFIDENCE_TOP_J, DEFAULT_PREFILL_CHUNK, EngineConfig, EngineStats, PrefixKv,
+    SamplingEngine, SeqId, SeqStatus, Sequence, SequenceParams, StopReason, TokenHook, TokenOrigin,
+    TurnEnd, top_j_confidence,
 };
 
 /// How tokens are drawn.
@@ -189,6 +189,40 @@ pub fn generate_with_budgets(
     )
 }
 
+/// [`generate_with_budgets`] over contexts whose first tokens may already have keys and values
+/// (a multi-turn episode's context after its last turn): row `i` starts from `prefixes[i]`
+/// where it matches the row's prompt (the longest common prefix is used; a prefix that does not
+/// match costs nothing but its check) and prefills only the rest. Returns each row's completion
+/// with the keys and values of its whole context after the turn (prompt and generated tokens
+/// but the last), for the next turn. Tokens and log-probs equal a fresh prefill's to float
+/// rounding (about 1e-6).
+pub fn generate_with_prefixes(
+    model: &Transformer,
+    prompts: &[Vec<u32>],
+    prefixes: &[Option<PrefixKv>],
+    seeds: &[u64],
+    params: &SamplingParams,
+    budgets: &[usize],
+    tokenizer: Option<&TextTokenizer>,
+) -> Result<Vec<(Completion, Option<PrefixKv>)>> {
+    if prefixes.len() != prompts.len() {
+        return Err(ModelError::invalid_input(
+            "prefixes",
+            format!("{} prefixes for {} prompts", prefixes.len(), prompts.len()),
+        ));
+    }
+    generate_rows_kv(
+        model,
+        prompts,
+        Some(prefixes),
+        seeds,
+        params,
+        Some(budgets),
+        tokenizer,
+        None,
+    )
+}
+
 /// [`generate_with_processor`], with an optional per-row token budget (see
 /// [`generate_with_budgets`]).
 fn generate_rows(
@@ -200,6 +234,27 @@ fn generate_rows(
     tokenizer: Option<&TextTokenizer>,
     processor: Option<&mut dyn LogitsProcessor>,
 ) -> Result<Vec<Completion>> {
+    Ok(generate_rows_kv(
+        model, prompts, None, seeds, params, budgets, tokenizer, processor,
+    )?
+    .into_iter()
+    .map(|(c, _)| c)
+    .collect())
+}
+
+/// [`generate_rows`] with optional per-row prefixes; returns each row's context cache when
+/// `prefixes` is given (see [`generate_with_prefixes`]).
+#[allow(clippy::too_many_arguments)]
+fn generate_rows_kv(
+    model: &Transformer,
+    prompts: &[Vec<u32>],
+    prefixes: Option<&[Option<PrefixKv>]>,
+    seeds: &[u64],
+    params: &SamplingParams,
+    budgets: Option<&[usize]>,
+    tokenizer: Option<&TextTokenizer>,
+    processor: Option<&mut dyn LogitsProcessor>,
+) -> Result<Vec<(Completion, Option<PrefixKv>)>> {
     params.validate()?;
     if prompts.len() != seeds.len() {
         return Err(ModelError::invalid_input(
@@ -233,7 +288,10 @@ fn generate_rows(
         ));
     }
     if prompts.is_empty() || params.max_new_tokens == 0 {
-        return Ok(prompts.iter().map(|_| Completion::empty()).collect());
+        return Ok(prompts
+            .iter()
+            .map(|_| (Completion::empty(), None))
+            .collect());
     }
     // On the CPU, a small model's decode step is mostly single-threaded per-op work: rows cut
     // into one shard per core, each on its own engine and thread, run side by side. Every row
@@ -245,23 +303,41 @@ fn generate_rows(
             let p: Vec<Vec<u32>> = rows.iter().map(|&i| prompts[i].clone()).collect();
             let sd: Vec<u64> = rows.iter().map(|&i| seeds[i]).collect();
             let b: Option<Vec<usize>> = budgets.map(|b| rows.iter().map(|&i| b[i]).collect());
-            run_engine(model, &p, &sd, params, b.as_deref(), tokenizer, None)
+            let pre: Option<Vec<Option<PrefixKv>>> =
+                prefixes.map(|x| rows.iter().map(|&i| x[i].clone()).collect());
+            run_engine(
+                model,
+                &p,
+                pre.as_deref(),
+                &sd,
+                params,
+                b.as_deref(),
+                tokenizer,
+                None,
+            )
         });
     }
-    run_engine(model, prompts, seeds, params, budgets, tokenizer, processor)
+    run_engine(
+        model, prompts, prefixes, seeds, params, budgets, tokenizer, processor,
+    )
 }
 
-/// The batch of [`generate_rows`] (inputs already checked) on one engine.
+/// The batch of [`generate_rows_kv`] (inputs already checked) on one engine.
+#[allow(clippy::too_many_arguments)]
 fn run_engine(
     model: &Transformer,
     prompts: &[Vec<u32>],
+    prefixes: Option<&[Option<PrefixKv>]>,
     seeds: &[u64],
     params: &SamplingParams,
     budgets: Option<&[usize]>,
     tokenizer: Option<&TextTokenizer>,
     processor: Option<&mut dyn LogitsProcessor>,
-) -> Result<Vec<Completion>> {
-    let mut out: Vec<Completion> = prompts.iter().map(|_| Completion::empty()).collect();
+) -> Result<Vec<(Completion, Option<PrefixKv>)>> {
+    let mut out: Vec<(Completion, Option<PrefixKv>)> = prompts
+        .iter()
+        .map(|_| (Completion::empty(), None))
+        .collect();
     let mut engine = SamplingEngine::new(model, tokenizer, EngineConfig::with_max_batch_size(0));
     let seq_params = SequenceParams {
         sampling: params.clone(),
@@ -275,11 +351,15 @@ fn run_engine(
         if let Some(b) = budgets {
             sp.sampling.max_new_tokens = sp.sampling.max_new_tokens.min(b[i]);
         }
-        engine.add_sequence(p.clone(), sp, seed)?;
+        let prefix = prefixes.and_then(|x| x[i].as_ref());
+        engine.add_sequence_with_prefix(p.clone(), sp, seed, prefix)?;
     }
     let mut adapter = processor.map(|inner| ProcessorHook { inner });
     engine.run_until_stop(adapter.as_mut().map(|h| h as &mut dyn TokenHook))?;
-    for (i, c) in out.iter_mut().enumerate() {
+    for (i, (c, kv)) in out.iter_mut().enumerate() {
+        if prefixes.is_some() {
+            *kv = engine.prefix_of(SeqId(i as u64));
+        }
         let seq = engine.remove(SeqId(i as u64))?;
         let start = seq.prompt_len;
         c.tokens = seq.tokens[start..].to_vec();

@@ -22,8 +22,8 @@ use turnwise_core::trajectory::{
 use turnwise_env::env::{Environment, Task};
 use turnwise_model::Transformer;
 use turnwise_model::sampling::{
-    Completion, EngineConfig, FinishReason as StopReason, SamplingEngine, SamplingParams, SeqId,
-    SeqStatus, Sequence, SequenceParams, TokenHook, TokenOrigin, generate_with_budgets,
+    Completion, EngineConfig, FinishReason as StopReason, PrefixKv, SamplingEngine, SamplingParams,
+    SeqId, SeqStatus, Sequence, SequenceParams, TokenHook, TokenOrigin, generate_with_prefixes,
     generation_shards, sharded,
 };
 use turnwise_model::tokenizer::TextTokenizer;
@@ -132,6 +132,9 @@ struct Live {
     /// at first the environment's first one (a game's starting board); `None` while that is
     /// the task's question itself (the search world), which the prompt stands for.
     state: Option<String>,
+    /// Keys and values of the context the last turn ended with (local sampling): the next turn
+    /// prefills only what follows them (its observation), instead of the whole context.
+    kv: Option<PrefixKv>,
 }
 
 /// A per-turn seed derived from the episode seed (splitmix64 of seed and turn).
@@ -182,6 +185,7 @@ impl EpisodeState {
                 turn_starts: Vec::new(),
                 turn_control: Vec::new(),
                 state,
+                kv: None,
             },
         })
     }
@@ -219,6 +223,16 @@ impl EpisodeState {
         let mut c = l.spec.prompt_ids.clone();
         c.extend_from_slice(&l.response[from..]);
         (c, from > 0)
+    }
+
+    /// The cached keys and values of the context the last turn ended with, if kept.
+    pub fn context_kv(&self) -> Option<&PrefixKv> {
+        self.live.kv.as_ref()
+    }
+
+    /// Forgets the cached context: the next turn prefills the whole context again.
+    pub fn forget_context_kv(&mut self) {
+        self.live.kv = None;
     }
 
     /// The episode's seed.
@@ -452,6 +466,7 @@ impl EpisodeState {
                 turn_starts: self.live.turn_starts.clone(),
                 turn_control: self.live.turn_control.clone(),
                 state: self.live.state.clone(),
+                kv: self.live.kv.clone(),
             },
         })
     }
@@ -868,15 +883,20 @@ struct TurnOutput {
     score: Option<f64>,
     tti_trigger: Option<usize>,
     weight_version: Option<u64>,
+    /// Keys and values of the turn's whole context (local sampling).
+    kv: Option<PrefixKv>,
 }
 
 /// Samples one turn per context, context `i` at most `budgets[i]` tokens (its own budget: no
-/// other row's limits it). Without TTI or TDS this is exactly [`generate_with_budgets`];
+/// other row's limits it). Without TTI or TDS this is exactly
+/// [`turnwise_model::sampling::generate_with_budgets`], starting each row from its cached
+/// context (`prefixes`, [`generate_with_prefixes`]) and returning the turn's context cache;
 /// otherwise the turns run on a [`SamplingEngine`] with the control hook (same seeds, same
 /// draws until the intervention fires).
 fn generate_turns(
     policy: &Policy<'_>,
     contexts: &[Vec<u32>],
+    prefixes: &[Option<PrefixKv>],
     seeds: &[u64],
     params: &SamplingParams,
     budgets: &[usize],
@@ -903,13 +923,15 @@ fn generate_turns(
                 score: None,
                 tti_trigger: None,
                 weight_version: t.weight_version,
+                kv: None,
             })
             .collect());
     }
     if !control.needs_signal() {
-        let completions = generate_with_budgets(
+        let completions = generate_with_prefixes(
             policy.model,
             contexts,
+            prefixes,
             seeds,
             params,
             budgets,
@@ -918,13 +940,14 @@ fn generate_turns(
         .context("sampling a turn")?;
         return Ok(completions
             .into_iter()
-            .map(|completion| TurnOutput {
+            .map(|(completion, kv)| TurnOutput {
                 completion,
                 forced: Vec::new(),
                 confidences: None,
                 score: None,
                 tti_trigger: None,
                 weight_version: None,
+                kv,
             })
             .collect());
     }
@@ -938,10 +961,12 @@ fn generate_turns(
         let ctx: Vec<Vec<u32>> = rows.iter().map(|&i| contexts[i].clone()).collect();
         let sd: Vec<u64> = rows.iter().map(|&i| seeds[i]).collect();
         let bd: Vec<usize> = rows.iter().map(|&i| budgets[i]).collect();
+        let pre: Vec<Option<PrefixKv>> = rows.iter().map(|&i| prefixes[i].clone()).collect();
         signal_turns(
             policy.model,
             policy.tokenizer,
             &ctx,
+            &pre,
             &sd,
             params,
             &bd,
@@ -952,10 +977,12 @@ fn generate_turns(
 
 /// [`generate_turns`] under TTI or TDS on one [`SamplingEngine`]: every row's turn (row `i` at
 /// most `budgets[i]` tokens) with the control hook, its confidences and its turn score.
+#[allow(clippy::too_many_arguments)]
 fn signal_turns(
     model: &Transformer,
     tokenizer: &TextTokenizer,
     contexts: &[Vec<u32>],
+    prefixes: &[Option<PrefixKv>],
     seeds: &[u64],
     params: &SamplingParams,
     budgets: &[usize],
@@ -976,7 +1003,7 @@ fn signal_turns(
         let mut sp = seq_params.clone();
         sp.sampling.max_new_tokens = sp.sampling.max_new_tokens.min(budgets[i]);
         let id = engine
-            .add_sequence(ctx.clone(), sp, seed)
+            .add_sequence_with_prefix(ctx.clone(), sp, seed, prefixes[i].as_ref())
             .context("queueing a turn")?;
         if id != SeqId(i as u64) {
             bail!("the sampling engine numbered turn {i} as {id}");
@@ -1004,6 +1031,7 @@ fn signal_turns(
     }
     let mut out = Vec::with_capacity(ids.len());
     for (id, mut row) in ids.into_iter().zip(hook.rows) {
+        let kv = engine.prefix_of(id);
         let seq = engine.remove(id).context("collecting a turn")?;
         row.finish(&seq, tokenizer)?;
         let start = seq.prompt_len;
@@ -1028,6 +1056,7 @@ fn signal_turns(
             score: turn_score(&row.signal),
             tti_trigger: row.controller.triggered_at(),
             weight_version: None,
+            kv,
         });
     }
     Ok(out)
@@ -1095,7 +1124,12 @@ pub fn step_turn_with(
         stop_strings: policy.stop_strings.to_vec(),
         top_logprobs: 0,
     };
-    let mut outs = generate_turns(policy, &contexts, &seeds, &params, &budgets, control)?;
+    // Each episode's cached context: the turn prefills only what follows it (the observation).
+    let prefixes: Vec<Option<PrefixKv>> =
+        active.iter().map(|&i| states[i].live.kv.take()).collect();
+    let mut outs = generate_turns(
+        policy, &contexts, &prefixes, &seeds, &params, &budgets, control,
+    )?;
     let mut regenerations = vec![0usize; active.len()];
     if let Some(tracker) = tds.filter(|_| control.tds.enabled) {
         let rows = states.len();
@@ -1121,7 +1155,8 @@ pub fn step_turn_with(
                 .map(|&j| attempt_seed(seeds[j], attempt))
                 .collect();
             let bd: Vec<usize> = redo.iter().map(|&j| budgets[j]).collect();
-            let fresh = generate_turns(policy, &ctx, &sd, &params, &bd, control)?;
+            let pre: Vec<Option<PrefixKv>> = redo.iter().map(|&j| prefixes[j].clone()).collect();
+            let fresh = generate_turns(policy, &ctx, &pre, &sd, &params, &bd, control)?;
             for (&j, o) in redo.iter().zip(fresh) {
                 stats.tds_discarded_tokens += outs[j].completion.tokens.len();
                 outs[j] = o;
@@ -1143,6 +1178,7 @@ pub fn step_turn_with(
             staleness: out.weight_version.map(|v| policy.version.saturating_sub(v)),
         };
         stats.record(&record);
+        let kv = out.kv;
         states[active[j]].apply_turn_with(
             policy,
             out.completion,
@@ -1153,6 +1189,8 @@ pub fn step_turn_with(
                 control: record,
             },
         )?;
+        let st = &mut states[active[j]];
+        st.live.kv = kv.filter(|_| !st.is_done());
     }
     Ok(())
 }
