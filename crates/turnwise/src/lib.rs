@@ -21,6 +21,7 @@ pub mod prompt;
 pub mod rollout;
 pub mod run;
 pub mod serve;
+pub mod study;
 pub mod task;
 pub mod trainer;
 pub mod update;

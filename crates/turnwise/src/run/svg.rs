@@ -10,6 +10,9 @@ pub struct Series {
     pub label: String,
     /// `(x, y)` points; non-finite ones are skipped when drawing.
     pub points: Vec<(f64, f64)>,
+    /// `(x, low, high)`: a band drawn shaded behind the curve in its colour (a spread over
+    /// seeds); empty for none.
+    pub band: Vec<(f64, f64, f64)>,
 }
 
 impl Series {
@@ -18,7 +21,26 @@ impl Series {
         Self {
             label: label.into(),
             points,
+            band: Vec::new(),
         }
+    }
+
+    /// The series with a band `(x, low, high)` shaded behind it.
+    pub fn with_band(mut self, band: Vec<(f64, f64, f64)>) -> Self {
+        self.band = band;
+        self
+    }
+
+    /// The finite band points, sorted by x.
+    fn finite_band(&self) -> Vec<(f64, f64, f64)> {
+        let mut pts: Vec<(f64, f64, f64)> = self
+            .band
+            .iter()
+            .copied()
+            .filter(|(x, lo, hi)| x.is_finite() && lo.is_finite() && hi.is_finite())
+            .collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        pts
     }
 
     /// The finite points, sorted by x (stable).
@@ -154,7 +176,15 @@ impl LineChart {
     pub fn to_svg(&self) -> String {
         let series: Vec<(&Series, Vec<(f64, f64)>)> =
             self.series.iter().map(|s| (s, s.finite_points())).collect();
-        let all: Vec<(f64, f64)> = series.iter().flat_map(|(_, p)| p.iter().copied()).collect();
+        let mut all: Vec<(f64, f64)> = series.iter().flat_map(|(_, p)| p.iter().copied()).collect();
+        let bands: Vec<Vec<(f64, f64, f64)>> =
+            self.series.iter().map(Series::finite_band).collect();
+        all.extend(
+            bands
+                .iter()
+                .flatten()
+                .flat_map(|&(x, lo, hi)| [(x, lo), (x, hi)]),
+        );
         let (x0, x1, y0, y1) = if all.is_empty() {
             (0.0, 1.0, 0.0, 1.0)
         } else {
@@ -262,6 +292,24 @@ impl LineChart {
                 r##"<text x="{:.2}" y="{:.2}" text-anchor="middle" fill="#888888">no data</text>"##,
                 LEFT + pw / 2.0,
                 TOP + ph / 2.0
+            );
+        }
+        // Bands, behind every curve.
+        for (i, band) in bands.iter().enumerate().filter(|(_, b)| !b.is_empty()) {
+            let color = COLORS[i % COLORS.len()];
+            let coords: Vec<String> = band
+                .iter()
+                .map(|&(x, _, hi)| format!("{:.2},{:.2}", sx(x), sy(hi)))
+                .chain(
+                    band.iter()
+                        .rev()
+                        .map(|&(x, lo, _)| format!("{:.2},{:.2}", sx(x), sy(lo))),
+                )
+                .collect();
+            let _ = writeln!(
+                s,
+                r#"<polygon class="band" fill="{color}" fill-opacity="0.18" stroke="none" points="{}"/>"#,
+                coords.join(" ")
             );
         }
         // Curves.
@@ -409,6 +457,30 @@ pub(crate) mod tests {
         for label in [">0<", ">5<", ">30<", ">0.4<", ">1.0<"] {
             assert!(svg.contains(label), "missing tick {label}");
         }
+    }
+
+    #[test]
+    fn a_band_is_shaded_behind_its_curve_and_widens_the_axis() {
+        let chart = LineChart::new("seeds").with_series(
+            Series::new("arm", vec![(0.0, 0.5), (1.0, 0.6)]).with_band(vec![
+                (0.0, 0.4, 0.6),
+                (1.0, 0.5, 2.0),
+                (2.0, f64::NAN, 1.0),
+            ]),
+        );
+        let svg = chart.to_svg();
+        let band = svg.find("class=\"band\"").expect("a band polygon");
+        assert!(
+            band < svg.find("class=\"series\"").unwrap(),
+            "the band is drawn first"
+        );
+        // Two finite band points: four corners; the band's high end (2.0) sets the y axis.
+        let poly = &svg[band..svg[band..].find("/>").unwrap() + band];
+        assert_eq!(
+            poly.split("points=\"").nth(1).unwrap().split(' ').count(),
+            4
+        );
+        assert!(svg.contains(">2.0<"), "the y axis reaches the band's top");
     }
 
     #[test]
