@@ -1083,9 +1083,11 @@ fn rl_phase(
         }
     }
     let summary = summary_from_log(dir, cfg)?;
-    std::fs::write(
-        dir.root().join("summary.json"),
-        serde_json::to_string_pretty(&summary)?,
+    // Atomic: a finished run is recognised by its summary (`runs`, `study run`), so a kill
+    // while it is written must not leave a torn one.
+    crate::run::write_atomic(
+        &dir.root().join("summary.json"),
+        serde_json::to_string_pretty(&summary)?.as_bytes(),
     )?;
     let report = write_report(dir)?;
     say(quiet, format!("report: {}", report.display()));

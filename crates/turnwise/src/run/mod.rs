@@ -45,6 +45,7 @@ pub use catalog::{
     write_compare_charts,
 };
 pub(crate) use dir::remove_entry;
+pub(crate) use dir::write_atomic;
 pub use dir::{COMPLETE_MARKER, Checkpoint, LOCK_FILE, RunDir};
 pub use metrics::{MetricsLog, MetricsRecord, MetricsWriter, PairedGain, read_metrics};
 pub use plots::{PlotFile, PlotSpec, SeriesSpec, default_plot_specs, plot_records, write_plots};
