@@ -150,3 +150,67 @@ fn the_t2po_control_reuses_the_cached_context_too() {
     let fresh = roll(&policy, &t, &control, false, 3);
     assert_same(&cached, &fresh, "t2po control");
 }
+
+#[test]
+fn a_group_prefills_its_shared_prompt_once() {
+    let t = trainer("grpo");
+    let policy = t.rollout_policy();
+    let control = RolloutControl::default();
+    let qs = t.task.questions(Split::Train);
+    // Two groups: four episodes of question 0, three of question 1 (GRPO's rollouts of a
+    // prompt), each with its own seed.
+    let start = |q: usize, seed: u64| {
+        let q = &qs[q];
+        let spec = EpisodeSpec {
+            id: format!("{}-{seed}", q.id),
+            prompt_uid: q.id.clone(),
+            prompt_ids: t.tokenizer.encode(&prompt_text(&q.text)).unwrap(),
+            task: WorldTask::env_task(q),
+            seed,
+        };
+        EpisodeState::start(spec, Box::new(t.task.env().unwrap())).unwrap()
+    };
+    let specs: Vec<(usize, u64)> = vec![(0, 1), (0, 2), (0, 3), (0, 4), (1, 5), (1, 6), (1, 7)];
+    let first_turn = |batch: &mut [EpisodeState]| {
+        let mut stats = RolloutStats::default();
+        let mut refs: Vec<&mut EpisodeState> = batch.iter_mut().collect();
+        step_turn_with(&policy, &mut refs, &decoding(), &control, None, &mut stats).unwrap();
+        stats
+    };
+    let mut together: Vec<EpisodeState> = specs.iter().map(|&(q, s)| start(q, s)).collect();
+    let prompt_len = |q: usize| t.tokenizer.encode(&prompt_text(&qs[q].text)).unwrap().len();
+    let stats = first_turn(&mut together);
+    // Every row of a group starts from the group's one prefill of its prompt (all but its last
+    // token).
+    let expected = 4 * (prompt_len(0) - 1) + 3 * (prompt_len(1) - 1);
+    assert_eq!(
+        stats.cached_context_tokens, expected,
+        "prompt tokens served from the group's shared prefill"
+    );
+    let total = 4 * prompt_len(0) + 3 * prompt_len(1);
+    let fraction = stats.metrics(&control)["rollout/cached_context_fraction"];
+    assert!(
+        (fraction - expected as f64 / total as f64).abs() < 1e-12,
+        "{fraction}"
+    );
+    // Each episode alone (no group to share with) samples the same turn.
+    let together: Vec<_> = together.into_iter().map(EpisodeState::finish).collect();
+    for (k, &(q, s)) in specs.iter().enumerate() {
+        let mut alone = vec![start(q, s)];
+        assert_eq!(
+            first_turn(&mut alone).cached_context_tokens,
+            0,
+            "nothing shared alone"
+        );
+        let a = alone.pop().unwrap().finish();
+        let x = a.trajectory.agent_segments().next().unwrap();
+        let y = together[k].trajectory.agent_segments().next().unwrap();
+        assert_eq!(x.ids, y.ids, "episode {k}: greedy ids");
+        for (u, v) in x.logprobs.iter().zip(&y.logprobs) {
+            assert!(
+                (u - v).abs() < 1e-5,
+                "episode {k}: log-prob {u} against {v}"
+            );
+        }
+    }
+}

@@ -223,6 +223,28 @@ pub fn generate_with_prefixes(
     )
 }
 
+/// The keys and values of `tokens` under `model` (e.g. the prompt a group's episodes share),
+/// computed once, to start several sequences from ([`generate_with_prefixes`]); `None` when
+/// the model's context has no room to run them (`tokens` fill it).
+pub fn prefill_prefix(model: &Transformer, tokens: &[u32]) -> Result<Option<PrefixKv>> {
+    if tokens.is_empty() {
+        return Err(ModelError::invalid_input("tokens", "is empty"));
+    }
+    let mut engine = SamplingEngine::new(model, None, EngineConfig::with_max_batch_size(1));
+    let params = SequenceParams {
+        sampling: SamplingParams {
+            temperature: 0.0,
+            max_new_tokens: 1,
+            ..Default::default()
+        },
+        confidence_top_j: 0,
+        ..Default::default()
+    };
+    let id = engine.add_sequence(tokens.to_vec(), params, 0)?;
+    engine.run_until_stop(None)?;
+    Ok(engine.prefix_of(id).filter(|p| p.len() == tokens.len()))
+}
+
 /// [`generate_with_processor`], with an optional per-row token budget (see
 /// [`generate_with_budgets`]).
 fn generate_rows(

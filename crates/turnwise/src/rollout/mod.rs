@@ -24,7 +24,7 @@ use turnwise_model::Transformer;
 use turnwise_model::sampling::{
     Completion, EngineConfig, FinishReason as StopReason, PrefixKv, SamplingEngine, SamplingParams,
     SeqId, SeqStatus, Sequence, SequenceParams, TokenHook, TokenOrigin, generate_with_prefixes,
-    generation_shards, sharded,
+    generation_shards, prefill_prefix, sharded,
 };
 use turnwise_model::tokenizer::TextTokenizer;
 
@@ -676,6 +676,9 @@ pub struct RolloutStats {
     pub staleness_sum: u64,
     /// Largest staleness of a turn.
     pub staleness_max: u64,
+    /// Context tokens whose keys and values came from a cache (the episode's last turn, or
+    /// its group's shared prompt) instead of a prefill, all turns together.
+    pub cached_context_tokens: usize,
 }
 
 impl RolloutStats {
@@ -710,6 +713,7 @@ impl RolloutStats {
             versioned_turns,
             staleness_sum,
             staleness_max,
+            cached_context_tokens,
         } = other;
         self.turns += turns;
         self.tti_triggered += tti_triggered;
@@ -723,6 +727,7 @@ impl RolloutStats {
         self.versioned_turns += versioned_turns;
         self.staleness_sum += staleness_sum;
         self.staleness_max = self.staleness_max.max(*staleness_max);
+        self.cached_context_tokens += cached_context_tokens;
     }
 
     /// The `rollout/*` metrics of the controls that are on (none when all are off).
@@ -767,6 +772,12 @@ impl RolloutStats {
             m.insert(
                 "rollout/context_tokens/mean".into(),
                 self.context_tokens as f64 / turns,
+            );
+        }
+        if self.cached_context_tokens > 0 {
+            m.insert(
+                "rollout/cached_context_fraction".into(),
+                self.cached_context_tokens as f64 / self.context_tokens.max(1) as f64,
             );
         }
         if self.versioned_turns > 0 {
@@ -1125,8 +1136,21 @@ pub fn step_turn_with(
         top_logprobs: 0,
     };
     // Each episode's cached context: the turn prefills only what follows it (the observation).
-    let prefixes: Vec<Option<PrefixKv>> =
+    let mut prefixes: Vec<Option<PrefixKv>> =
         active.iter().map(|&i| states[i].live.kv.take()).collect();
+    if policy.remote.is_none() {
+        share_prompts(policy, &contexts, &mut prefixes)?;
+        for (ctx, p) in contexts.iter().zip(&prefixes) {
+            if let Some(p) = p {
+                let common = ctx
+                    .iter()
+                    .zip(p.tokens())
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                stats.cached_context_tokens += common.min(ctx.len() - 1);
+            }
+        }
+    }
     let mut outs = generate_turns(
         policy, &contexts, &prefixes, &seeds, &params, &budgets, control,
     )?;
@@ -1191,6 +1215,30 @@ pub fn step_turn_with(
         )?;
         let st = &mut states[active[j]];
         st.live.kv = kv.filter(|_| !st.is_done());
+    }
+    Ok(())
+}
+
+/// A group's episodes start from the same context (their prompt): the rows without a cache
+/// whose context another such row shares get one cache of it, prefilled once, so each row
+/// prefills only the context's last token.
+fn share_prompts(
+    policy: &Policy<'_>,
+    contexts: &[Vec<u32>],
+    prefixes: &mut [Option<PrefixKv>],
+) -> Result<()> {
+    let mut rows: BTreeMap<&[u32], Vec<usize>> = BTreeMap::new();
+    for (j, ctx) in contexts.iter().enumerate() {
+        if prefixes[j].is_none() && ctx.len() > 1 {
+            rows.entry(ctx.as_slice()).or_default().push(j);
+        }
+    }
+    for (ctx, js) in rows.into_iter().filter(|(_, js)| js.len() > 1) {
+        let kv = prefill_prefix(policy.model, &ctx[..ctx.len() - 1])
+            .context("prefilling a shared prompt")?;
+        for j in js {
+            prefixes[j] = kv.clone();
+        }
     }
     Ok(())
 }
