@@ -90,6 +90,21 @@ impl Server {
             .unwrap()
     }
 
+    /// POSTs `body` to `/v1/completions` with a client that gives up after `timeout`.
+    fn complete(
+        &self,
+        body: &Value,
+        timeout: Duration,
+    ) -> reqwest::Result<reqwest::blocking::Response> {
+        reqwest::blocking::Client::builder()
+            .timeout(timeout)
+            .build()
+            .unwrap()
+            .post(format!("{}/v1/completions", self.url))
+            .json(body)
+            .send()
+    }
+
     fn prefill_tokens(&self) -> u64 {
         self.info()["engine"]["prefill_tokens"].as_u64().unwrap()
     }
@@ -116,10 +131,10 @@ fn prompt(n: usize) -> Vec<u32> {
 
 /// POSTs the review's request shape: 64 sequences of one 500-token prompt.
 fn sixty_four(server: &Server) -> reqwest::Result<reqwest::blocking::Response> {
-    client(600)
-        .post(format!("{}/v1/completions", server.url))
-        .json(&json!({"prompt": prompt(500), "max_tokens": 4, "n": 64, "temperature": 0}))
-        .send()
+    server.complete(
+        &json!({"prompt": prompt(500), "max_tokens": 4, "n": 64, "temperature": 0}),
+        Duration::from_secs(600),
+    )
 }
 
 #[test]
@@ -175,11 +190,11 @@ fn a_sequence_that_can_never_fit_gets_a_400_naming_the_budget() {
     let tmp = tempfile::tempdir().unwrap();
     let model = long_context_model(tmp.path());
     let server = Server::start(&model, &["--memory-budget-mb", "1"]);
-    let url = format!("{}/v1/completions", server.url);
-    let r = client(60)
-        .post(&url)
-        .json(&json!({"prompt": prompt(3000), "max_tokens": 1}))
-        .send()
+    let r = server
+        .complete(
+            &json!({"prompt": prompt(3000), "max_tokens": 1}),
+            Duration::from_secs(60),
+        )
         .unwrap();
     assert_eq!(r.status().as_u16(), 400);
     let v: Value = r.json().unwrap();
@@ -189,10 +204,11 @@ fn a_sequence_that_can_never_fit_gets_a_400_naming_the_budget() {
         "{msg}"
     );
     // What fits is served.
-    let r = client(60)
-        .post(&url)
-        .json(&json!({"prompt": prompt(5), "max_tokens": 2}))
-        .send()
+    let r = server
+        .complete(
+            &json!({"prompt": prompt(5), "max_tokens": 2}),
+            Duration::from_secs(60),
+        )
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
 }
@@ -203,14 +219,10 @@ fn a_long_prefill_stops_when_its_client_goes_away() {
     let model = long_context_model(tmp.path());
     let server = Server::start(&model, &["--prefill-chunk-tokens", "2"]);
     let before = server.prefill_tokens();
-    let url = format!("{}/v1/completions", server.url);
-    let gone = reqwest::blocking::Client::builder()
-        .timeout(Duration::from_millis(200))
-        .build()
-        .unwrap()
-        .post(&url)
-        .json(&json!({"prompt": prompt(4000), "max_tokens": 1}))
-        .send();
+    let gone = server.complete(
+        &json!({"prompt": prompt(4000), "max_tokens": 1}),
+        Duration::from_millis(200),
+    );
     assert!(gone.is_err(), "the client timed out");
     // The engine notices at its next step; then the count stays put.
     std::thread::sleep(Duration::from_millis(500));
@@ -221,10 +233,11 @@ fn a_long_prefill_stops_when_its_client_goes_away() {
     assert_eq!(after, later, "the prefill went on after its client left");
     assert!(after < 4000, "the whole prompt was prefilled ({after})");
     // The server still answers.
-    let r = client(60)
-        .post(&url)
-        .json(&json!({"prompt": prompt(5), "max_tokens": 2}))
-        .send()
+    let r = server
+        .complete(
+            &json!({"prompt": prompt(5), "max_tokens": 2}),
+            Duration::from_secs(60),
+        )
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
 }

@@ -1084,14 +1084,19 @@ impl<'a> SamplingEngine<'a> {
             n => n,
         };
         let max_pos = self.model.config().max_position_embeddings;
-        // What the budget must hold besides the batch: the caches of sequences not running.
-        let parked: u64 = self
-            .seqs
-            .values()
-            .filter(|s| s.seq.status != SeqStatus::Running)
-            .map(|s| s.cached as u64)
-            .sum::<u64>()
-            * self.kv_column_bytes();
+        // What the budget must hold besides the batch: the caches of sequences not running
+        // (counted only under a budget: nothing reads it otherwise).
+        let parked: u64 = match self.config.memory_budget {
+            None => 0,
+            Some(_) => {
+                self.seqs
+                    .values()
+                    .filter(|s| s.seq.status != SeqStatus::Running)
+                    .map(|s| s.cached as u64)
+                    .sum::<u64>()
+                    * self.kv_column_bytes()
+            }
+        };
         let running_left = self
             .batch
             .rows

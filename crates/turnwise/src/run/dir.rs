@@ -211,6 +211,18 @@ fn write_json_lines<T: Serialize>(path: &Path, items: &[T]) -> RunResult<()> {
     write_atomic(path, &buf)
 }
 
+/// Deletes a checkpoint directory, its completion marker first, so that a crash midway never
+/// leaves a half-deleted folder that looks complete.
+fn remove_checkpoint(c: &Checkpoint) -> RunResult<()> {
+    let marker = c.path.join(COMPLETE_MARKER);
+    if c.complete {
+        fs::remove_file(&marker).map_err(RunError::io("remove", &marker))?;
+    }
+    fs::remove_dir_all(&c.path).map_err(RunError::io("remove", &c.path))?;
+    tracing::debug!(dir = %c.path.display(), "deleted an old checkpoint");
+    Ok(())
+}
+
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> RunResult<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
@@ -693,12 +705,7 @@ impl RunDir {
             if c.complete && Some(c.step) == keep {
                 continue;
             }
-            let marker = c.path.join(COMPLETE_MARKER);
-            if c.complete {
-                fs::remove_file(&marker).map_err(RunError::io("remove", &marker))?;
-            }
-            fs::remove_dir_all(&c.path).map_err(RunError::io("remove", &c.path))?;
-            tracing::debug!(dir = %c.path.display(), "deleted an old warm-start checkpoint");
+            remove_checkpoint(&c)?;
             removed.push(c.path);
         }
         Ok(removed)
@@ -776,12 +783,7 @@ impl RunDir {
             if !drop {
                 continue;
             }
-            let marker = c.path.join(COMPLETE_MARKER);
-            if c.complete {
-                fs::remove_file(&marker).map_err(RunError::io("remove", &marker))?;
-            }
-            fs::remove_dir_all(&c.path).map_err(RunError::io("remove", &c.path))?;
-            tracing::debug!(dir = %c.path.display(), "deleted an old checkpoint");
+            remove_checkpoint(&c)?;
             removed.push(c.path);
         }
         Ok(removed)
