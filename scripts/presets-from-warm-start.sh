@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Trains every method preset from the quickstart's seed-0 warm start with the quickstart's RL
 # budget (70 steps of 16 prompts x 8 rollouts) on the quickstart's world and split, and prints
-# README's "Every preset from the quickstart's warm start" table from the runs' summaries.
+# the "Every preset from the quickstart's warm start" table of docs/results.md (README's
+# Results table is the same without the wall times) from the runs' summaries.
 #
 #   scripts/presets-from-warm-start.sh [OUT] [PRESET ...]
 #
@@ -9,7 +10,7 @@
 # the quickstart's recipe, 1,100 steps, seed 0), and one run per preset (OUT/<preset>, its log
 # in OUT/<preset>.log). A preset whose run has a summary.json is skipped, so a killed script
 # picks up where it stopped. mt-ppo-judge is not in the default list: its in-run judge needs
-# about 44 hours of CPU for this budget (README). TURNWISE names the binary (default
+# about 44 hours of CPU for this budget (docs/results.md). TURNWISE names the binary (default
 # target/release/turnwise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,7 +68,8 @@ for p in "${presets[@]}"; do
     echo "$p: $((SECONDS - t0)) s" | tee -a "$out/$p.log"
 done
 
-# README's table: test EM before -> after RL with the paired gain, and the RL phase's seconds.
+# docs/results.md's table: test EM before -> after RL with the paired gain, and the RL phase's
+# seconds.
 rows=()
 for p in "${presets[@]}"; do
     [ -f "$out/$p/summary.json" ] && rows+=("$p" "$(format_of "$p")" "$out/$p/summary.json")

@@ -13,7 +13,6 @@
 //! - [`control`]: rollout-control rules that need no model (tree node selection, thinking
 //!   intervention, turn resampling, dynamic sampling).
 //! - [`info_gain`]: per-turn information gain from answer log-probabilities.
-//! - [`diagnostics`]: metrics computed from trajectories and advantages.
 //! - [`pip`]: packaged data and models fetched from PyPI into a cache.
 //!
 //! Formulas, defaults and test vectors follow `docs/algorithms.md` (in the repository root); section numbers in the
@@ -21,7 +20,6 @@
 
 pub mod advantage;
 pub mod control;
-pub mod diagnostics;
 pub mod grammar;
 pub mod info_gain;
 pub mod pip;

@@ -7,8 +7,8 @@
 //! The tests without `#[ignore]` check that recipe on the CPU, where it runs here: the
 //! composed path ([`with_composed_ops`]) against the fused kernels in `f32`, and `bf16`
 //! weights on the composed path against `f32`. The `#[ignore]`d ones run the same comparisons
-//! on a CUDA device; they need a GPU and a build with the `cuda` feature (README, "Building
-//! with CUDA"):
+//! on a CUDA device; they need a GPU and a build with the `cuda` feature (docs/scaling.md,
+//! "Building with CUDA"):
 //!
 //! ```text
 //! cargo test -p turnwise-model --features cuda --lib cuda_parity -- --ignored

@@ -12,63 +12,12 @@ use turnwise_model::model::weights::{load_hf, varmap_from_tensors};
 use turnwise_model::tokenizer::TextTokenizer;
 
 use crate::config::TrainConfig;
+pub use crate::config::run_config;
+pub use crate::run::pick_checkpoint;
 use crate::run::{Checkpoint, RunDir};
 use crate::trainer::{
     EXPORT_CONFIG_FILE, Trainer, checkpoint_metadata, write_export_adapter, write_export_config,
 };
-
-/// The resolved config of run directory `dir` (its `config.toml`).
-pub fn run_config(dir: &RunDir) -> Result<TrainConfig> {
-    let text = dir.read_config()?;
-    let table = text
-        .parse::<toml::Table>()
-        .with_context(|| format!("parsing {}", dir.config_path().display()))?;
-    Ok(TrainConfig::from_table(table)?)
-}
-
-/// The complete checkpoint of `run` at `step`, or its latest complete one.
-pub fn pick_checkpoint(run: &RunDir, step: Option<u64>) -> Result<Checkpoint> {
-    let complete: Vec<Checkpoint> = run
-        .checkpoints()?
-        .into_iter()
-        .filter(|c| c.complete)
-        .collect();
-    let steps = || {
-        let s: Vec<String> = complete.iter().map(|c| c.step.to_string()).collect();
-        match s.is_empty() {
-            true => "none".to_string(),
-            false => s.join(", "),
-        }
-    };
-    match step {
-        Some(n) => match complete.iter().find(|c| c.step == n) {
-            Some(c) => Ok(c.clone()),
-            None => {
-                // Step 0 (the warm-started model) is rotated out like the others, but the run
-                // keeps it as a Hugging Face folder of its own.
-                let reference = run.root().join(crate::pipeline::REFERENCE_DIR);
-                let hint = match n == 0 && reference.join("config.json").is_file() {
-                    true => format!(
-                        "; the warm-started model of step 0 is kept in {}, a Hugging Face folder \
-                         that `turnwise eval --checkpoint` and `turnwise serve --model` read as \
-                         it is",
-                        reference.display()
-                    ),
-                    false => String::new(),
-                };
-                bail!(
-                    "{} has no complete checkpoint of step {n} (complete steps: {}){hint}",
-                    run.root().display(),
-                    steps()
-                )
-            }
-        },
-        None => match complete.iter().max_by_key(|c| c.step) {
-            Some(c) => Ok(c.clone()),
-            None => bail!("{} has no complete checkpoint", run.root().display()),
-        },
-    }
-}
 
 /// What a model export writes at its top level (`turnwise export`, `turnwise sft --out`):
 /// `--overwrite` replaces these and nothing else.

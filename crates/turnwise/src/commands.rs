@@ -244,7 +244,7 @@ pub enum Command {
     Data(DataCommand),
     /// Method comparison studies: arms (a preset and overrides) × seeds from shared warm
     /// starts, one RL budget, one panel of test questions, and a report with 95 % intervals,
-    /// paired differences and the verdicts of papers' claims (README: "Method comparison
+    /// paired differences and the verdicts of papers' claims (docs/runs.md: "Method comparison
     /// studies"; studies/paper-claims.toml).
     #[command(subcommand)]
     Study(StudyCommand),
@@ -839,15 +839,14 @@ pub fn run(cli: Cli) -> Result<()> {
             format,
         }) => {
             use turnwise::config::{AgentFormatName, TaskConfig};
-            let format = match format.as_str() {
-                "search_r1" => AgentFormatName::SearchR1,
-                "boxed" => AgentFormatName::Boxed,
-                "t2po" => AgentFormatName::T2po,
-                "verifiers" => AgentFormatName::Verifiers,
-                other => {
-                    bail!("--format must be search_r1, boxed, t2po or verifiers, got {other:?}")
-                }
-            };
+            // The names configs use (`task.format`).
+            let format: AgentFormatName =
+                match serde_json::from_value(serde_json::Value::String(format.clone())) {
+                    Ok(f) => f,
+                    Err(_) => bail!(
+                        "--format must be search_r1, boxed, t2po or verifiers, got {format:?}"
+                    ),
+                };
             let task_config = TaskConfig {
                 world: WorldConfig {
                     seed,
@@ -988,7 +987,7 @@ pub fn run(cli: Cli) -> Result<()> {
             let addr = resolve_addr(&addr).context("--addr")?;
             let cfg = resolve_train_config(preset.as_deref(), config.as_deref(), &sets)?;
             let task = turnwise::task::WorldTask::build(&cfg.task).context("building the task")?;
-            let source = turnwise::openenv_task::TaskEpisodes::new(task)?;
+            let source = turnwise::task::openenv::TaskEpisodes::new(task)?;
             let name = turnwise_env::server::openenv::EpisodeSource::name(&source);
             let app = turnwise_env::server::openenv::router(
                 source.into_source(),

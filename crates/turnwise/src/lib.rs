@@ -12,9 +12,7 @@
 pub mod bench;
 pub mod checkpoints;
 pub mod config;
-pub mod games_task;
 pub mod model_source;
-pub mod openenv_task;
 pub mod parallel;
 pub mod pipeline;
 pub mod prompt;

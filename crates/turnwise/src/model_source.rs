@@ -128,3 +128,15 @@ pub fn load_init_tensors(init_from: &Path) -> Result<(PathBuf, ModelTensors)> {
     };
     Ok((path, m))
 }
+
+/// The Hugging Face files of checkpoint `dir`, completed from `init_from` (the folder the run
+/// started from) for checkpoints written before they were exported.
+pub fn checkpoint_metadata(dir: &Path, init_from: Option<&Path>) -> Result<HfMetadata> {
+    let meta = HfMetadata::from_folder(dir)?;
+    match init_from {
+        Some(src) if meta.tokenizer_config.is_none() && src.is_dir() => {
+            Ok(meta.or(HfMetadata::from_folder(src)?))
+        }
+        _ => Ok(meta),
+    }
+}

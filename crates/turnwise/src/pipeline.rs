@@ -532,8 +532,7 @@ pub fn rejection_phase(
 /// sees it (`task.prompt`).
 pub const FIRST_PROMPT_FILE: &str = "first_prompt.txt";
 
-/// Directory (inside the run) of the warm-started weights.
-pub const REFERENCE_DIR: &str = "warm-start-model";
+pub use crate::run::REFERENCE_DIR;
 
 /// Continues a killed run from its latest complete checkpoint; a run killed before its first
 /// checkpoint (the warm-started model, step 0) continues its warm start from its newest
@@ -1295,8 +1294,9 @@ mod tests {
     }
 
     /// The quickstart's world before 2026-11-25 (held-out subjects halved between 450
-    /// validation and 450 test questions; README's presets table was measured on it) is the
-    /// quickstart with the split's four settings given back, as README says.
+    /// validation and 450 test questions; docs/results.md's earlier presets table was measured
+    /// on it) is the quickstart with the split's four settings given back, as docs/results.md
+    /// says.
     #[test]
     fn the_earlier_quickstart_split_is_four_overrides_away() {
         let resolve = |sets: &[String]| {

@@ -145,7 +145,6 @@ fn update_delta(preset: &str, sets: &[&str], batch: &Fixed) -> Update {
         (Some(m), true) => Some(logprobs_no_grad(m, &rows, temperature, 64).unwrap()),
         _ => None,
     };
-    let kind = cfg.actor.policy.resolve().unwrap().kind;
     let upd = ActorUpdate {
         loss: &cfg.actor,
         temperature,
@@ -154,8 +153,6 @@ fn update_delta(preset: &str, sets: &[&str], batch: &Fixed) -> Update {
         micro_batch: 0,
         lr: 1e-2,
         grad_clip: 1e9,
-        use_clip_scale: kind.name() == "a2tgpo",
-        use_turn_id: true,
     };
     let before = varmap_tensors(&t.varmap, true);
     let before: BTreeMap<String, Vec<f32>> = before

@@ -84,8 +84,6 @@ fn gradient_and_metrics(
         micro_batch: micro,
         lr: 1e-3,
         grad_clip: 1.0,
-        use_clip_scale: false,
-        use_turn_id: true,
     };
     let mb: Vec<usize> = (0..rows.len()).collect();
     let g = minibatch_gradient(
@@ -168,7 +166,6 @@ fn preset_update(
     old: &[Vec<f32>],
 ) -> (BTreeMap<String, Vec<f32>>, UpdateStats) {
     let cfg = t.config.clone();
-    let kind = cfg.actor.policy.resolve().unwrap().kind;
     assert_eq!(cfg.optim.grad_clip, 1.0, "the presets clip at 1.0");
     let upd = ActorUpdate {
         loss: &cfg.actor,
@@ -178,8 +175,6 @@ fn preset_update(
         micro_batch: 0,
         lr: cfg.optim.lr,
         grad_clip: cfg.optim.grad_clip,
-        use_clip_scale: kind.name() == "a2tgpo",
-        use_turn_id: true,
     };
     let before = weights(t);
     let mut order = |n: usize| (0..n).collect::<Vec<_>>();

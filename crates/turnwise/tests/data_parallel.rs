@@ -139,8 +139,6 @@ fn minibatch_gradient_does_not_depend_on_the_shards() {
             micro_batch: 0,
             lr: 1e-3,
             grad_clip: 1.0,
-            use_clip_scale: kind.name() == "a2tgpo",
-            use_turn_id: true,
         };
         let grad = |threads| {
             on_threads(threads, || {

@@ -231,7 +231,7 @@ fn game_rollouts_share_anchor_states() {
 fn train_map(
     t: &Trainer,
     fits: impl Fn(usize) -> bool,
-) -> (&turnwise::games_task::GameMap, &turnwise::task::QaItem) {
+) -> (&turnwise::task::games::GameMap, &turnwise::task::QaItem) {
     let split = turnwise_env::world::Split::Train;
     let maps = t.task.game.as_ref().expect("a game task").maps(split);
     let k = maps.iter().position(|m| fits(m.solution.len())).unwrap();

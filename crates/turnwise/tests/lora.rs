@@ -306,7 +306,7 @@ fn step_seconds(
 }
 
 /// Step time with and without LoRA on the tiny test model and (when the cache holds it) on
-/// SmolLM2-135M-Instruct: prints the figures the README quotes. Timing only; run with
+/// SmolLM2-135M-Instruct: prints the figures docs/results.md quotes. Timing only; run with
 /// `cargo test --release -p turnwise --test lora -- --ignored --nocapture`.
 #[test]
 #[ignore = "timing, prints figures"]

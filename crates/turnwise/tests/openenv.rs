@@ -404,7 +404,7 @@ fn a_game_served_over_the_protocol_plays_as_the_native_environment() {
         .map(|q| q.text.clone())
         .collect();
     let native_task = served_task("frozen_lake");
-    let source = turnwise::openenv_task::TaskEpisodes::new(task).unwrap();
+    let source = turnwise::task::openenv::TaskEpisodes::new(task).unwrap();
     let server = BackgroundServer::start_router(
         "openenv",
         router(source.into_source(), EnvServerConfig::default()),

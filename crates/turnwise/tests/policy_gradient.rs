@@ -165,8 +165,6 @@ fn on_policy_shortcut_and_micro_batches_match_the_full_update() {
             micro_batch: micro,
             lr: 1e-3,
             grad_clip: 1e9,
-            use_clip_scale: false,
-            use_turn_id: true,
         };
         assert!(is_on_policy(&upd, rows.len()));
         let old = recompute.then(|| logprobs_no_grad(&t.sampler, &rows, 1.0, 3).unwrap());
@@ -213,8 +211,6 @@ fn on_policy_shortcut_and_micro_batches_match_the_full_update() {
         micro_batch: 0,
         lr: 1e-3,
         grad_clip: 1.0,
-        use_clip_scale: false,
-        use_turn_id: true,
     };
     assert!(!is_on_policy(&upd, rows.len()));
     let mut t = t0;

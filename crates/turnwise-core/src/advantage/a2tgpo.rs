@@ -10,6 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::contract::{self, MetricDoc, Metrics, Needs};
 use super::input::{check_len, validate_common};
 use super::kernels::{
     GroupNorm, Singleton, StdKind, discounted_suffix_sums, normalize_by_key, sigmoid,
@@ -95,6 +96,45 @@ pub fn a2tgpo_turn_advantages(
 impl Estimator for A2tgpoConfig {
     fn name(&self) -> &'static str {
         "a2tgpo"
+    }
+
+    fn needs(&self) -> Needs {
+        Needs {
+            info_gain: true,
+            ..Needs::default()
+        }
+    }
+
+    fn emits_clip_scale(&self) -> bool {
+        true
+    }
+
+    fn metrics(&self, batch: &AdvantageBatch, out: &AdvantageOutput) -> Metrics {
+        contract::a2tgpo_metrics(batch, out)
+    }
+
+    fn metric_docs(&self) -> &'static [MetricDoc] {
+        const DOCS: [MetricDoc; 6] = [
+            MetricDoc {
+                key: "a2tgpo/clip_scale/min",
+                label: "A2TGPO clip scale, min",
+            },
+            MetricDoc {
+                key: "a2tgpo/clip_scale/max",
+                label: "A2TGPO clip scale, max",
+            },
+            MetricDoc {
+                key: "a2tgpo/turn_group/group_size/mean",
+                label: "A2TGPO turn-group size",
+            },
+            MetricDoc {
+                key: "a2tgpo/turn_group/singleton_share",
+                label: "A2TGPO singleton turns",
+            },
+            contract::INFO_GAIN_DOCS[0],
+            contract::INFO_GAIN_DOCS[1],
+        ];
+        &DOCS
     }
 
     fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError> {

@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::contract::{self, KlPlacement, MetricDoc, Metrics, Needs};
 use super::input::{check_len, validate_common};
 use super::kernels::masked_whiten;
 use super::output::first_token_per_turn;
@@ -114,6 +115,32 @@ fn token_rewards(name: &'static str, i: usize, r: &Rollout) -> Result<Vec<f64>, 
 impl Estimator for GaeConfig {
     fn name(&self) -> &'static str {
         "gae"
+    }
+
+    fn needs(&self) -> Needs {
+        Needs {
+            critic_values: true,
+            ..Needs::default()
+        }
+    }
+
+    fn kl_placement(&self) -> Option<KlPlacement> {
+        Some(KlPlacement::TokenRewards)
+    }
+
+    fn takes_final_reward_from_outcome(&self) -> bool {
+        true
+    }
+
+    fn metrics(&self, batch: &AdvantageBatch, _out: &AdvantageOutput) -> Metrics {
+        contract::gae_metrics(batch)
+    }
+
+    fn metric_docs(&self) -> &'static [MetricDoc] {
+        &[MetricDoc {
+            key: "mt_ppo/turn_rewards_placed",
+            label: "MT-PPO turn rewards placed",
+        }]
     }
 
     fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError> {

@@ -23,6 +23,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::contract::{self, MetricDoc, Metrics, Needs, StepSamples};
 use super::difflib::sequence_ratio;
 use super::input::{check_len, validate_common};
 use super::kernels::{
@@ -103,6 +104,39 @@ macro_rules! gigpo_settings {
         impl Estimator for $name {
             fn name(&self) -> &'static str {
                 $est
+            }
+
+            fn needs(&self) -> Needs {
+                Needs {
+                    step_rewards: true,
+                    ..Needs::default()
+                }
+            }
+
+            fn step_samples(&self) -> Option<StepSamples> {
+                Some(StepSamples {
+                    invalid_action_penalty: self.invalid_action_penalty,
+                    similarity: self.enable_similarity.then_some(self.similarity_thresh),
+                    pooled_step_scores: self.cross_steps
+                        && self.episode_term == EpisodeTerm::EpisodeReward,
+                })
+            }
+
+            fn metrics(&self, batch: &AdvantageBatch, _out: &AdvantageOutput) -> Metrics {
+                contract::anchor_group_metrics(batch)
+            }
+
+            fn metric_docs(&self) -> &'static [MetricDoc] {
+                &[
+                    MetricDoc {
+                        key: "gigpo/anchor_group/group_size/mean",
+                        label: "anchor-group size",
+                    },
+                    MetricDoc {
+                        key: "gigpo/anchor_group/singleton_share",
+                        label: "anchor singletons",
+                    },
+                ]
             }
 
             fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError> {

@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::contract::KlPlacement;
 use super::input::validate_common;
 use super::kernels::{StdKind, dr_grpo_center, grpo_normalize, normalize_by_key, rloo};
 use super::output::turn_constant;
@@ -66,6 +67,10 @@ impl Estimator for GrpoConfig {
         "grpo"
     }
 
+    fn kl_placement(&self) -> Option<KlPlacement> {
+        Some(KlPlacement::Outcome)
+    }
+
     fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError> {
         outcome_estimator(self.name(), batch, |s| {
             grpo_normalize(s, self.std, self.epsilon)
@@ -78,6 +83,10 @@ impl Estimator for DrGrpoConfig {
         "dr_grpo"
     }
 
+    fn kl_placement(&self) -> Option<KlPlacement> {
+        Some(KlPlacement::Outcome)
+    }
+
     fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError> {
         outcome_estimator(self.name(), batch, dr_grpo_center)
     }
@@ -86,6 +95,10 @@ impl Estimator for DrGrpoConfig {
 impl Estimator for RlooConfig {
     fn name(&self) -> &'static str {
         "rloo"
+    }
+
+    fn kl_placement(&self) -> Option<KlPlacement> {
+        Some(KlPlacement::Outcome)
     }
 
     fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError> {

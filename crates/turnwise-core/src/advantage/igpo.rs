@@ -12,6 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::contract::{self, MetricDoc, Metrics, Needs};
 use super::input::{check_len, validate_common};
 use super::kernels::{StdKind, discounted_suffix_sums, group_indices, mean};
 use super::output::{first_token_per_turn, turn_constant};
@@ -95,6 +96,21 @@ pub fn igpo_code_group(token_rewards: &[Vec<f64>], gamma: f64) -> Vec<Vec<f64>> 
 impl Estimator for IgpoConfig {
     fn name(&self) -> &'static str {
         "igpo"
+    }
+
+    fn needs(&self) -> Needs {
+        Needs {
+            info_gain: true,
+            ..Needs::default()
+        }
+    }
+
+    fn metrics(&self, batch: &AdvantageBatch, _out: &AdvantageOutput) -> Metrics {
+        contract::info_gain_per_turn(&batch.rollouts)
+    }
+
+    fn metric_docs(&self) -> &'static [MetricDoc] {
+        &contract::INFO_GAIN_DOCS
     }
 
     fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError> {

@@ -30,6 +30,7 @@
 //! `tree_grpo`, `gigpo`, `t2po` (see [`ESTIMATORS`]).
 
 mod a2tgpo;
+pub mod contract;
 mod difflib;
 mod error;
 mod gae;
@@ -48,6 +49,7 @@ mod tree_grpo;
 mod proptests;
 
 pub use a2tgpo::{A2tgpoConfig, a2tgpo_clip_scale, a2tgpo_turn_advantages, turn_group_normalize};
+pub use contract::{GroupSignal, KlPlacement, MetricDoc, Metrics, Needs, StepSamples};
 pub use difflib::{SequenceMatcher, sequence_ratio};
 pub use error::AdvantageError;
 pub use gae::{GaeConfig, gae_sequence, place_turn_rewards};
@@ -63,6 +65,8 @@ pub use mt_grpo::{
     MtGrpoCodeConfig, MtGrpoConfig, TurnGroupKey, mt_grpo_turn_advantages, role_group,
 };
 pub use output::{AdvantageOutput, RolloutAdvantage, TreeValues, broadcast_turns};
-pub use registry::{AdvantageConfig, ESTIMATORS, Estimator, estimate, estimate_by_name};
+pub use registry::{
+    AdvantageConfig, ESTIMATORS, Estimator, estimate, estimate_by_name, estimators_where,
+};
 pub use tree::{At2poConfig, NodeAdvMode, NodeValueMode, tree_node_advantages, tree_node_values};
 pub use tree_grpo::{TreeGrpoConfig, TreeGrpoMode, tree_grpo_group};

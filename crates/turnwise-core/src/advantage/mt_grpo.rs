@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::contract::{self, MetricDoc, Metrics, Needs};
 use super::input::{check_len, validate_common};
 use super::kernels::{GroupNorm, StdKind, normalize_by_key};
 use super::output::turn_constant;
@@ -127,6 +128,30 @@ impl Estimator for MtGrpoConfig {
         "mt_grpo"
     }
 
+    fn needs(&self) -> Needs {
+        Needs {
+            turn_rewards: true,
+            ..Needs::default()
+        }
+    }
+
+    fn metrics(&self, batch: &AdvantageBatch, _out: &AdvantageOutput) -> Metrics {
+        contract::mt_grpo_metrics(batch)
+    }
+
+    fn metric_docs(&self) -> &'static [MetricDoc] {
+        &[
+            MetricDoc {
+                key: "mt_grpo/turn_group/group_size/mean",
+                label: "MT-GRPO turn-group size",
+            },
+            MetricDoc {
+                key: "mt_grpo/turn_group/singleton_share",
+                label: "MT-GRPO singleton turns",
+            },
+        ]
+    }
+
     fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError> {
         let name = self.name();
         validate_common(name, batch)?;
@@ -174,6 +199,30 @@ impl Estimator for MtGrpoConfig {
 impl Estimator for MtGrpoCodeConfig {
     fn name(&self) -> &'static str {
         "mt_grpo_code"
+    }
+
+    fn needs(&self) -> Needs {
+        Needs {
+            turn_rewards: true,
+            ..Needs::default()
+        }
+    }
+
+    fn metrics(&self, batch: &AdvantageBatch, out: &AdvantageOutput) -> Metrics {
+        contract::mt_grpo_code_metrics(batch, out)
+    }
+
+    fn metric_docs(&self) -> &'static [MetricDoc] {
+        &[
+            MetricDoc {
+                key: "mt_grpo/turn_credit/abs_mean",
+                label: "MT-GRPO first-turn credit |c·A_turn|",
+            },
+            MetricDoc {
+                key: "mt_grpo/no_tool_result_share",
+                label: "MT-GRPO episodes without a tool result",
+            },
+        ]
     }
 
     fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError> {

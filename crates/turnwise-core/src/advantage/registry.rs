@@ -2,21 +2,86 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::contract::{GroupSignal, KlPlacement, MetricDoc, Metrics, Needs, StepSamples};
 use super::{
     A2tgpoConfig, AdvantageBatch, AdvantageError, AdvantageOutput, At2poConfig, DrGrpoConfig,
     GaeConfig, GigpoConfig, GrpoConfig, IgpoConfig, MtGrpoCodeConfig, MtGrpoConfig, RlooConfig,
     T2poConfig, TreeGrpoConfig,
 };
 
-/// An advantage estimator: its settings, run over a batch.
+/// An advantage estimator: its settings, run over a batch, and its contract with the trainer
+/// (what it reads, what it implies, what it reports; [`super::contract`]).
 ///
-/// Every per-estimator settings struct implements it, and so does [`AdvantageConfig`].
+/// Every per-estimator settings struct implements it, and so does [`AdvantageConfig`]. The
+/// trainer, the config validator and the report read the declarations below and never test an
+/// estimator's name: adding an estimator is its file, a registry row and a preset.
 pub trait Estimator {
     /// Registry name (e.g. `"grpo"`).
     fn name(&self) -> &'static str;
 
     /// Computes the advantages of `batch`.
     fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError>;
+
+    /// The inputs it reads beyond prompt groups, turn ids and outcomes (default: none).
+    fn needs(&self) -> Needs {
+        Needs::default()
+    }
+
+    /// What makes a group of tied filter values informative for DAPO's filter (default: from
+    /// [`Self::needs`]: critic values make every group informative, turn or step rewards make
+    /// a group informative when they differ, otherwise nothing does).
+    fn group_signal(&self) -> GroupSignal {
+        let n = self.needs();
+        if n.critic_values {
+            GroupSignal::EveryGroup
+        } else if n.turn_rewards {
+            GroupSignal::TurnRewards
+        } else if n.step_rewards {
+            GroupSignal::StepRewards
+        } else {
+            GroupSignal::Outcome
+        }
+    }
+
+    /// Whether DAPO's zero-variance group filter may drop groups before it (default: unless it
+    /// reads trees, whose groups must stay whole).
+    fn filterable(&self) -> bool {
+        !self.needs().trees
+    }
+
+    /// Where KL in the reward is subtracted, if the estimator supports it (default: it does not).
+    fn kl_placement(&self) -> Option<KlPlacement> {
+        None
+    }
+
+    /// Whether it places the outcome itself at the last agent token when it also reads per-turn
+    /// rewards (GAE with MT-PPO's rewards, eq. 10): the reward's last turn entry, the final
+    /// reward `R^F`, is then taken out of the turn rewards, so that it is counted once.
+    fn takes_final_reward_from_outcome(&self) -> bool {
+        false
+    }
+
+    /// Whether its output carries A2TGPO's per-turn clip scales, which a loss that reads them
+    /// (`PolicyLossKind::reads_clip_scale`) needs.
+    fn emits_clip_scale(&self) -> bool {
+        false
+    }
+
+    /// How it scores and groups step samples, for the estimators over step samples (GiGPO,
+    /// T2PO; default: it has none).
+    fn step_samples(&self) -> Option<StepSamples> {
+        None
+    }
+
+    /// The metrics that show its defining mechanism at work on `batch` (spec §7).
+    fn metrics(&self, _batch: &AdvantageBatch, _out: &AdvantageOutput) -> Metrics {
+        Metrics::new()
+    }
+
+    /// The keys [`Self::metrics`] logs, with their report labels.
+    fn metric_docs(&self) -> &'static [MetricDoc] {
+        &[]
+    }
 }
 
 /// Settings of any registered estimator, tagged by its name, e.g. in a preset TOML:
@@ -157,6 +222,52 @@ impl Estimator for AdvantageConfig {
     fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError> {
         self.inner().estimate(batch)
     }
+
+    fn needs(&self) -> Needs {
+        self.inner().needs()
+    }
+
+    fn group_signal(&self) -> GroupSignal {
+        self.inner().group_signal()
+    }
+
+    fn filterable(&self) -> bool {
+        self.inner().filterable()
+    }
+
+    fn kl_placement(&self) -> Option<KlPlacement> {
+        self.inner().kl_placement()
+    }
+
+    fn takes_final_reward_from_outcome(&self) -> bool {
+        self.inner().takes_final_reward_from_outcome()
+    }
+
+    fn emits_clip_scale(&self) -> bool {
+        self.inner().emits_clip_scale()
+    }
+
+    fn step_samples(&self) -> Option<StepSamples> {
+        self.inner().step_samples()
+    }
+
+    fn metrics(&self, batch: &AdvantageBatch, out: &AdvantageOutput) -> Metrics {
+        self.inner().metrics(batch, out)
+    }
+
+    fn metric_docs(&self) -> &'static [MetricDoc] {
+        self.inner().metric_docs()
+    }
+}
+
+/// The registered estimators that satisfy `pred`, with their default settings, in registry
+/// order (e.g. those that support KL in the reward, for a config error that lists them).
+pub fn estimators_where(pred: impl Fn(&AdvantageConfig) -> bool) -> Vec<&'static str> {
+    ESTIMATORS
+        .iter()
+        .map(|(n, _)| *n)
+        .filter(|n| AdvantageConfig::default_for(n).is_ok_and(|c| pred(&c)))
+        .collect()
 }
 
 fn unknown(name: &str) -> AdvantageError {

@@ -10,6 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::contract::Needs;
 use super::input::{check_finite, validate_common};
 use super::kernels::{StdKind, grpo_normalize, mean, softmax, std_population};
 use super::output::TreeValues;
@@ -191,6 +192,13 @@ pub fn tree_node_advantages(
 impl Estimator for At2poConfig {
     fn name(&self) -> &'static str {
         "at2po"
+    }
+
+    fn needs(&self) -> Needs {
+        Needs {
+            trees: true,
+            ..Needs::default()
+        }
     }
 
     fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError> {

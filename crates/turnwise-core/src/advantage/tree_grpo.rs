@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::contract::Needs;
 use super::input::validate_common;
 use super::kernels::{StdKind, group_indices, grpo_normalize, normalize_by_key};
 use super::output::turn_constant;
@@ -66,6 +67,13 @@ pub fn tree_grpo_group(
 impl Estimator for TreeGrpoConfig {
     fn name(&self) -> &'static str {
         "tree_grpo"
+    }
+
+    fn needs(&self) -> Needs {
+        Needs {
+            trees: true,
+            ..Needs::default()
+        }
     }
 
     fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError> {

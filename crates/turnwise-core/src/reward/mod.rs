@@ -146,6 +146,15 @@ pub struct TwoTurnConfig {
     pub merge_turn_rewards: bool,
 }
 
+/// The per-step format penalties of a reward's step rewards ([`RewardConfig::step_penalties`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepPenalties {
+    /// The penalty of each step (0 where the step was valid).
+    pub penalties: Vec<f64>,
+    /// Whether a penalty lowers only its own step sample's episode score.
+    pub own_step_only: bool,
+}
+
 /// A reward, named as in presets. Serialized as a table with a `name` field and the
 /// settings (`{"name": "boxed_em", "format_failure": 0.0}`); a bare string (`"boxed_em"`)
 /// deserializes to the defaults.
@@ -309,6 +318,27 @@ impl RewardConfig {
         match self {
             RewardConfig::MtGrpoTwoTurn(_) => &two_turn::PARTS,
             _ => &[],
+        }
+    }
+
+    /// Whether its per-turn rewards ([`RewardOutput::turn_rewards`]) are step rewards, one per
+    /// step sample, that replace the environment's for an estimator over step samples
+    /// (`t2po_em`: EM minus each step's format penalty).
+    pub fn gives_step_rewards(&self) -> bool {
+        matches!(self, RewardConfig::T2poEm(_))
+    }
+
+    /// For a reward that [gives step rewards](Self::gives_step_rewards): the format penalty its
+    /// step rewards took off each of the agent's steps `steps` (their generated texts), and
+    /// whether each penalty lowers only its own step's episode score (T2PO's per-invalid-step
+    /// placement, verl-agent) rather than the trajectory's. `None` for other rewards.
+    pub fn step_penalties(&self, steps: &[&str]) -> Option<StepPenalties> {
+        match self {
+            RewardConfig::T2poEm(c) => Some(StepPenalties {
+                penalties: t2po::step_penalties(steps, &[] as &[&str], c),
+                own_step_only: c.placement == t2po::PenaltyPlacement::PerInvalidStep,
+            }),
+            _ => None,
         }
     }
 

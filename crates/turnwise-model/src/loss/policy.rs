@@ -183,6 +183,19 @@ impl PolicyLossKind {
     pub fn implies_clip_bias(self) -> bool {
         matches!(self, Self::SPpo | Self::StPpo | Self::SGrpo)
     }
+
+    /// Whether the loss reads A2TGPO's per-turn clip scales (§5.5), which only an estimator
+    /// that emits them gives.
+    pub fn reads_clip_scale(self) -> bool {
+        self == Self::A2tgpo
+    }
+
+    /// Whether the loss's defining mechanism is a clip on the ratio (token, sequence or turn)
+    /// or the clipping-bias correction: it is then inert in an on-policy update, where every
+    /// ratio is exactly 1 (the config refuses that combination).
+    pub fn defined_by_clip(self) -> bool {
+        !matches!(self, Self::Vanilla | Self::Turn)
+    }
 }
 
 impl fmt::Display for PolicyLossKind {
@@ -937,6 +950,31 @@ mod tests {
     fn one(a: f64, w: f64, name: &str, c: &PolicyLossConfig) -> PolicyLossOutput {
         let (lp, old, adv, m) = (t2(&[&[w.ln()]]), t2(&[&[0.0]]), t2(&[&[a]]), t2(&[&[1.0]]));
         get_policy_loss_fn(name).unwrap()(&PolicyLossInput::new(&lp, &old, &adv, &m), c).unwrap()
+    }
+
+    /// The loss table's declarations that the config and the trainer read.
+    #[test]
+    fn declared_properties() {
+        let names = |f: fn(PolicyLossKind) -> bool| {
+            PolicyLossKind::ALL
+                .into_iter()
+                .filter(|&k| f(k))
+                .map(PolicyLossKind::name)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(PolicyLossKind::reads_clip_scale), ["a2tgpo"]);
+        assert_eq!(
+            names(PolicyLossKind::defined_by_clip),
+            [
+                "dapo",
+                "gspo",
+                "gspo_turn",
+                "a2tgpo",
+                "s_ppo",
+                "st_ppo",
+                "s_grpo"
+            ]
+        );
     }
 
     #[test]

@@ -251,7 +251,7 @@ fn clip_losses_need_off_policy_updates() {
         let cfg = TrainConfig::resolve(Some(name), None, &[]).unwrap();
         let (steps, off) = cfg.update_structure();
         let loss = cfg.actor.policy.resolve().unwrap().kind;
-        if super::kind_needs_off_policy(loss.name()) {
+        if loss.defined_by_clip() {
             assert!(off > 0, "{name}: {steps} steps, none off-policy");
         }
         assert!(
@@ -759,5 +759,108 @@ fn tracking_keys_default_parse_and_validate() {
     ] {
         let e = set(&[&format!("{key}={value}")]).unwrap_err().to_string();
         assert!(e.contains(key), "{key}={value}: {e}");
+    }
+}
+
+/// The numbers of the estimators', losses' and KL controller's settings are checked against
+/// the range their key is given in `update::NUMBER_RANGES`, with the messages of before.
+#[test]
+fn other_crates_numbers_are_refused_outside_their_stated_ranges() {
+    for (preset, set, message) in [
+        (
+            "a2tgpo",
+            "advantage.gamma=1.5",
+            "config field `advantage.gamma`: must be in [0, 1], got 1.5",
+        ),
+        (
+            "gigpo",
+            "advantage.similarity_thresh=-0.5",
+            "config field `advantage.similarity_thresh`: must be in [0, 1], got -0.5",
+        ),
+        (
+            "grpo",
+            "advantage.epsilon=-1",
+            "config field `advantage.epsilon`: must be a non-negative number, got -1",
+        ),
+        (
+            "a2tgpo",
+            "advantage.ig_epsilon=0",
+            "config field `advantage.ig_epsilon`: must be positive (it is added to a group's \
+             standard deviation, which is 0 when all its scores agree), got 0",
+        ),
+        (
+            "a2tgpo",
+            "advantage.clip_beta=-0.1",
+            "config field `advantage.clip_beta`: must be a non-negative number, got -0.1",
+        ),
+        (
+            "grpo",
+            "actor.policy.clip_ratio_c=1",
+            "config field `actor.policy.clip_ratio_c`: must be above 1 (the dual clip bounds \
+             ratios of negative advantages), got 1",
+        ),
+        (
+            "grpo",
+            "actor.policy.clip_ratio_low=0",
+            "config field `actor.policy.clip_ratio_low`: must be positive, got 0",
+        ),
+        (
+            "grpo",
+            "algorithm.kl_ctrl.horizon=-1",
+            "config field `algorithm.kl_ctrl.horizon`: must be a non-negative number, got -1",
+        ),
+        (
+            "grpo",
+            "actor.entropy_coeff=nan",
+            "config field `actor.entropy_coeff`: must be a finite number, got NaN",
+        ),
+        (
+            "grpo",
+            "task.world.heldout_fraction=inf",
+            "config field `task.world.heldout_fraction`: must be a finite number, got inf",
+        ),
+    ] {
+        let e = TrainConfig::resolve(Some(preset), None, &[set.into()])
+            .expect_err(set)
+            .to_string();
+        assert_eq!(e, message, "{preset} {set}");
+    }
+    // The edges inside pass; only `optim.grad_clip` may be infinite.
+    for (preset, set) in [
+        ("a2tgpo", "advantage.gamma=1"),
+        ("grpo", "advantage.epsilon=1e-9"),
+        ("grpo", "actor.policy.clip_ratio_c=1.01"),
+        ("grpo", "actor.kl_loss_coef=0"),
+        ("grpo", "optim.grad_clip=inf"),
+    ] {
+        TrainConfig::resolve(Some(preset), None, &[set.into()])
+            .unwrap_or_else(|e| panic!("{preset} {set}: {e}"));
+    }
+}
+
+/// Every key `update::NUMBER_RANGES` states a range for is one a config has: some preset (or
+/// the two-turn task's estimator) refuses a value just outside the range under that key.
+#[test]
+fn every_stated_number_range_names_a_live_key() {
+    use super::numbers::NumberRange;
+    let mut bases: Vec<(&str, Vec<String>)> =
+        presets::names().iter().map(|p| (*p, Vec::new())).collect();
+    bases.push(("mt-grpo", vec!["task.env=\"two_turn\"".into()]));
+    for &(key, range) in super::update::NUMBER_RANGES {
+        let (bad, what) = match range {
+            NumberRange::UnitInterval => ("1.5", "in [0, 1]"),
+            NumberRange::NonNegative => ("-1", "a non-negative number"),
+            NumberRange::StdEpsilon => ("0", "positive (it is added"),
+            NumberRange::Positive => ("0", "positive"),
+            NumberRange::AboveOne => ("1", "above 1"),
+        };
+        let want = format!("config field `{key}`: must be {what}");
+        let refused = bases.iter().any(|(preset, sets)| {
+            let mut sets = sets.clone();
+            sets.push(format!("{key}={bad}"));
+            TrainConfig::resolve(Some(preset), None, &sets)
+                .is_err_and(|e| e.to_string().starts_with(&want))
+        });
+        assert!(refused, "no preset refuses {key}={bad} with {want:?}");
     }
 }

@@ -9,6 +9,7 @@
 //! - [`remote`]: chains whose turns inference servers generate (`rollout.backend = "remote"`).
 
 pub mod info_gain;
+pub mod protocol;
 pub mod remote;
 pub mod tree;
 
@@ -1299,6 +1300,19 @@ pub fn run_chains_with(
         episodes: states.into_iter().map(EpisodeState::finish).collect(),
         stats,
     })
+}
+
+/// An episode's turns as the rewards read them: each agent turn's generated text and the
+/// observation after it. Never the prompt; rewards take answers and format verdicts from the
+/// agent's text only ([`turnwise_core::reward::agent`]).
+pub fn reward_turns(ep: &Episode) -> Vec<turnwise_core::reward::TurnText<'_>> {
+    ep.turn_texts
+        .iter()
+        .map(|(g, o)| turnwise_core::reward::TurnText {
+            generated: g,
+            observation: o.as_deref(),
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -26,10 +26,8 @@ use turnwise_env::client::{
 };
 use turnwise_model::sampling::{Completion, FinishReason, SamplingParams};
 
+use super::protocol::{GenerateOutput, GenerateRequest, IdsInput, OneOrMany, SglSamplingParams};
 use crate::config::{RemoteConfig, RemoteProtocol};
-use crate::serve::protocol::{
-    GenerateOutput, GenerateRequest, IdsInput, OneOrMany, SglSamplingParams,
-};
 
 /// The marker file of a complete weights folder.
 pub const STABLE_FILE: &str = "STABLE";

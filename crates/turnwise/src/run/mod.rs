@@ -29,6 +29,7 @@
 mod catalog;
 mod dir;
 mod metrics;
+mod open;
 mod plots;
 mod progress;
 mod report;
@@ -48,6 +49,7 @@ pub(crate) use dir::remove_entry;
 pub(crate) use dir::write_atomic;
 pub use dir::{COMPLETE_MARKER, Checkpoint, LOCK_FILE, RunDir};
 pub use metrics::{MetricsLog, MetricsRecord, MetricsWriter, PairedGain, read_metrics};
+pub use open::{REFERENCE_DIR, pick_checkpoint};
 pub use plots::{PlotFile, PlotSpec, SeriesSpec, default_plot_specs, plot_records, write_plots};
 pub use progress::{Progress, ProgressMode};
 pub use report::{ReportInput, render_report, write_report};

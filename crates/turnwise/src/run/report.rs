@@ -8,6 +8,7 @@ use super::dir::{RunDir, write_atomic};
 use super::metrics::{MetricsLog, PairedGain, read_metrics};
 use super::plots::{PlotFile, default_plot_specs, write_plots};
 use super::{RunError, RunResult};
+use turnwise_core::advantage::{AdvantageConfig, ESTIMATORS, Estimator};
 
 /// Which way a metric improves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,9 +177,9 @@ fn parse_eval_key(key: &str) -> Option<(String, EvalKey)> {
     Some((head.join("/"), EvalKey::Name(last.to_string())))
 }
 
-/// The metrics that show each method's defining mechanism at work (spec §7); a row appears
-/// only when the run logged it.
-const MECHANISM: &[(&str, &[&str], Better)] = &[
+/// The loss's mechanisms (the clips, the clipping-bias correction, KL in the reward), shown
+/// first in the "Mechanism at work" table; a row appears only when the run logged it.
+const LOSS_MECHANISM: &[(&str, &[&str], Better)] = &[
     (
         "clipped at the upper bound",
         &["actor/pg_clipfrac_high"],
@@ -194,28 +195,6 @@ const MECHANISM: &[(&str, &[&str], Better)] = &[
         &["actor/pg_clipfrac_lower"],
         Better::Neither,
     ),
-    (
-        "A2TGPO clip scale, min",
-        &["a2tgpo/clip_scale/min"],
-        Better::Neither,
-    ),
-    (
-        "A2TGPO clip scale, max",
-        &["a2tgpo/clip_scale/max"],
-        Better::Neither,
-    ),
-    (
-        "A2TGPO turn-group size",
-        &["a2tgpo/turn_group/group_size/mean"],
-        Better::Neither,
-    ),
-    (
-        "A2TGPO singleton turns",
-        &["a2tgpo/turn_group/singleton_share"],
-        Better::Neither,
-    ),
-    ("IG of turn 0", &["info_gain/turn_0/mean"], Better::Neither),
-    ("IG of turn 1", &["info_gain/turn_1/mean"], Better::Neither),
     (
         "clipping-bias scale",
         &["actor/clip_bias_scale"],
@@ -236,6 +215,11 @@ const MECHANISM: &[(&str, &[&str], Better)] = &[
         &["actor/reward_kl_penalty_coeff"],
         Better::Neither,
     ),
+];
+
+/// The rollout's and the reward's mechanisms, shown after the estimator's (whose metrics each
+/// estimator declares, [`Estimator::metric_docs`]).
+const ROLLOUT_MECHANISM: &[(&str, &[&str], Better)] = &[
     ("tree leaves per prompt", &["tree/leaves"], Better::Neither),
     ("tree depth", &["tree/depth/mean"], Better::Neither),
     ("fork entropy", &["tree/fork_entropy/mean"], Better::Neither),
@@ -247,31 +231,6 @@ const MECHANISM: &[(&str, &[&str], Better)] = &[
     (
         "tree node value |V|",
         &["tree/node_value/abs_mean"],
-        Better::Neither,
-    ),
-    (
-        "MT-PPO turn rewards placed",
-        &["mt_ppo/turn_rewards_placed"],
-        Better::Neither,
-    ),
-    (
-        "MT-GRPO turn-group size",
-        &["mt_grpo/turn_group/group_size/mean"],
-        Better::Neither,
-    ),
-    (
-        "MT-GRPO singleton turns",
-        &["mt_grpo/turn_group/singleton_share"],
-        Better::Neither,
-    ),
-    (
-        "MT-GRPO first-turn credit |c·A_turn|",
-        &["mt_grpo/turn_credit/abs_mean"],
-        Better::Neither,
-    ),
-    (
-        "MT-GRPO episodes without a tool result",
-        &["mt_grpo/no_tool_result_share"],
         Better::Neither,
     ),
     (
@@ -288,16 +247,6 @@ const MECHANISM: &[(&str, &[&str], Better)] = &[
         "two-turn: exact match",
         &["reward/exact_match"],
         Better::Higher,
-    ),
-    (
-        "anchor-group size",
-        &["gigpo/anchor_group/group_size/mean"],
-        Better::Neither,
-    ),
-    (
-        "anchor singletons",
-        &["gigpo/anchor_group/singleton_share"],
-        Better::Neither,
     ),
     (
         "penalised steps",
@@ -326,6 +275,25 @@ const MECHANISM: &[(&str, &[&str], Better)] = &[
         Better::Neither,
     ),
 ];
+
+/// The metrics that show each method's defining mechanism at work (spec §7): the loss's, every
+/// registered estimator's as it declares them (each key once), the rollout's and the
+/// reward's. A row appears only when the run logged it.
+fn mechanism_rows() -> Vec<(&'static str, &'static [&'static str], Better)> {
+    let mut rows: Vec<(&str, &[&str], Better)> = LOSS_MECHANISM.to_vec();
+    for (name, _) in ESTIMATORS {
+        let Ok(est) = AdvantageConfig::default_for(name) else {
+            continue;
+        };
+        for doc in est.metric_docs() {
+            if !rows.iter().any(|(_, keys, _)| keys.contains(&doc.key)) {
+                rows.push((doc.label, std::slice::from_ref(&doc.key), Better::Neither));
+            }
+        }
+    }
+    rows.extend_from_slice(ROLLOUT_MECHANISM);
+    rows
+}
 
 /// Whether the run played a game (its evaluations have an invalid-action rate): its EM is the
 /// success rate, and is labelled so.
@@ -388,9 +356,8 @@ fn write_main_table(out: &mut String, log: &MetricsLog, config: Option<&str>) {
         Some("No training metrics were logged."),
     );
     let config = config.and_then(|c| c.parse::<toml::Table>().ok());
-    let mechanism: Vec<(&str, &[&str], Better)> = MECHANISM
-        .iter()
-        .copied()
+    let mechanism: Vec<(&str, &[&str], Better)> = mechanism_rows()
+        .into_iter()
         .filter(|(_, keys, _)| keys.iter().all(|k| mechanism_on(k, config.as_ref())))
         .collect();
     write_metric_table(out, log, "Mechanism at work", &mechanism, None);

@@ -32,7 +32,7 @@
 //! [`SamplingEngine`]: turnwise_model::sampling::SamplingEngine
 
 pub mod http;
-pub mod protocol;
+pub use crate::rollout::protocol;
 pub mod worker;
 
 use std::net::SocketAddr;
@@ -48,10 +48,11 @@ use turnwise_model::device::Placement;
 use turnwise_model::model::Transformer;
 use turnwise_model::sampling::EngineConfig;
 
-use crate::checkpoints::{pick_checkpoint, run_config};
+use crate::config::run_config;
+use crate::model_source::checkpoint_metadata;
 use crate::model_source::{ModelTensors, load_init_tensors};
 use crate::run::RunDir;
-use crate::trainer::checkpoint_metadata;
+use crate::run::pick_checkpoint;
 use worker::{Shared, WorkerHandle};
 
 /// Settings of `turnwise serve`.

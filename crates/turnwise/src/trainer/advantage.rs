@@ -4,7 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{Context, Result, bail};
 use turnwise_core::advantage::{
-    AdvantageBatch, Estimator, Rollout, broadcast_turns, place_turn_rewards,
+    AdvantageBatch, Estimator, GroupSignal, KlPlacement, Rollout, broadcast_turns,
+    place_turn_rewards,
 };
 use turnwise_core::control::filter_groups;
 use turnwise_model::loss::{KlEstimator, apply_kl_in_reward};
@@ -138,12 +139,13 @@ pub struct KlInReward<'a> {
 /// penalties differ is not informative). A group is informative when its values differ
 /// (population std > 0) or it holds a single rollout (DAPO keeps those,
 /// `turnwise_core::control::filter_groups`); or, whatever the values,
-/// when any of its rollouts has a non-zero information gain (IGPO/A2TGPO turn signal); or when
-/// the estimator reads per-turn rewards (`mt_grpo`, `mt_grpo_code`) and those differ between
-/// its rollouts; or when the estimator reads step rewards (`gigpo`, `t2po`: the environment's,
-/// or `t2po_em`'s per-step rewards) and those differ. With `gae` every group is informative:
-/// the critic's values give tied rollouts non-zero advantages, and the critic needs their
-/// returns. Returns the informative group ids.
+/// when any of its rollouts has a non-zero information gain (IGPO/A2TGPO turn signal); or as
+/// the estimator's [`GroupSignal`] declares: when its per-turn rewards differ between the
+/// group's rollouts (MT-GRPO), when its step rewards differ (GiGPO, T2PO: the environment's,
+/// or the reward's own when it
+/// [gives step rewards](turnwise_core::reward::RewardConfig::gives_step_rewards)), or always
+/// (GAE: the critic's values give tied rollouts non-zero advantages, and the critic needs
+/// their returns). Returns the informative group ids.
 pub fn informative_groups(
     cfg: &TrainConfig,
     episodes: &[Episode],
@@ -152,8 +154,8 @@ pub fn informative_groups(
     turn_rewards: &[Vec<f64>],
     info_gain: Option<&[Vec<f64>]>,
 ) -> BTreeSet<usize> {
-    let name = cfg.advantage.name();
-    if name == "gae" {
+    let group_signal = cfg.advantage.group_signal();
+    if group_signal == GroupSignal::EveryGroup {
         return groups.iter().copied().collect();
     }
     let mut keep: BTreeSet<usize> = match filter_groups(groups, values) {
@@ -161,18 +163,18 @@ pub fn informative_groups(
         // Lengths always match here (one value per episode).
         Err(_) => groups.iter().copied().collect(),
     };
-    let t2po_steps = matches!(cfg.reward, turnwise_core::reward::RewardConfig::T2poEm(_));
+    let reward_steps = cfg.reward.gives_step_rewards();
     let signal = |i: usize| -> Vec<f64> {
-        match name {
-            "mt_grpo" | "mt_grpo_code" => turn_rewards[i].clone(),
-            "gigpo" | "t2po" if t2po_steps => turn_rewards[i].clone(),
-            "gigpo" | "t2po" => episodes[i]
+        match group_signal {
+            GroupSignal::TurnRewards => turn_rewards[i].clone(),
+            GroupSignal::StepRewards if reward_steps => turn_rewards[i].clone(),
+            GroupSignal::StepRewards => episodes[i]
                 .trajectory
                 .turns
                 .iter()
                 .map(|t| t.env_reward.unwrap_or(0.0))
                 .collect(),
-            _ => Vec::new(),
+            GroupSignal::Outcome | GroupSignal::EveryGroup => Vec::new(),
         }
     };
     let mut by_group: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
@@ -293,91 +295,84 @@ pub fn anchor_scopes(cfg: &TrainConfig, anchors: &[String]) -> Vec<String> {
 /// Places the reward where the estimator of `cfg` reads it (spec §2.4, §2.6, §3.3, §3.7), so
 /// that every reward is counted once and every penalty lands on its own step:
 ///
-/// - `gae` with turn rewards (MT-PPO, eq. 10): `R^I_k` at the end of every process turn and
+/// - An estimator that
+///   [takes the final reward from the outcome](Estimator::takes_final_reward_from_outcome)
+///   (GAE) with turn rewards (MT-PPO, eq. 10): `R^I_k` at the end of every process turn and
 ///   `R^F` once, at the last agent token. The reward's last turn entry is `R^F` itself (it must
 ///   equal the outcome; an error otherwise), so it is taken out of `turn_rewards` and placed
 ///   through the outcome only.
-/// - `gigpo` / `t2po` with the `t2po_em` reward: the step rewards are the reward's per-step
-///   values (EM minus the format penalty of each step); with the per-invalid-step placement the
-///   episode score of step sample `k` is the episode's EM minus step `k`'s own penalty, so the
-///   penalty lowers only the invalid step (verl-agent), not every step of the trajectory.
-/// - `gigpo` / `t2po` with another reward: the environment's step rewards, with the
-///   estimator's `invalid_action_penalty` taken off the step reward and the episode score of
-///   every step whose action was invalid (GiGPO's −0.1, spec §10).
+/// - An estimator over [step samples](Estimator::step_samples) (GiGPO, T2PO) with a reward
+///   that places its own [step penalties](turnwise_core::reward::RewardConfig::step_penalties)
+///   (`t2po_em`): the step rewards are the reward's per-step values (EM minus the format
+///   penalty of each step); with the per-invalid-step placement the episode score of step
+///   sample `k` is the episode's EM minus step `k`'s own penalty, so the penalty lowers only
+///   the invalid step (verl-agent), not every step of the trajectory.
+/// - An estimator over step samples with another reward: the environment's step rewards, with
+///   the estimator's `invalid_action_penalty` taken off the step reward and the episode score
+///   of every step whose action was invalid (GiGPO's −0.1, spec §10).
 ///
 /// Returns the number of steps whose sample was penalised (logged as
 /// `gigpo/penalised_steps`).
 pub fn place_rewards(cfg: &TrainConfig, ep: &Episode, r: &mut Rollout) -> Result<usize> {
     let mut penalised = 0;
-    use turnwise_core::advantage::AdvantageConfig;
-    use turnwise_core::reward::RewardConfig;
     let id = &ep.trajectory.id;
-    match &cfg.advantage {
-        AdvantageConfig::Gae(_) if !r.turn_rewards.is_empty() => {
-            let last = r.turn_rewards.len() - 1;
-            let final_reward = r.turn_rewards[last];
-            if (final_reward - r.outcome).abs() > 1e-9 {
-                bail!(
-                    "{id}: the reward's last turn reward {final_reward} is not its final reward \
-                     {}; GAE would count the final reward twice or lose it",
-                    r.outcome
+    if cfg.advantage.takes_final_reward_from_outcome() && !r.turn_rewards.is_empty() {
+        let last = r.turn_rewards.len() - 1;
+        let final_reward = r.turn_rewards[last];
+        if (final_reward - r.outcome).abs() > 1e-9 {
+            bail!(
+                "{id}: the reward's last turn reward {final_reward} is not its final reward \
+                 {}; GAE would count the final reward twice or lose it",
+                r.outcome
+            );
+        }
+        r.turn_rewards[last] = 0.0;
+    }
+    if let Some(samples) = cfg.advantage.step_samples() {
+        let n = r.num_turns;
+        let steps: Vec<&str> = ep.turn_texts.iter().map(|(g, _)| g.as_str()).collect();
+        if let Some(own) = cfg.reward.step_penalties(&steps) {
+            let mut step_rewards = r.turn_rewards.clone();
+            step_rewards.resize(n, 0.0);
+            let mut pen = own.penalties;
+            pen.resize(n, 0.0);
+            penalised = pen.iter().filter(|&&p| p > 0.0).count();
+            if own.own_step_only {
+                let raw: f64 = step_rewards.iter().zip(&pen).map(|(s, p)| s + p).sum();
+                r.step_scores = Some(pen.iter().map(|p| raw - p).collect());
+            }
+            r.step_rewards = step_rewards;
+        } else {
+            let p = samples.invalid_action_penalty;
+            if !(p >= 0.0 && p.is_finite()) {
+                bail!("advantage.invalid_action_penalty must be ≥ 0, got {p}");
+            }
+            if p > 0.0 {
+                let invalid: Vec<bool> = (0..n)
+                    .map(|k| {
+                        ep.trajectory.turns.get(k).is_some_and(|t| {
+                            matches!(
+                                t.action,
+                                turnwise_core::trajectory::TurnAction::Invalid { .. }
+                            )
+                        })
+                    })
+                    .collect();
+                let raw: f64 = r.step_rewards.iter().sum();
+                penalised = invalid.iter().filter(|&&b| b).count();
+                for (k, &bad) in invalid.iter().enumerate() {
+                    if bad {
+                        r.step_rewards[k] -= p;
+                    }
+                }
+                r.step_scores = Some(
+                    invalid
+                        .iter()
+                        .map(|&bad| raw - if bad { p } else { 0.0 })
+                        .collect(),
                 );
             }
-            r.turn_rewards[last] = 0.0;
         }
-        AdvantageConfig::Gigpo(_) | AdvantageConfig::T2po(_) => {
-            let n = r.num_turns;
-            if let RewardConfig::T2poEm(c) = &cfg.reward {
-                let steps: Vec<&str> = ep.turn_texts.iter().map(|(g, _)| g.as_str()).collect();
-                let penalties =
-                    turnwise_core::reward::t2po::step_penalties(&steps, &[] as &[&str], c);
-                let mut step_rewards = r.turn_rewards.clone();
-                step_rewards.resize(n, 0.0);
-                let mut pen = penalties;
-                pen.resize(n, 0.0);
-                penalised = pen.iter().filter(|&&p| p > 0.0).count();
-                if c.placement == turnwise_core::reward::t2po::PenaltyPlacement::PerInvalidStep {
-                    let raw: f64 = step_rewards.iter().zip(&pen).map(|(s, p)| s + p).sum();
-                    r.step_scores = Some(pen.iter().map(|p| raw - p).collect());
-                }
-                r.step_rewards = step_rewards;
-            } else {
-                let p = match &cfg.advantage {
-                    AdvantageConfig::Gigpo(g) => g.invalid_action_penalty,
-                    AdvantageConfig::T2po(t) => t.invalid_action_penalty,
-                    _ => 0.0,
-                };
-                if !(p >= 0.0 && p.is_finite()) {
-                    bail!("advantage.invalid_action_penalty must be ≥ 0, got {p}");
-                }
-                if p > 0.0 {
-                    let invalid: Vec<bool> = (0..n)
-                        .map(|k| {
-                            ep.trajectory.turns.get(k).is_some_and(|t| {
-                                matches!(
-                                    t.action,
-                                    turnwise_core::trajectory::TurnAction::Invalid { .. }
-                                )
-                            })
-                        })
-                        .collect();
-                    let raw: f64 = r.step_rewards.iter().sum();
-                    penalised = invalid.iter().filter(|&&b| b).count();
-                    for (k, &bad) in invalid.iter().enumerate() {
-                        if bad {
-                            r.step_rewards[k] -= p;
-                        }
-                    }
-                    r.step_scores = Some(
-                        invalid
-                            .iter()
-                            .map(|&bad| raw - if bad { p } else { 0.0 })
-                            .collect(),
-                    );
-                }
-            }
-        }
-        _ => {}
     }
     Ok(penalised)
 }
@@ -422,8 +417,8 @@ pub fn compute_with_kl(
     kl: Option<&KlInReward<'_>>,
 ) -> Result<AdvantageRows> {
     let name = cfg.advantage.name();
-    if name == "gae" && values.is_none() {
-        bail!("the gae estimator needs critic values: set critic.enabled = true");
+    if cfg.advantage.needs().critic_values && values.is_none() {
+        bail!("the {name} estimator needs critic values: set critic.enabled = true");
     }
     // Every episode given is trained on: DAPO's group filter ran in `Trainer::sample_batch`.
     let kept: Vec<usize> = (0..episodes.len()).collect();
@@ -547,8 +542,8 @@ pub fn compute_with_kl(
             all.iter().copied().fold(f64::INFINITY, f64::min),
         );
     }
-    metrics.extend(mechanism_metrics(cfg, &batch, &out));
-    if matches!(name, "gigpo" | "t2po") {
+    metrics.extend(cfg.advantage.metrics(&batch, &out));
+    if cfg.advantage.step_samples().is_some() {
         metrics.insert("gigpo/penalised_steps".into(), penalised as f64);
     }
     Ok(AdvantageRows {
@@ -567,16 +562,11 @@ fn episode_details(
     batch: &AdvantageBatch,
     out: &turnwise_core::advantage::AdvantageOutput,
 ) -> Vec<EpisodeAdvantage> {
-    use turnwise_core::advantage::AdvantageConfig;
-    use turnwise_core::advantage::EpisodeTerm;
     let rs = &batch.rollouts;
+    let samples = cfg.advantage.step_samples();
     // GiGPO's episode term over step samples: the score of step sample k is its
     // `step_scores[k]`, by default the episode's summed step rewards.
-    let step_scores = match &cfg.advantage {
-        AdvantageConfig::Gigpo(g) => g.cross_steps && g.episode_term == EpisodeTerm::EpisodeReward,
-        AdvantageConfig::T2po(t) => t.cross_steps && t.episode_term == EpisodeTerm::EpisodeReward,
-        _ => false,
-    };
+    let step_scores = samples.is_some_and(|s| s.pooled_step_scores);
     let mut scores: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
     let mut sizes: BTreeMap<usize, usize> = BTreeMap::new();
     for r in rs {
@@ -598,11 +588,7 @@ fn episode_details(
             (g, (sizes[&g], mean, std))
         })
         .collect();
-    let similarity = match &cfg.advantage {
-        AdvantageConfig::Gigpo(g) => Some(g.enable_similarity.then_some(g.similarity_thresh)),
-        AdvantageConfig::T2po(t) => Some(t.enable_similarity.then_some(t.similarity_thresh)),
-        _ => None,
-    };
+    let similarity = samples.map(|s| s.similarity);
     let mut steps = similarity.map(|s| step_groups(rs, s).into_iter());
     rs.iter()
         .zip(&out.rollouts)
@@ -623,162 +609,6 @@ fn episode_details(
         .collect()
 }
 
-/// Size statistics of the groups formed by `keys`: `{prefix}/groups`,
-/// `{prefix}/group_size/mean` and `{prefix}/singleton_share` (the share of members alone in
-/// their group, with no peer to be compared with: the estimator's singleton rule gives such a
-/// member a term of 0 (A2TGPO's turn groups, GiGPO's anchor groups) or its raw score (VERL's
-/// GRPO rule, used by MT-GRPO's turn groups), never a comparison).
-fn group_stats<K: Ord>(prefix: &str, keys: impl Iterator<Item = K>) -> BTreeMap<String, f64> {
-    let mut sizes: BTreeMap<K, usize> = BTreeMap::new();
-    for k in keys {
-        *sizes.entry(k).or_default() += 1;
-    }
-    let mut m = BTreeMap::new();
-    if sizes.is_empty() {
-        return m;
-    }
-    let members: usize = sizes.values().sum();
-    let singletons = sizes.values().filter(|&&n| n == 1).count();
-    m.insert(format!("{prefix}/groups"), sizes.len() as f64);
-    m.insert(
-        format!("{prefix}/group_size/mean"),
-        members as f64 / sizes.len() as f64,
-    );
-    m.insert(
-        format!("{prefix}/singleton_share"),
-        singletons as f64 / members as f64,
-    );
-    m
-}
-
-/// GiGPO's anchor groups (exact anchors within their scopes, [`anchor_scopes`]) of `rs`:
-/// `gigpo/anchor_group/groups` and `…/group_size/mean` over every step sample, and
-/// `…/singleton_share`, the share of the step samples after the first step that are alone in
-/// their anchor group (a step-0 sample is never counted: its anchor, the prompt or the starting
-/// board, is shared by the whole prompt group). It is 1 when no later state repeats, and the
-/// step term is then 0 for every later step.
-fn anchor_group_stats(rs: &[Rollout]) -> BTreeMap<String, f64> {
-    fn key(r: &Rollout, k: usize) -> (usize, &str, &str) {
-        let scope = r.anchor_scopes.get(k).map_or("", String::as_str);
-        (r.group, scope, r.anchors[k].as_str())
-    }
-    let mut sizes: BTreeMap<(usize, &str, &str), usize> = BTreeMap::new();
-    for r in rs {
-        for k in 0..r.anchors.len() {
-            *sizes.entry(key(r, k)).or_default() += 1;
-        }
-    }
-    let mut m = BTreeMap::new();
-    if sizes.is_empty() {
-        return m;
-    }
-    let members: usize = sizes.values().sum();
-    m.insert("gigpo/anchor_group/groups".into(), sizes.len() as f64);
-    m.insert(
-        "gigpo/anchor_group/group_size/mean".into(),
-        members as f64 / sizes.len() as f64,
-    );
-    let later: Vec<usize> = rs
-        .iter()
-        .flat_map(|r| (1..r.anchors.len()).map(|k| sizes[&key(r, k)]))
-        .collect();
-    if !later.is_empty() {
-        let alone = later.iter().filter(|&&n| n == 1).count();
-        m.insert(
-            "gigpo/anchor_group/singleton_share".into(),
-            alone as f64 / later.len() as f64,
-        );
-    }
-    m
-}
-
-/// Metrics that show each estimator's defining mechanism at work (spec §7): A2TGPO's turn
-/// groups and the range of its clip scales, IG per turn, MT-GRPO's turn groups, GiGPO's anchor
-/// groups (exact anchors) and the step rewards' invalid-action penalties.
-pub fn mechanism_metrics(
-    cfg: &TrainConfig,
-    batch: &AdvantageBatch,
-    out: &turnwise_core::advantage::AdvantageOutput,
-) -> BTreeMap<String, f64> {
-    let mut m = BTreeMap::new();
-    let rs = &batch.rollouts;
-    let name = cfg.advantage.name();
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-    if matches!(name, "igpo" | "a2tgpo") {
-        let max_t = rs.iter().map(|r| r.info_gain.len()).max().unwrap_or(0);
-        for t in 0..max_t.min(4) {
-            let v: Vec<f64> = rs
-                .iter()
-                .filter_map(|r| r.info_gain.get(t).copied())
-                .collect();
-            m.insert(format!("info_gain/turn_{t}/mean"), mean(&v));
-        }
-    }
-    if name == "a2tgpo" {
-        // Turn groups G_{q,t}: rollouts of prompt q with T_i > t (spec §3.5).
-        m.extend(group_stats(
-            "a2tgpo/turn_group",
-            rs.iter()
-                .flat_map(|r| (0..r.num_turns.saturating_sub(1)).map(move |t| (r.group, t))),
-        ));
-        let scales: Vec<f64> = out
-            .rollouts
-            .iter()
-            .filter_map(|o| o.clip_scale.as_ref())
-            .flatten()
-            .copied()
-            .collect();
-        if !scales.is_empty() {
-            m.insert(
-                "a2tgpo/clip_scale/min".into(),
-                scales.iter().copied().fold(f64::INFINITY, f64::min),
-            );
-            m.insert(
-                "a2tgpo/clip_scale/max".into(),
-                scales.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-            );
-            m.insert("a2tgpo/clip_scale/mean".into(), mean(&scales));
-        }
-    }
-    if name == "mt_grpo" {
-        m.extend(group_stats(
-            "mt_grpo/turn_group",
-            rs.iter().flat_map(|r| {
-                (0..r.num_turns)
-                    .map(move |k| turnwise_core::advantage::role_group(r.group, k, r.num_turns))
-            }),
-        ));
-    }
-    if name == "mt_grpo_code" {
-        // The two-turn code's turn term: the first turn's advantage minus the answer turn's
-        // (c·A_turn) on episodes with a tool result; the others get the combined reward.
-        let credit: Vec<f64> = rs
-            .iter()
-            .zip(&out.rollouts)
-            .filter(|(r, _)| r.num_turns >= 2)
-            .map(|(_, o)| (o.turns[0] - o.turns[1]).abs())
-            .collect();
-        m.insert("mt_grpo/turn_credit/abs_mean".into(), mean(&credit));
-        let single = rs.iter().filter(|r| r.num_turns < 2).count();
-        m.insert(
-            "mt_grpo/no_tool_result_share".into(),
-            single as f64 / rs.len().max(1) as f64,
-        );
-    }
-    if matches!(name, "gigpo" | "t2po") {
-        m.extend(anchor_group_stats(rs));
-    }
-    if name == "gae" {
-        let placed: Vec<f64> = rs
-            .iter()
-            .flat_map(|r| r.turn_rewards.iter().copied())
-            .filter(|x| *x != 0.0)
-            .collect();
-        m.insert("mt_ppo/turn_rewards_placed".into(), placed.len() as f64);
-    }
-    m
-}
-
 /// Subtracts `β · k(old, ref)` from the rewards of `rollouts` (episodes `kept`) on their loss
 /// tokens (spec §5.8): from the token rewards for `gae` (the turn rewards and the outcome placed
 /// at their tokens, spec §3.3, or the explicit token rewards), from the outcome for the
@@ -792,6 +622,7 @@ fn subtract_reward_kl(
     kl: &KlInReward<'_>,
 ) -> Result<f64> {
     let name = cfg.advantage.name();
+    let placement = cfg.advantage.kl_placement();
     let to_f64 = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
     let masks: Vec<Vec<f64>> = kept
         .iter()
@@ -814,8 +645,8 @@ fn subtract_reward_kl(
     .context("KL in the reward")?;
     for (k, (r, p)) in rollouts.iter_mut().zip(penalty).enumerate() {
         let id = &episodes[kept[k]].trajectory.id;
-        match name {
-            "gae" => {
+        match placement {
+            Some(KlPlacement::TokenRewards) => {
                 let mut tokens = match r.token_rewards.take() {
                     Some(t) => t,
                     None => place_turn_rewards(&r.turn_id, &r.turn_rewards, r.outcome)
@@ -833,8 +664,8 @@ fn subtract_reward_kl(
                 }
                 r.token_rewards = Some(tokens);
             }
-            "grpo" | "dr_grpo" | "rloo" => r.outcome += p.iter().sum::<f64>(),
-            other => bail!("KL in the reward does not apply to the {other} estimator"),
+            Some(KlPlacement::Outcome) => r.outcome += p.iter().sum::<f64>(),
+            None => bail!("KL in the reward does not apply to the {name} estimator"),
         }
     }
     Ok(mean_kl)

@@ -34,6 +34,8 @@ use turnwise_model::tokenizer::TextTokenizer;
 use turnwise_model::{Architecture, LoraDropout, ModelConfig, Transformer};
 
 use crate::config::TrainConfig;
+pub use crate::model_source::checkpoint_metadata;
+pub use crate::rollout::reward_turns;
 use crate::rollout::{Decoding, Episode, Policy, RolloutControl};
 use crate::task::{WorldTask, encode_demo, stop_token_ids};
 use crate::update::{ActorUpdate, Row, actor_update, is_on_policy, logprobs_no_grad, sft_step};
@@ -919,7 +921,6 @@ impl Trainer {
                 (None, true, _) => bail!("the KL term needs a reference model (freeze_reference)"),
                 _ => None,
             };
-            let kind = cfg.actor.policy.resolve()?.kind;
             let upd = ActorUpdate {
                 loss: &cfg.actor,
                 temperature,
@@ -928,8 +929,6 @@ impl Trainer {
                 micro_batch: cfg.optim.micro_batch_size,
                 lr: self.lr(),
                 grad_clip: cfg.optim.grad_clip,
-                use_clip_scale: kind.name() == "a2tgpo",
-                use_turn_id: true,
             };
             // Behaviour log-probs: recomputed by the trainer with the rollout weights (already
             // there with KL in the reward), or, for an on-policy update, taken from the
@@ -1366,18 +1365,6 @@ pub fn write_export_config(dir: &Path, config: &TrainConfig) -> Result<()> {
     Ok(())
 }
 
-/// The Hugging Face files of checkpoint `dir`, completed from `init_from` (the folder the run
-/// started from) for checkpoints written before they were exported.
-pub fn checkpoint_metadata(dir: &Path, init_from: Option<&Path>) -> Result<HfMetadata> {
-    let meta = HfMetadata::from_folder(dir)?;
-    match init_from {
-        Some(src) if meta.tokenizer_config.is_none() && src.is_dir() => {
-            Ok(meta.or(HfMetadata::from_folder(src)?))
-        }
-        _ => Ok(meta),
-    }
-}
-
 /// The chat template of a model folder's metadata, with the folder named on error.
 fn chat_template_of(
     meta: &HfMetadata,
@@ -1393,19 +1380,6 @@ fn log_first_prompt(task: &WorldTask) -> Result<()> {
         tracing::info!("prompts: {how}; the first question's prompt:\n{prompt}");
     }
     Ok(())
-}
-
-/// An episode's turns as the rewards read them: each agent turn's generated text and the
-/// observation after it. Never the prompt; rewards take answers and format verdicts from the
-/// agent's text only ([`turnwise_core::reward::agent`]).
-pub fn reward_turns(ep: &Episode) -> Vec<turnwise_core::reward::TurnText<'_>> {
-    ep.turn_texts
-        .iter()
-        .map(|(g, o)| turnwise_core::reward::TurnText {
-            generated: g,
-            observation: o.as_deref(),
-        })
-        .collect()
 }
 
 /// Fisher-Yates shuffle with the run's generator.

@@ -359,8 +359,9 @@ impl Trainer {
         };
         let picks = take(&mut self.rng);
         let mut all = self.generate_round(&picks, 0, 0)?;
-        let estimator = turnwise_core::advantage::Estimator::name(&cfg.advantage);
-        let filter = r.filter_zero_variance_groups && !matches!(estimator, "at2po" | "tree_grpo");
+        // Tree estimators need their groups whole (the filter may not drop a tree's rollouts).
+        let filter = r.filter_zero_variance_groups
+            && turnwise_core::advantage::Estimator::filterable(&cfg.advantage);
         let informative = |b: &StepBatch| {
             super::advantage::informative_groups(
                 &cfg,

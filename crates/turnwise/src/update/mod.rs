@@ -145,10 +145,6 @@ pub struct ActorUpdate<'a> {
     pub lr: f64,
     /// Gradient-norm bound.
     pub grad_clip: f64,
-    /// Whether the loss reads clip scales (A2TGPO).
-    pub use_clip_scale: bool,
-    /// Whether the loss needs turn ids.
-    pub use_turn_id: bool,
 }
 
 /// Rows `idx` of the per-row values `v`, right-padded with zeros: `[idx.len(), width]`.
@@ -253,6 +249,7 @@ fn minibatch_clip_bias_scale(
     denominators: AggDenominators,
 ) -> Result<Option<f64>> {
     let resolved = cfg.loss.policy.resolve()?;
+    let reads_clip_scale = resolved.kind.reads_clip_scale();
     let cb = match resolved.clip_bias {
         Some(c)
             if c.rule == ClipBiasRule::InverseNorm
@@ -281,11 +278,9 @@ fn minibatch_clip_bias_scale(
         let lp = lp.detach();
         let mut pin =
             PolicyLossInput::new(&lp, &inp.old, &inp.packed.advantages, &inp.packed.loss_mask)
-                .with_denominators(denominators);
-        if cfg.use_turn_id {
-            pin = pin.with_turn_id(&inp.packed.turn_id);
-        }
-        if cfg.use_clip_scale {
+                .with_denominators(denominators)
+                .with_turn_id(&inp.packed.turn_id);
+        if reads_clip_scale {
             pin = pin.with_clip_scale(&inp.packed.clip_scale);
         }
         let out = compute_policy_loss(&pin, &cfg.loss.policy)?;
@@ -372,17 +367,17 @@ pub fn minibatch_gradient(
         .collect();
     let pieces: Vec<Vec<usize>> = micro_batches.iter().flatten().cloned().collect();
     let cb_scale = minibatch_clip_bias_scale(policy, rows, &pieces, old_logp, cfg, denominators)?;
+    // A2TGPO's loss reads the clip scales its estimator wrote into the rows.
+    let reads_clip_scale = cfg.loss.policy.resolve()?.kind.reads_clip_scale();
     let piece = |piece_idx: &[usize]| -> Result<PieceOutcome> {
         let (inp, logp, entropy) = micro_input(policy, rows, piece_idx, old_logp, ref_logp, |p| {
             response_logprobs(policy, p, cfg.temperature)
         })?;
         let packed = &inp.packed;
         let mut pin = PolicyLossInput::new(&logp, &inp.old, &packed.advantages, &packed.loss_mask)
-            .with_denominators(denominators);
-        if cfg.use_turn_id {
-            pin = pin.with_turn_id(&packed.turn_id);
-        }
-        if cfg.use_clip_scale {
+            .with_denominators(denominators)
+            .with_turn_id(&packed.turn_id);
+        if reads_clip_scale {
             pin = pin.with_clip_scale(&packed.clip_scale);
         }
         if let Some(scale) = cb_scale {

@@ -1,5 +1,6 @@
-//! Wire types of the policy server's routes, shared with clients (the remote rollout backend
-//! parses SGLang's `/generate` answers with [`GenerateOutput`]).
+//! Wire types of the policy server's routes (`turnwise serve`, which re-exports them as
+//! `serve::protocol`), shared with its clients: the remote rollout backend parses SGLang's
+//! `/generate` answers with [`GenerateOutput`].
 //!
 //! Field names follow SGLang's native API and OpenAI's (with vLLM's token-id extensions, its
 //! chat-template flags `add_generation_prompt` / `continue_final_message`, and its structured

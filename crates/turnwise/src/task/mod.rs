@@ -1,6 +1,12 @@
 //! Task source: the built-in multi-hop world, its search index, prompts, demonstrations and the
 //! tokenizer a fresh model is built with.
 
+pub mod games;
+pub mod openenv;
+
+use games::GameTask;
+use openenv::OpenEnvTask;
+
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
@@ -15,8 +21,6 @@ use turnwise_env::world::{Question, Split, World};
 use turnwise_model::tokenizer::{ChatMessage, ChatTemplate, DEFAULT_SPECIAL_TOKENS, TextTokenizer};
 
 use crate::config::{AgentFormatName, TaskConfig, TokenizerKind};
-use crate::games_task::GameTask;
-use crate::openenv_task::OpenEnvTask;
 use crate::prompt::{PromptTemplate, Prompter};
 
 /// Tags beyond the model crate's defaults that must be single tokens (T2PO's action block).
@@ -429,7 +433,7 @@ impl WorldTask {
     }
 
     /// The episode reward of `ep` under `reward`: for a game the environment's return
-    /// ([`crate::games_task::game_reward`]), else `reward` scoring the agent's turns against
+    /// ([`crate::task::games::game_reward`]), else `reward` scoring the agent's turns against
     /// `golds`.
     pub fn score_episode(
         &self,
@@ -438,9 +442,9 @@ impl WorldTask {
         golds: &[String],
     ) -> Result<turnwise_core::reward::RewardOutput> {
         if self.scored_by_return() {
-            return Ok(crate::games_task::game_reward(ep));
+            return Ok(crate::task::games::game_reward(ep));
         }
-        let turns = crate::trainer::reward_turns(ep);
+        let turns = crate::rollout::reward_turns(ep);
         reward
             .score(&turnwise_core::reward::RewardInput::from_turns(
                 &turns, golds,

@@ -1,0 +1,443 @@
+//! The update stage: `[optim]`, `[critic]` and `[algorithm]`, the checks of these sections and
+//! those of `[advantage]` and `[actor]` (whose types live in `turnwise-core` and
+//! `turnwise-model`), and the ranges of those types' numbers, by key.
+
+use serde::{Deserialize, Serialize};
+
+use super::numbers::{NumberRange, check, non_negative, positive, unit, unit_open};
+use turnwise_core::advantage::{Estimator, estimators_where};
+use turnwise_model::loss::policy::PolicyLossKind;
+
+use super::{ConfigError, RolloutStrategy, TrainConfig};
+
+/// Optimizer and PPO-epoch settings of the RL phase.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OptimConfig {
+    /// Peak learning rate: reached after `warmup_steps`, then held or decayed as
+    /// `lr_schedule` says. Range: > 0.
+    pub lr: f64,
+    /// Warm-up RL steps: the rate rises linearly from `lr / warmup_steps` to `lr` (verl
+    /// `actor.optim.lr_warmup_steps`).
+    pub warmup_steps: u64,
+    /// The rate after warm-up, per RL step (verl `actor.optim.warmup_style` /
+    /// `lr_scheduler_type`, TRL `lr_scheduler_type`): `constant` (default), `linear` or
+    /// `cosine` from `lr` down to `lr × min_lr_ratio` at the last step (`run.steps`).
+    pub lr_schedule: turnwise_model::optim::DecayShape,
+    /// Floor of a `linear` or `cosine` decay as a fraction of `lr` (verl `min_lr_ratio`), in
+    /// [0, 1].
+    pub min_lr_ratio: f64,
+    /// AdamW β1, in [0, 1).
+    pub beta1: f64,
+    /// AdamW β2, in [0, 1).
+    pub beta2: f64,
+    /// Decoupled weight decay. Range: ≥ 0.
+    pub weight_decay: f64,
+    /// Global gradient-norm bound.
+    pub grad_clip: f64,
+    /// Passes over each rollout batch. Range: ≥ 1.
+    pub ppo_epochs: usize,
+    /// Rollouts per optimizer step (0: the whole batch).
+    pub mini_batch_size: usize,
+    /// Rollouts per forward/backward (gradient accumulation within a mini-batch; 0: the
+    /// mini-batch).
+    pub micro_batch_size: usize,
+    /// Consecutive non-finite updates that stop the run. Range: ≥ 1.
+    pub max_bad_updates: usize,
+    /// What one training row is, and so what `mini_batch_size` and `micro_batch_size` count:
+    /// `trajectory` (default: the prompt and the whole response) or `step` (verl-agent's: every
+    /// environment step is its own row, the context its turn was sampled from, memory window
+    /// included, plus that turn's tokens).
+    pub samples: TrainSamples,
+}
+
+/// What one training row is (`optim.samples`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrainSamples {
+    /// One row per trajectory: the prompt, then every turn and observation (TITO).
+    #[default]
+    Trajectory,
+    /// One row per environment step (verl-agent): the prompt plus the turns and observations the
+    /// step's context held (the last `rollout.memory_window` turns, or all), then the step's own
+    /// turn. Behaviour log-probs are those of exactly the context that was sampled from.
+    Step,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        Self {
+            lr: 2e-4,
+            warmup_steps: 0,
+            lr_schedule: turnwise_model::optim::DecayShape::Constant,
+            min_lr_ratio: 0.0,
+            beta1: 0.9,
+            beta2: 0.95,
+            weight_decay: 0.0,
+            grad_clip: 1.0,
+            ppo_epochs: 1,
+            mini_batch_size: 0,
+            micro_batch_size: 0,
+            max_bad_updates: 3,
+            samples: TrainSamples::Trajectory,
+        }
+    }
+}
+
+/// The PPO critic. It trains on the same batch as the actor, `optim.ppo_epochs` passes over it
+/// in shuffled mini-batches of `optim.mini_batch_size` rollouts (the order drawn from the
+/// trainer's generator), with the clipped value loss of spec §5.10.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CriticConfig {
+    /// Train a critic (needed by `gae`).
+    pub enabled: bool,
+    /// Critic learning rate. Range: > 0.
+    pub lr: f64,
+    /// Value clip range (verl `cliprange_value`). Range: > 0.
+    pub cliprange_value: f64,
+    /// Critic warm-up updates before the actor trains.
+    pub warmup_updates: u64,
+    /// Decoupled weight decay of the critic's AdamW (its β1, β2 are `optim.beta1`,
+    /// `optim.beta2`; verl `critic.optim.weight_decay`). Default 0, like `optim.weight_decay`.
+    pub weight_decay: f64,
+}
+
+impl Default for CriticConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            lr: 1e-3,
+            cliprange_value: 0.5,
+            warmup_updates: 0,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+/// verl's `algorithm` keys beyond the estimator: KL in the reward (spec §5.8).
+///
+/// With `use_kl_in_reward` the trainer computes, for every trained rollout, the behaviour
+/// log-probs (the rollout weights) and the frozen reference model's log-probs of the response
+/// tokens, and subtracts `β · k(old, ref)` from each loss token's reward before the advantage
+/// estimator (verl `apply_kl_penalty`): for `gae` from the token rewards (turn rewards and
+/// outcome placed at their tokens, spec §3.3); for the outcome estimators `grpo`, `dr_grpo`
+/// and `rloo` from the outcome score, summed over the rollout's tokens (verl's GRPO scores the
+/// sum of the token-level rewards). Other estimators reject it (use `actor.use_kl_loss`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AlgorithmConfig {
+    /// Subtract the KL penalty from the rewards (verl `algorithm.use_kl_in_reward`, default
+    /// false).
+    pub use_kl_in_reward: bool,
+    /// Estimator of the per-token KL (verl `algorithm.kl_penalty`, default `kl` = k1 =
+    /// `old_logp − ref_logp`; `abs`, `mse`, `low_var_kl` as in spec §5.8; a `+` suffix is
+    /// accepted and ignored here, since a reward carries no gradient).
+    pub kl_penalty: turnwise_model::loss::KlPenalty,
+    /// The coefficient β and its controller (verl `algorithm.kl_ctrl`: `type = "fixed" |
+    /// "adaptive"`, `kl_coef` (0.001), `target_kl` (0.1), `horizon` (10000 rollouts)). The
+    /// adaptive controller's β is part of the checkpoint.
+    pub kl_ctrl: turnwise_model::loss::kl::KlControllerConfig,
+}
+
+impl Default for AlgorithmConfig {
+    fn default() -> Self {
+        Self {
+            use_kl_in_reward: false,
+            kl_penalty: turnwise_model::loss::KlPenalty::new(turnwise_model::loss::KlEstimator::K1),
+            kl_ctrl: turnwise_model::loss::kl::KlControllerConfig::default(),
+        }
+    }
+}
+
+/// The keys whose numbers may be infinite (`optim.grad_clip = inf`: no clipping); every other
+/// number of a config must be finite ([`super::numbers::validate`]).
+pub(super) const MAY_BE_INFINITE: &[&str] = &["optim.grad_clip"];
+
+/// The range of each number of the estimators', losses' and KL controller's settings, by key
+/// (their types live in `turnwise-core` and `turnwise-model`; the estimator a config names
+/// decides which of the `advantage.*` keys it has). [`super::numbers::validate`] checks them
+/// together with every other number of the config.
+pub(super) const NUMBER_RANGES: &[(&str, NumberRange)] = &[
+    ("actor.entropy_coeff", NumberRange::NonNegative),
+    ("actor.kl_loss_coef", NumberRange::NonNegative),
+    ("actor.policy.clip_ratio", NumberRange::Positive),
+    ("actor.policy.clip_ratio_c", NumberRange::AboveOne),
+    ("actor.policy.clip_ratio_high", NumberRange::Positive),
+    ("actor.policy.clip_ratio_low", NumberRange::Positive),
+    ("advantage.clip_beta", NumberRange::NonNegative),
+    ("advantage.epsilon", NumberRange::StdEpsilon),
+    ("advantage.gamma", NumberRange::UnitInterval),
+    ("advantage.ig_epsilon", NumberRange::StdEpsilon),
+    ("advantage.lam", NumberRange::UnitInterval),
+    ("advantage.outcome_epsilon", NumberRange::StdEpsilon),
+    ("advantage.similarity_thresh", NumberRange::UnitInterval),
+    ("advantage.turn_advantage_coef", NumberRange::NonNegative),
+    ("algorithm.kl_ctrl.horizon", NumberRange::NonNegative),
+    ("algorithm.kl_ctrl.kl_coef", NumberRange::NonNegative),
+    ("algorithm.kl_ctrl.target_kl", NumberRange::NonNegative),
+];
+
+impl OptimConfig {
+    /// Checks the AdamW settings and `max_bad_updates`.
+    pub(super) fn validate_ranges(&self) -> Result<(), ConfigError> {
+        check(
+            unit_open(self.beta1),
+            "optim.beta1",
+            "in [0, 1)",
+            self.beta1,
+        )?;
+        check(
+            unit_open(self.beta2),
+            "optim.beta2",
+            "in [0, 1)",
+            self.beta2,
+        )?;
+        check(
+            non_negative(self.weight_decay),
+            "optim.weight_decay",
+            "a non-negative number",
+            self.weight_decay,
+        )?;
+        check(
+            self.max_bad_updates >= 1,
+            "optim.max_bad_updates",
+            "at least 1",
+            self.max_bad_updates as f64,
+        )
+    }
+
+    /// Checks `min_lr_ratio`, the floor of the learning-rate decay.
+    pub(super) fn validate_min_lr_ratio(&self) -> Result<(), ConfigError> {
+        check(
+            unit(self.min_lr_ratio),
+            "optim.min_lr_ratio",
+            "in [0, 1] (the decay's floor as a fraction of optim.lr)",
+            self.min_lr_ratio,
+        )
+    }
+
+    /// Checks the learning rate, the epochs and the gradient clip.
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |field, message: String| Err(ConfigError::Invalid { field, message });
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            return bad("optim.lr", format!("must be positive, got {}", self.lr));
+        }
+        if self.ppo_epochs == 0 {
+            return bad("optim.ppo_epochs", "must be at least 1".into());
+        }
+        if self.grad_clip.is_nan() || self.grad_clip <= 0.0 {
+            return bad(
+                "optim.grad_clip",
+                format!("must be positive, got {}", self.grad_clip),
+            );
+        }
+        Ok(())
+    }
+}
+
+impl CriticConfig {
+    /// Checks the critic's learning rate, value clip and weight decay (whether or not it is on).
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        check(positive(self.lr), "critic.lr", "a positive number", self.lr)?;
+        check(
+            positive(self.cliprange_value),
+            "critic.cliprange_value",
+            "a positive number",
+            self.cliprange_value,
+        )?;
+        check(
+            non_negative(self.weight_decay),
+            "critic.weight_decay",
+            "a non-negative number",
+            self.weight_decay,
+        )
+    }
+}
+
+impl TrainConfig {
+    /// The number of optimizer steps one rollout batch of the nominal size
+    /// (`rollout.prompts_per_step × rollout.group_size` rows) makes, and how many of them are
+    /// off-policy: `(steps, off_policy_steps)`. With step samples (`optim.samples = "step"`)
+    /// this is the least it makes: every rollout has at least one step, and a batch of K̂ steps
+    /// per rollout makes about K̂ times as many.
+    pub fn update_structure(&self) -> (usize, usize) {
+        let rows = (self.rollout.prompts_per_step * self.rollout.group_size).max(1);
+        let mini = match self.optim.mini_batch_size {
+            0 => rows,
+            m => m.min(rows),
+        };
+        let steps = rows.div_ceil(mini) * self.optim.ppo_epochs;
+        (steps, steps - 1)
+    }
+
+    /// Checks `optim.samples` against the memory window and the parts that read whole rows.
+    pub(super) fn validate_samples(&self) -> Result<(), ConfigError> {
+        let bad = |field, message: String| Err(ConfigError::Invalid { field, message });
+        match self.optim.samples {
+            TrainSamples::Trajectory => {
+                // The window drops turns once a turn has more than P turns before it.
+                if let Some(p) = self.rollout.memory_window
+                    && self.task.max_turns > p + 1
+                {
+                    return bad(
+                        "rollout.memory_window",
+                        format!(
+                            "a window of {p} turns drops earlier turns from the context of turn \
+                             {} onwards (task.max_turns = {}), but optim.samples = \
+                             \"trajectory\" trains every turn on the whole history, which is not \
+                             what it was sampled from; set optim.samples = \"step\" (each step \
+                             trained on its own context), or a window of at least {} turns",
+                            p + 2,
+                            self.task.max_turns,
+                            self.task.max_turns - 1
+                        ),
+                    );
+                }
+            }
+            TrainSamples::Step => {
+                if self.critic.enabled {
+                    return bad(
+                        "optim.samples",
+                        "\"step\" rows are not supported with a critic (critic.enabled): its \
+                         values and returns are per trajectory row"
+                            .into(),
+                    );
+                }
+                if self.algorithm.use_kl_in_reward {
+                    return bad(
+                        "optim.samples",
+                        "\"step\" rows are not supported with KL in the reward \
+                         (algorithm.use_kl_in_reward): use the KL loss (actor.use_kl_loss), as \
+                         verl-agent does"
+                            .into(),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that `[actor.policy]` names a known loss with valid settings.
+    pub(super) fn validate_policy_loss(&self) -> Result<(), ConfigError> {
+        self.actor
+            .policy
+            .resolve()
+            .map_err(|e| ConfigError::Invalid {
+                field: "actor.policy",
+                message: e.to_string(),
+            })?;
+        Ok(())
+    }
+
+    /// What the estimator and the loss declare they need: the estimator's inputs (a critic,
+    /// information-gain probes, tree rollouts; [`Estimator::needs`]), off-policy updates for a
+    /// loss defined by its clip ([`PolicyLossKind::defined_by_clip`]), an estimator that takes
+    /// KL in the reward ([`Estimator::kl_placement`]) and the KL controller of
+    /// `algorithm.use_kl_in_reward`.
+    pub(super) fn validate_method_needs(&self) -> Result<(), ConfigError> {
+        let bad = |field, message: String| Err(ConfigError::Invalid { field, message });
+        let r = &self.rollout;
+        let o = &self.optim;
+        let est = self.advantage.name();
+        let needs = self.advantage.needs();
+        if needs.critic_values && !self.critic.enabled {
+            return bad(
+                "critic.enabled",
+                format!("the {est} estimator needs a critic: set critic.enabled = true"),
+            );
+        }
+        if needs.info_gain && !r.info_gain {
+            return bad(
+                "rollout.info_gain",
+                format!(
+                    "the {est} estimator needs information-gain probes: set rollout.info_gain = true"
+                ),
+            );
+        }
+        if needs.trees && r.strategy == RolloutStrategy::Chain {
+            return bad(
+                "rollout.strategy",
+                format!(
+                    "the {est} estimator needs tree rollouts (strategy = \"tree\" or \"random_tree\")"
+                ),
+            );
+        }
+        // A loss whose defining mechanism is a clip (or the clipping-bias correction) needs
+        // off-policy updates: with one epoch over one mini-batch every ratio is exactly 1 and
+        // no clip can bind (review X1), so the method would silently train as plain PG.
+        let kind = self
+            .actor
+            .policy
+            .resolve()
+            .map_err(|e| ConfigError::Invalid {
+                field: "actor.policy",
+                message: e.to_string(),
+            })?
+            .kind;
+        let rows = r.prompts_per_step * r.group_size;
+        if kind.defined_by_clip()
+            && o.ppo_epochs == 1
+            && (o.mini_batch_size == 0 || o.mini_batch_size >= rows)
+        {
+            return bad(
+                "optim.mini_batch_size",
+                format!(
+                    "the {} loss is defined by its clip, which cannot bind in an on-policy update \
+                     (optim.ppo_epochs = 1 and one mini-batch of all {rows} rollouts): set \
+                     optim.mini_batch_size below {rows} or optim.ppo_epochs above 1",
+                    kind.name()
+                ),
+            );
+        }
+        if self.algorithm.use_kl_in_reward {
+            if self.advantage.kl_placement().is_none() {
+                let takers = estimators_where(|e| e.kl_placement().is_some());
+                return bad(
+                    "algorithm.use_kl_in_reward",
+                    format!(
+                        "KL in the reward applies to the {} estimators, not {est}; use \
+                         actor.use_kl_loss",
+                        listing(&takers)
+                    ),
+                );
+            }
+            self.algorithm
+                .kl_ctrl
+                .build()
+                .map_err(|e| ConfigError::Invalid {
+                    field: "algorithm.kl_ctrl",
+                    message: e.to_string(),
+                })?;
+        }
+        Ok(())
+    }
+
+    /// A loss that reads clip scales ([`PolicyLossKind::reads_clip_scale`], A2TGPO's) needs an
+    /// estimator that emits them ([`Estimator::emits_clip_scale`]).
+    pub(super) fn validate_loss_reads_estimator(&self) -> Result<(), ConfigError> {
+        let Ok(kind) = self.actor.policy.policy_loss.parse::<PolicyLossKind>() else {
+            return Ok(());
+        };
+        if kind.reads_clip_scale() && !self.advantage.emits_clip_scale() {
+            let emitters = estimators_where(|e| e.emits_clip_scale());
+            return Err(ConfigError::Invalid {
+                field: "actor.policy.policy_loss",
+                message: format!(
+                    "the {kind} loss needs the {} estimator's clip scales",
+                    emitters.join(" or ")
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `a, b and c`.
+fn listing(names: &[&str]) -> String {
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        Some((last, _)) => last.to_string(),
+        None => String::new(),
+    }
+}
