@@ -7,7 +7,7 @@ use numpy::{
 };
 use pyo3::prelude::*;
 use turnwise_core::advantage::{a2tgpo_clip_scale, broadcast_turns, place_turn_rewards};
-use turnwise_core::diagnostics::mask_runs;
+use turnwise_core::trajectory::mask_run_turns;
 
 use crate::advantage::{check_rows, turn_id_of};
 use crate::error::{BindingError, Result};
@@ -31,12 +31,12 @@ pub fn turn_ids_from_mask<'py>(
     let mask = mask.as_array();
     let (b, l) = mask.dim();
     let mut out = Array2::from_elem((b, l), -1i64);
-    let mut row = vec![false; l];
+    let mut row = vec![0u8; l];
     for i in 0..b {
         for (t, (&m, slot)) in mask.row(i).iter().zip(row.iter_mut()).enumerate() {
             *slot = match m {
-                0 => false,
-                1 => true,
+                0 => 0,
+                1 => 1,
                 other => {
                     return Err(BindingError::invalid(
                         "mask",
@@ -46,8 +46,8 @@ pub fn turn_ids_from_mask<'py>(
                 }
             };
         }
-        for (k, run) in mask_runs(&row).into_iter().enumerate() {
-            for t in run {
+        for (k, (start, end)) in mask_run_turns(&row).into_iter().enumerate() {
+            for t in start..end {
                 out[[i, t]] = k as i64;
             }
         }
