@@ -7,6 +7,9 @@
 #   PYTHON               interpreter that creates the venv (default: python3; 3.9 or newer)
 #   TURNWISE_PY_VENV     the venv directory (default: target/py-venv; deleted and recreated)
 #   TURNWISE_TORCH_INDEX torch wheel index (default: PyTorch's CPU index; PyPI if unreachable)
+#   TURNWISE_VENV_SYSTEM_SITE=1  create the venv with --system-site-packages, so that a torch
+#                        the interpreter already has is used rather than installed a second time
+#                        (CI sets it: two torch installs do not fit its disk)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,7 +22,9 @@ pip_flags=(--quiet --disable-pip-version-check)
 
 echo "== python package: fresh venv at $venv"
 rm -rf "$venv" "$wheels"
-"$python" -m venv "$venv"
+venv_flags=()
+if [[ "${TURNWISE_VENV_SYSTEM_SITE:-0}" == 1 ]]; then venv_flags=(--system-site-packages); fi
+"$python" -m venv "${venv_flags[@]}" "$venv"
 vpy="$venv/bin/python"
 "$vpy" -m pip install "${pip_flags[@]}" --upgrade pip
 "$vpy" -m pip install "${pip_flags[@]}" "maturin>=1.9,<2"
@@ -33,7 +38,9 @@ echo "built $wheel ($(du -h "$wheel" | cut -f1), $(($(date +%s) - start)) s)"
 
 echo "== python package: install the wheel, numpy, pytest and CPU torch"
 "$vpy" -m pip install "${pip_flags[@]}" "$wheel" numpy pytest
-if ! "$vpy" -m pip install "${pip_flags[@]}" --retries 1 --timeout 30 torch \
+if "$vpy" -c "import torch" 2>/dev/null; then
+    echo "torch $("$vpy" -c "import torch; print(torch.__version__)") is already there (system site)"
+elif ! "$vpy" -m pip install "${pip_flags[@]}" --retries 1 --timeout 30 torch \
     --index-url "$torch_index"; then
     echo "torch from $torch_index failed; trying PyPI"
     "$vpy" -m pip install "${pip_flags[@]}" torch

@@ -14,6 +14,9 @@
 #   TURNWISE_VERL_VENV the venv directory (default: target/verl-venv; deleted and recreated)
 #   TURNWISE_WHEEL     a built turnwise wheel (default: target/py-wheels/turnwise-*.whl as
 #                      scripts/python-package.sh leaves it, else maturin builds one)
+#   TURNWISE_VENV_SYSTEM_SITE=1  create the venv with --system-site-packages and install torch
+#                      only when the interpreter has none (CI sets it: two torch installs do not
+#                      fit its disk); verl's pins install into the venv and shadow the system's
 #   TURNWISE_BIN       the turnwise binary for the retrieval server (default: target/debug/
 #                      turnwise, else target/release/turnwise, else `cargo build` builds it)
 set -euo pipefail
@@ -30,7 +33,9 @@ pip_flags=(--quiet --disable-pip-version-check)
 echo "== verl check: fresh venv at $venv"
 start=$(date +%s)
 rm -rf "$venv"
-"$python" -m venv "$venv"
+venv_flags=()
+if [[ "${TURNWISE_VENV_SYSTEM_SITE:-0}" == 1 ]]; then venv_flags=(--system-site-packages); fi
+"$python" -m venv "${venv_flags[@]}" "$venv"
 vpy="$venv/bin/python"
 "$vpy" -m pip install "${pip_flags[@]}" --upgrade pip
 
@@ -46,8 +51,10 @@ if [[ -z "$wheel" ]]; then
     wheel=$(ls target/py-wheels/turnwise-*.whl | head -1)
 fi
 
-echo "== verl check: install ${verl_pins[*]}, torch, pytest and $wheel"
-"$vpy" -m pip install "${pip_flags[@]}" "${verl_pins[@]}" torch pytest "$wheel"
+torch_req=(torch)
+if "$vpy" -c "import torch" 2>/dev/null; then torch_req=(); fi
+echo "== verl check: install ${verl_pins[*]}, ${torch_req[*]:-(torch from the system site)} pytest and $wheel"
+"$vpy" -m pip install "${pip_flags[@]}" "${verl_pins[@]}" "${torch_req[@]}" pytest "$wheel"
 "$vpy" -c "import verl, turnwise.verl as tv; assert verl.__version__ == tv.TESTED_VERL_VERSION, verl.__version__"
 echo "installed in $(($(date +%s) - start)) s"
 
