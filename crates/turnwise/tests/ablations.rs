@@ -120,13 +120,16 @@ fn update_delta(preset: &str, sets: &[&str], batch: &Fixed) -> Update {
     });
     let adv = compute(
         &cfg,
-        &batch.episodes,
-        &batch.groups,
-        &batch.scores,
-        &batch.turn_rewards,
-        info_gain,
+        &common::scored(
+            &batch.episodes,
+            &batch.groups,
+            &batch.scores,
+            &batch.turn_rewards,
+            info_gain,
+        ),
         None,
         values.as_deref(),
+        None,
     )
     .unwrap();
     let rows = adv.rows;
@@ -289,13 +292,10 @@ fn mt_ppo_counts_the_final_reward_once() {
         .collect();
     let adv = compute(
         &t.config,
-        &b.episodes,
-        &b.groups,
-        &b.scores,
-        &b.turn_rewards,
-        None,
+        &common::scored(&b.episodes, &b.groups, &b.scores, &b.turn_rewards, None),
         None,
         Some(&values),
+        None,
     )
     .unwrap();
     let mut checked = 0;

@@ -37,9 +37,9 @@ fn setup_shifted(preset: &str, shift: f32) -> (Trainer, Vec<Row>, Vec<Vec<f32>>)
         .episodes
         .iter()
         .map(|e| {
-            let f = e.trajectory.flatten(false);
+            let f = e.episode.trajectory.flatten(false);
             Row::new(
-                e.trajectory.prompt_ids.clone(),
+                e.episode.trajectory.prompt_ids.clone(),
                 f.ids,
                 f.loss_mask,
                 f.turn_id,

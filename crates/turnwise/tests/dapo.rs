@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use turnwise::config::{FilterMetric, TrainConfig, presets};
 use turnwise::trainer::Trainer;
 use turnwise::trainer::advantage::informative_groups;
-use turnwise::trainer::sampling::StepBatch;
+use turnwise::trainer::sampling::{ScoredEpisode, StepBatch};
 use turnwise_core::reward::{RewardInput, TurnText, overlong_penalty};
 
 fn config(preset: &str, extra: &[&str]) -> TrainConfig {
@@ -72,14 +72,16 @@ fn sometimes_right(extra: &[&str]) -> Trainer {
 /// The episodes of each group of `b`, by group id.
 fn by_group(b: &StepBatch) -> BTreeMap<usize, Vec<usize>> {
     let mut m: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for (i, &g) in b.groups.iter().enumerate() {
-        m.entry(g).or_default().push(i);
+    for (i, e) in b.episodes.iter().enumerate() {
+        m.entry(e.group).or_default().push(i);
     }
     m
 }
 
-fn differ(v: &[f64], idx: &[usize]) -> bool {
-    idx.iter().any(|&i| v[i] != v[idx[0]])
+/// Whether `value` differs between the episodes `idx` of `b`.
+fn differ(b: &StepBatch, value: impl Fn(&ScoredEpisode) -> f64, idx: &[usize]) -> bool {
+    idx.iter()
+        .any(|&i| value(&b.episodes[i]) != value(&b.episodes[idx[0]]))
 }
 
 #[test]
@@ -184,17 +186,10 @@ fn the_filter_keeps_mixed_accuracy_and_drops_length_noise() {
     for _ in 0..3 {
         let (all, selected, _) = t.sample_batch().unwrap();
         let sel = selected.expect("the filter is on");
-        let kept: BTreeSet<usize> = sel.groups.iter().copied().collect();
-        let by_shaped = informative_groups(
-            &seq_reward,
-            &all.episodes,
-            &all.groups,
-            all.filter_values(FilterMetric::SeqReward),
-            &all.turn_rewards,
-            None,
-        );
+        let kept: BTreeSet<usize> = sel.episodes.iter().map(|e| e.group).collect();
+        let by_shaped = informative_groups(&seq_reward, &all.episodes);
         for (grp, idx) in by_group(&all) {
-            let right_and_wrong = differ(&all.ems, &idx);
+            let right_and_wrong = differ(&all, |e| e.em, &idx);
             if kept.contains(&grp) {
                 assert!(right_and_wrong, "kept a group of tied accuracy: {idx:?}");
                 mixed += 1;
@@ -206,9 +201,9 @@ fn the_filter_keeps_mixed_accuracy_and_drops_length_noise() {
                 continue;
             }
             all_right_or_wrong += 1;
-            let wrong = idx.iter().all(|&i| all.ems[i] == 0.0);
-            let tied_reward = !differ(&all.reward_scores, &idx);
-            if wrong && tied_reward && differ(&all.scores, &idx) {
+            let wrong = idx.iter().all(|&i| all.episodes[i].em == 0.0);
+            let tied_reward = !differ(&all, |e| e.reward_score, &idx);
+            if wrong && tied_reward && differ(&all, |e| e.score, &idx) {
                 // All wrong, the same reward, lengths apart: only the overlong penalty
                 // differs. The shaped score would call it informative; accuracy does not.
                 assert!(by_shaped.contains(&grp));
@@ -269,43 +264,28 @@ fn accuracy_decides_on_played_rollouts() {
         (2, gold[0].as_str(), false),
         (2, gold[0].as_str(), true),
     ];
-    let mut b = StepBatch::default();
+    let mut b: Vec<ScoredEpisode> = Vec::new();
     for (g, text, long) in plan {
         let ep = common::play_turns(&t, q, &[answer(text, long)]);
         let out = t.task.score_episode(&t.config.reward, &ep, &gold).unwrap();
         let penalty = overlong_penalty(ep.trajectory.response_len(), &core);
-        b.groups.push(g);
-        b.ems.push(out.em);
-        b.reward_scores.push(out.score);
-        b.scores.push(out.score + penalty);
-        b.overlong.push(penalty);
-        b.turn_rewards.push(out.turn_rewards);
-        b.episodes.push(ep);
+        let mut e = ScoredEpisode::new(ep, g, out.score + penalty, out.turn_rewards);
+        e.em = out.em;
+        e.reward_score = out.score;
+        e.overlong = penalty;
+        b.push(e);
     }
-    assert_eq!(
-        b.ems,
-        [1.0, 0.0, 0.0, 0.0, 1.0, 1.0],
-        "{:?}",
-        b.reward_scores
-    );
-    assert_eq!(b.reward_scores, b.ems, "every format passes");
-    assert!(
-        b.overlong[3] < 0.0 && b.overlong[5] < 0.0,
-        "{:?}",
-        b.overlong
-    );
-    assert_eq!((b.overlong[2], b.overlong[4]), (0.0, 0.0));
+    let ems: Vec<f64> = b.iter().map(|e| e.em).collect();
+    let reward_scores: Vec<f64> = b.iter().map(|e| e.reward_score).collect();
+    let overlong: Vec<f64> = b.iter().map(|e| e.overlong).collect();
+    assert_eq!(ems, [1.0, 0.0, 0.0, 0.0, 1.0, 1.0], "{reward_scores:?}");
+    assert_eq!(reward_scores, ems, "every format passes");
+    assert!(overlong[3] < 0.0 && overlong[5] < 0.0, "{overlong:?}");
+    assert_eq!((overlong[2], overlong[4]), (0.0, 0.0));
     let keep = |metric: FilterMetric| {
         let mut cfg = t.config.clone();
         cfg.rollout.filter_metric = metric;
-        informative_groups(
-            &cfg,
-            &b.episodes,
-            &b.groups,
-            b.filter_values(metric),
-            &b.turn_rewards,
-            None,
-        )
+        informative_groups(&cfg, &b)
     };
     assert_eq!(keep(FilterMetric::Acc), BTreeSet::from([0]));
     assert_eq!(keep(FilterMetric::Score), BTreeSet::from([0]));

@@ -88,7 +88,7 @@ fn minibatch_gradient_does_not_depend_on_the_shards() {
     let mut rows: Vec<Row> = all
         .episodes
         .iter()
-        .map(|e| Row::from_trajectory(&e.trajectory, false))
+        .map(|e| Row::from_trajectory(&e.episode.trajectory, false))
         .collect();
     assert_eq!(rows.len(), 12);
     for (i, r) in rows.iter_mut().enumerate() {

@@ -194,10 +194,10 @@ fn sokoban_trains_and_evaluates_through_the_cli() {
 fn later_step_anchor_groups(t: &mut Trainer) -> Vec<usize> {
     let batch = t.generate_round(&[0, 1, 2], 0, 0).unwrap();
     let mut sizes: BTreeMap<(usize, String), usize> = BTreeMap::new();
-    for (i, ep) in batch.episodes.iter().enumerate() {
-        let r = rollout_of(ep, batch.groups[i], batch.scores[i], &[], None);
+    for e in &batch.episodes {
+        let r = rollout_of(&e.episode, e.group, e.score, &[], None);
         for a in r.anchors.iter().skip(1).filter(|a| !a.is_empty()) {
-            *sizes.entry((batch.groups[i], a.clone())).or_default() += 1;
+            *sizes.entry((e.group, a.clone())).or_default() += 1;
         }
     }
     sizes.into_values().collect()
@@ -276,10 +276,7 @@ fn a_later_step_on_the_starting_board_shares_step_zeros_anchor_group() {
     let scores: Vec<f64> = episodes.iter().map(|e| e.env_return).collect();
     let rows = compute(
         &cfg,
-        &episodes,
-        &vec![0; n],
-        &scores,
-        &vec![Vec::new(); n],
+        &common::scored(&episodes, &vec![0; n], &scores, &vec![Vec::new(); n], None),
         None,
         None,
         None,

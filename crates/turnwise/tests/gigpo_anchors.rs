@@ -39,10 +39,13 @@ fn singleton_share(cfg: &TrainConfig, episodes: &[Episode]) -> f64 {
     let n = episodes.len();
     let rows = compute(
         cfg,
-        episodes,
-        &vec![0; n],
-        &vec![0.0; n],
-        &vec![Vec::new(); n],
+        &common::scored(
+            episodes,
+            &vec![0; n],
+            &vec![0.0; n],
+            &vec![Vec::new(); n],
+            None,
+        ),
         None,
         None,
         None,

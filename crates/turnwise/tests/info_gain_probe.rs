@@ -211,11 +211,8 @@ fn probe_gains_match_a_direct_computation_through_the_model() {
     let turn_rewards = vec![Vec::new(); eps.len()];
     compute(
         &t.config,
-        &eps,
-        &groups,
-        &scores,
-        &turn_rewards,
-        Some(&got.gains),
+        &common::scored(&eps, &groups, &scores, &turn_rewards, Some(&got.gains)),
+        None,
         None,
         None,
     )
@@ -299,11 +296,14 @@ fn a_process_turn_without_observation_is_an_error_naming_the_episode() {
     let batch = vec![eps[0].clone(), eps[1].clone()];
     let err = compute(
         &t.config,
-        &batch,
-        &[0, 0],
-        &[1.0, 0.0],
-        &[Vec::new(), Vec::new()],
-        Some(&gains),
+        &common::scored(
+            &batch,
+            &[0, 0],
+            &[1.0, 0.0],
+            &[Vec::new(), Vec::new()],
+            Some(&gains),
+        ),
+        None,
         None,
         None,
     )

@@ -8,7 +8,7 @@ use std::path::Path;
 use turnwise::config::TrainConfig;
 use turnwise::pipeline::{RunOptions, resume, run};
 use turnwise::trainer::Trainer;
-use turnwise::trainer::advantage::{KlInReward, compute, compute_with_kl};
+use turnwise::trainer::advantage::{KlInReward, compute};
 use turnwise::trainer::sampling::StepBatch;
 use turnwise::update::{Row, logprobs_no_grad};
 use turnwise_model::loss::KlEstimator;
@@ -52,9 +52,9 @@ fn rows_of(b: &StepBatch) -> Vec<Row> {
     b.episodes
         .iter()
         .map(|e| {
-            let f = e.trajectory.flatten(false);
+            let f = e.episode.trajectory.flatten(false);
             Row::new(
-                e.trajectory.prompt_ids.clone(),
+                e.episode.trajectory.prompt_ids.clone(),
                 f.ids,
                 f.loss_mask,
                 f.turn_id,
@@ -81,27 +81,11 @@ fn kl_in_reward_changes_gae_advantages_and_beta_zero_is_off() {
     let old = logprobs_no_grad(&t.sampler, &rows, 1.0, 64).unwrap();
     let reference = logprobs_no_grad(t.reference.as_ref().unwrap(), &rows, 1.0, 64).unwrap();
     let cfg = &t.config;
-    let groups = &b.groups;
-    let ig = None;
-    let off = compute(
-        cfg,
-        &b.episodes,
-        groups,
-        &b.scores,
-        &b.turn_rewards,
-        ig,
-        None,
-        Some(&values),
-    )
-    .unwrap();
+    let off = compute(cfg, &b.episodes, None, Some(&values), None).unwrap();
     let with = |beta: f64| {
-        compute_with_kl(
+        compute(
             cfg,
             &b.episodes,
-            groups,
-            &b.scores,
-            &b.turn_rewards,
-            ig,
             None,
             Some(&values),
             Some(&KlInReward {
@@ -142,13 +126,9 @@ fn kl_in_reward_lowers_grpo_scores_by_beta_times_summed_k1() {
     let old = logprobs_no_grad(&t.sampler, &rows, 1.0, 64).unwrap();
     let reference = logprobs_no_grad(t.reference.as_ref().unwrap(), &rows, 1.0, 64).unwrap();
     let beta = 0.3;
-    let on = compute_with_kl(
+    let on = compute(
         &t.config,
         &b.episodes,
-        &b.groups,
-        &b.scores,
-        &b.turn_rewards,
-        None,
         None,
         None,
         Some(&KlInReward {
@@ -170,31 +150,15 @@ fn kl_in_reward_lowers_grpo_scores_by_beta_times_summed_k1() {
                 .filter(|(_, m)| **m > 0)
                 .map(|(k, _)| f64::from(old[i][k]) - f64::from(reference[i][k]))
                 .sum();
-            b.scores[i] - beta * k1
+            b.episodes[i].score - beta * k1
         })
         .collect();
-    let by_hand = compute(
-        &t.config,
-        &b.episodes,
-        &b.groups,
-        &shifted,
-        &b.turn_rewards,
-        None,
-        None,
-        None,
-    )
-    .unwrap();
-    let plain = compute(
-        &t.config,
-        &b.episodes,
-        &b.groups,
-        &b.scores,
-        &b.turn_rewards,
-        None,
-        None,
-        None,
-    )
-    .unwrap();
+    let mut shifted_batch = b.episodes.clone();
+    for (e, &s) in shifted_batch.iter_mut().zip(&shifted) {
+        e.score = s;
+    }
+    let by_hand = compute(&t.config, &shifted_batch, None, None, None).unwrap();
+    let plain = compute(&t.config, &b.episodes, None, None, None).unwrap();
     let (a, h) = (advantages(&on.rows), advantages(&by_hand.rows));
     for (x, y) in a.iter().flatten().zip(h.iter().flatten()) {
         assert!((x - y).abs() < 1e-5, "{x} vs {y}");

@@ -85,11 +85,11 @@ fn step_rows_are_what_the_memory_window_sampled() {
     let mut traj_rows = Vec::new();
     let mut traj_sampled = Vec::new();
     for e in &all.episodes {
-        let flat = e.trajectory.flatten(false);
-        let row = Row::from_trajectory(&e.trajectory, false);
+        let flat = e.episode.trajectory.flatten(false);
+        let row = Row::from_trajectory(&e.episode.trajectory, false);
         for (k, step) in row.step_samples(Some(4)).into_iter().enumerate() {
             // The step's tokens are the k-th turn's span of the flat response.
-            let (start, end) = e.trajectory.turn_spans()[k];
+            let (start, end) = e.episode.trajectory.turn_spans()[k];
             assert_eq!(step.response, flat.ids[start..end]);
             step_sampled.push(flat.logprobs[start..end].to_vec());
             step_rows.push(step);

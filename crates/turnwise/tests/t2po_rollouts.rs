@@ -617,10 +617,7 @@ fn t2po_step_rewards_carry_the_format_penalty_into_the_advantages() {
     let compute = |tr: &[Vec<f64>]| {
         turnwise::trainer::advantage::compute(
             &cfg,
-            &out.episodes,
-            &groups,
-            &scores,
-            tr,
+            &common::scored(&out.episodes, &groups, &scores, tr, None),
             None,
             None,
             None,

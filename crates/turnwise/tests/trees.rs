@@ -101,12 +101,9 @@ fn advantages(cfg: &TrainConfig, f: &Fixture, scores: &[f64]) -> AdvantageRows {
     let turn_rewards = vec![Vec::new(); scores.len()];
     compute(
         cfg,
-        &f.out.episodes,
-        &f.out.groups,
-        scores,
-        &turn_rewards,
-        None,
+        &common::scored(&f.out.episodes, &f.out.groups, scores, &turn_rewards, None),
         Some(&f.out.trees),
+        None,
         None,
     )
     .unwrap()

@@ -146,10 +146,7 @@ fn turn0_advantages(preset_sets: &[&str]) -> Vec<f32> {
     let turn_rewards: Vec<Vec<f64>> = outs.iter().map(|o| o.turn_rewards.clone()).collect();
     let adv = turnwise::trainer::advantage::compute(
         &cfg,
-        &episodes,
-        &[0, 0, 0, 0],
-        &scores,
-        &turn_rewards,
+        &common::scored(&episodes, &[0, 0, 0, 0], &scores, &turn_rewards, None),
         None,
         None,
         None,

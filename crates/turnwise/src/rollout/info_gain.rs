@@ -107,14 +107,6 @@ pub enum InfoGainMismatch {
         /// Gains expected: `turns − 1`.
         expected: usize,
     },
-    /// The batch has another number of gain lists than episodes.
-    #[error("{lists} information-gain lists for {episodes} episodes")]
-    Batch {
-        /// Gain lists given.
-        lists: usize,
-        /// Episodes of the batch.
-        episodes: usize,
-    },
 }
 
 /// Per environment segment of `traj`, in order, the agent turn of the last agent segment
@@ -187,27 +179,23 @@ pub fn process_turn_gains(
     Ok(gains)
 }
 
-/// Checks that `gains` holds one list per episode, each with one gain per process turn
-/// (`num_turns − 1`), as the estimators read them.
-pub fn check_gains(episodes: &[Episode], gains: &[Vec<f64>]) -> Result<(), InfoGainMismatch> {
-    if gains.len() != episodes.len() {
-        return Err(InfoGainMismatch::Batch {
-            lists: gains.len(),
-            episodes: episodes.len(),
+/// Checks that `gains`, the information gains of episode `index` of a batch, are one per process
+/// turn of `ep`.
+pub fn check_episode_gains(
+    index: usize,
+    ep: &Episode,
+    gains: &[f64],
+) -> Result<(), InfoGainMismatch> {
+    let turns = ep.trajectory.num_turns();
+    let expected = turns.saturating_sub(1);
+    if gains.len() != expected {
+        return Err(InfoGainMismatch::Count {
+            index,
+            id: ep.trajectory.id.clone(),
+            gains: gains.len(),
+            turns,
+            expected,
         });
-    }
-    for (index, (ep, g)) in episodes.iter().zip(gains).enumerate() {
-        let turns = ep.trajectory.num_turns();
-        let expected = turns.saturating_sub(1);
-        if g.len() != expected {
-            return Err(InfoGainMismatch::Count {
-                index,
-                id: ep.trajectory.id.clone(),
-                gains: g.len(),
-                turns,
-                expected,
-            });
-        }
     }
     Ok(())
 }

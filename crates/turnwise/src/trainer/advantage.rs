@@ -10,6 +10,7 @@ use turnwise_core::advantage::{
 use turnwise_core::control::filter_groups;
 use turnwise_model::loss::{KlEstimator, apply_kl_in_reward};
 
+use super::sampling::ScoredEpisode;
 use crate::config::TrainConfig;
 use crate::rollout::Episode;
 use crate::rollout::tree::TreeBatch;
@@ -17,19 +18,15 @@ use crate::update::Row;
 
 /// Training rows and advantage metrics of a batch.
 pub struct AdvantageRows {
-    /// One row per kept episode.
+    /// One row per episode, in the episodes' order (DAPO's group filter ran before, in
+    /// `Trainer::sample_batch`: every episode given is trained on).
     pub rows: Vec<Row>,
-    /// Episodes kept (every episode given: DAPO's group filter runs before, in
-    /// `Trainer::sample_batch`).
-    pub kept: usize,
-    /// Indices (into the episodes) of the kept rows, in row order.
-    pub kept_index: Vec<usize>,
     /// `critic/advantages/*` and friends.
     pub metrics: BTreeMap<String, f64>,
     /// With KL in the reward: the batch mean of the per-rollout masked-mean KL (verl
     /// `actor/reward_kl_penalty`, the adaptive controller's input).
     pub reward_kl: Option<f64>,
-    /// What the estimator computed for each kept row, in row order (for the step's samples).
+    /// What the estimator computed for each episode, in row order (for the step's samples).
     pub details: Vec<EpisodeAdvantage>,
 }
 
@@ -133,42 +130,37 @@ pub struct KlInReward<'a> {
 
 /// DAPO's group filter (spec §6.4): the prompt groups that carry a learning signal.
 ///
-/// `values` holds one value per episode of the metric the filter compares
-/// (`rollout.filter_metric`, [`super::sampling::StepBatch::filter_values`]: by default each
-/// episode's accuracy, as verl's DAPO recipe, so that an all-wrong group whose overlong
-/// penalties differ is not informative). A group is informative when its values differ
-/// (population std > 0) or it holds a single rollout (DAPO keeps those,
-/// `turnwise_core::control::filter_groups`); or, whatever the values,
-/// when any of its rollouts has a non-zero information gain (IGPO/A2TGPO turn signal); or as
-/// the estimator's [`GroupSignal`] declares: when its per-turn rewards differ between the
-/// group's rollouts (MT-GRPO), when its step rewards differ (GiGPO, T2PO: the environment's,
-/// or the reward's own when it
-/// [gives step rewards](turnwise_core::reward::RewardConfig::gives_step_rewards)), or always
-/// (GAE: the critic's values give tied rollouts non-zero advantages, and the critic needs
-/// their returns). Returns the informative group ids.
-pub fn informative_groups(
-    cfg: &TrainConfig,
-    episodes: &[Episode],
-    groups: &[usize],
-    values: &[f64],
-    turn_rewards: &[Vec<f64>],
-    info_gain: Option<&[Vec<f64>]>,
-) -> BTreeSet<usize> {
+/// Each episode's value of `rollout.filter_metric` is what the filter compares
+/// ([`ScoredEpisode::filter_value`]: by default its accuracy, as verl's DAPO recipe, so that an
+/// all-wrong group whose overlong penalties differ is not informative). A group is informative
+/// when its values differ (population std > 0) or it holds a single rollout (DAPO keeps those,
+/// `turnwise_core::control::filter_groups`); or, whatever the values, when any of its rollouts
+/// has a non-zero information gain (IGPO/A2TGPO turn signal); or as the estimator's
+/// [`GroupSignal`] declares: when its per-turn rewards differ between the group's rollouts
+/// (MT-GRPO), when its step rewards differ (GiGPO, T2PO: the environment's, or the reward's own
+/// when it [gives step rewards](turnwise_core::reward::RewardConfig::gives_step_rewards)), or
+/// always (GAE: the critic's values give tied rollouts non-zero advantages, and the critic
+/// needs their returns). Returns the informative group ids.
+pub fn informative_groups(cfg: &TrainConfig, episodes: &[ScoredEpisode]) -> BTreeSet<usize> {
+    let groups: Vec<usize> = episodes.iter().map(|e| e.group).collect();
     let group_signal = cfg.advantage.group_signal();
     if group_signal == GroupSignal::EveryGroup {
-        return groups.iter().copied().collect();
+        return groups.into_iter().collect();
     }
-    let mut keep: BTreeSet<usize> = match filter_groups(groups, values) {
+    let metric = cfg.rollout.filter_metric;
+    let values: Vec<f64> = episodes.iter().map(|e| e.filter_value(metric)).collect();
+    let mut keep: BTreeSet<usize> = match filter_groups(&groups, &values) {
         Ok(f) => f.kept_uids.into_iter().collect(),
         // Lengths always match here (one value per episode).
         Err(_) => groups.iter().copied().collect(),
     };
     let reward_steps = cfg.reward.gives_step_rewards();
-    let signal = |i: usize| -> Vec<f64> {
+    let signal = |e: &ScoredEpisode| -> Vec<f64> {
         match group_signal {
-            GroupSignal::TurnRewards => turn_rewards[i].clone(),
-            GroupSignal::StepRewards if reward_steps => turn_rewards[i].clone(),
-            GroupSignal::StepRewards => episodes[i]
+            GroupSignal::TurnRewards => e.turn_rewards.clone(),
+            GroupSignal::StepRewards if reward_steps => e.turn_rewards.clone(),
+            GroupSignal::StepRewards => e
+                .episode
                 .trajectory
                 .turns
                 .iter()
@@ -177,20 +169,22 @@ pub fn informative_groups(
             GroupSignal::Outcome | GroupSignal::EveryGroup => Vec::new(),
         }
     };
-    let mut by_group: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for (i, &g) in groups.iter().enumerate() {
-        by_group.entry(g).or_default().push(i);
+    let mut by_group: BTreeMap<usize, Vec<&ScoredEpisode>> = BTreeMap::new();
+    for e in episodes {
+        by_group.entry(e.group).or_default().push(e);
     }
-    for (g, idx) in by_group {
+    for (g, members) in by_group {
         if keep.contains(&g) {
             continue;
         }
-        let ig_signal = info_gain
-            .map(|ig| idx.iter().any(|&i| ig[i].iter().any(|x| x.abs() > 1e-9)))
-            .unwrap_or(false);
-        let first = signal(idx[0]);
-        let differs = idx[1..].iter().any(|&i| {
-            let v = signal(i);
+        let ig_signal = members.iter().any(|e| {
+            e.info_gain
+                .as_ref()
+                .is_some_and(|ig| ig.iter().any(|x| x.abs() > 1e-9))
+        });
+        let first = signal(members[0]);
+        let differs = members[1..].iter().any(|e| {
+            let v = signal(e);
             (0..v.len().max(first.len())).any(|k| {
                 let a = first.get(k).copied().unwrap_or(0.0);
                 let b = v.get(k).copied().unwrap_or(0.0);
@@ -377,41 +371,13 @@ pub fn place_rewards(cfg: &TrainConfig, ep: &Episode, r: &mut Rollout) -> Result
     Ok(penalised)
 }
 
-/// Computes advantages for `episodes` and builds their training rows.
-#[allow(clippy::too_many_arguments)]
+/// Computes the advantages of `episodes` (with the tree bookkeeping of tree rollouts, the
+/// critic's values of each episode's response tokens, and KL in the reward, `kl`, spec §5.8,
+/// subtracted from the rewards before the estimator) and builds their training rows, one per
+/// episode in order.
 pub fn compute(
     cfg: &TrainConfig,
-    episodes: &[Episode],
-    groups: &[usize],
-    scores: &[f64],
-    turn_rewards: &[Vec<f64>],
-    info_gain: Option<&[Vec<f64>]>,
-    trees: Option<&TreeBatch>,
-    values: Option<&[Vec<f32>]>,
-) -> Result<AdvantageRows> {
-    compute_with_kl(
-        cfg,
-        episodes,
-        groups,
-        scores,
-        turn_rewards,
-        info_gain,
-        trees,
-        values,
-        None,
-    )
-}
-
-/// [`compute`] with KL in the reward (`kl`, spec §5.8) subtracted from the rewards before the
-/// estimator.
-#[allow(clippy::too_many_arguments)]
-pub fn compute_with_kl(
-    cfg: &TrainConfig,
-    episodes: &[Episode],
-    groups: &[usize],
-    scores: &[f64],
-    turn_rewards: &[Vec<f64>],
-    info_gain: Option<&[Vec<f64>]>,
+    episodes: &[ScoredEpisode],
     trees: Option<&TreeBatch>,
     values: Option<&[Vec<f32>]>,
     kl: Option<&KlInReward<'_>>,
@@ -420,36 +386,41 @@ pub fn compute_with_kl(
     if cfg.advantage.needs().critic_values && values.is_none() {
         bail!("the {name} estimator needs critic values: set critic.enabled = true");
     }
-    // Every episode given is trained on: DAPO's group filter ran in `Trainer::sample_batch`.
-    let kept: Vec<usize> = (0..episodes.len()).collect();
     let mut metrics = BTreeMap::new();
-    if kept.is_empty() {
+    if episodes.is_empty() {
         metrics.insert("critic/advantages/mean".into(), 0.0);
         return Ok(AdvantageRows {
             rows: Vec::new(),
-            kept: 0,
-            kept_index: Vec::new(),
             metrics,
             reward_kl: None,
             details: Vec::new(),
         });
     }
-    if let Some(g) = info_gain {
-        crate::rollout::info_gain::check_gains(episodes, g)?;
+    if episodes.iter().any(|e| e.info_gain.is_some()) {
+        for (index, e) in episodes.iter().enumerate() {
+            let gains = e.info_gain.as_deref().with_context(|| {
+                format!(
+                    "episode {index} ({}) has no information gains while others of its batch do",
+                    e.episode.trajectory.id
+                )
+            })?;
+            crate::rollout::info_gain::check_episode_gains(index, &e.episode, gains)?;
+        }
     }
     let mut penalised = 0usize;
-    let mut rollouts: Vec<Rollout> = kept
+    let mut rollouts: Vec<Rollout> = episodes
         .iter()
-        .map(|&i| -> Result<Rollout> {
+        .enumerate()
+        .map(|(i, e)| -> Result<Rollout> {
             let mut r = rollout_of(
-                &episodes[i],
-                groups[i],
-                scores[i],
-                &turn_rewards[i],
-                info_gain.map(|g| g[i].as_slice()),
+                &e.episode,
+                e.group,
+                e.score,
+                &e.turn_rewards,
+                e.info_gain.as_deref(),
             );
             r.anchor_scopes = anchor_scopes(cfg, &r.anchors);
-            penalised += place_rewards(cfg, &episodes[i], &mut r)?;
+            penalised += place_rewards(cfg, &e.episode, &mut r)?;
             Ok(match values {
                 Some(v) => r.with_values(v[i].iter().map(|&x| f64::from(x)).collect()),
                 None => r,
@@ -457,20 +428,20 @@ pub fn compute_with_kl(
         })
         .collect::<Result<_>>()?;
     let reward_kl = match kl {
-        Some(k) => Some(subtract_reward_kl(cfg, episodes, &kept, &mut rollouts, k)?),
+        Some(k) => Some(subtract_reward_kl(cfg, episodes, &mut rollouts, k)?),
         None => None,
     };
     let batch = match trees {
         Some(t) => {
             // Each rollout is labelled with its own tree (Tree-GRPO's intra-tree group; AT2PO's
             // tree index) and leaf; the leaves carry the episode scores (AT2PO's leaf values).
-            for (r, &i) in rollouts.iter_mut().zip(&kept) {
-                let (tree, leaf) = t.leaf_of[i];
+            for (r, &(tree, leaf)) in rollouts.iter_mut().zip(&t.leaf_of) {
                 r.tree = Some(tree);
                 r.leaf = Some(leaf);
             }
+            let scores: Vec<f64> = episodes.iter().map(|e| e.score).collect();
             let rewarded = t
-                .with_leaf_rewards(scores)
+                .with_leaf_rewards(&scores)
                 .context("writing the episode scores into the tree leaves")?;
             AdvantageBatch::with_trees(rollouts, rewarded)
         }
@@ -499,18 +470,18 @@ pub fn compute_with_kl(
             node_values.iter().sum::<f64>() / node_values.len() as f64,
         );
     }
-    let mut rows = Vec::with_capacity(kept.len());
+    let mut rows = Vec::with_capacity(episodes.len());
     let mut all = Vec::new();
     let details = episode_details(cfg, &batch, &out);
-    for ((&i, ro), adv) in kept.iter().zip(&batch.rollouts).zip(&out.rollouts) {
-        let ep = &episodes[i];
-        let mut row = Row::from_trajectory(&ep.trajectory, cfg.rollout.train_on_forced);
+    for ((e, ro), adv) in episodes.iter().zip(&batch.rollouts).zip(&out.rollouts) {
+        let trajectory = &e.episode.trajectory;
+        let mut row = Row::from_trajectory(trajectory, cfg.rollout.train_on_forced);
         if adv.tokens.len() != row.response.len() {
             bail!(
                 "estimator {name} returned {} token advantages for {} tokens of {}",
                 adv.tokens.len(),
                 row.response.len(),
-                ep.trajectory.id
+                trajectory.id
             );
         }
         row.advantages = adv.tokens.iter().map(|&a| a as f32).collect();
@@ -548,8 +519,6 @@ pub fn compute_with_kl(
     }
     Ok(AdvantageRows {
         rows,
-        kept: kept.len(),
-        kept_index: kept,
         metrics,
         reward_kl,
         details,
@@ -609,30 +578,29 @@ fn episode_details(
         .collect()
 }
 
-/// Subtracts `β · k(old, ref)` from the rewards of `rollouts` (episodes `kept`) on their loss
-/// tokens (spec §5.8): from the token rewards for `gae` (the turn rewards and the outcome placed
-/// at their tokens, spec §3.3, or the explicit token rewards), from the outcome for the
+/// Subtracts `β · k(old, ref)` from the rewards of `rollouts` (those of `episodes`) on their
+/// loss tokens (spec §5.8): from the token rewards for `gae` (the turn rewards and the outcome
+/// placed at their tokens, spec §3.3, or the explicit token rewards), from the outcome for the
 /// outcome estimators (the sum over the rollout's tokens; verl's GRPO scores the sum of the
 /// token-level rewards). Returns the batch mean of the per-rollout masked-mean KL.
 fn subtract_reward_kl(
     cfg: &TrainConfig,
-    episodes: &[Episode],
-    kept: &[usize],
+    episodes: &[ScoredEpisode],
     rollouts: &mut [Rollout],
     kl: &KlInReward<'_>,
 ) -> Result<f64> {
     let name = cfg.advantage.name();
     let placement = cfg.advantage.kl_placement();
     let to_f64 = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
-    let masks: Vec<Vec<f64>> = kept
+    let masks: Vec<Vec<f64>> = episodes
         .iter()
-        .map(|&i| {
-            let f = episodes[i].trajectory.flatten(cfg.rollout.train_on_forced);
+        .map(|e| {
+            let f = e.episode.trajectory.flatten(cfg.rollout.train_on_forced);
             f.loss_mask.iter().map(|&m| f64::from(m)).collect()
         })
         .collect();
-    let old: Vec<Vec<f64>> = kept.iter().map(|&i| to_f64(&kl.old_logp[i])).collect();
-    let reference: Vec<Vec<f64>> = kept.iter().map(|&i| to_f64(&kl.ref_logp[i])).collect();
+    let old: Vec<Vec<f64>> = kl.old_logp.iter().map(|v| to_f64(v)).collect();
+    let reference: Vec<Vec<f64>> = kl.ref_logp.iter().map(|v| to_f64(v)).collect();
     let mut penalty: Vec<Vec<f64>> = masks.iter().map(|m| vec![0.0; m.len()]).collect();
     let mean_kl = apply_kl_in_reward(
         &mut penalty,
@@ -643,8 +611,8 @@ fn subtract_reward_kl(
         kl.estimator,
     )
     .context("KL in the reward")?;
-    for (k, (r, p)) in rollouts.iter_mut().zip(penalty).enumerate() {
-        let id = &episodes[kept[k]].trajectory.id;
+    for ((r, p), e) in rollouts.iter_mut().zip(penalty).zip(episodes) {
+        let id = &e.episode.trajectory.id;
         match placement {
             Some(KlPlacement::TokenRewards) => {
                 let mut tokens = match r.token_rewards.take() {

@@ -10,7 +10,7 @@ use turnwise_core::trajectory::Segment;
 use turnwise_model::tokenizer::TextTokenizer;
 
 use super::advantage::{EpisodeAdvantage, mean_std};
-use super::sampling::StepBatch;
+use super::sampling::{ScoredEpisode, StepBatch};
 use crate::run::{SampleGroup, SampleRecord, StepGroup, TurnText};
 use crate::update::{Row, RowClips};
 
@@ -53,21 +53,17 @@ impl TrainedSample {
     }
 }
 
-/// For each of `samples` (episodes), the index of its trajectory row among the trained rows:
-/// row `j` is `batch[kept_index[j]]`; `None` for an episode the update does not train on.
-pub fn trained_rows(
-    samples: &[crate::rollout::Episode],
-    batch: &[crate::rollout::Episode],
-    kept_index: &[usize],
-) -> Vec<Option<usize>> {
-    let row_of: HashMap<&str, usize> = kept_index
+/// For each of `samples` (episodes), the index of its trajectory row among the trained rows,
+/// one per episode of `trained` in order; `None` for an episode the update does not train on.
+pub fn trained_rows(samples: &[ScoredEpisode], trained: &[ScoredEpisode]) -> Vec<Option<usize>> {
+    let row_of: HashMap<&str, usize> = trained
         .iter()
         .enumerate()
-        .map(|(j, &i)| (batch[i].trajectory.id.as_str(), j))
+        .map(|(j, e)| (e.episode.trajectory.id.as_str(), j))
         .collect();
     samples
         .iter()
-        .map(|e| row_of.get(e.trajectory.id.as_str()).copied())
+        .map(|e| row_of.get(e.episode.trajectory.id.as_str()).copied())
         .collect()
 }
 
@@ -93,14 +89,15 @@ pub fn sample_records(
     trained: Vec<Option<TrainedSample>>,
 ) -> Result<Vec<SampleRecord>> {
     let mut scores_of: HashMap<usize, Vec<f64>> = HashMap::new();
-    for (&g, &s) in all.groups.iter().zip(&all.scores) {
-        scores_of.entry(g).or_default().push(s);
+    for e in &all.episodes {
+        scores_of.entry(e.group).or_default().push(e.score);
     }
     trained
         .into_iter()
         .enumerate()
         .map(|(i, t)| {
-            let ep = &all.episodes[i];
+            let scored = &all.episodes[i];
+            let ep = &scored.episode;
             let traj = &ep.trajectory;
             let mut rec = SampleRecord::new(traj.clone());
             rec.prompt_text = Some(
@@ -125,11 +122,11 @@ pub fn sample_records(
                     );
                 }
             }
-            rec.em = all.ems.get(i).copied();
-            rec.format_ok = all.format_ok.get(i).copied();
+            rec.em = Some(scored.em);
+            rec.format_ok = Some(scored.format_ok);
             rec.answer = ep.answer.clone();
-            rec.gold = all.golds.get(i).cloned().unwrap_or_default();
-            rec.info_gain = all.info_gain.as_ref().map(|ig| ig.gains[i].clone());
+            rec.gold = scored.golds.clone();
+            rec.info_gain = scored.info_gain.clone();
             rec.trained = Some(t.is_some());
             match t {
                 Some(t) => {
@@ -167,16 +164,14 @@ pub fn sample_records(
                     });
                 }
                 None => {
-                    rec.score = all.scores.get(i).copied();
-                    if let Some(&g) = all.groups.get(i) {
-                        let (size, mean, std) = mean_std(&scores_of[&g]);
-                        rec.group = Some(SampleGroup {
-                            id: g,
-                            size,
-                            mean,
-                            std,
-                        });
-                    }
+                    rec.score = Some(scored.score);
+                    let (size, mean, std) = mean_std(&scores_of[&scored.group]);
+                    rec.group = Some(SampleGroup {
+                        id: scored.group,
+                        size,
+                        mean,
+                        std,
+                    });
                 }
             }
             Ok(rec)

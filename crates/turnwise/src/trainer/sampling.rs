@@ -20,38 +20,88 @@ use turnwise_core::reward::overlong_penalty;
 
 use super::Trainer;
 use crate::config::{FilterMetric, RolloutStrategy};
-use crate::rollout::info_gain::ProbeResult;
 use crate::rollout::tree::TreeBatch;
 use crate::rollout::{Episode, EpisodeSpec, RolloutControl, RolloutStats, run_chains_with};
 use crate::task::WorldTask;
 
-/// Rollouts of one or more generation rounds, with what the group filter and the advantage
-/// estimators read, per episode.
+/// One episode through the step: the rollout, and what the reward, DAPO's overlong shaping and
+/// the information-gain probes made of it. The group filter, the estimators, the metrics and the
+/// samples read these records; nothing about an episode is kept in a parallel column.
+#[derive(Debug, Clone)]
+pub struct ScoredEpisode {
+    /// The rollout.
+    pub episode: Episode,
+    /// Its prompt group, unique over the rounds of a step.
+    pub group: usize,
+    /// Its question's gold answers.
+    pub golds: Vec<String>,
+    /// Its score: the reward's score plus the overlong penalty.
+    pub score: f64,
+    /// The reward's score (the judge's, when on), before the overlong penalty.
+    pub reward_score: f64,
+    /// Its per-turn rewards (empty when the reward has none).
+    pub turn_rewards: Vec<f64>,
+    /// Its EM.
+    pub em: f64,
+    /// Whether its format was valid.
+    pub format_ok: bool,
+    /// The named parts of its reward (the two-turn rubrics; empty otherwise).
+    pub reward_parts: Vec<(&'static str, f64)>,
+    /// DAPO's overlong penalty added to its score (0 when off or short enough).
+    pub overlong: f64,
+    /// Information gain of each process turn (IGPO, A2TGPO; `None` without probes).
+    pub info_gain: Option<Vec<f64>>,
+}
+
+impl ScoredEpisode {
+    /// `episode` in prompt group `group` with score `score` and per-turn rewards
+    /// `turn_rewards`: what the estimators read. Its EM is the score, its format valid, with no
+    /// reward parts, overlong penalty or information gain (set the fields for more).
+    pub fn new(episode: Episode, group: usize, score: f64, turn_rewards: Vec<f64>) -> Self {
+        Self {
+            episode,
+            group,
+            golds: Vec::new(),
+            score,
+            reward_score: score,
+            turn_rewards,
+            em: score,
+            format_ok: true,
+            reward_parts: Vec::new(),
+            overlong: 0.0,
+            info_gain: None,
+        }
+    }
+
+    /// The value DAPO's group filter compares within a prompt group (`rollout.filter_metric`):
+    /// the EM, the reward's score before the overlong penalty, or the score with it.
+    pub fn filter_value(&self, metric: FilterMetric) -> f64 {
+        match metric {
+            FilterMetric::Acc => self.em,
+            FilterMetric::Score => self.reward_score,
+            FilterMetric::SeqReward => self.score,
+        }
+    }
+}
+
+/// What the information-gain probes of a batch ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProbeCounts {
+    /// Probes run.
+    pub probes: usize,
+    /// Probes whose ground-truth span was empty.
+    pub failures: usize,
+}
+
+/// The batch of one step: the episodes of one or more generation rounds and what generating
+/// them did.
 #[derive(Debug, Clone, Default)]
 pub struct StepBatch {
-    /// The episodes.
-    pub episodes: Vec<Episode>,
-    /// Prompt group of each episode, unique over the rounds of a step.
-    pub groups: Vec<usize>,
-    /// Gold answers of each episode.
-    pub golds: Vec<Vec<String>>,
-    /// Score of each episode: the reward's score plus the overlong penalty.
-    pub scores: Vec<f64>,
-    /// The reward's score of each episode (the judge's, when on), before the overlong penalty.
-    pub reward_scores: Vec<f64>,
-    /// Per-turn rewards of each episode (empty when the reward has none).
-    pub turn_rewards: Vec<Vec<f64>>,
-    /// EM of each episode.
-    pub ems: Vec<f64>,
-    /// Whether each episode's format was valid.
-    pub format_ok: Vec<bool>,
-    /// The named parts of each episode's reward (the two-turn rubrics; empty otherwise).
-    pub reward_parts: Vec<Vec<(&'static str, f64)>>,
-    /// DAPO overlong penalty added to each episode's score (0 when off or short enough).
-    pub overlong: Vec<f64>,
-    /// Information gains (IGPO, A2TGPO).
-    pub info_gain: Option<ProbeResult>,
-    /// Tree bookkeeping of tree rollouts.
+    /// The episodes, in generation order.
+    pub episodes: Vec<ScoredEpisode>,
+    /// The information-gain probes (IGPO, A2TGPO).
+    pub probes: Option<ProbeCounts>,
+    /// Tree bookkeeping of tree rollouts (its `leaf_of` follows `episodes`).
     pub trees: Option<TreeBatch>,
     /// Rollout-control totals of chain rollouts.
     pub stats: RolloutStats,
@@ -68,40 +118,22 @@ pub struct StepBatch {
 impl StepBatch {
     /// Number of prompt groups (one past the largest group id).
     pub fn num_groups(&self) -> usize {
-        self.groups.iter().map(|&g| g + 1).max().unwrap_or(0)
-    }
-
-    /// The values DAPO's group filter compares within a prompt group (`rollout.filter_metric`):
-    /// each episode's EM, its reward score before the overlong penalty, or its score with it.
-    pub fn filter_values(&self, metric: FilterMetric) -> &[f64] {
-        match metric {
-            FilterMetric::Acc => &self.ems,
-            FilterMetric::Score => &self.reward_scores,
-            FilterMetric::SeqReward => &self.scores,
-        }
+        self.episodes.iter().map(|e| e.group + 1).max().unwrap_or(0)
     }
 
     /// Appends a later round, its group and tree ids shifted past this batch's.
-    pub fn append(&mut self, mut other: StepBatch) {
+    pub fn append(&mut self, other: StepBatch) {
         let group_offset = self.num_groups();
-        self.episodes.append(&mut other.episodes);
-        self.groups
-            .extend(other.groups.iter().map(|&g| g + group_offset));
-        self.golds.append(&mut other.golds);
-        self.scores.append(&mut other.scores);
-        self.reward_scores.append(&mut other.reward_scores);
-        self.turn_rewards.append(&mut other.turn_rewards);
-        self.ems.append(&mut other.ems);
-        self.format_ok.append(&mut other.format_ok);
-        self.reward_parts.append(&mut other.reward_parts);
-        self.overlong.append(&mut other.overlong);
-        self.info_gain = match (self.info_gain.take(), other.info_gain) {
-            (Some(mut a), Some(b)) => {
-                a.gains.extend(b.gains);
-                a.failures += b.failures;
-                a.probes += b.probes;
-                Some(a)
-            }
+        self.episodes
+            .extend(other.episodes.into_iter().map(|mut e| {
+                e.group += group_offset;
+                e
+            }));
+        self.probes = match (self.probes.take(), other.probes) {
+            (Some(a), Some(b)) => Some(ProbeCounts {
+                probes: a.probes + b.probes,
+                failures: a.failures + b.failures,
+            }),
             (a, b) => a.or(b),
         };
         self.trees = match (self.trees.take(), other.trees) {
@@ -133,25 +165,11 @@ impl StepBatch {
     /// The episodes of the groups in `keep` (in batch order); trees are kept whole.
     pub fn select(&self, keep: &BTreeSet<usize>) -> StepBatch {
         let idx: Vec<usize> = (0..self.episodes.len())
-            .filter(|&i| keep.contains(&self.groups[i]))
+            .filter(|&i| keep.contains(&self.episodes[i].group))
             .collect();
-        let pick = |v: &[f64]| idx.iter().map(|&i| v[i]).collect::<Vec<_>>();
         StepBatch {
             episodes: idx.iter().map(|&i| self.episodes[i].clone()).collect(),
-            groups: idx.iter().map(|&i| self.groups[i]).collect(),
-            golds: idx.iter().map(|&i| self.golds[i].clone()).collect(),
-            scores: pick(&self.scores),
-            reward_scores: pick(&self.reward_scores),
-            turn_rewards: idx.iter().map(|&i| self.turn_rewards[i].clone()).collect(),
-            ems: pick(&self.ems),
-            format_ok: idx.iter().map(|&i| self.format_ok[i]).collect(),
-            reward_parts: idx.iter().map(|&i| self.reward_parts[i].clone()).collect(),
-            overlong: pick(&self.overlong),
-            info_gain: self.info_gain.as_ref().map(|ig| ProbeResult {
-                gains: idx.iter().map(|&i| ig.gains[i].clone()).collect(),
-                failures: ig.failures,
-                probes: ig.probes,
-            }),
+            probes: self.probes,
             trees: self.trees.as_ref().map(|t| TreeBatch {
                 trees: t.trees.clone(),
                 leaf_of: idx.iter().map(|&i| t.leaf_of[i]).collect(),
@@ -252,17 +270,7 @@ impl Trainer {
             .overlong_buffer
             .enable
             .then(|| cfg.overlong_buffer.to_core(r.max_response_tokens));
-        let n = episodes.len();
-        let mut batch = StepBatch {
-            scores: Vec::with_capacity(n),
-            reward_scores: Vec::with_capacity(n),
-            turn_rewards: Vec::with_capacity(n),
-            ems: Vec::with_capacity(n),
-            format_ok: Vec::with_capacity(n),
-            reward_parts: Vec::with_capacity(n),
-            overlong: Vec::with_capacity(n),
-            ..StepBatch::default()
-        };
+        let mut batch = StepBatch::default();
         // The reward reads the agent's turns only (never the prompt or a notice's text); a
         // game's is the environment's return. The judge, when on, rescores the turns.
         let mut outs = episodes
@@ -273,42 +281,60 @@ impl Trainer {
         if let Some(judge) = &self.judge {
             batch.judge = Some(judge.rescore(&episodes, &questions, &golds, &mut outs)?);
         }
-        for (ep, out) in episodes.iter_mut().zip(outs) {
+        let mut penalties = Vec::with_capacity(episodes.len());
+        for (ep, out) in episodes.iter_mut().zip(&outs) {
             let penalty = overlong_cfg
                 .as_ref()
                 .map_or(0.0, |c| overlong_penalty(ep.trajectory.response_len(), c));
-            let score = out.score + penalty;
-            batch.format_ok.push(out.format_ok);
-            batch.reward_parts.push(out.parts.clone());
-            batch.ems.push(out.em);
-            batch.scores.push(score);
-            batch.reward_scores.push(out.score);
-            batch.overlong.push(penalty);
-            ep.trajectory.outcome_reward = Some(score);
+            ep.trajectory.outcome_reward = Some(out.score + penalty);
             ep.trajectory.turn_rewards = out.turn_rewards.clone();
-            batch.turn_rewards.push(out.turn_rewards);
+            penalties.push(penalty);
         }
         batch.gen_seconds = t0.elapsed().as_secs_f64();
 
         // Information gain.
         let t1 = Instant::now();
+        let mut gains = None;
         if r.info_gain {
             let first: Vec<String> = golds
                 .iter()
                 .map(|g| g.first().cloned().unwrap_or_default())
                 .collect();
-            batch.info_gain = Some(crate::rollout::info_gain::probe(
+            let probed = crate::rollout::info_gain::probe(
                 &self.sampler,
                 &self.tokenizer,
                 cfg.task.format,
                 &episodes,
                 &first,
-            )?);
+            )?;
+            batch.probes = Some(ProbeCounts {
+                probes: probed.probes,
+                failures: probed.failures,
+            });
+            gains = Some(probed.gains.into_iter());
         }
         batch.ig_seconds = t1.elapsed().as_secs_f64();
-        batch.episodes = episodes;
-        batch.groups = groups;
-        batch.golds = golds;
+        batch.episodes = episodes
+            .into_iter()
+            .zip(outs)
+            .zip(penalties)
+            .zip(groups.into_iter().zip(golds))
+            .map(
+                |(((episode, out), overlong), (group, golds))| ScoredEpisode {
+                    score: out.score + overlong,
+                    reward_score: out.score,
+                    em: out.em,
+                    format_ok: out.format_ok,
+                    reward_parts: out.parts,
+                    turn_rewards: out.turn_rewards,
+                    overlong,
+                    info_gain: gains.as_mut().and_then(Iterator::next),
+                    episode,
+                    group,
+                    golds,
+                },
+            )
+            .collect();
         batch.trees = trees;
         batch.stats = stats;
         batch.rounds = 1;
@@ -362,16 +388,7 @@ impl Trainer {
         // Tree estimators need their groups whole (the filter may not drop a tree's rollouts).
         let filter = r.filter_zero_variance_groups
             && turnwise_core::advantage::Estimator::filterable(&cfg.advantage);
-        let informative = |b: &StepBatch| {
-            super::advantage::informative_groups(
-                &cfg,
-                &b.episodes,
-                &b.groups,
-                b.filter_values(r.filter_metric),
-                &b.turn_rewards,
-                b.info_gain.as_ref().map(|g| g.gains.as_slice()),
-            )
-        };
+        let informative = |b: &StepBatch| super::advantage::informative_groups(&cfg, &b.episodes);
         let mut useful = informative(&all);
         while filter && useful.len() < r.prompts_per_step && all.rounds < r.max_num_gen_batches {
             let picks = take(&mut self.rng);

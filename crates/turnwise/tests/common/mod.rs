@@ -218,3 +218,37 @@ pub fn event_scalars(run: &std::path::Path) -> Vec<(i64, String, f32, f64)> {
     }
     out
 }
+
+/// The step records of `episodes` with their prompt groups, scores, per-turn rewards and, when
+/// given, information gains (one list per episode): the estimators' input, built from a
+/// test's own columns.
+#[allow(dead_code)]
+pub fn scored(
+    episodes: &[turnwise::rollout::Episode],
+    groups: &[usize],
+    scores: &[f64],
+    turn_rewards: &[Vec<f64>],
+    info_gain: Option<&[Vec<f64>]>,
+) -> Vec<turnwise::trainer::sampling::ScoredEpisode> {
+    assert_eq!(episodes.len(), groups.len(), "one group per episode");
+    assert_eq!(episodes.len(), scores.len(), "one score per episode");
+    assert_eq!(
+        episodes.len(),
+        turn_rewards.len(),
+        "one turn-reward list per episode"
+    );
+    episodes
+        .iter()
+        .enumerate()
+        .map(|(i, ep)| {
+            let mut s = turnwise::trainer::sampling::ScoredEpisode::new(
+                ep.clone(),
+                groups[i],
+                scores[i],
+                turn_rewards[i].clone(),
+            );
+            s.info_gain = info_gain.map(|g| g[i].clone());
+            s
+        })
+        .collect()
+}

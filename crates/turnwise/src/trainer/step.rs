@@ -1,0 +1,376 @@
+//! One RL step, read as the pipeline runs it:
+//!
+//! rollout → reward (and DAPO's dynamic sampling, [`Trainer::sample_batch`]) → what the
+//! estimator reads besides the rewards (the critic's values, KL in the reward) → advantage
+//! ([`advantage::compute`]) → loss rows (trajectories, or their step samples) → optimizer (the
+//! actor, then the critic) → the step's metrics and samples.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use turnwise_core::trajectory::TurnAction;
+use turnwise_model::rng::TurnRng;
+
+use super::samples::{self, TrainedSample};
+use super::sampling::StepBatch;
+use super::{StepOutput, Trainer, advantage, shuffle};
+use crate::config::{RolloutStrategy, TrainConfig, TrainSamples};
+use crate::rollout::RolloutControl;
+use crate::update::critic::{CRITIC_APPLIED, CRITIC_SKIPPED, CriticUpdate};
+use crate::update::{ActorUpdate, Row, UpdateStats, actor_update, is_on_policy, logprobs_no_grad};
+
+/// Behaviour and reference log-probs of the trained trajectory rows (KL in the reward).
+type KlLogprobs = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+
+impl Trainer {
+    /// One RL step: the batch ([`Trainer::sample_batch`]: rollouts, rewards, DAPO dynamic
+    /// sampling), KL in the reward when configured, advantages, then the actor and critic
+    /// updates.
+    pub fn rl_step(&mut self) -> Result<StepOutput> {
+        let t0 = Instant::now();
+        let cfg = self.config.clone();
+
+        // Rollout → reward (every generated episode; the informative groups to train on).
+        let (all, selected, batch_metrics) = self.sample_batch()?;
+        let batch = selected.as_ref().unwrap_or(&all);
+
+        // What the estimator reads besides the rewards.
+        let trajectories: Vec<Row> = batch
+            .episodes
+            .iter()
+            .map(|e| Row::from_trajectory(&e.episode.trajectory, cfg.rollout.train_on_forced))
+            .collect();
+        let values = match &self.critic {
+            Some(c) => Some(c.values(&trajectories, 64)?),
+            None => None,
+        };
+        let kl_logprobs = self.kl_logprobs(&trajectories)?;
+        let kl_beta = self.kl_ctrl.as_ref().map(|k| k.value());
+        let kl_in_reward = match (&kl_logprobs, kl_beta) {
+            (Some((old, reference)), Some(beta)) => Some(advantage::KlInReward {
+                old_logp: old,
+                ref_logp: reference,
+                beta,
+                estimator: cfg.algorithm.kl_penalty.estimator,
+            }),
+            _ => None,
+        };
+
+        // Advantage.
+        let adv = advantage::compute(
+            &cfg,
+            &batch.episodes,
+            batch.trees.as_ref(),
+            values.as_deref(),
+            kl_in_reward.as_ref(),
+        )?;
+
+        // Loss rows, and what the step's sample episodes were given.
+        let n_samples = cfg.run.samples_per_step.min(all.episodes.len());
+        let sample_rows = samples::trained_rows(&all.episodes[..n_samples], &batch.episodes);
+        let mut trained_samples: Vec<Option<TrainedSample>> = sample_rows
+            .iter()
+            .map(|j| j.map(|j| TrainedSample::new(&adv.rows[j], &adv.details[j])))
+            .collect();
+        let trajectory_rows = adv.rows.len();
+        let (rows, row_origin) = loss_rows(&cfg, adv.rows);
+
+        // Metrics of the batch and its advantages.
+        let mut metrics = BTreeMap::new();
+        if let (Some(kl), Some(beta), Some(ctrl)) = (adv.reward_kl, kl_beta, self.kl_ctrl.as_mut())
+        {
+            // verl logs the coefficient used for this batch, then updates the controller.
+            metrics.insert("actor/reward_kl_penalty".into(), kl);
+            metrics.insert("actor/reward_kl_penalty_coeff".into(), beta);
+            ctrl.update(kl, rows.len());
+        }
+        metrics.extend(generated_metrics(&cfg, &all, self.task.scored_by_return()));
+        metrics.insert("batch/kept_rollouts".into(), batch.episodes.len() as f64);
+        // What the update trains on: trajectory rows, or their step samples.
+        metrics.insert("batch/trajectory_rows".into(), trajectory_rows as f64);
+        metrics.insert("batch/train_rows".into(), rows.len() as f64);
+        metrics.extend(batch_metrics);
+        if cfg.rollout.strategy == RolloutStrategy::Chain {
+            let control =
+                RolloutControl::from_config(&cfg.rollout, cfg.task.format, &self.tokenizer)?;
+            metrics.extend(all.stats.metrics(&control));
+        }
+        if let Some(j) = &all.judge {
+            metrics.extend(j.metrics());
+        }
+        metrics.extend(
+            batch
+                .trees
+                .as_ref()
+                .map(|t| t.metrics())
+                .unwrap_or_default(),
+        );
+        metrics.extend(adv.metrics);
+
+        // Optimizer: the actor, then the critic.
+        let t2 = Instant::now();
+        if !rows.is_empty() {
+            let clips = self.update(&cfg, &rows, values.as_deref(), kl_logprobs, &mut metrics)?;
+            // The clip counts of the sample episodes' rows (the rows, or their step samples).
+            let sample_of: HashMap<usize, usize> = sample_rows
+                .iter()
+                .enumerate()
+                .filter_map(|(s, j)| j.map(|j| (j, s)))
+                .collect();
+            for (clips, &(j, offset)) in clips.iter().zip(&row_origin) {
+                if let Some(t) = sample_of.get(&j).and_then(|&s| trained_samples[s].as_mut()) {
+                    t.add_clips(offset, clips);
+                }
+            }
+        }
+        self.step += 1;
+
+        // The step's metrics and samples.
+        metrics.insert("timing_s/gen".into(), all.gen_seconds);
+        metrics.insert("timing_s/info_gain".into(), all.ig_seconds);
+        metrics.insert("timing_s/update".into(), t2.elapsed().as_secs_f64());
+        let samples = samples::sample_records(&self.tokenizer, &all, trained_samples)
+            .context("the step's samples")?;
+        metrics.insert("timing_s/step".into(), t0.elapsed().as_secs_f64());
+        Ok(StepOutput {
+            metrics,
+            episodes: all.episodes.into_iter().map(|e| e.episode).collect(),
+            samples,
+        })
+    }
+
+    /// KL in the reward (spec §5.8): the behaviour and reference log-probs of `trajectories`;
+    /// `None` when KL is not in the reward.
+    fn kl_logprobs(&self, trajectories: &[Row]) -> Result<Option<KlLogprobs>> {
+        let temperature = self.config.rollout.temperature;
+        match (&self.kl_ctrl, &self.reference) {
+            (None, _) => Ok(None),
+            (Some(_), None) => {
+                bail!("KL in the reward needs the reference model (call freeze_reference)")
+            }
+            (Some(_), Some(reference)) => Ok(Some((
+                logprobs_no_grad(&self.sampler, trajectories, temperature, 64)?,
+                logprobs_no_grad(reference, trajectories, temperature, 64)?,
+            ))),
+        }
+    }
+
+    /// The actor update on `rows`, then the critic's (`values`: its values of the trajectory
+    /// rows before the update), each after `self.config`'s warm-up; their metrics go into
+    /// `metrics`. Returns the clip counts of every row. Stops the run after
+    /// `optim.max_bad_updates` steps in a row whose updates were all non-finite.
+    fn update(
+        &mut self,
+        cfg: &TrainConfig,
+        rows: &[Row],
+        values: Option<&[Vec<f32>]>,
+        kl_logprobs: Option<KlLogprobs>,
+        metrics: &mut BTreeMap<String, f64>,
+    ) -> Result<Vec<crate::update::RowClips>> {
+        let temperature = cfg.rollout.temperature;
+        // verl's critic warm-up: the first `critic.warmup_updates` steps train the critic only.
+        let actor_warm = self.critic.is_none() || self.step >= cfg.critic.warmup_updates;
+        let (old_logp, ref_logp) = match kl_logprobs {
+            Some((old, reference)) => (Some(old), Some(reference)),
+            None => (None, None),
+        };
+        let reference = match (&self.reference, cfg.actor.use_kl_loss, ref_logp) {
+            (Some(_), true, Some(reference)) => Some(reference),
+            (Some(m), true, None) => Some(logprobs_no_grad(m, rows, temperature, 64)?),
+            (None, true, _) => bail!("the KL term needs a reference model (freeze_reference)"),
+            _ => None,
+        };
+        let upd = ActorUpdate {
+            loss: &cfg.actor,
+            temperature,
+            epochs: cfg.optim.ppo_epochs,
+            mini_batch: cfg.optim.mini_batch_size,
+            micro_batch: cfg.optim.micro_batch_size,
+            lr: self.lr(),
+            grad_clip: cfg.optim.grad_clip,
+        };
+        // Behaviour log-probs: recomputed by the trainer with the rollout weights (already
+        // there with KL in the reward), or, for an on-policy update, taken from the update's
+        // own forward pass.
+        let old = match old_logp {
+            _ if is_on_policy(&upd, rows.len()) => None,
+            Some(old) => Some(old),
+            None => Some(logprobs_no_grad(&self.sampler, rows, temperature, 64)?),
+        };
+        let mut rng = TurnRng::seed_from_u64(self.rng.next_u64());
+        let mut order = |n: usize| {
+            let mut v: Vec<usize> = (0..n).collect();
+            shuffle(&mut v, &mut rng);
+            v
+        };
+        let mut stats = if actor_warm {
+            actor_update(
+                &self.policy,
+                &mut self.optimizer,
+                rows,
+                old.as_deref(),
+                reference.as_deref(),
+                &upd,
+                &mut order,
+            )?
+        } else {
+            UpdateStats::default()
+        };
+        metrics.extend(std::mem::take(&mut stats.metrics));
+        if let (Some(critic), Some(values)) = (self.critic.as_mut(), values) {
+            let vcfg = turnwise_model::loss::value::ValueLossConfig {
+                cliprange_value: cfg.critic.cliprange_value,
+                ..Default::default()
+            };
+            let cm = critic.update(
+                rows,
+                values,
+                &CriticUpdate {
+                    loss: &vcfg,
+                    lr: cfg.critic.lr,
+                    grad_clip: cfg.optim.grad_clip,
+                    epochs: cfg.optim.ppo_epochs,
+                    mini_batch: cfg.optim.mini_batch_size,
+                },
+                &mut order,
+            )?;
+            let critic_failed = cm.get(CRITIC_APPLIED) == Some(&0.0)
+                && cm.get(CRITIC_SKIPPED).is_some_and(|&s| s > 0.0);
+            metrics.extend(cm);
+            if critic_failed {
+                self.consecutive_bad_critic += 1;
+                if self.consecutive_bad_critic >= cfg.optim.max_bad_updates {
+                    bail!(
+                        "{} consecutive steps had only non-finite critic losses or \
+                         gradients, so the critic stopped learning (and with it the \
+                         advantages); stopping (lower critic.lr, or raise \
+                         optim.max_bad_updates to tolerate more)",
+                        self.consecutive_bad_critic
+                    );
+                }
+            } else {
+                self.consecutive_bad_critic = 0;
+            }
+        }
+        metrics.insert("actor/skipped_updates".into(), stats.skipped as f64);
+        metrics.insert("actor/optimizer_steps".into(), stats.applied as f64);
+        if stats.skipped > 0 && stats.applied == 0 {
+            self.consecutive_bad += 1;
+            if self.consecutive_bad >= cfg.optim.max_bad_updates {
+                bail!(
+                    "{} consecutive steps had only non-finite losses or gradients; stopping \
+                     (lower optim.lr or check the reward)",
+                    self.consecutive_bad
+                );
+            }
+        } else {
+            self.consecutive_bad = 0;
+        }
+        Ok(stats.row_clips)
+    }
+}
+
+/// The rows the loss trains on, from the trajectory rows `rows`: the rows themselves, or, with
+/// `optim.samples = "step"` (verl-agent), every environment step of each on the context it was
+/// sampled from (config validation refuses a critic and KL in the reward there). Beside each
+/// row, its trajectory row and where it starts in it.
+fn loss_rows(cfg: &TrainConfig, rows: Vec<Row>) -> (Vec<Row>, Vec<(usize, usize)>) {
+    if cfg.optim.samples != TrainSamples::Step {
+        let origin = (0..rows.len()).map(|j| (j, 0)).collect();
+        return (rows, origin);
+    }
+    let mut origin = Vec::new();
+    let mut steps = Vec::new();
+    for (j, row) in rows.iter().enumerate() {
+        let s = row.step_samples(cfg.rollout.memory_window);
+        origin.extend(
+            samples::step_sample_offsets(&row.turn_id)
+                .into_iter()
+                .take(s.len())
+                .map(|o| (j, o)),
+        );
+        steps.extend(s);
+    }
+    (steps, origin)
+}
+
+/// Statistics of every generated episode of the step (refill rounds included): scores, EM,
+/// format, the reward's parts, DAPO's overlong penalty, lengths, turns, tool calls (or, for a
+/// task scored by its return, invalid actions) and information gains.
+fn generated_metrics(
+    cfg: &TrainConfig,
+    all: &StepBatch,
+    scored_by_return: bool,
+) -> BTreeMap<String, f64> {
+    let mut metrics = BTreeMap::new();
+    let eps = &all.episodes;
+    let n = eps.len() as f64;
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let of = |f: &dyn Fn(&super::sampling::ScoredEpisode) -> f64| -> Vec<f64> {
+        eps.iter().map(f).collect()
+    };
+    let scores = of(&|e| e.score);
+    metrics.insert("critic/score/mean".into(), mean(&scores));
+    metrics.insert(
+        "critic/score/max".into(),
+        scores.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    );
+    metrics.insert(
+        "critic/score/min".into(),
+        scores.iter().copied().fold(f64::INFINITY, f64::min),
+    );
+    metrics.insert("train/em".into(), mean(&of(&|e| e.em)));
+    let format_ok = eps.iter().filter(|e| e.format_ok).count();
+    metrics.insert("train/format_ok".into(), format_ok as f64 / n);
+    // The parts of a composite reward (the two-turn rubrics), each a batch mean.
+    let mut parts: BTreeMap<&str, f64> = BTreeMap::new();
+    for (name, v) in eps.iter().flat_map(|e| &e.reward_parts) {
+        *parts.entry(name).or_default() += v / n;
+    }
+    for (name, v) in parts {
+        metrics.insert(format!("reward/{name}"), v);
+    }
+    if cfg.overlong_buffer.enable {
+        let overlong = of(&|e| e.overlong);
+        metrics.insert("reward/overlong_penalty/mean".into(), mean(&overlong));
+        let hit = overlong.iter().filter(|&&p| p < 0.0).count();
+        metrics.insert("reward/overlong_penalty/frac".into(), hit as f64 / n);
+    }
+    let lens = of(&|e| e.episode.trajectory.response_len() as f64);
+    metrics.insert("response_length/mean".into(), mean(&lens));
+    let agent = of(&|e| e.episode.trajectory.agent_token_count() as f64);
+    metrics.insert("response_length/agent_mean".into(), mean(&agent));
+    let turns = of(&|e| e.episode.trajectory.num_turns() as f64);
+    metrics.insert("env/turns/mean".into(), mean(&turns));
+    if scored_by_return {
+        // A game (or an OpenEnv server) has no searches; its invalid-action rate over the
+        // batch's turns instead.
+        let (turns, invalid) = eps.iter().fold((0, 0), |(n, bad), e| {
+            let t = &e.episode.trajectory.turns;
+            let b = t
+                .iter()
+                .filter(|t| matches!(t.action, TurnAction::Invalid { .. }))
+                .count();
+            (n + t.len(), bad + b)
+        });
+        metrics.insert(
+            "train/invalid_actions".into(),
+            invalid as f64 / turns.max(1) as f64,
+        );
+    } else {
+        let searches = of(&|e| e.episode.trajectory.search_count() as f64);
+        metrics.insert("env/tool_calls/mean".into(), mean(&searches));
+    }
+    if let Some(p) = &all.probes {
+        metrics.insert("info_gain/probes".into(), p.probes as f64);
+        metrics.insert("info_gain/probe_failures".into(), p.failures as f64);
+        let gains: Vec<f64> = eps
+            .iter()
+            .flat_map(|e| e.info_gain.iter().flatten())
+            .copied()
+            .collect();
+        metrics.insert("info_gain/mean".into(), mean(&gains));
+    }
+    metrics
+}
