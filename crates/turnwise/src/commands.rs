@@ -670,7 +670,7 @@ pub fn run(cli: Cli) -> Result<()> {
         } => {
             let cfg = resolve_train_config(preset.as_deref(), config.as_deref(), &sets)?;
             // The checks a run makes on its task before it touches its directory.
-            let task = turnwise::task::WorldTask::build(&cfg.task).context("building the task")?;
+            let task = turnwise::task::TaskSet::build(&cfg.task).context("building the task")?;
             turnwise::pipeline::preflight(&cfg, &task)?;
             let (steps, off) = cfg.update_structure();
             println!(
@@ -858,7 +858,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 ..TaskConfig::default()
             };
             let task =
-                turnwise::task::WorldTask::build(&task_config).context("generating the world")?;
+                turnwise::task::TaskSet::build(&task_config).context("generating the world")?;
             let world = task.world.as_ref().context("the task has no world")?;
             world
                 .write_search_r1(&out)
@@ -986,7 +986,7 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             let addr = resolve_addr(&addr).context("--addr")?;
             let cfg = resolve_train_config(preset.as_deref(), config.as_deref(), &sets)?;
-            let task = turnwise::task::WorldTask::build(&cfg.task).context("building the task")?;
+            let task = turnwise::task::TaskSet::build(&cfg.task).context("building the task")?;
             let source = turnwise::task::openenv::TaskEpisodes::new(task)?;
             let name = turnwise_env::server::openenv::EpisodeSource::name(&source);
             let app = turnwise_env::server::openenv::router(

@@ -14,7 +14,7 @@ use turnwise_env::world::Split;
 use crate::config::TrainConfig;
 use crate::run::wandb::{WandbOptions, WandbSidecar};
 use crate::run::{MetricsRecord, MetricsWriter, PairedGain, Progress, RunDir, write_report};
-use crate::task::WorldTask;
+use crate::task::TaskSet;
 use crate::trainer::eval::{
     EvalEpisode, EvalResult, QuestionOutcome, eval_prefix, paired_gain, question_outcomes,
 };
@@ -376,7 +376,7 @@ fn after_warm_start(
 /// (or is a packaged model's name), the warm start has demonstrations, every
 /// `eval.base_shots` entry has that many training examples, and with `run.wandb` on, the
 /// `wandb` Python package imports.
-pub fn preflight(cfg: &TrainConfig, task: &WorldTask) -> Result<()> {
+pub fn preflight(cfg: &TrainConfig, task: &TaskSet) -> Result<()> {
     if let Some(p) = &cfg.model.init_from
         && !crate::model_source::is_model_name(&p.to_string_lossy())
         && !p.exists()

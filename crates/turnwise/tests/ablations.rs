@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use turnwise::config::TrainConfig;
 use turnwise::rollout::{Decoding, Episode, EpisodeSpec, run_chains};
-use turnwise::task::{WorldTask, prompt_text};
+use turnwise::task::{TaskSet, prompt_text};
 use turnwise::trainer::Trainer;
 use turnwise::trainer::advantage::compute;
 use turnwise::update::{ActorUpdate, actor_update, logprobs_no_grad};
@@ -51,7 +51,7 @@ fn fixed_batch(t: &Trainer) -> Fixed {
                 id: format!("e{g}-{k}"),
                 prompt_uid: format!("{g}:{}", q.id),
                 prompt_ids: t.tokenizer.encode(&prompt_text(&q.text)).unwrap(),
-                task: WorldTask::env_task(q),
+                task: TaskSet::env_task(q),
                 seed: (g * 4 + k) as u64,
             });
         }

@@ -4,7 +4,7 @@
 //! that writes garbage gets no answer and no format credit from the environment's notices.
 
 use turnwise::config::{AgentFormatName, TaskConfig, TokenizerKind, TrainConfig};
-use turnwise::task::{Demonstration, WorldTask};
+use turnwise::task::{Demonstration, TaskSet};
 use turnwise::trainer::{Trainer, reward_turns};
 use turnwise_core::grammar::search_r1::INVALID_ACTION_FEEDBACK;
 use turnwise_core::grammar::{Format, scan};
@@ -15,8 +15,8 @@ use turnwise_env::world::{QuestionConfig, Split, WorldConfig};
 mod common;
 use common::tiny_overrides;
 
-fn task(format: AgentFormatName) -> WorldTask {
-    WorldTask::build(&TaskConfig {
+fn task(format: AgentFormatName) -> TaskSet {
+    TaskSet::build(&TaskConfig {
         world: WorldConfig {
             countries: 4,
             cities: 10,
@@ -113,7 +113,7 @@ fn demonstrations_earn_full_reward_in_their_format() {
         for (demo, q) in demos.iter().zip(&questions) {
             // What the environment pays for this transcript.
             let mut env = task.env().unwrap();
-            env.reset(&WorldTask::env_task(q)).unwrap();
+            env.reset(&TaskSet::env_task(q)).unwrap();
             let turns = demo_turns(demo);
             let mut env_reward = 0.0;
             for (text, obs) in &turns {

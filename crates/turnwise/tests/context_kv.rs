@@ -9,7 +9,7 @@ use turnwise::config::{AgentFormatName, TrainConfig};
 use turnwise::rollout::{
     Decoding, EpisodeSpec, EpisodeState, Policy, RolloutControl, RolloutStats, step_turn_with,
 };
-use turnwise::task::{WorldTask, prompt_text};
+use turnwise::task::{TaskSet, prompt_text};
 use turnwise::trainer::Trainer;
 use turnwise_env::world::Split;
 
@@ -37,7 +37,7 @@ fn episodes(t: &Trainer) -> Vec<EpisodeState> {
                 id: format!("e{i}"),
                 prompt_uid: q.id.clone(),
                 prompt_ids: t.tokenizer.encode(&prompt_text(&q.text)).unwrap(),
-                task: WorldTask::env_task(q),
+                task: TaskSet::env_task(q),
                 seed: i as u64,
             };
             EpisodeState::start(spec, Box::new(t.task.env().unwrap())).unwrap()
@@ -165,7 +165,7 @@ fn a_group_prefills_its_shared_prompt_once() {
             id: format!("{}-{seed}", q.id),
             prompt_uid: q.id.clone(),
             prompt_ids: t.tokenizer.encode(&prompt_text(&q.text)).unwrap(),
-            task: WorldTask::env_task(q),
+            task: TaskSet::env_task(q),
             seed,
         };
         EpisodeState::start(spec, Box::new(t.task.env().unwrap())).unwrap()

@@ -235,7 +235,7 @@ fn accuracy_decides_on_played_rollouts() {
     );
     let t = Trainer::new(cfg).unwrap();
     let q = t.task.questions(Split::Train)[0];
-    let gold = turnwise::task::WorldTask::env_task(q).answers;
+    let gold = turnwise::task::TaskSet::env_task(q).answers;
     let answer = |text: &str, long: bool| {
         let thought = if long {
             [q.text.as_str(); 10].join(" ")
@@ -248,7 +248,7 @@ fn accuracy_decides_on_played_rollouts() {
         .task
         .questions(Split::Train)
         .iter()
-        .map(|o| turnwise::task::WorldTask::env_task(o).answers[0].clone())
+        .map(|o| turnwise::task::TaskSet::env_task(o).answers[0].clone())
         .find(|a| !gold.contains(a))
         .unwrap();
     let core = t
@@ -330,7 +330,7 @@ fn overlong_penalty_lowers_long_responses_only() {
             .rl_questions()
             .iter()
             .find(|q| e.trajectory.id.contains(&format!("-{}-", q.id)))
-            .map(|q| turnwise::task::WorldTask::env_task(q).answers)
+            .map(|q| turnwise::task::TaskSet::env_task(q).answers)
             .unwrap();
         t.config
             .reward

@@ -11,7 +11,7 @@ mod common;
 use turnwise::config::TrainConfig;
 use turnwise::rollout::info_gain::{InfoGainMismatch, probe, probe_suffix_text};
 use turnwise::rollout::{Decoding, Episode, EpisodeSpec, EpisodeState};
-use turnwise::task::{QaItem, WorldTask};
+use turnwise::task::{QaItem, TaskSet};
 use turnwise::trainer::Trainer;
 use turnwise::trainer::advantage::compute;
 use turnwise_core::trajectory::{FinishReason, Segment};
@@ -58,7 +58,7 @@ fn play(t: &Trainer, q: usize, id: &str, texts: &[String], max_response_tokens: 
         id: id.to_string(),
         prompt_uid: q.id.clone(),
         prompt_ids: t.tokenizer.encode(&t.task.prompt(q).unwrap()).unwrap(),
-        task: WorldTask::env_task(q),
+        task: TaskSet::env_task(q),
         seed: 0,
     };
     let mut state = EpisodeState::start(spec, Box::new(t.task.env().unwrap())).unwrap();

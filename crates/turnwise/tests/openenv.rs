@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use turnwise::config::TrainConfig;
-use turnwise::task::WorldTask;
+use turnwise::task::TaskSet;
 use turnwise::trainer::Trainer;
 use turnwise_core::trajectory::{Segment, TurnAction};
 use turnwise_env::env::openenv::{ActionText, OpenEnvSession, OpenEnvTimeouts, check_health};
@@ -370,9 +370,9 @@ fn served_sets(env: &str) -> Vec<String> {
     sets
 }
 
-fn served_task(env: &str) -> WorldTask {
+fn served_task(env: &str) -> TaskSet {
     let cfg = TrainConfig::resolve(Some("grpo"), None, &served_sets(env)).unwrap();
-    WorldTask::build(&cfg.task).unwrap()
+    TaskSet::build(&cfg.task).unwrap()
 }
 
 /// turnwise's client on turnwise's server: settings that pass turns and observations through
@@ -421,7 +421,7 @@ fn a_game_served_over_the_protocol_plays_as_the_native_environment() {
         assert_eq!(first.text, questions[j]);
         let mut native = native_task.env().unwrap();
         native
-            .reset(&WorldTask::env_task(native_task.questions(Split::Test)[j]))
+            .reset(&TaskSet::env_task(native_task.questions(Split::Test)[j]))
             .unwrap();
         // A wrong move first (an invalid one), then the solver's moves.
         let mut turns = vec!["<think>hmm</think><action>jump</action>".to_string()];

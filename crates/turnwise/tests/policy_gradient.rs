@@ -10,7 +10,7 @@ use turnwise::trainer::Trainer;
 /// advantages (1.3, −0.7).
 fn trainer_and_rows() -> (Trainer, Vec<turnwise::update::Row>) {
     use turnwise::rollout::{EpisodeSpec, run_chains};
-    use turnwise::task::{WorldTask, prompt_text};
+    use turnwise::task::{TaskSet, prompt_text};
     use turnwise::update::Row;
 
     let mut ov = tiny_overrides();
@@ -28,7 +28,7 @@ fn trainer_and_rows() -> (Trainer, Vec<turnwise::update::Row>) {
             id: format!("e{i}"),
             prompt_uid: q.id.clone(),
             prompt_ids: t.tokenizer.encode(&prompt_text(&q.text)).unwrap(),
-            task: WorldTask::env_task(q),
+            task: TaskSet::env_task(q),
             seed: i as u64,
         })
         .collect();

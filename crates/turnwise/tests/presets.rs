@@ -844,7 +844,7 @@ fn tree_presets_run_with_their_own_settings() {
 #[test]
 fn recomputed_logprobs_match_the_sampled_ones() {
     use turnwise::rollout::{EpisodeSpec, run_chains};
-    use turnwise::task::{WorldTask, prompt_text};
+    use turnwise::task::{TaskSet, prompt_text};
     use turnwise::update::{Row, logprobs_no_grad};
 
     let cfg = TrainConfig::resolve(Some("grpo"), None, &tiny_overrides()).unwrap();
@@ -859,7 +859,7 @@ fn recomputed_logprobs_match_the_sampled_ones() {
             id: format!("e{i}"),
             prompt_uid: q.id.clone(),
             prompt_ids: t.tokenizer.encode(&prompt_text(&q.text)).unwrap(),
-            task: WorldTask::env_task(q),
+            task: TaskSet::env_task(q),
             seed: i as u64,
         })
         .collect();

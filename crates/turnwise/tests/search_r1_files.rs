@@ -7,7 +7,7 @@ use std::io::Write;
 use std::sync::Arc;
 
 use turnwise::config::TrainConfig;
-use turnwise::task::{Demonstration, WorldTask};
+use turnwise::task::{Demonstration, TaskSet};
 use turnwise::trainer::Trainer;
 use turnwise_env::world::Split;
 
@@ -16,7 +16,7 @@ fn trains_on_search_r1_files_with_a_demonstrations_file() {
     let tmp = tempfile::tempdir().unwrap();
     // Make the files from a small world, then forget the world.
     let world_cfg = TrainConfig::resolve(Some("grpo"), None, &common::tiny_overrides()).unwrap();
-    let task = WorldTask::build(&world_cfg.task).unwrap();
+    let task = TaskSet::build(&world_cfg.task).unwrap();
     let data = tmp.path().join("data");
     task.world.as_ref().unwrap().write_search_r1(&data).unwrap();
     let demos: Vec<Demonstration> = task.demonstrations(Split::Train, 0.0, 0).unwrap();
@@ -76,7 +76,7 @@ fn trains_on_search_r1_files_with_a_demonstrations_file() {
 /// (`train.jsonl`, `test.jsonl`, ...) as `task.search_r1.<key>`, plus `sft.steps=0`.
 fn search_r1_sets(dir: &std::path::Path, files: &[(&str, &str)]) -> Vec<String> {
     let world_cfg = TrainConfig::resolve(Some("grpo"), None, &common::tiny_overrides()).unwrap();
-    let task = WorldTask::build(&world_cfg.task).unwrap();
+    let task = TaskSet::build(&world_cfg.task).unwrap();
     task.world.as_ref().unwrap().write_search_r1(dir).unwrap();
     let mut sets = common::tiny_overrides();
     sets.push("sft.steps=0".into());

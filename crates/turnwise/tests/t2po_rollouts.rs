@@ -6,7 +6,7 @@ use turnwise::rollout::{
     ChainRollout, Decoding, EpisodeSpec, REASONING_END_MARKERS, RolloutControl, attempt_seed,
     run_chains_with, turn_seed,
 };
-use turnwise::task::{WorldTask, prompt_text};
+use turnwise::task::{TaskSet, prompt_text};
 use turnwise::trainer::Trainer;
 use turnwise::update::batch::Row;
 use turnwise_core::control::TdsRule;
@@ -41,7 +41,7 @@ fn specs(t: &Trainer, n: usize) -> Vec<EpisodeSpec> {
             id: format!("e{i}"),
             prompt_uid: q.id.clone(),
             prompt_ids: t.tokenizer.encode(&prompt_text(&q.text)).unwrap(),
-            task: WorldTask::env_task(q),
+            task: TaskSet::env_task(q),
             seed: 1000 + i as u64,
         })
         .collect()
@@ -383,7 +383,7 @@ fn long_thought_trainer() -> Trainer {
 /// intervention would cut reasoning the oracle wrote: `t* ∈ (L_min, p − 1]` where the turn's last reasoning token
 /// is at `t = p` (`<think>` is `t = 1`; a trigger at `t* = p` only forces the `</think>` that
 /// comes next). Also checks that every turn fits the turn budget.
-fn cuttable_positions(t: &Trainer, task: &WorldTask) -> Vec<usize> {
+fn cuttable_positions(t: &Trainer, task: &TaskSet) -> Vec<usize> {
     let open = t.tokenizer.token_to_id("<think>").unwrap();
     let close = t.tokenizer.token_to_id("</think>").unwrap();
     let min = t.config.rollout.tti.min_tokens;
@@ -430,7 +430,7 @@ fn t2po_presets_own_thinking_intervention_fires_on_long_thoughts() {
     assert!(long.iter().all(|&n| n >= 8) && mean >= 15.0, "{long:?}");
     let mut short_task = t.config.task.clone();
     short_task.world.thoughts = ThoughtStyle::Short;
-    let short = cuttable_positions(&t, &WorldTask::build(&short_task).unwrap());
+    let short = cuttable_positions(&t, &TaskSet::build(&short_task).unwrap());
     assert!(short.iter().all(|&n| n == 0), "{short:?}");
 
     t.warm_start(&mut |_, _, _| {}).unwrap();
@@ -503,7 +503,7 @@ fn t2po_presets_own_thinking_intervention_fires_on_long_thoughts() {
             id: format!("e{i}"),
             prompt_uid: q.id.clone(),
             prompt_ids: t.tokenizer.encode(&t.task.prompt(q).unwrap()).unwrap(),
-            task: WorldTask::env_task(q),
+            task: TaskSet::env_task(q),
             seed: 1000 + i as u64,
         })
         .collect();

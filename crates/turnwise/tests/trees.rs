@@ -6,7 +6,7 @@ mod common;
 use turnwise::config::TrainConfig;
 use turnwise::rollout::tree::{TreeRollout, run_trees};
 use turnwise::rollout::{Decoding, Episode, EpisodeSpec};
-use turnwise::task::{WorldTask, prompt_text};
+use turnwise::task::{TaskSet, prompt_text};
 use turnwise::trainer::Trainer;
 use turnwise::trainer::advantage::{AdvantageRows, compute};
 use turnwise_core::reward::RewardInput;
@@ -52,13 +52,13 @@ fn fixture(preset: &str, extra: &[&str], prompts: usize, seed: u64) -> Fixture {
     let mut prompt_golds = Vec::new();
     for (g, q) in qs.iter().take(prompts).enumerate() {
         let prompt_ids = trainer.tokenizer.encode(&prompt_text(&q.text)).unwrap();
-        prompt_golds.push(WorldTask::env_task(q).answers.clone());
+        prompt_golds.push(TaskSet::env_task(q).answers.clone());
         for k in 0..r.group_size {
             specs.push(EpisodeSpec {
                 id: format!("p{g}-{k}"),
                 prompt_uid: format!("{g}:{}", q.id),
                 prompt_ids: prompt_ids.clone(),
-                task: WorldTask::env_task(q),
+                task: TaskSet::env_task(q),
                 seed: seed.wrapping_add((g * r.group_size + k) as u64),
             });
         }

@@ -14,7 +14,7 @@ use turnwise::rollout::{
     step_turn_with,
 };
 use turnwise::serve::{PolicyServer, ServeConfig, load_served};
-use turnwise::task::{WorldTask, prompt_text};
+use turnwise::task::{TaskSet, prompt_text};
 use turnwise::trainer::Trainer;
 use turnwise_env::world::Split;
 use turnwise_model::sampling::{Completion, FinishReason};
@@ -50,7 +50,7 @@ fn fresh(t: &Trainer, q: usize, seed: u64) -> EpisodeState {
         id: format!("q{}-{seed}", q.id),
         prompt_uid: q.id.clone(),
         prompt_ids: t.tokenizer.encode(&prompt_text(&q.text)).unwrap(),
-        task: WorldTask::env_task(q),
+        task: TaskSet::env_task(q),
         seed,
     };
     EpisodeState::start(spec, Box::new(t.task.env().unwrap())).unwrap()

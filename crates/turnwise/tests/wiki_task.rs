@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use turnwise::config::TrainConfig;
 use turnwise::pipeline::{RunOptions, base_mode};
-use turnwise::task::WorldTask;
+use turnwise::task::TaskSet;
 use turnwise::trainer::Trainer;
 use turnwise_env::world::Split;
 
@@ -40,7 +40,7 @@ fn wiki_config(extra: &[&str]) -> Option<TrainConfig> {
 #[test]
 fn wiki_questions_are_held_out_by_article_and_the_oracle_replays_in_the_environment() {
     let Some(cfg) = wiki_config(&[]) else { return };
-    let task = WorldTask::build(&cfg.task).unwrap();
+    let task = TaskSet::build(&cfg.task).unwrap();
     let train = task.questions(Split::Train);
     let test = task.questions(Split::Test);
     // A few drawn questions may not be answerable by one search; most are.
@@ -82,7 +82,7 @@ fn wiki_questions_are_held_out_by_article_and_the_oracle_replays_in_the_environm
             .unwrap();
         assert!(q.golden_answers.iter().any(|g| g == said), "{said}");
         let mut env = task.env().unwrap();
-        env.reset(&WorldTask::env_task(q)).unwrap();
+        env.reset(&TaskSet::env_task(q)).unwrap();
         let step = env.step(&search.0).unwrap();
         assert_eq!(step.observation.text, obs.0, "question {}", q.id);
         let last = env.step(&answer.0).unwrap();
@@ -93,7 +93,7 @@ fn wiki_questions_are_held_out_by_article_and_the_oracle_replays_in_the_environm
 #[test]
 fn few_shot_prompts_show_solved_training_questions() {
     let Some(cfg) = wiki_config(&[]) else { return };
-    let mut task = WorldTask::build(&cfg.task).unwrap();
+    let mut task = TaskSet::build(&cfg.task).unwrap();
     let q = task.questions(Split::Test)[0].clone();
     let zero = task.prompt(&q).unwrap();
     let examples = task.few_shot_examples(2).unwrap();

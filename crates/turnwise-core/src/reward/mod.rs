@@ -342,6 +342,25 @@ impl RewardConfig {
         }
     }
 
+    /// Whether its per-turn rewards follow MT-PPO's turn rubric, so that an LLM judge can
+    /// rescore the turns in its place (`mt_ppo_turn`).
+    pub fn turns_judgeable(&self) -> bool {
+        matches!(self, RewardConfig::MtPpoTurn(_))
+    }
+
+    /// Whether it scores the search grammar's actions (`<search>`, `<answer>`) step by step, as
+    /// `t2po_em`'s per-step format penalties do. A game's actions are moves and its reward is
+    /// its return, so a game cannot use such a reward.
+    pub fn scores_search_actions(&self) -> bool {
+        matches!(self, RewardConfig::T2poEm(_))
+    }
+
+    /// Whether, on an environment that scores its own episodes (an OpenEnv server), it takes
+    /// the environment's return as the episode's score (`em`).
+    pub fn takes_environment_return(&self) -> bool {
+        matches!(self, RewardConfig::Em(_))
+    }
+
     /// Whether [`RewardConfig::score`] needs [`RewardInput::turns`].
     pub fn needs_turns(&self) -> bool {
         matches!(

@@ -165,7 +165,7 @@ impl JudgeSettings {
         if !j.enabled {
             return Ok(());
         }
-        Self::validate_reward_by_name(reward)?;
+        Self::validate_judge_reward(reward)?;
         if j.serve.is_none()
             && !(j.base_url.starts_with("http://") || j.base_url.starts_with("https://"))
         {
@@ -201,15 +201,15 @@ impl JudgeSettings {
         Ok(())
     }
 
-    /// The check that tests a reward's name: the judge scores turns with MT-PPO's rubric, so
-    /// it needs the `mt_ppo_turn` reward.
-    fn validate_reward_by_name(reward: &RewardConfig) -> Result<(), ConfigError> {
-        if !matches!(reward, RewardConfig::MtPpoTurn(_)) {
+    /// The judge scores turns with MT-PPO's rubric, so it needs a reward whose turns it can
+    /// rescore ([`RewardConfig::turns_judgeable`]).
+    fn validate_judge_reward(reward: &RewardConfig) -> Result<(), ConfigError> {
+        if !reward.turns_judgeable() {
             return Err(ConfigError::Invalid {
                 field: "judge.enabled",
                 message: format!(
-                    "the judge scores turns with MT-PPO's rubric: it needs reward = \
-                     \"mt_ppo_turn\", not {:?}",
+                    "the judge scores turns with MT-PPO's rubric: it needs a reward with MT-PPO's \
+                     turn rewards (reward = \"mt_ppo_turn\"), not {:?}",
                     reward.name()
                 ),
             });

@@ -484,26 +484,27 @@ impl TaskConfig {
         Ok(())
     }
 
-    /// The check that tests the reward's name for a game: `t2po_em` scores search actions,
-    /// while a game's reward is its return.
+    /// A game's reward is its return: a reward that scores the search grammar's actions
+    /// ([`RewardConfig::scores_search_actions`]) cannot score its moves.
     fn validate_game_reward(env: &str, reward: &RewardConfig) -> Result<(), ConfigError> {
         let bad = |field, message: String| Err(ConfigError::Invalid { field, message });
-        if matches!(reward, RewardConfig::T2poEm(_)) {
+        if reward.scores_search_actions() {
             return bad(
                 "reward.name",
                 format!(
-                    "t2po_em scores search actions (<search>, <answer>); a game's reward is its \
+                    "{} scores search actions (<search>, <answer>); a game's reward is its \
                      return: with task.env = \"{env}\" set reward.name = \"em\" and the \
-                     invalid-move penalty advantage.invalid_action_penalty = 0.1"
+                     invalid-move penalty advantage.invalid_action_penalty = 0.1",
+                    reward.name()
                 ),
             );
         }
         Ok(())
     }
 
-    /// `[task.openenv]` ([`super::OpenEnvConfig::validate`]); the check that tests
-    /// the reward's name: whether it is `em`.
+    /// `[task.openenv]` ([`super::OpenEnvConfig::validate`]), with whether the reward takes the
+    /// environment's return ([`RewardConfig::takes_environment_return`]).
     fn validate_openenv(&self, reward: &RewardConfig) -> Result<(), ConfigError> {
-        super::OpenEnvConfig::validate(self, matches!(reward, RewardConfig::Em(_)))
+        super::OpenEnvConfig::validate(self, reward.takes_environment_return())
     }
 }

@@ -10,7 +10,7 @@
 
 pub mod info_gain;
 pub mod protocol;
-pub mod remote;
+pub(crate) mod remote;
 pub mod tree;
 
 use std::collections::BTreeMap;

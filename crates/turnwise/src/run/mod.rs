@@ -37,7 +37,7 @@ mod samples;
 mod svg;
 pub mod tensorboard;
 pub mod view;
-pub mod wandb;
+pub(crate) mod wandb;
 
 use std::path::{Path, PathBuf};
 

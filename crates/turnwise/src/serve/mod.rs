@@ -31,9 +31,9 @@
 //!
 //! [`SamplingEngine`]: turnwise_model::sampling::SamplingEngine
 
-pub mod http;
+pub(crate) mod http;
 pub use crate::rollout::protocol;
-pub mod worker;
+pub(crate) mod worker;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -19,16 +19,16 @@
 //! commands for a scheduler), [`stats`] holds the intervals and the bootstrap, and [`report`]
 //! writes the report.
 
-pub mod file;
+pub(crate) mod file;
 pub mod report;
 pub mod runner;
-pub mod stats;
+pub(crate) mod stats;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::config::{ConfigError, TrainConfig, presets};
-use crate::task::WorldTask;
+use crate::task::TaskSet;
 use turnwise_env::world::Split;
 
 pub use file::{Arm, Budget, Claim, Metric, Panel, StudyFile, WarmStart};
@@ -390,7 +390,7 @@ impl Study {
             let key = toml::to_string(&cfg.task).unwrap_or_default();
             let task = match tasks.get(&key) {
                 Some(p) if cfg.sft.steps == 0 => return Ok(p.clone()),
-                _ => WorldTask::build(&cfg.task).map_err(task_err)?,
+                _ => TaskSet::build(&cfg.task).map_err(task_err)?,
             };
             let mut check = cfg.clone();
             check.model.init_from = None;

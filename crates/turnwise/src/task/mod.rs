@@ -70,7 +70,7 @@ impl AgentFormatName {
 }
 
 /// The built-in prompt text of a question (the chat markers are single tokens), what
-/// `task.prompt.template = "builtin"` writes; [`WorldTask::prompt`] gives the configured one.
+/// `task.prompt.template = "builtin"` writes; [`TaskSet::prompt`] gives the configured one.
 pub fn prompt_text(question: &str) -> String {
     crate::prompt::builtin_prompt(question)
 }
@@ -158,9 +158,13 @@ fn retrieval_server(url: &str) -> Result<HttpRetriever> {
     Ok(client)
 }
 
-/// The task: questions per split, a search tool over a corpus, and the environment settings.
-/// Either the built-in generated world or Search-R1-format files (`task.search_r1`).
-pub struct WorldTask {
+/// A run's task, whatever its source: the questions (or game maps, or OpenEnv seeds) of each
+/// split with their prompts, the search tool over a corpus, the environment each episode plays
+/// in and the warm start's demonstrations. The source is the built-in generated world,
+/// Search-R1-format files (`task.search_r1`), Wikipedia questions (`task.wiki`), a text game
+/// (`task.env = "frozen_lake" | "sokoban"`) or an OpenEnv server (`task.env = "openenv"`).
+/// (Called `WorldTask` before it served more than the world.)
+pub struct TaskSet {
     /// The generated world (`None` for Search-R1 files and games).
     pub world: Option<World>,
     /// The text game (`task.env = "frozen_lake" | "sokoban"`), `None` for the search task.
@@ -196,7 +200,7 @@ fn rl_reserved_subject(subject: usize, world_seed: u64, fraction: f64) -> bool {
 }
 
 /// The prompter of `config` before any chat template is known
-/// ([`WorldTask::set_chat_template`] adds the model's).
+/// ([`TaskSet::set_chat_template`] adds the model's).
 fn plain_prompter(config: &TaskConfig) -> Result<Prompter> {
     Ok(Prompter::new(&config.prompt, None)?
         .with_verifiers_instruction(config.format == AgentFormatName::Verifiers))
@@ -210,7 +214,7 @@ fn split_index(split: Split) -> usize {
     }
 }
 
-impl WorldTask {
+impl TaskSet {
     /// Generates the world of `config` and indexes it (BM25 in memory), or reads the Search-R1
     /// files of `config.search_r1`.
     pub fn build(config: &TaskConfig) -> Result<Self> {
@@ -426,7 +430,7 @@ impl WorldTask {
         self.game.is_some() || self.openenv.is_some()
     }
 
-    /// Whether [`WorldTask::demonstrations`] can write demonstrations (the built-in world's
+    /// Whether [`TaskSet::demonstrations`] can write demonstrations (the built-in world's
     /// oracle, a game's solver).
     pub fn has_oracle(&self) -> bool {
         self.world.is_some() || self.game.is_some() || self.wiki.is_some()
@@ -759,7 +763,7 @@ mod tests {
     use super::*;
     use turnwise_env::world::{QuestionConfig, WorldConfig};
 
-    fn small_task(fraction: f64) -> WorldTask {
+    fn small_task(fraction: f64) -> TaskSet {
         let config = TaskConfig {
             world: WorldConfig {
                 countries: 6,
@@ -777,7 +781,7 @@ mod tests {
             rl_subject_fraction: fraction,
             ..TaskConfig::default()
         };
-        WorldTask::build(&config).unwrap()
+        TaskSet::build(&config).unwrap()
     }
 
     #[test]

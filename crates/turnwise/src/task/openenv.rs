@@ -36,7 +36,7 @@ use turnwise_env::server::openenv::{EpisodeSource, ServedEpisode};
 use turnwise_env::world::Split;
 
 use crate::config::{OpenEnvConfig, TaskConfig};
-use crate::task::{QaItem, WorldTask};
+use crate::task::{QaItem, TaskSet};
 
 /// The episodes of an OpenEnv server as a task: the questions of each split (the first
 /// observations, fetched when the task is built) and fresh environments.
@@ -134,7 +134,7 @@ impl OpenEnvTask {
 /// A turnwise task as the episodes of `turnwise serve-env`: the questions (or maps) of each
 /// split, their prompts, and the task's environment.
 pub struct TaskEpisodes {
-    task: Mutex<WorldTask>,
+    task: Mutex<TaskSet>,
     name: String,
     lens: [usize; 3],
 }
@@ -142,7 +142,7 @@ pub struct TaskEpisodes {
 impl TaskEpisodes {
     /// The episodes of `task` (its built-in environment: the search world, a game or the
     /// two-turn task).
-    pub fn new(task: WorldTask) -> Result<Self> {
+    pub fn new(task: TaskSet) -> Result<Self> {
         if task.openenv.is_some() {
             bail!(
                 "serve-env serves turnwise's own environments; task.env = \"openenv\" is \
@@ -158,7 +158,7 @@ impl TaskEpisodes {
         })
     }
 
-    fn task(&self) -> std::sync::MutexGuard<'_, WorldTask> {
+    fn task(&self) -> std::sync::MutexGuard<'_, TaskSet> {
         self.task
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -211,7 +211,7 @@ impl EpisodeSource for TaskEpisodes {
         })?;
         let prompt = task.prompt(q).map_err(|e| format!("{e:#}"))?;
         Ok(ServedEpisode {
-            task: WorldTask::env_task(q),
+            task: TaskSet::env_task(q),
             text: q.text.clone(),
             prompt,
         })

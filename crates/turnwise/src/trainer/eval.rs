@@ -12,7 +12,7 @@ use turnwise_env::world::Split;
 use super::Trainer;
 use crate::rollout::{EpisodeSpec, run_chains};
 use crate::run::PairedGain;
-use crate::task::WorldTask;
+use crate::task::TaskSet;
 use turnwise_core::trajectory::{Trajectory, TurnAction};
 
 /// Results of one evaluation.
@@ -464,7 +464,7 @@ impl Trainer {
                     },
                     prompt_uid: q.id.clone(),
                     prompt_ids: prompt_ids.clone(),
-                    task: WorldTask::env_task(q),
+                    task: TaskSet::env_task(q),
                     seed: crate::rollout::turn_seed(seed, i + j * nq),
                 });
             }

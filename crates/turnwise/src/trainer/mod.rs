@@ -4,8 +4,8 @@
 pub mod advantage;
 pub mod eval;
 pub mod judge;
-pub mod rejection;
-pub mod samples;
+pub(crate) mod rejection;
+pub(crate) mod samples;
 pub mod sampling;
 mod step;
 
@@ -38,7 +38,7 @@ use crate::config::TrainConfig;
 pub use crate::model_source::checkpoint_metadata;
 pub use crate::rollout::reward_turns;
 use crate::rollout::{Decoding, Episode, Policy};
-use crate::task::{WorldTask, encode_demo, stop_token_ids};
+use crate::task::{TaskSet, encode_demo, stop_token_ids};
 use crate::update::{Row, sft_step};
 
 /// The model, tokenizer and optimizer of a run, with its task.
@@ -46,7 +46,7 @@ pub struct Trainer {
     /// The resolved configuration.
     pub config: TrainConfig,
     /// The task.
-    pub task: WorldTask,
+    pub task: TaskSet,
     /// The tokenizer.
     pub tokenizer: TextTokenizer,
     /// Model configuration.
@@ -227,7 +227,7 @@ impl Trainer {
     /// `model.init_from`: a Hugging Face folder, a GGUF file or a packaged model's name, see
     /// [`crate::model_source`]).
     pub fn new(config: TrainConfig) -> Result<Self> {
-        let mut task = WorldTask::build(&config.task)?;
+        let mut task = TaskSet::build(&config.task)?;
         let (tokenizer, model_config, varmap, hf_meta) = match &config.model.init_from {
             Some(source) => {
                 let m = crate::model_source::load_init_model(source)?;
@@ -314,7 +314,7 @@ impl Trainer {
     #[allow(clippy::too_many_arguments)]
     fn assemble(
         config: TrainConfig,
-        task: WorldTask,
+        task: TaskSet,
         tokenizer: TextTokenizer,
         model_config: ModelConfig,
         varmap: VarMap,
@@ -784,7 +784,7 @@ impl Trainer {
     /// written before critics were saved rebuilds the critic from `reference_dir`'s weights
     /// (how the run first built it), with a warning: the resumed run is then not exact.
     pub fn load(config: TrainConfig, dir: &Path, reference_dir: Option<&Path>) -> Result<Self> {
-        let mut task = WorldTask::build(&config.task)?;
+        let mut task = TaskSet::build(&config.task)?;
         // Loaded where the run trains: the optimizer's moments and f32 master copies go there
         // with the weights they belong to.
         let placement = config.placement()?;
@@ -1045,7 +1045,7 @@ fn chat_template_of(
 }
 
 /// Logs how prompts are made and the prompt of the first question.
-fn log_first_prompt(task: &WorldTask) -> Result<()> {
+fn log_first_prompt(task: &TaskSet) -> Result<()> {
     if let Some((how, prompt)) = task.first_prompt()? {
         tracing::info!("prompts: {how}; the first question's prompt:\n{prompt}");
     }

@@ -13,7 +13,7 @@ use turnwise_model::rng::TurnRng;
 
 use super::{Trainer, adamw, shuffle};
 use crate::rollout::{Episode, EpisodeSpec, RolloutControl, run_chains_with, turn_seed};
-use crate::task::WorldTask;
+use crate::task::TaskSet;
 use crate::update::{Row, sft_step};
 
 /// Episodes rolled out together in one batch.
@@ -154,7 +154,7 @@ impl Trainer {
                     id: format!("rsft-{}-{k}", q.id),
                     prompt_uid: format!("{g}:{}", q.id),
                     prompt_ids: prompt_ids.clone(),
-                    task: WorldTask::env_task(q),
+                    task: TaskSet::env_task(q),
                     seed: turn_seed(base_seed, i),
                 });
             }

@@ -22,7 +22,7 @@ use super::Trainer;
 use crate::config::{FilterMetric, RolloutStrategy};
 use crate::rollout::tree::TreeBatch;
 use crate::rollout::{Episode, EpisodeSpec, RolloutControl, RolloutStats, run_chains_with};
-use crate::task::WorldTask;
+use crate::task::TaskSet;
 
 /// One episode through the step: the rollout, and what the reward, DAPO's overlong shaping and
 /// the information-gain probes made of it. The group filter, the estimators, the metrics and the
@@ -216,7 +216,7 @@ impl Trainer {
                     id: format!("{step_tag}-{}-{k}", q.id),
                     prompt_uid: format!("{}:{}", group_offset + g, q.id),
                     prompt_ids: prompt_ids.clone(),
-                    task: WorldTask::env_task(q),
+                    task: TaskSet::env_task(q),
                     seed: crate::rollout::turn_seed(base_seed, g * r.group_size + k),
                 });
             }

@@ -84,7 +84,7 @@ pub fn play_turns<S: AsRef<str>>(
     texts: &[S],
 ) -> turnwise::rollout::Episode {
     use turnwise::rollout::{Decoding, EpisodeSpec, EpisodeState};
-    use turnwise::task::WorldTask;
+    use turnwise::task::TaskSet;
     use turnwise_model::sampling::{Completion, FinishReason};
 
     let policy = t.rollout_policy();
@@ -99,7 +99,7 @@ pub fn play_turns<S: AsRef<str>>(
         id: format!("play-{}", q.id),
         prompt_uid: q.id.clone(),
         prompt_ids: t.tokenizer.encode(&t.task.prompt(q).unwrap()).unwrap(),
-        task: WorldTask::env_task(q),
+        task: TaskSet::env_task(q),
         seed: 0,
     };
     let mut state = EpisodeState::start(spec, t.task.env().unwrap()).unwrap();
