@@ -15,6 +15,7 @@
 //! round-trip through JSON lines ([`jsonl`]) so they can be saved and replayed.
 
 pub mod jsonl;
+pub mod mismatch;
 pub mod tree;
 
 use serde::{Deserialize, Serialize};

@@ -218,6 +218,13 @@ impl Trainer {
             UpdateStats::default()
         };
         metrics.extend(std::mem::take(&mut stats.metrics));
+        // The sampler–trainer mismatch: the recorded log-probs against the trainer's, from the
+        // recomputation of an off-policy update or the on-policy update's own forward pass.
+        let trainer_logp: Vec<Option<&[f32]>> = match &old {
+            Some(old) => old.iter().map(|v| Some(v.as_slice())).collect(),
+            None => stats.forward_logp.iter().map(Option::as_deref).collect(),
+        };
+        metrics.extend(logprob_mismatch_metrics(rows, &trainer_logp)?);
         if let (Some(critic), Some(values)) = (self.critic.as_mut(), values) {
             let vcfg = turnwise_model::loss::value::ValueLossConfig {
                 cliprange_value: cfg.critic.cliprange_value,
@@ -373,4 +380,30 @@ fn generated_metrics(
         metrics.insert("info_gain/mean".into(), mean(&gains));
     }
     metrics
+}
+
+/// `rollout/logprob_mismatch/*` ([`turnwise_core::trajectory::mismatch`]): the log-probs the
+/// rollout recorded for the loss tokens of `rows` against `trainer_logp`, the trainer's of the
+/// same tokens under the same weights (`None` for a row it has none of: a skipped on-policy
+/// mini-batch). Nothing when no row has both.
+fn logprob_mismatch_metrics(
+    rows: &[Row],
+    trainer_logp: &[Option<&[f32]>],
+) -> Result<BTreeMap<String, f64>> {
+    use turnwise_core::trajectory::mismatch::{MismatchRow, logprob_mismatch};
+    let pairs: Vec<MismatchRow<'_>> = rows
+        .iter()
+        .zip(trainer_logp)
+        .filter_map(|(r, lp)| {
+            let lp = (*lp)?;
+            (!r.sampled_logprobs.is_empty()).then_some(MismatchRow {
+                sampled: &r.sampled_logprobs,
+                recomputed: lp,
+                loss_mask: &r.loss_mask,
+                turn_id: &r.turn_id,
+            })
+        })
+        .collect();
+    let m = logprob_mismatch(&pairs).context("the sampler–trainer log-prob mismatch")?;
+    Ok(m.metrics("rollout/logprob_mismatch").into_iter().collect())
 }

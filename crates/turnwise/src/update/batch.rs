@@ -24,6 +24,9 @@ pub struct Row {
     pub clip_scale: Vec<f32>,
     /// Per response token: value target (critic), if any.
     pub returns: Vec<f32>,
+    /// Per response token: the log-prob recorded when the rollout sampled it (0 on
+    /// observation tokens); empty for a row not built from a trajectory.
+    pub sampled_logprobs: Vec<f32>,
 }
 
 impl Row {
@@ -34,7 +37,9 @@ impl Row {
         train_on_forced: bool,
     ) -> Self {
         let f = t.flatten(train_on_forced);
-        Self::new(t.prompt_ids.clone(), f.ids, f.loss_mask, f.turn_id)
+        let mut row = Self::new(t.prompt_ids.clone(), f.ids, f.loss_mask, f.turn_id);
+        row.sampled_logprobs = f.logprobs;
+        row
     }
 
     /// A row with every per-token field zero / unit except the mask and turn ids.
@@ -53,6 +58,7 @@ impl Row {
             advantages: vec![0.0; n],
             clip_scale: vec![1.0; n],
             returns: vec![0.0; n],
+            sampled_logprobs: Vec::new(),
         }
     }
 
@@ -97,6 +103,11 @@ impl Row {
                     advantages: self.advantages[start..end].to_vec(),
                     clip_scale: self.clip_scale[start..end].to_vec(),
                     returns: self.returns[start..end].to_vec(),
+                    sampled_logprobs: self
+                        .sampled_logprobs
+                        .get(start..end)
+                        .map(<[f32]>::to_vec)
+                        .unwrap_or_default(),
                 }
             })
             .collect()

@@ -3,7 +3,7 @@
 //! updates).
 
 pub mod batch;
-pub mod critic;
+pub(crate) mod critic;
 pub mod parallel;
 
 use std::collections::BTreeMap;
@@ -31,6 +31,11 @@ pub struct UpdateStats {
     /// Per row (in the order given): how the PPO clip treated its tokens over the applied
     /// mini-batches (0 passes for a row no applied mini-batch held).
     pub row_clips: Vec<RowClips>,
+    /// On-policy updates only (no behaviour log-probs given): per row, the log-probs of its
+    /// response tokens under the weights before the update, from the update's own forward
+    /// pass (`None` for a row whose mini-batch was skipped, and for every row of an
+    /// off-policy update).
+    pub forward_logp: Vec<Option<Vec<f32>>>,
 }
 
 /// How often the PPO clip was active on one row's tokens during an update.
@@ -197,6 +202,9 @@ pub struct MiniBatchGradient {
     pub step_scale: f64,
     /// Per row of the mini-batch (row index, per response token): the PPO clip was active.
     pub clipped: Vec<(usize, Vec<bool>)>,
+    /// Without behaviour log-probs (on-policy): per row of the mini-batch (row index, per
+    /// response token), the forward pass's log-probs; empty otherwise.
+    pub forward_logp: Vec<(usize, Vec<f32>)>,
 }
 
 /// Loss inputs of the rows `micro_idx` of a mini-batch, after the forward pass `logp`.
@@ -330,6 +338,8 @@ enum PieceOutcome {
         seqs: f64,
         /// Per row of the piece (row index, per response token): the PPO clip was active.
         clipped: Vec<(usize, Vec<bool>)>,
+        /// On-policy: per row of the piece, the forward pass's log-probs.
+        forward_logp: Vec<(usize, Vec<f32>)>,
     },
     /// Its loss could not be computed, or was not finite: the mini-batch is skipped.
     Failed,
@@ -413,6 +423,19 @@ pub fn minibatch_gradient(
                 (i, c)
             })
             .collect();
+        // On-policy the forward pass ran with the weights the rollout sampled from: what the
+        // sampler–trainer mismatch compares against the recorded log-probs.
+        let forward_logp = match old_logp {
+            Some(_) => Vec::new(),
+            None => piece_idx
+                .iter()
+                .zip(inp.old.to_dtype(DType::F32)?.to_vec2::<f32>()?)
+                .map(|(&i, mut lp)| {
+                    lp.truncate(rows[i].response.len());
+                    (i, lp)
+                })
+                .collect(),
+        };
         Ok(PieceOutcome::Done {
             grads: acc.take(),
             metrics: out.metrics.to_map(),
@@ -425,6 +448,7 @@ pub fn minibatch_gradient(
             tokens,
             seqs,
             clipped,
+            forward_logp,
         })
     };
     let mut acc = GradAccumulator::new();
@@ -433,6 +457,7 @@ pub fn minibatch_gradient(
     let (mut cb_sq, mut cb_clipped) = (0.0, 0.0);
     let (mut cb_weight, mut cb_share) = (0.0, 0.0);
     let mut clipped_rows = Vec::with_capacity(mb.len());
+    let mut forward_rows = Vec::new();
     // One micro-batch at a time (its shards side by side), so that at most one micro-batch of
     // activations is alive.
     for shards in &micro_batches {
@@ -446,11 +471,13 @@ pub fn minibatch_gradient(
                 tokens,
                 seqs,
                 clipped,
+                forward_logp,
             } = outcome
             else {
                 return Ok(None);
             };
             clipped_rows.extend(clipped);
+            forward_rows.extend(forward_logp);
             cb_sq += clip_bias_sq;
             cb_clipped += clip_bias_clipped;
             cb_weight += clip_bias_weights.0;
@@ -511,6 +538,7 @@ pub fn minibatch_gradient(
         metrics,
         step_scale,
         clipped: clipped_rows,
+        forward_logp: forward_rows,
     }))
 }
 
@@ -552,6 +580,7 @@ pub fn actor_update(
             clipped: vec![0; r.response.len()],
         })
         .collect();
+    stats.forward_logp = vec![None; n];
     for _ in 0..cfg.epochs {
         let perm = order(n);
         for mb in perm.chunks(mini) {
@@ -590,6 +619,9 @@ pub fn actor_update(
             opt.step(&grads, cfg.lr * g.step_scale)
                 .with_context(|| format!("the policy update (optim.lr = {})", cfg.lr))?;
             stats.applied += 1;
+            for (i, lp) in g.forward_logp {
+                stats.forward_logp[i].get_or_insert(lp);
+            }
             for (i, clipped) in g.clipped {
                 let rc = &mut stats.row_clips[i];
                 rc.passes += 1;

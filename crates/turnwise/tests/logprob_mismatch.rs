@@ -1,0 +1,104 @@
+//! The sampler–trainer mismatch per turn (issue 30 item 6): every RL step logs
+//! `rollout/logprob_mismatch/{abs_mean,abs_max,k3_mean}` and, per agent turn,
+//! `rollout/logprob_mismatch/turn_{k}/{abs_mean,k3_mean}`, comparing the log-probs the rollout
+//! recorded for its sampled tokens with the trainer's for the same tokens under the same
+//! weights: the recomputation of an off-policy update (the preset's mini-batches), or the
+//! on-policy update's own forward pass. The local engine samples what the trainer computes, so
+//! the mismatch is rounding; a row compared with another row's log-probs would be far off.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use turnwise::config::TrainConfig;
+use turnwise::trainer::Trainer;
+
+fn trainer(preset: &str, extra: &[&str]) -> Trainer {
+    let mut sets = common::tiny_overrides();
+    sets.extend(
+        ["rollout.prompts_per_step=3", "rollout.group_size=2"]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .map(String::from),
+    );
+    let cfg = TrainConfig::resolve(Some(preset), None, &sets).unwrap();
+    let mut t = Trainer::new(cfg).unwrap();
+    t.warm_start(&mut |_, _, _| {}).unwrap();
+    t.freeze_reference().unwrap();
+    t
+}
+
+/// Two RL steps of `preset` (with `extra`): each logs the mismatch over the batch and for
+/// every agent turn that has a loss token, and the local engine's mismatch is rounding.
+fn check(preset: &str, extra: &[&str]) {
+    let mut t = trainer(preset, extra);
+    for step in 1..=2 {
+        let out = t.rl_step().unwrap();
+        let m = &out.metrics;
+        let get = |k: &str| {
+            *m.get(&format!("rollout/logprob_mismatch/{k}"))
+                .unwrap_or_else(|| panic!("{preset} step {step}: no rollout/logprob_mismatch/{k}"))
+        };
+        let (abs_mean, abs_max, k3) = (get("abs_mean"), get("abs_max"), get("k3_mean"));
+        assert!(
+            abs_max < 1e-3 && abs_mean <= abs_max,
+            "{preset} step {step}: |Δ log p| mean {abs_mean}, max {abs_max}"
+        );
+        assert!((0.0..1e-6).contains(&k3), "{preset} step {step}: k3 {k3}");
+        // One pair of per-turn figures for every turn with a loss token in the batch.
+        let turns: BTreeSet<i32> = out
+            .episodes
+            .iter()
+            .flat_map(|e| {
+                let f = e.trajectory.flatten(t.config.rollout.train_on_forced);
+                f.loss_mask
+                    .into_iter()
+                    .zip(f.turn_id)
+                    .filter(|&(mask, _)| mask > 0)
+                    .map(|(_, turn)| turn)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert!(turns.len() >= 2, "{preset}: single-turn batch {turns:?}");
+        let logged: BTreeSet<i32> = m
+            .keys()
+            .filter_map(|k| {
+                k.strip_prefix("rollout/logprob_mismatch/turn_")?
+                    .strip_suffix("/abs_mean")?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        assert_eq!(logged, turns, "{preset} step {step}");
+        for k in &turns {
+            let v = get(&format!("turn_{k}/abs_mean"));
+            assert!(
+                v <= abs_max,
+                "{preset} step {step} turn {k}: {v} > {abs_max}"
+            );
+        }
+    }
+}
+
+/// GRPO as shipped: mini-batches, so the trainer recomputes the behaviour log-probs.
+#[test]
+fn off_policy_updates_log_the_recomputation_against_the_sampler() {
+    check("grpo", &[]);
+}
+
+/// One mini-batch of the whole batch and one epoch: no recomputation pass; the update's own
+/// forward pass (the weights the rollout sampled from) is compared.
+#[test]
+fn on_policy_updates_log_their_forward_pass_against_the_sampler() {
+    let cfg = TrainConfig::resolve(
+        Some("grpo"),
+        None,
+        &[
+            "optim.mini_batch_size=0".into(),
+            "optim.ppo_epochs=1".into(),
+        ],
+    )
+    .unwrap();
+    assert_eq!((cfg.optim.mini_batch_size, cfg.optim.ppo_epochs), (0, 1));
+    check("grpo", &["optim.mini_batch_size=0", "optim.ppo_epochs=1"]);
+}
