@@ -102,3 +102,71 @@ fn on_policy_updates_log_their_forward_pass_against_the_sampler() {
     assert_eq!((cfg.optim.mini_batch_size, cfg.optim.ppo_epochs), (0, 1));
     check("grpo", &["optim.mini_batch_size=0", "optim.ppo_epochs=1"]);
 }
+
+/// The trained weights, flattened in name order.
+fn weights(t: &Trainer) -> Vec<f32> {
+    let named: std::collections::BTreeMap<_, _> =
+        turnwise_model::model::transformer::varmap_tensors(&t.varmap, true)
+            .into_iter()
+            .collect();
+    named
+        .into_values()
+        .flat_map(|v| v.flatten_all().unwrap().to_vec1::<f32>().unwrap())
+        .collect()
+}
+
+/// `optim.old_logprobs = "rollout"`: GRPO's mini-batched update takes the rollout's recorded
+/// log-probs as its behaviour log-probs and skips the recomputation pass
+/// (`timing_s/old_log_prob`, which the recomputing run logs, is absent; no mismatch is logged:
+/// there is no trainer figure to compare with). The local engine records the trainer's
+/// log-probs to rounding, so two steps move the weights as the recomputation does: the two
+/// weight changes point the same way.
+#[test]
+fn rollout_old_logprobs_skip_the_recomputation_and_train_alike() {
+    // The tiny model answers nothing right: DAPO's overlong penalty of its long responses
+    // gives GRPO advantages (as in tests/kl_reward.rs).
+    let shaped = "overlong_buffer.enable=true";
+    let mut recompute = trainer("grpo", &[shaped]);
+    let mut rollout = trainer("grpo", &[shaped, "optim.old_logprobs=\"rollout\""]);
+    let start = weights(&recompute);
+    assert_eq!(start, weights(&rollout), "the same warm start");
+    for step in 1..=2 {
+        let a = recompute.rl_step().unwrap();
+        let b = rollout.rl_step().unwrap();
+        assert!(
+            a.metrics["actor/optimizer_steps"] >= 2.0,
+            "an off-policy update"
+        );
+        assert!(
+            a.metrics.contains_key("timing_s/old_log_prob"),
+            "step {step}"
+        );
+        assert!(a.metrics.contains_key("rollout/logprob_mismatch/abs_mean"));
+        assert!(
+            !b.metrics.contains_key("timing_s/old_log_prob"),
+            "step {step}: the rollout-log-prob run recomputed the behaviour log-probs"
+        );
+        assert!(
+            !b.metrics
+                .keys()
+                .any(|k| k.starts_with("rollout/logprob_mismatch/")),
+            "a rollout-log-prob update logs no mismatch"
+        );
+    }
+    let (wa, wb) = (weights(&recompute), weights(&rollout));
+    let da: Vec<f64> = wa
+        .iter()
+        .zip(&start)
+        .map(|(w, s)| f64::from(w - s))
+        .collect();
+    let db: Vec<f64> = wb
+        .iter()
+        .zip(&start)
+        .map(|(w, s)| f64::from(w - s))
+        .collect();
+    let dot: f64 = da.iter().zip(&db).map(|(x, y)| x * y).sum();
+    let norm = |d: &[f64]| d.iter().map(|x| x * x).sum::<f64>().sqrt();
+    assert!(norm(&da) > 0.0, "no update");
+    let cos = dot / (norm(&da) * norm(&db));
+    assert!(cos > 0.99, "weight changes point apart: cos {cos}");
+}

@@ -45,7 +45,7 @@ pub use rollout::{
 };
 pub use run::{EvalConfig, RunConfig, WandbSetting};
 pub use task::{AgentFormatName, GameConfig, MAX_TOPK, SearchR1Files, TaskConfig, TaskEnv};
-pub use update::{AlgorithmConfig, CriticConfig, OptimConfig, TrainSamples};
+pub use update::{AlgorithmConfig, CriticConfig, OldLogprobs, OptimConfig, TrainSamples};
 pub use warm_start::{RsftConfig, SftConfig};
 
 /// Error resolving a configuration.

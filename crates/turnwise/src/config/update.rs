@@ -49,6 +49,25 @@ pub struct OptimConfig {
     /// environment step is its own row, the context its turn was sampled from, memory window
     /// included, plus that turn's tokens).
     pub samples: TrainSamples,
+    /// Where the behaviour (old) log-probs of an update that needs them (several mini-batches
+    /// or epochs, or KL in the reward) come from: `recompute` (default: one no-grad pass of the
+    /// trainer over the batch with the rollout weights, verl's `compute_log_prob`) or `rollout`
+    /// (the log-probs the rollout recorded while sampling, skipping that pass, as verl's
+    /// rollout-correction bypass mode does). The local engine records what the trainer
+    /// computes, to rounding (`rollout/logprob_mismatch/*`, which a `rollout` update does not
+    /// log); with an inference server the importance ratios then carry its mismatch.
+    pub old_logprobs: OldLogprobs,
+}
+
+/// Where an update's behaviour log-probs come from (`optim.old_logprobs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OldLogprobs {
+    /// The trainer recomputes them with the rollout weights.
+    #[default]
+    Recompute,
+    /// The log-probs the rollout recorded while sampling.
+    Rollout,
 }
 
 /// What one training row is (`optim.samples`).
@@ -80,6 +99,7 @@ impl Default for OptimConfig {
             micro_batch_size: 0,
             max_bad_updates: 3,
             samples: TrainSamples::Trajectory,
+            old_logprobs: OldLogprobs::Recompute,
         }
     }
 }

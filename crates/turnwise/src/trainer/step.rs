@@ -15,7 +15,7 @@ use turnwise_model::rng::TurnRng;
 use super::samples::{self, TrainedSample};
 use super::sampling::StepBatch;
 use super::{StepOutput, Trainer, advantage, shuffle};
-use crate::config::{RolloutStrategy, TrainConfig, TrainSamples};
+use crate::config::{OldLogprobs, RolloutStrategy, TrainConfig, TrainSamples};
 use crate::rollout::RolloutControl;
 use crate::update::critic::{CRITIC_APPLIED, CRITIC_SKIPPED, CriticUpdate};
 use crate::update::{ActorUpdate, Row, UpdateStats, actor_update, is_on_policy, logprobs_no_grad};
@@ -45,7 +45,7 @@ impl Trainer {
             Some(c) => Some(c.values(&trajectories, 64)?),
             None => None,
         };
-        let kl_logprobs = self.kl_logprobs(&trajectories)?;
+        let (kl_logprobs, old_logprob_seconds) = self.kl_logprobs(&trajectories)?;
         let kl_beta = self.kl_ctrl.as_ref().map(|k| k.value());
         let kl_in_reward = match (&kl_logprobs, kl_beta) {
             (Some((old, reference)), Some(beta)) => Some(advantage::KlInReward {
@@ -78,6 +78,9 @@ impl Trainer {
 
         // Metrics of the batch and its advantages.
         let mut metrics = BTreeMap::new();
+        if let Some(s) = old_logprob_seconds {
+            metrics.insert("timing_s/old_log_prob".into(), s);
+        }
         if let (Some(kl), Some(beta), Some(ctrl)) = (adv.reward_kl, kl_beta, self.kl_ctrl.as_mut())
         {
             // verl logs the coefficient used for this batch, then updates the controller.
@@ -140,19 +143,28 @@ impl Trainer {
         })
     }
 
-    /// KL in the reward (spec §5.8): the behaviour and reference log-probs of `trajectories`;
-    /// `None` when KL is not in the reward.
-    fn kl_logprobs(&self, trajectories: &[Row]) -> Result<Option<KlLogprobs>> {
+    /// KL in the reward (spec §5.8): the behaviour and reference log-probs of `trajectories`
+    /// (`None` when KL is not in the reward), and the seconds the behaviour log-probs' recomputation
+    /// took (`None` when they come from the rollout, `optim.old_logprobs`).
+    fn kl_logprobs(&self, trajectories: &[Row]) -> Result<(Option<KlLogprobs>, Option<f64>)> {
         let temperature = self.config.rollout.temperature;
         match (&self.kl_ctrl, &self.reference) {
-            (None, _) => Ok(None),
+            (None, _) => Ok((None, None)),
             (Some(_), None) => {
                 bail!("KL in the reward needs the reference model (call freeze_reference)")
             }
-            (Some(_), Some(reference)) => Ok(Some((
-                logprobs_no_grad(&self.sampler, trajectories, temperature, 64)?,
-                logprobs_no_grad(reference, trajectories, temperature, 64)?,
-            ))),
+            (Some(_), Some(reference)) => {
+                let t = Instant::now();
+                let (old, seconds) = match self.config.optim.old_logprobs {
+                    OldLogprobs::Recompute => (
+                        logprobs_no_grad(&self.sampler, trajectories, temperature, 64)?,
+                        Some(t.elapsed().as_secs_f64()),
+                    ),
+                    OldLogprobs::Rollout => (rollout_logprobs(trajectories)?, None),
+                };
+                let reference = logprobs_no_grad(reference, trajectories, temperature, 64)?;
+                Ok((Some((old, reference)), seconds))
+            }
         }
     }
 
@@ -190,13 +202,20 @@ impl Trainer {
             lr: self.lr(),
             grad_clip: cfg.optim.grad_clip,
         };
-        // Behaviour log-probs: recomputed by the trainer with the rollout weights (already
-        // there with KL in the reward), or, for an on-policy update, taken from the update's
-        // own forward pass.
+        // Behaviour log-probs: recomputed by the trainer with the rollout weights, or the ones
+        // the rollout recorded (`optim.old_logprobs`; already there with KL in the reward), or,
+        // for an on-policy update, taken from the update's own forward pass.
+        let from_rollout = cfg.optim.old_logprobs == OldLogprobs::Rollout;
         let old = match old_logp {
             _ if is_on_policy(&upd, rows.len()) => None,
             Some(old) => Some(old),
-            None => Some(logprobs_no_grad(&self.sampler, rows, temperature, 64)?),
+            None if from_rollout => Some(rollout_logprobs(rows)?),
+            None => {
+                let t = Instant::now();
+                let old = logprobs_no_grad(&self.sampler, rows, temperature, 64)?;
+                metrics.insert("timing_s/old_log_prob".into(), t.elapsed().as_secs_f64());
+                Some(old)
+            }
         };
         let mut rng = TurnRng::seed_from_u64(self.rng.next_u64());
         let mut order = |n: usize| {
@@ -220,7 +239,9 @@ impl Trainer {
         metrics.extend(std::mem::take(&mut stats.metrics));
         // The sampler–trainer mismatch: the recorded log-probs against the trainer's, from the
         // recomputation of an off-policy update or the on-policy update's own forward pass.
+        // Behaviour log-probs taken from the rollout have no trainer figure to compare with.
         let trainer_logp: Vec<Option<&[f32]>> = match &old {
+            Some(_) if from_rollout => vec![None; rows.len()],
             Some(old) => old.iter().map(|v| Some(v.as_slice())).collect(),
             None => stats.forward_logp.iter().map(Option::as_deref).collect(),
         };
@@ -406,4 +427,23 @@ fn logprob_mismatch_metrics(
         .collect();
     let m = logprob_mismatch(&pairs).context("the sampler–trainer log-prob mismatch")?;
     Ok(m.metrics("rollout/logprob_mismatch").into_iter().collect())
+}
+
+/// The log-probs each of `rows` recorded when the rollout sampled its tokens
+/// (`optim.old_logprobs = "rollout"`).
+fn rollout_logprobs(rows: &[Row]) -> Result<Vec<Vec<f32>>> {
+    rows.iter()
+        .enumerate()
+        .map(|(i, r)| {
+            if r.sampled_logprobs.len() != r.response.len() {
+                bail!(
+                    "optim.old_logprobs = \"rollout\": row {i} has {} recorded log-probs for {} \
+                     response tokens",
+                    r.sampled_logprobs.len(),
+                    r.response.len()
+                );
+            }
+            Ok(r.sampled_logprobs.clone())
+        })
+        .collect()
 }
