@@ -240,12 +240,14 @@ impl Trainer {
         // The sampler–trainer mismatch: the recorded log-probs against the trainer's, from the
         // recomputation of an off-policy update or the on-policy update's own forward pass.
         // Behaviour log-probs taken from the rollout have no trainer figure to compare with.
-        let trainer_logp: Vec<Option<&[f32]>> = match &old {
-            Some(_) if from_rollout => vec![None; rows.len()],
-            Some(old) => old.iter().map(|v| Some(v.as_slice())).collect(),
-            None => stats.forward_logp.iter().map(Option::as_deref).collect(),
+        let trainer_logp: Option<Vec<Option<&[f32]>>> = match &old {
+            Some(_) if from_rollout => None,
+            Some(old) => Some(old.iter().map(|v| Some(v.as_slice())).collect()),
+            None => Some(stats.forward_logp.iter().map(Option::as_deref).collect()),
         };
-        metrics.extend(logprob_mismatch_metrics(rows, &trainer_logp)?);
+        if let Some(trainer_logp) = trainer_logp {
+            metrics.extend(logprob_mismatch_metrics(rows, &trainer_logp)?);
+        }
         if let (Some(critic), Some(values)) = (self.critic.as_mut(), values) {
             let vcfg = turnwise_model::loss::value::ValueLossConfig {
                 cliprange_value: cfg.critic.cliprange_value,
