@@ -375,6 +375,39 @@ fn op_table(reps: usize) {
             })
         }),
     );
+    // The output head at SmolLM2's shapes (its training batch of 4 × 128 tokens, hidden 576,
+    // vocabulary 49,152): fused (chunks of the vocabulary, no logits) against the logits
+    // materialised and then the fused log-prob op; gradients for the hidden states and W.
+    let (rows, dh, vh) = (SMOL_TRAIN_BATCH * SMOL_TRAIN_LEN, 576, 49_152);
+    let h = var(&[rows, dh]);
+    let wv = Var::from_tensor(
+        &(Tensor::randn(0f32, 1.0, (vh, dh), &dev).expect("randn") * 0.05).expect("scale"),
+    )
+    .expect("var");
+    let tg: Vec<u32> = (0..rows).map(|i| (i * 7919 % vh) as u32).collect();
+    let tg = Tensor::from_vec(tg, rows, &dev).expect("targets");
+    let head = |fused: bool| {
+        let (l, e) = if fused {
+            ops::head_logprobs_entropy(h.as_tensor(), wv.as_tensor(), &tg, 1.0)
+        } else {
+            let logits = h
+                .as_tensor()
+                .matmul(&wv.as_tensor().t().expect("t"))
+                .expect("mm");
+            ops::token_logprobs_entropy(&logits, &tg)
+        }
+        .expect("op");
+        obj((l, e))
+            .sum_all()
+            .expect("sum")
+            .backward()
+            .expect("backward");
+    };
+    row(
+        "output head + logprob + entropy [512, 576] × 49152 (vs logits materialised)",
+        time_it(reps, || head(true)),
+        time_it(reps, || head(false)),
+    );
 }
 
 /// The forward-only sampling kernels against the candle ops they replace (detached weights).

@@ -41,8 +41,7 @@ pub fn logprobs_and_entropy(
     key_mask: &Tensor,
     targets: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
-    let logits = model.forward(input_ids, positions, key_mask, None)?;
-    token_logprobs_and_entropy(&logits, targets)
+    logprobs_and_entropy_with_temperature(model, input_ids, positions, key_mask, targets, 1.0)
 }
 
 /// [`logprobs_and_entropy`] under a sampling temperature: the log-probabilities and entropies
@@ -62,13 +61,17 @@ pub fn logprobs_and_entropy_with_temperature(
             format!("{temperature} is not a positive number"),
         ));
     }
-    let logits = model.forward(input_ids, positions, key_mask, None)?;
-    let logits = if temperature == 1.0 {
-        logits
-    } else {
-        logits.affine(1.0 / temperature, 0.0)?
-    };
-    token_logprobs_and_entropy(&logits, targets)
+    let (b, t) = input_ids.dims2()?;
+    if targets.dims() != [b, t] {
+        return Err(ModelError::invalid_input(
+            "targets",
+            format!("expected [{b}, {t}], got {:?}", targets.dims()),
+        ));
+    }
+    // The output head fused with the log-softmax (see `Transformer::head_logprobs_entropy`):
+    // the [B, T, V] logits are never materialised on the CPU.
+    let hidden = model.forward_hidden(input_ids, positions, key_mask, None)?;
+    model.head_logprobs_entropy(&hidden, targets, 1.0 / temperature)
 }
 
 #[cfg(test)]

@@ -84,6 +84,7 @@ fn gradient_and_metrics(
         micro_batch: micro,
         lr: 1e-3,
         grad_clip: 1.0,
+        rollout_is_cap: None,
     };
     let mb: Vec<usize> = (0..rows.len()).collect();
     let g = minibatch_gradient(
@@ -175,6 +176,7 @@ fn preset_update(
         micro_batch: 0,
         lr: cfg.optim.lr,
         grad_clip: cfg.optim.grad_clip,
+        rollout_is_cap: None,
     };
     let before = weights(t);
     let mut order = |n: usize| (0..n).collect::<Vec<_>>();

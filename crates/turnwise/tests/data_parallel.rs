@@ -139,6 +139,7 @@ fn minibatch_gradient_does_not_depend_on_the_shards() {
             micro_batch: 0,
             lr: 1e-3,
             grad_clip: 1.0,
+            rollout_is_cap: None,
         };
         let grad = |threads| {
             on_threads(threads, || {

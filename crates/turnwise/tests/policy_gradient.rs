@@ -165,6 +165,7 @@ fn on_policy_shortcut_and_micro_batches_match_the_full_update() {
             micro_batch: micro,
             lr: 1e-3,
             grad_clip: 1e9,
+            rollout_is_cap: None,
         };
         assert!(is_on_policy(&upd, rows.len()));
         let old = recompute.then(|| logprobs_no_grad(&t.sampler, &rows, 1.0, 3).unwrap());
@@ -211,6 +212,7 @@ fn on_policy_shortcut_and_micro_batches_match_the_full_update() {
         micro_batch: 0,
         lr: 1e-3,
         grad_clip: 1.0,
+        rollout_is_cap: None,
     };
     assert!(!is_on_policy(&upd, rows.len()));
     let mut t = t0;

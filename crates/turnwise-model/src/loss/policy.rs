@@ -391,6 +391,11 @@ pub struct PolicyLossInput<'a> {
     /// A mini-batch clip-bias scale computed beforehand over the whole mini-batch (use when this
     /// call sees one micro-batch only); replaces the scale computed here (`minibatch` scope).
     pub clip_bias_scale: Option<f64>,
+    /// Per-token importance weights (constants, ≥ 0) that multiply each token's loss before
+    /// aggregation: truncated importance sampling over the sampler–trainer mismatch, `w =
+    /// min(π_old(y_t) / π_sampler(y_t), C)` (verl's `rollout_is_weights`; Yao et al., 2025).
+    /// `None` = 1 everywhere.
+    pub is_weights: Option<&'a Tensor>,
 }
 
 impl<'a> PolicyLossInput<'a> {
@@ -411,6 +416,7 @@ impl<'a> PolicyLossInput<'a> {
             denominators: None,
             params: None,
             clip_bias_scale: None,
+            is_weights: None,
         }
     }
 
@@ -435,6 +441,12 @@ impl<'a> PolicyLossInput<'a> {
     /// Uses a precomputed mini-batch clip-bias scale (§5.6, micro-batching).
     pub fn with_clip_bias_scale(mut self, scale: f64) -> Self {
         self.clip_bias_scale = Some(scale);
+        self
+    }
+
+    /// Adds per-token importance weights (truncated importance sampling, [`Self::is_weights`]).
+    pub fn with_is_weights(mut self, weights: &'a Tensor) -> Self {
+        self.is_weights = Some(weights);
         self
     }
 
@@ -758,6 +770,20 @@ fn run(
         }
         None => (l_clip.clone(), None),
     };
+    // --- Truncated importance sampling: each token's loss times its constant weight.
+    let loss_mat = match input.is_weights {
+        Some(w) => {
+            let w_rows = finite_rows(name, "is_weights", w, Some(dims))?;
+            if w_rows.iter().flatten().any(|&v| v < 0.0) {
+                return Err(LossError::InvalidInput {
+                    loss: name.to_string(),
+                    msg: "is_weights must be ≥ 0".to_string(),
+                });
+            }
+            loss_mat.mul(&w.detach().to_dtype(dtype)?)?
+        }
+        None => loss_mat,
+    };
 
     // --- Diagnostics (§7) on detached values.
     let (l1_rows, l2_rows, lc_rows) = (rows_of(&l1)?, rows_of(&l2)?, rows_of(&l_clip)?);
@@ -975,6 +1001,51 @@ mod tests {
                 "s_grpo"
             ]
         );
+    }
+
+    /// Truncated importance sampling: a token's positive weight multiplies its whole loss, clip
+    /// included, so the weighted loss equals the unweighted one on advantages times the
+    /// weights (loss and gradient), for every loss whose clip bounds do not read `A`'s scale.
+    #[test]
+    fn is_weights_scale_each_token_loss() {
+        let logp = [-0.9, -1.4, -0.2, -2.0, -0.7, -1.1];
+        let old = [-1.0, -1.0, -0.5, -2.0, -0.3, -1.0];
+        let adv = [0.8, -1.2, 0.5, 0.0, -0.6, 1.1];
+        let mask = [1.0, 1.0, 1.0, 0.0, 1.0, 1.0];
+        let turn = [0.0, 0.0, 0.0, -1.0, 1.0, 1.0];
+        let w = [0.5, 2.0, 1.3, 7.0, 0.0, 0.9];
+        let weighted_adv: Vec<f64> = adv.iter().zip(w).map(|(a, w)| a * w).collect();
+        for name in ["vanilla", "dapo", "gspo", "turn", "gspo_turn"] {
+            let c = cfg(name);
+            let run_with = |a: &[f64], weights: Option<&Tensor>| {
+                let v = var2(&[&logp]);
+                let (o, am, m, t) = (t2(&[&old]), t2(&[a]), t2(&[&mask]), t2(&[&turn]));
+                let mut inp = PolicyLossInput::new(v.as_tensor(), &o, &am, &m).with_turn_id(&t);
+                if let Some(wt) = weights {
+                    inp = inp.with_is_weights(wt);
+                }
+                let out = compute_policy_loss(&inp, &c).unwrap();
+                (scalar(&out.loss), grad_rows(&out.loss, &v)[0].clone())
+            };
+            let wt = t2(&[&w]);
+            let (got, got_g) = run_with(&adv, Some(&wt));
+            let (want, want_g) = run_with(&weighted_adv, None);
+            let (plain, _) = run_with(&adv, None);
+            assert!((got - want).abs() < 1e-9, "{name}: {got} vs {want}");
+            assert_close(&got_g, &want_g, 1e-9);
+            assert!(
+                (got - plain).abs() > 1e-3,
+                "{name}: the weights changed nothing"
+            );
+        }
+        // Negative or non-finite weights are refused.
+        let v = var2(&[&logp]);
+        let (o, a, m) = (t2(&[&old]), t2(&[&adv]), t2(&[&mask]));
+        for bad in [-0.1, f64::NAN] {
+            let wt = t2(&[&[1.0, bad, 1.0, 1.0, 1.0, 1.0]]);
+            let inp = PolicyLossInput::new(v.as_tensor(), &o, &a, &m).with_is_weights(&wt);
+            assert!(compute_policy_loss(&inp, &cfg("vanilla")).is_err());
+        }
     }
 
     #[test]

@@ -598,6 +598,36 @@ impl Transformer {
         .forward(hidden)
     }
 
+    /// Log-probabilities of `targets` and entropies of `softmax(scale · logits)`, where the
+    /// logits are [`Self::logits`] of `hidden: [.., hidden]` and `targets` has `hidden`'s leading
+    /// dims. On `f32`/`f64` CPU tensors this is the fused output head
+    /// ([`super::ops::head_logprobs_entropy`]: chunks of the vocabulary, the logits never
+    /// materialised, forward or backward); elsewhere the logits, then
+    /// [`super::ops::token_logprobs_entropy`].
+    pub fn head_logprobs_entropy(
+        &self,
+        hidden: &Tensor,
+        targets: &Tensor,
+        scale: f64,
+    ) -> Result<(Tensor, Tensor)> {
+        let w = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let fused = super::ops::fused_on(hidden.device())
+            && matches!(hidden.dtype(), DType::F32 | DType::F64)
+            && w.dtype() == hidden.dtype();
+        if fused {
+            return Ok(super::ops::head_logprobs_entropy(
+                hidden, w, targets, scale,
+            )?);
+        }
+        let logits = self.logits(hidden)?;
+        let logits = if scale == 1.0 {
+            logits
+        } else {
+            logits.affine(scale, 0.0)?
+        };
+        Ok(super::ops::token_logprobs_entropy(&logits, targets)?)
+    }
+
     /// `cos, sin: [B, 1, T, head_dim]` for per-row positions.
     fn rope_tables(
         &self,

@@ -57,6 +57,15 @@ pub struct OptimConfig {
     /// computes, to rounding (`rollout/logprob_mismatch/*`, which a `rollout` update does not
     /// log); with an inference server the importance ratios then carry its mismatch.
     pub old_logprobs: OldLogprobs,
+    /// Truncated importance sampling over the sampler–trainer mismatch (Yao et al., 2025;
+    /// verl's `algorithm.rollout_is_threshold` at token level): when positive, each trained
+    /// token's loss is multiplied by the constant `min(π_old(y_t) / π_sampler(y_t), C)`, the
+    /// trainer's behaviour probability (recomputed, `old_logprobs = "recompute"`) over the one the
+    /// engine recorded while sampling, capped at this `C` (2 in the paper). For an inference
+    /// server whose numerics differ from the trainer's; the local engine records what the
+    /// trainer computes, so there the weights are 1 to rounding. Logged as
+    /// `actor/tis_weight_mean` and `actor/tis_capped_frac`. 0 (default): off. Range: ≥ 0.
+    pub rollout_is_cap: f64,
 }
 
 /// Where an update's behaviour log-probs come from (`optim.old_logprobs`).
@@ -100,6 +109,7 @@ impl Default for OptimConfig {
             max_bad_updates: 3,
             samples: TrainSamples::Trajectory,
             old_logprobs: OldLogprobs::Recompute,
+            rollout_is_cap: 0.0,
         }
     }
 }
@@ -250,6 +260,22 @@ impl OptimConfig {
             return bad(
                 "optim.grad_clip",
                 format!("must be positive, got {}", self.grad_clip),
+            );
+        }
+        check(
+            non_negative(self.rollout_is_cap),
+            "optim.rollout_is_cap",
+            "a non-negative number (0: off)",
+            self.rollout_is_cap,
+        )?;
+        if self.rollout_is_cap > 0.0 && self.old_logprobs == OldLogprobs::Rollout {
+            return bad(
+                "optim.rollout_is_cap",
+                "truncated importance sampling weighs the trainer's recomputed behaviour \
+                 log-probs against the sampler's, but optim.old_logprobs = \"rollout\" takes \
+                 the sampler's as the behaviour log-probs, so every weight would be 1: set \
+                 optim.old_logprobs = \"recompute\" or optim.rollout_is_cap = 0"
+                    .into(),
             );
         }
         Ok(())

@@ -201,6 +201,7 @@ impl Trainer {
             micro_batch: cfg.optim.micro_batch_size,
             lr: self.lr(),
             grad_clip: cfg.optim.grad_clip,
+            rollout_is_cap: (cfg.optim.rollout_is_cap > 0.0).then_some(cfg.optim.rollout_is_cap),
         };
         // Behaviour log-probs: recomputed by the trainer with the rollout weights, or the ones
         // the rollout recorded (`optim.old_logprobs`; already there with KL in the reward), or,

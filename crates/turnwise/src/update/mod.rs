@@ -150,6 +150,10 @@ pub struct ActorUpdate<'a> {
     pub lr: f64,
     /// Gradient-norm bound.
     pub grad_clip: f64,
+    /// Truncated importance sampling's cap `C` (`optim.rollout_is_cap`): each trained token's
+    /// loss is weighted by `min(exp(old − sampled), C)`, the behaviour log-prob over the one
+    /// the rollout recorded; `None`: off.
+    pub rollout_is_cap: Option<f64>,
 }
 
 /// Rows `idx` of the per-row values `v`, right-padded with zeros: `[idx.len(), width]`.
@@ -241,6 +245,57 @@ fn micro_input(
         lp,
         entropy,
     ))
+}
+
+/// Truncated importance sampling's weights `[B, L]` for the rows `idx` (`optim.rollout_is_cap`):
+/// `min(exp(old − sampled), cap)` per response token, `old` the behaviour log-probs the loss
+/// uses and `sampled` those the rollout recorded; with their metrics, token means over
+/// `loss_mask`: `actor/tis_weight_mean` and `actor/tis_capped_frac` (the share of tokens whose
+/// ratio exceeded the cap).
+fn truncated_is_weights(
+    rows: &[Row],
+    idx: &[usize],
+    old: &Tensor,
+    loss_mask: &Tensor,
+    cap: f64,
+) -> Result<(Tensor, BTreeMap<String, f64>)> {
+    let old_rows = old.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+    let mask_rows = loss_mask.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+    let width = old_rows.first().map_or(0, Vec::len);
+    let mut w = vec![1f32; idx.len() * width];
+    let (mut sum, mut capped, mut n) = (0.0f64, 0.0f64, 0.0f64);
+    for (k, &i) in idx.iter().enumerate() {
+        let row = &rows[i];
+        let sampled = &row.sampled_logprobs;
+        if sampled.len() != row.response.len() {
+            anyhow::bail!(
+                "optim.rollout_is_cap: row {i} has {} recorded log-probs for {} response tokens \
+                 (truncated importance sampling needs the log-prob the engine sampled each \
+                 token with)",
+                sampled.len(),
+                row.response.len()
+            );
+        }
+        for (t, &s) in sampled.iter().enumerate() {
+            let ratio = f64::from(old_rows[k][t] - s).exp();
+            let wt = ratio.min(cap);
+            w[k * width + t] = wt as f32;
+            let m = f64::from(mask_rows[k][t]);
+            sum += m * wt;
+            capped += m * f64::from(u8::from(ratio > cap));
+            n += m;
+        }
+    }
+    let metrics = if n > 0.0 {
+        BTreeMap::from([
+            ("actor/tis_weight_mean".to_string(), sum / n),
+            ("actor/tis_capped_frac".to_string(), capped / n),
+        ])
+    } else {
+        BTreeMap::new()
+    };
+    let w = Tensor::from_vec(w, (idx.len(), width), old.device())?;
+    Ok((w, metrics))
 }
 
 /// The §5.6 clip-bias scale of a mini-batch cut into several pieces (micro-batches, and the
@@ -393,6 +448,13 @@ pub fn minibatch_gradient(
         if let Some(scale) = cb_scale {
             pin = pin.with_clip_bias_scale(scale);
         }
+        let tis = cfg
+            .rollout_is_cap
+            .map(|cap| truncated_is_weights(rows, piece_idx, &inp.old, &packed.loss_mask, cap))
+            .transpose()?;
+        if let Some((w, _)) = &tis {
+            pin = pin.with_is_weights(w);
+        }
         let input = ActorLossInput {
             policy: pin,
             ref_logp: inp.reference.as_ref(),
@@ -436,9 +498,13 @@ pub fn minibatch_gradient(
                 })
                 .collect(),
         };
+        let mut metrics = out.metrics.to_map();
+        if let Some((_, m)) = tis {
+            metrics.extend(m);
+        }
         Ok(PieceOutcome::Done {
             grads: acc.take(),
-            metrics: out.metrics.to_map(),
+            metrics,
             clip_bias_sq: (out.metrics.policy.clip_bias_norm * seqs).powi(2),
             clip_bias_clipped: out.metrics.policy.clip_bias_num_clipped as f64,
             clip_bias_weights: (

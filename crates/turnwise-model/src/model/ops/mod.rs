@@ -12,7 +12,10 @@
 //! - [`rope()`](rope::rope): rotate-half rotary embedding with per-row tables, reading strided
 //!   input (so `[B, T, H, D] → [B, H, T, D]` transposes cost nothing extra);
 //! - [`token_logprobs_entropy()`](logprob::token_logprobs_entropy): log-probability of a target
-//!   token and entropy of the softmax, per row of logits.
+//!   token and entropy of the softmax, per row of logits;
+//! - [`head_logprobs_entropy()`](head::head_logprobs_entropy): the same from the final hidden
+//!   states and the output projection, in chunks of the vocabulary, never materialising the
+//!   logits (the fused output head).
 //!
 //! [`frozen`] holds `x Wᵀ` for a frozen weight (the backward computes the input's gradient
 //! only), which LoRA training runs on.
@@ -33,6 +36,7 @@
 //! against the fused kernels.
 
 pub mod frozen;
+pub mod head;
 pub mod infer;
 pub mod logprob;
 pub mod rms_norm;
@@ -48,6 +52,7 @@ use std::sync::OnceLock;
 
 use candle_core::{CpuStorage, Device, Layout, WithDType};
 
+pub use head::head_logprobs_entropy;
 pub use logprob::token_logprobs_entropy;
 pub use rms_norm::rms_norm;
 pub use rope::rope;
