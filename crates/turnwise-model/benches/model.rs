@@ -415,7 +415,10 @@ fn infer_table(reps: usize) {
     use turnwise_model::model::ops;
     let dev = Device::Cpu;
     let rand = |shape: &[usize]| Tensor::randn(0f32, 1.0, shape, &dev).expect("randn");
-    println!("\n| sampling kernel (size-B shapes, no graph) | kernel ms | candle ms | speed-up |");
+    println!(
+        "\n| sampling kernel ({:?}; size-B shapes, no graph) | kernel ms | candle ms | speed-up |",
+        ops::infer::kernel_isa()
+    );
     println!("|---|---:|---:|---:|");
     let row = |name: String, kernel: f64, candle: f64| {
         println!(
@@ -430,7 +433,9 @@ fn infer_table(reps: usize) {
         .expect("kernel")
         .is_none()
     {
-        println!("| (skipped: the kernel needs AVX-512, which this CPU lacks) | – | – | – |");
+        println!(
+            "| (skipped: the kernels need AVX2 or AVX-512, which this CPU lacks) | – | – | – |"
+        );
         return;
     }
     for (what, n) in [("q_proj", 512), ("gate_proj", 1536), ("lm_head", 8192)] {

@@ -5,8 +5,10 @@
 //! every call, which for a few rows costs more than the multiplication: at batch 8 on size B,
 //! packing was 55 % of sampling time. [`linear`] reads the weight rows in place (both operands
 //! are rows of length `K`, so `y[i, j] = x[i] · w[j]`), four weight rows against four input rows
-//! at a time with AVX-512 FMAs, the weight streamed once per call. (A fused decoding attention
-//! kernel was measured too and lost to candle's batched matmuls: it is not here.)
+//! at a time with AVX-512 FMAs (16 lanes) or, on CPUs without AVX-512, AVX2 FMAs (8 lanes), the
+//! weight streamed once per call; [`kernel_isa`] picks the widest the CPU has at run time. (A
+//! fused decoding attention kernel was measured too and lost to candle's batched matmuls: it
+//! is not here.)
 //!
 //! It records no graph: the model routes here only when no input tracks gradients (sampling
 //! on [`crate::Transformer::detached_from_varmap`] weights), on the CPU, in `f32`. Every other
@@ -23,17 +25,56 @@ pub const LINEAR_MAX_ROWS: usize = 96;
 /// Below this many multiply-adds a kernel stays on the calling thread.
 const PARALLEL_MIN_MACS: usize = 1 << 20;
 
-/// Whether the AVX-512 kernels can run here (checked once).
-fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
+/// The instruction set of the sampling kernels, narrowest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum KernelIsa {
+    /// No kernel: [`linear`] declines and the caller runs candle's matmul.
+    Portable,
+    /// AVX2 with FMA: 8 lanes.
+    Avx2,
+    /// AVX-512F: 16 lanes.
+    Avx512,
+}
+
+impl KernelIsa {
+    /// The widest set this CPU runs.
+    pub fn detected() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return Self::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return Self::Avx2;
+            }
+        }
+        Self::Portable
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+
+    /// Every set this CPU runs, narrowest first (what the tests compare against the reference).
+    pub fn supported() -> Vec<Self> {
+        [Self::Portable, Self::Avx2, Self::Avx512]
+            .into_iter()
+            .filter(|&i| i <= Self::detected())
+            .collect()
     }
+}
+
+/// The kernels' instruction set: the widest the CPU has (checked once), capped by
+/// `TURNWISE_KERNEL_ISA` = `avx2` or `portable` (to measure or test a narrower path on a wider
+/// CPU; any other value is ignored).
+pub fn kernel_isa() -> KernelIsa {
+    static ISA: std::sync::OnceLock<KernelIsa> = std::sync::OnceLock::new();
+    *ISA.get_or_init(|| {
+        let cap = match std::env::var("TURNWISE_KERNEL_ISA").as_deref() {
+            Ok("avx2") => KernelIsa::Avx2,
+            Ok("portable") => KernelIsa::Portable,
+            _ => KernelIsa::Avx512,
+        };
+        KernelIsa::detected().min(cap)
+    })
 }
 
 /// Whether `t` is a graph-free `f32` CPU tensor.
@@ -53,8 +94,9 @@ fn f32_slice<'a>(storage: &'a Storage, layout: &Layout) -> candle_core::Result<&
     }
 }
 
-/// `x Wᵀ` for `x: [M, K]` and `w: [N, K]` (Hugging Face layout), when `M <= max_rows`, AVX-512
-/// is available and neither input tracks gradients (`f32`, CPU); `None` otherwise.
+/// `x Wᵀ` for `x: [M, K]` and `w: [N, K]` (Hugging Face layout), when `M <= max_rows`, the CPU
+/// has AVX-512 or AVX2 ([`kernel_isa`]) and neither input tracks gradients (`f32`, CPU); `None`
+/// otherwise.
 pub fn linear(x: &Tensor, w: &Tensor, max_rows: usize) -> candle_core::Result<Option<Tensor>> {
     Ok(linear_many(x, &[w], max_rows)?.and_then(|mut ys| ys.pop()))
 }
@@ -78,7 +120,12 @@ pub fn linear_many(
             _ => return Ok(None),
         }
     }
-    if m == 0 || m > max_rows || ws.is_empty() || !has_avx512() || !plain_f32_cpu(x) {
+    if m == 0
+        || m > max_rows
+        || ws.is_empty()
+        || kernel_isa() == KernelIsa::Portable
+        || !plain_f32_cpu(x)
+    {
         return Ok(None);
     }
     let x = x.contiguous()?;
@@ -92,7 +139,7 @@ pub fn linear_many(
         .iter()
         .map(|(s, l)| f32_slice(s, l))
         .collect::<candle_core::Result<Vec<_>>>()?;
-    let ys = matmul_xwt_many(f32_slice(&xs, xl)?, &slices, m, &ns, k, true)?;
+    let ys = matmul_xwt_many(f32_slice(&xs, xl)?, &slices, m, &ns, k, kernel_isa())?;
     ys.into_iter()
         .zip(&ns)
         .map(|(y, &n)| Tensor::from_vec(y, (m, n), x.device()))
@@ -100,8 +147,8 @@ pub fn linear_many(
         .map(Some)
 }
 
-/// `y[i, j] = x[i] · w[j]` for row-major `x: [m, k]`, `w: [n, k]`; `y: [m, n]`. `simd` picks
-/// the AVX-512 tiles (when the CPU has them) over the portable dot products.
+/// `y[i, j] = x[i] · w[j]` for row-major `x: [m, k]`, `w: [n, k]`; `y: [m, n]`, with the tiles
+/// of `isa` (the portable dot products for a set the CPU lacks).
 #[cfg(test)]
 pub(crate) fn matmul_xwt(
     x: &[f32],
@@ -109,9 +156,9 @@ pub(crate) fn matmul_xwt(
     m: usize,
     n: usize,
     k: usize,
-    simd: bool,
+    isa: KernelIsa,
 ) -> candle_core::Result<Vec<f32>> {
-    Ok(matmul_xwt_many(x, &[w], m, &[n], k, simd)?.remove(0))
+    Ok(matmul_xwt_many(x, &[w], m, &[n], k, isa)?.remove(0))
 }
 
 /// [`matmul_xwt`] for several weights `ws[i]: [ns[i], k]`: one output `[m, ns[i]]` each. The
@@ -123,7 +170,7 @@ pub(crate) fn matmul_xwt_many(
     m: usize,
     ns: &[usize],
     k: usize,
-    simd: bool,
+    isa: KernelIsa,
 ) -> candle_core::Result<Vec<Vec<f32>>> {
     if ws.len() != ns.len() {
         candle_core::bail!(
@@ -176,7 +223,7 @@ pub(crate) fn matmul_xwt_many(
                         j0 - offsets[i],
                         j1 - offsets[i],
                         outs[i],
-                        simd,
+                        isa,
                     )
                 };
             }
@@ -218,15 +265,23 @@ unsafe fn columns(
     j0: usize,
     j1: usize,
     out: SyncPtr,
-    simd: bool,
+    isa: KernelIsa,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if simd && has_avx512() {
-        // SAFETY: the CPU has AVX-512F (checked above); the caller's contract covers `out`.
-        unsafe { avx512::columns(x, w, m, n, k, j0, j1, out.0) };
-        return;
+    match isa.min(KernelIsa::detected()) {
+        KernelIsa::Avx512 => {
+            // SAFETY: the CPU has AVX-512F (checked above); the caller's contract covers `out`.
+            unsafe { avx512::columns(x, w, m, n, k, j0, j1, out.0) };
+            return;
+        }
+        KernelIsa::Avx2 => {
+            // SAFETY: the CPU has AVX2 and FMA (checked above); as above for `out`.
+            unsafe { avx2::columns(x, w, m, n, k, j0, j1, out.0) };
+            return;
+        }
+        KernelIsa::Portable => {}
     }
-    let _ = simd;
+    let _ = isa;
     for i in 0..m {
         let xr = &x[i * k..(i + 1) * k];
         for j in j0..j1 {
@@ -334,6 +389,122 @@ mod avx512 {
             for (r, acc_r) in acc.iter().enumerate() {
                 for (c, a) in acc_r.iter().enumerate() {
                     *out.add((i + r) * n + j + c) = _mm512_reduce_add_ps(*a);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// AVX2 + FMA body of [`super::columns`], for the CPUs without AVX-512 (most laptops and
+    /// many servers): tiles of 4 input rows × 4 weight rows, 8 lanes of `k` at a time, the last
+    /// `k mod 8` products added after the lanes are summed.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `out` points to `m * n` floats and columns `[j0, j1)` are this
+    /// call's alone.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn columns(
+        x: &[f32],
+        w: &[f32],
+        m: usize,
+        n: usize,
+        k: usize,
+        j0: usize,
+        j1: usize,
+        out: *mut f32,
+    ) {
+        let mut j = j0;
+        while j < j1 {
+            let cols = (j1 - j).min(4);
+            let mut i = 0;
+            while i < m {
+                let rows = (m - i).min(4);
+                // SAFETY: rows i..i+rows < m and columns j..j+cols < n are in bounds.
+                unsafe {
+                    match (rows, cols) {
+                        (4, 4) => tile::<4, 4>(x, w, n, k, i, j, out),
+                        (4, c) => {
+                            for jj in 0..c {
+                                tile::<4, 1>(x, w, n, k, i, j + jj, out);
+                            }
+                        }
+                        (r, 4) => {
+                            for ii in 0..r {
+                                tile::<1, 4>(x, w, n, k, i + ii, j, out);
+                            }
+                        }
+                        (r, c) => {
+                            for ii in 0..r {
+                                for jj in 0..c {
+                                    tile::<1, 1>(x, w, n, k, i + ii, j + jj, out);
+                                }
+                            }
+                        }
+                    }
+                }
+                i += rows;
+            }
+            j += cols;
+        }
+    }
+
+    /// The sum of the 8 lanes of `v`.
+    #[inline(always)]
+    unsafe fn sum8(v: __m256) -> f32 {
+        // SAFETY: register-only intrinsics; the caller has AVX2.
+        unsafe {
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps::<0b01>(s, s));
+            _mm_cvtss_f32(s)
+        }
+    }
+
+    /// `R × C` dot products: rows `i..i+R` of `x` against rows `j..j+C` of `w`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile<const R: usize, const C: usize>(
+        x: &[f32],
+        w: &[f32],
+        n: usize,
+        k: usize,
+        i: usize,
+        j: usize,
+        out: *mut f32,
+    ) {
+        // SAFETY (whole body): every pointer offset stays inside rows i..i+R of x and
+        // j..j+C of w (length k each); the caller guarantees the bounds, AVX2 and FMA.
+        unsafe {
+            let xp = x.as_ptr().add(i * k);
+            let wp = w.as_ptr().add(j * k);
+            let mut acc = [[_mm256_setzero_ps(); C]; R];
+            let full = k - k % 8;
+            let mut p = 0;
+            while p < full {
+                let mut wv = [_mm256_setzero_ps(); C];
+                for (c, v) in wv.iter_mut().enumerate() {
+                    *v = _mm256_loadu_ps(wp.add(c * k + p));
+                }
+                for (r, acc_r) in acc.iter_mut().enumerate() {
+                    let xv = _mm256_loadu_ps(xp.add(r * k + p));
+                    for c in 0..C {
+                        acc_r[c] = _mm256_fmadd_ps(xv, wv[c], acc_r[c]);
+                    }
+                }
+                p += 8;
+            }
+            for (r, acc_r) in acc.iter().enumerate() {
+                for (c, a) in acc_r.iter().enumerate() {
+                    let mut s = sum8(*a);
+                    for q in full..k {
+                        s += *xp.add(r * k + q) * *wp.add(c * k + q);
+                    }
+                    *out.add((i + r) * n + j + c) = s;
                 }
             }
         }

@@ -346,11 +346,11 @@ fn infer_linear_matches_matmul_on_every_tile_shape() {
                 let want = matmul_t(&x, &w);
                 let xs = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
                 let ws = w.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-                for simd in [false, true] {
-                    let y = infer::matmul_xwt(&xs, &ws, m, n, k, simd).unwrap();
+                for isa in infer::KernelIsa::supported() {
+                    let y = infer::matmul_xwt(&xs, &ws, m, n, k, isa).unwrap();
                     let y = Tensor::from_vec(y, (m, n), &Device::Cpu).unwrap();
                     let d = max_diff(&y, &want);
-                    assert!(d <= FWD_TOL * 10.0, "[{m},{k}]x[{n},{k}]ᵀ simd={simd}: {d}");
+                    assert!(d <= FWD_TOL * 10.0, "[{m},{k}]x[{n},{k}]ᵀ {isa:?}: {d}");
                 }
                 if let Some(y) = infer::linear(&x, &w, usize::MAX).unwrap() {
                     assert!(max_diff(&y, &want) <= FWD_TOL * 10.0);
@@ -364,10 +364,18 @@ fn infer_linear_matches_matmul_on_every_tile_shape() {
     let w = rand(&[n, k], 2, 1.0, DType::F32);
     let xs = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let ws = w.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    let y = infer::matmul_xwt(&xs, &ws, m, n, k, true).unwrap();
-    let y = Tensor::from_vec(y, (m, n), &Device::Cpu).unwrap();
-    assert!(max_diff(&y, &matmul_t(&x, &w)) <= 1e-4);
-    assert!(infer::matmul_xwt(&xs, &ws, m, n, k + 1, true).is_err());
+    for isa in infer::KernelIsa::supported() {
+        let y = infer::matmul_xwt(&xs, &ws, m, n, k, isa).unwrap();
+        let y = Tensor::from_vec(y, (m, n), &Device::Cpu).unwrap();
+        assert!(max_diff(&y, &matmul_t(&x, &w)) <= 1e-4, "{isa:?}");
+        assert!(infer::matmul_xwt(&xs, &ws, m, n, k + 1, isa).is_err());
+    }
+    // Every x86-64 CPU this runs on has AVX2 or better (the test machines do): the kernels are
+    // exercised, not only the portable path.
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        assert!(infer::KernelIsa::supported().contains(&infer::KernelIsa::Avx2));
+    }
 }
 
 /// Several weights in one pass: each output equals that weight's own pass bit for bit, with
@@ -389,7 +397,7 @@ fn infer_linear_many_equals_one_weight_at_a_time() {
         let refs: Vec<&Tensor> = ws.iter().collect();
         let many = infer::linear_many(&x, &refs, usize::MAX).unwrap();
         let Some(many) = many else {
-            // No AVX-512 here: both declined, the caller falls back to matmul.
+            // No AVX2 or AVX-512 here: both declined, the caller falls back to matmul.
             assert!(infer::linear(&x, &ws[0], usize::MAX).unwrap().is_none());
             continue;
         };
