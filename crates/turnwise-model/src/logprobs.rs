@@ -97,6 +97,12 @@ mod tests {
     fn objective(model: &Transformer) -> Tensor {
         let (ids, pos, mask, targets) = batch();
         let (logp, ent) = logprobs_and_entropy(model, &ids, &pos, &mask, &targets).unwrap();
+        mix(&logp, &ent)
+    }
+
+    /// [`objective`]'s mix of the batch's log-probs and entropies.
+    fn mix(logp: &Tensor, ent: &Tensor) -> Tensor {
+        let (_, _, mask, _) = batch();
         let m = mask.to_dtype(logp.dtype()).unwrap();
         let weights = Tensor::new(
             &[
@@ -111,6 +117,51 @@ mod tests {
         let a = (logp * &weights).unwrap();
         let b = (ent * 0.3).unwrap();
         ((a + b).unwrap() * m).unwrap().sum_all().unwrap()
+    }
+
+    /// The fused output head on a model's own final hidden states and head weight (tied to the
+    /// embedding or not), at temperature 0.8: the log-probs, the entropies and every weight's
+    /// gradient equal those of the materialised head the model uses at this size.
+    #[test]
+    fn fused_head_matches_the_materialised_head_on_a_model() {
+        for cfg in tiny_configs() {
+            let (vm, model) = model_for(&cfg, DType::F64, 6);
+            let (ids, pos, mask, targets) = batch();
+            let h = model.forward_hidden(&ids, &pos, &mask, None).unwrap();
+            let (lp, ent) = crate::model::ops::head_logprobs_entropy(
+                &h,
+                model.head_weight(),
+                &targets,
+                1.0 / 0.8,
+            )
+            .unwrap();
+            let (lp0, ent0) =
+                logprobs_and_entropy_with_temperature(&model, &ids, &pos, &mask, &targets, 0.8)
+                    .unwrap();
+            assert!(max_abs(&lp, &lp0) < 1e-10 && max_abs(&ent, &ent0) < 1e-10);
+            let g = mix(&lp, &ent).backward().unwrap();
+            let g0 = mix(&lp0, &ent0).backward().unwrap();
+            for (name, var) in sorted_vars(&vm) {
+                let (a, b) = (g.get(var.as_tensor()), g0.get(var.as_tensor()));
+                let (a, b) = (a.expect(&name), b.expect(&name));
+                assert!(max_abs(a, b) < 1e-10, "{name}: {}", max_abs(a, b));
+            }
+        }
+    }
+
+    fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_dtype(DType::F64)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
     }
 
     #[test]

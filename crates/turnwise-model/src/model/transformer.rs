@@ -598,11 +598,17 @@ impl Transformer {
         .forward(hidden)
     }
 
+    /// The output projection `[V, hidden]`: `lm_head.weight`, or the embedding when tied.
+    pub fn head_weight(&self) -> &Tensor {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
     /// Log-probabilities of `targets` and entropies of `softmax(scale · logits)`, where the
     /// logits are [`Self::logits`] of `hidden: [.., hidden]` and `targets` has `hidden`'s leading
-    /// dims. On `f32`/`f64` CPU tensors this is the fused output head
+    /// dims. On `f32`/`f64` CPU tensors whose logits would be large
+    /// ([`super::ops::head::fused_head_wanted`]) this is the fused output head
     /// ([`super::ops::head_logprobs_entropy`]: chunks of the vocabulary, the logits never
-    /// materialised, forward or backward); elsewhere the logits, then
+    /// materialised, forward or backward); otherwise the logits, then
     /// [`super::ops::token_logprobs_entropy`].
     pub fn head_logprobs_entropy(
         &self,
@@ -610,10 +616,12 @@ impl Transformer {
         targets: &Tensor,
         scale: f64,
     ) -> Result<(Tensor, Tensor)> {
-        let w = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let w = self.head_weight();
+        let rows = hidden.elem_count() / self.config.hidden_size.max(1);
         let fused = super::ops::fused_on(hidden.device())
             && matches!(hidden.dtype(), DType::F32 | DType::F64)
-            && w.dtype() == hidden.dtype();
+            && w.dtype() == hidden.dtype()
+            && super::ops::head::fused_head_wanted(rows, w.dims2()?.0);
         if fused {
             return Ok(super::ops::head_logprobs_entropy(
                 hidden, w, targets, scale,

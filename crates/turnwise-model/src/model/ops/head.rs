@@ -13,7 +13,9 @@
 //! tokens, 24 times less at two threads), at the price of computing the logits twice.
 //!
 //! Like the other fused ops it serves `f32`/`f64` CPU tensors; elsewhere (CUDA, half types,
-//! [`super::with_composed_ops`]) [`head_logprobs_entropy`] is the composition it replaces.
+//! [`super::with_composed_ops`]) [`head_logprobs_entropy`] is the composition it replaces. The
+//! model uses it when the logits would be large ([`fused_head_wanted`]): computing them twice
+//! costs time, which only the memory saved pays for.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
@@ -22,6 +24,27 @@ use super::{Real, contiguous, fused_on, logprob, par_rows};
 
 /// Vocabulary rows per chunk: a chunk's logits for 512 rows take 4 MiB in `f32`.
 pub const CHUNK: usize = 2048;
+
+/// The logits (rows × vocabulary) from which the model's head is fused by default: 2²⁶, 256 MiB
+/// in `f32`, which the materialised path holds about three times over (the logits, their
+/// gradient, the log-prob op's output) in training. Below it, materialising is faster: the fused
+/// head computes the logits twice, and measured 0.91× the materialised head's speed at
+/// SmolLM2's training shapes (512 rows × 49,152, forward and backward, this 2-core AVX-512
+/// machine, `cargo bench -p turnwise-model --bench model`, ops table).
+pub const FUSED_HEAD_MIN_LOGITS: usize = 1 << 26;
+
+/// Whether the model's head runs fused for `rows` hidden states and a vocabulary of `v`: when
+/// the logits reach [`FUSED_HEAD_MIN_LOGITS`], or always / never under `TURNWISE_FUSED_HEAD` =
+/// `1` / `0` (read once).
+pub fn fused_head_wanted(rows: usize, v: usize) -> bool {
+    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let forced = *FORCED.get_or_init(|| match std::env::var("TURNWISE_FUSED_HEAD").as_deref() {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    });
+    forced.unwrap_or(rows.saturating_mul(v) >= FUSED_HEAD_MIN_LOGITS)
+}
 
 /// `(logp, entropy)` of `targets` under `softmax(scale · hidden Wᵀ)`, for `hidden: [.., D]`,
 /// `weight: [V, D]` and integer `targets: [..]` (the hidden states' leading dims), both results
@@ -569,6 +592,19 @@ mod tests {
             &flat(g0.get(h.as_tensor()).unwrap()),
         );
         assert!(e < 1e-5, "hidden gradient {e}");
+    }
+
+    /// The model fuses its head from 2²⁶ logits on (unless `TURNWISE_FUSED_HEAD` says
+    /// otherwise, which the test suite does not set).
+    #[test]
+    fn the_model_fuses_large_heads_only() {
+        if std::env::var_os("TURNWISE_FUSED_HEAD").is_some() {
+            return;
+        }
+        assert!(!fused_head_wanted(512, 49_152));
+        assert!(fused_head_wanted(1366, 49_152));
+        assert!(fused_head_wanted(FUSED_HEAD_MIN_LOGITS, 1));
+        assert!(!fused_head_wanted(FUSED_HEAD_MIN_LOGITS - 1, 1));
     }
 
     #[test]

@@ -22,6 +22,11 @@ use super::dot;
 /// `TURNWISE_BENCH_FILTER=ops` on size-B shapes: 6.8× at 8 rows, 1.3× at 64, even near 128).
 pub const LINEAR_MAX_ROWS: usize = 96;
 
+/// The AVX2 kernel's own row limit: against candle's matmul (AVX-512 `gemm`, size-B shapes) it
+/// measured 4.4–4.8× at 8 rows, 1.4–1.5× at 32 and 0.9× at 64 (`TURNWISE_KERNEL_ISA=avx2`,
+/// the `model` bench's ops tables, this 2-core AVX-512 machine).
+pub const AVX2_MAX_ROWS: usize = 48;
+
 /// Below this many multiply-adds a kernel stays on the calling thread.
 const PARALLEL_MIN_MACS: usize = 1 << 20;
 
@@ -120,8 +125,12 @@ pub fn linear_many(
             _ => return Ok(None),
         }
     }
+    let isa_rows = match kernel_isa() {
+        KernelIsa::Avx2 => AVX2_MAX_ROWS,
+        _ => usize::MAX,
+    };
     if m == 0
-        || m > max_rows
+        || m > max_rows.min(isa_rows)
         || ws.is_empty()
         || kernel_isa() == KernelIsa::Portable
         || !plain_f32_cpu(x)
