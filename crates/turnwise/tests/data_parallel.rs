@@ -227,11 +227,12 @@ fn an_rl_step_does_not_depend_on_the_shards() {
                 let mut t = trainer(preset);
                 t.warm_start(&mut |_, _, _| {}).unwrap();
                 t.freeze_reference().unwrap();
+                let before = weights(&t);
                 let out = t.rl_step().unwrap();
-                (out.metrics, weights(&t))
+                (out.metrics, before, weights(&t))
             })
         };
-        let ((m1, w1), (m3, w3)) = (step(1), step(3));
+        let ((m1, w0, w1), (m3, _, w3)) = (step(1), step(3));
         let mut compared = 0;
         for (k, a) in &m1 {
             // The critic's clip fraction counts `(v_clip − R)² > (v − R)²`, a tie broken by
@@ -255,7 +256,26 @@ fn an_rl_step_does_not_depend_on_the_shards() {
         } else {
             assert!(m1["info_gain/probes"] > 0.0, "{m1:?}");
         }
-        let d = max_abs_diff(&w1, &w3);
-        assert!(d <= 1e-5, "{preset}: weights differ by {d}");
+        // The weights against the step's own size (L2 over every weight): candle's matrix
+        // products round by thread count (AVX-512 `gemm` put single weights of a2tgpo 2.4e-5
+        // apart on a step of 4e-4: Adam's first step is about lr·g/(|g| + ε), so a gradient that
+        // rounding moved near zero moves its weight by a share of lr); a shard lost or counted
+        // twice changes the whole step by a share of itself.
+        let l2 = |a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]| -> f64 {
+            a.iter()
+                .zip(b)
+                .flat_map(|((_, x), (_, y))| x.iter().zip(y).map(|(p, q)| f64::from(p - q).powi(2)))
+                .sum::<f64>()
+                .sqrt()
+        };
+        let (step_size, d) = (l2(&w0, &w1), l2(&w1, &w3));
+        assert!(step_size > 0.0, "{preset}: the step moved nothing");
+        assert!(
+            d <= 1e-2 * step_size,
+            "{preset}: weights differ by {d} (L2) on one thread and three, against a step of \
+             {step_size} (max single weight {})",
+            max_abs_diff(&w1, &w3)
+        );
+        eprintln!("{preset}: |w1 − w3| = {d:.3e} against a step of {step_size:.3e}");
     }
 }
