@@ -28,9 +28,10 @@ pub const CHUNK: usize = 2048;
 /// The logits (rows × vocabulary) from which the model's head is fused by default: 2²⁶, 256 MiB
 /// in `f32`, which the materialised path holds about three times over (the logits, their
 /// gradient, the log-prob op's output) in training. Below it, materialising is faster: the fused
-/// head computes the logits twice, and measured 0.91× the materialised head's speed at
+/// head computes the logits twice, and measured 0.60–0.91× the materialised head's speed at
 /// SmolLM2's training shapes (512 rows × 49,152, forward and backward, this 2-core AVX-512
-/// machine, `cargo bench -p turnwise-model --bench model`, ops table).
+/// machine, `cargo bench -p turnwise-model --bench model`, ops table; a whole SmolLM2 training
+/// step 93 against 103 tokens/s).
 pub const FUSED_HEAD_MIN_LOGITS: usize = 1 << 26;
 
 /// Whether the model's head runs fused for `rows` hidden states and a vocabulary of `v`: when
