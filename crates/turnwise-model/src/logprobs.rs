@@ -80,7 +80,7 @@ mod tests {
 
     use super::*;
     use crate::model::ModelConfig;
-    use crate::model::tests::{model_for, tiny_configs};
+    use crate::model::tests::{max_abs_diff as max_abs, model_for, tiny_configs};
     use crate::model::weights::sorted_vars;
 
     fn batch() -> (Tensor, Tensor, Tensor, Tensor) {
@@ -147,21 +147,6 @@ mod tests {
                 assert!(max_abs(a, b) < 1e-10, "{name}: {}", max_abs(a, b));
             }
         }
-    }
-
-    fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_dtype(DType::F64)
-            .unwrap()
-            .to_scalar::<f64>()
-            .unwrap()
     }
 
     #[test]

@@ -39,7 +39,8 @@ pub(crate) fn model_for(
     (vm, m)
 }
 
-fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
+/// The largest absolute difference between two tensors of one shape.
+pub(crate) fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
     (a - b)
         .unwrap()
         .abs()
