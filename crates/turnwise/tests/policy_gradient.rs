@@ -9,55 +9,17 @@ use turnwise::trainer::Trainer;
 /// A briefly warm-started tiny GRPO trainer and 8 fresh rollouts as rows with alternating
 /// advantages (1.3, −0.7).
 fn trainer_and_rows() -> (Trainer, Vec<turnwise::update::Row>) {
-    use turnwise::rollout::{EpisodeSpec, run_chains};
-    use turnwise::task::{TaskSet, prompt_text};
-    use turnwise::update::Row;
-
     let mut ov = tiny_overrides();
     ov.push("sft.steps=30".into());
     ov.push("actor.use_kl_loss=false".into());
     let cfg = TrainConfig::resolve(Some("grpo"), None, &ov).unwrap();
     let mut t = Trainer::new(cfg.clone()).unwrap();
     t.warm_start(&mut |_, _, _| {}).unwrap();
-    let qs = t.task.questions(turnwise_env::world::Split::Train);
-    let specs: Vec<EpisodeSpec> = qs
-        .iter()
-        .take(8)
-        .enumerate()
-        .map(|(i, q)| EpisodeSpec {
-            id: format!("e{i}"),
-            prompt_uid: q.id.clone(),
-            prompt_ids: t.tokenizer.encode(&prompt_text(&q.text)).unwrap(),
-            task: TaskSet::env_task(q),
-            seed: i as u64,
-        })
-        .collect();
-    let policy = t.rollout_policy();
-    let env = || Ok(Box::new(t.task.env()?) as Box<dyn turnwise_env::env::Environment>);
-    let decoding = turnwise::rollout::Decoding {
-        temperature: 1.0,
-        top_p: 1.0,
-        top_k: 0,
-        max_turn_tokens: 12,
-        max_response_tokens: 120,
-    };
-    let eps = run_chains(&policy, specs, &env, &decoding).unwrap();
-    let rows: Vec<Row> = eps
-        .iter()
-        .enumerate()
-        .map(|(i, e)| {
-            let f = e.trajectory.flatten(true);
-            let mut r = Row::new(
-                e.trajectory.prompt_ids.clone(),
-                f.ids,
-                f.loss_mask,
-                f.turn_id,
-            );
-            let a = if i % 2 == 0 { 1.3 } else { -0.7 };
-            r.advantages = vec![a; r.response.len()];
-            r
-        })
-        .collect();
+    let mut rows = common::sampled_rows(&t, 8);
+    for (i, r) in rows.iter_mut().enumerate() {
+        let a = if i % 2 == 0 { 1.3 } else { -0.7 };
+        r.advantages = vec![a; r.response.len()];
+    }
     (t, rows)
 }
 

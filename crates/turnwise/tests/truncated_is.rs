@@ -15,9 +15,6 @@ const CAP: f64 = 2.0;
 /// A briefly warm-started tiny GRPO trainer (no entropy or KL term, so that the whole loss is
 /// the policy loss) and 8 fresh rollouts as rows with alternating advantages.
 fn trainer_and_rows() -> (Trainer, Vec<Row>) {
-    use turnwise::rollout::{EpisodeSpec, run_chains};
-    use turnwise::task::{TaskSet, prompt_text};
-
     let mut ov = common::tiny_overrides();
     ov.extend(
         [
@@ -30,39 +27,11 @@ fn trainer_and_rows() -> (Trainer, Vec<Row>) {
     let cfg = TrainConfig::resolve(Some("grpo"), None, &ov).unwrap();
     let mut t = Trainer::new(cfg).unwrap();
     t.warm_start(&mut |_, _, _| {}).unwrap();
-    let qs = t.task.questions(turnwise_env::world::Split::Train);
-    let specs: Vec<EpisodeSpec> = qs
-        .iter()
-        .take(8)
-        .enumerate()
-        .map(|(i, q)| EpisodeSpec {
-            id: format!("e{i}"),
-            prompt_uid: q.id.clone(),
-            prompt_ids: t.tokenizer.encode(&prompt_text(&q.text)).unwrap(),
-            task: TaskSet::env_task(q),
-            seed: i as u64,
-        })
-        .collect();
-    let policy = t.rollout_policy();
-    let env = || Ok(Box::new(t.task.env()?) as Box<dyn turnwise_env::env::Environment>);
-    let decoding = turnwise::rollout::Decoding {
-        temperature: 1.0,
-        top_p: 1.0,
-        top_k: 0,
-        max_turn_tokens: 12,
-        max_response_tokens: 120,
-    };
-    let eps = run_chains(&policy, specs, &env, &decoding).unwrap();
-    let rows = eps
-        .iter()
-        .enumerate()
-        .map(|(i, e)| {
-            let mut r = Row::from_trajectory(&e.trajectory, true);
-            let a = if i % 2 == 0 { 1.3 } else { -0.7 };
-            r.advantages = vec![a; r.response.len()];
-            r
-        })
-        .collect();
+    let mut rows = common::sampled_rows(&t, 8);
+    for (i, r) in rows.iter_mut().enumerate() {
+        let a = if i % 2 == 0 { 1.3 } else { -0.7 };
+        r.advantages = vec![a; r.response.len()];
+    }
     (t, rows)
 }
 

@@ -252,3 +252,40 @@ pub fn scored(
         })
         .collect()
 }
+
+/// Rollouts of `t`'s policy on the first `n` training questions (temperature 1, turns of up to
+/// 12 tokens, 120 in all), as training rows with the log-probs the rollout recorded (forced
+/// tokens trained on); every per-token field but those is zero.
+#[allow(dead_code)]
+pub fn sampled_rows(t: &turnwise::trainer::Trainer, n: usize) -> Vec<turnwise::update::Row> {
+    use turnwise::rollout::{EpisodeSpec, run_chains};
+    use turnwise::task::{TaskSet, prompt_text};
+
+    let qs = t.task.questions(turnwise_env::world::Split::Train);
+    let specs: Vec<EpisodeSpec> = qs
+        .iter()
+        .take(n)
+        .enumerate()
+        .map(|(i, q)| EpisodeSpec {
+            id: format!("e{i}"),
+            prompt_uid: q.id.clone(),
+            prompt_ids: t.tokenizer.encode(&prompt_text(&q.text)).unwrap(),
+            task: TaskSet::env_task(q),
+            seed: i as u64,
+        })
+        .collect();
+    let policy = t.rollout_policy();
+    let env = || Ok(Box::new(t.task.env()?) as Box<dyn turnwise_env::env::Environment>);
+    let decoding = turnwise::rollout::Decoding {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: 0,
+        max_turn_tokens: 12,
+        max_response_tokens: 120,
+    };
+    run_chains(&policy, specs, &env, &decoding)
+        .unwrap()
+        .iter()
+        .map(|e| turnwise::update::Row::from_trajectory(&e.trajectory, true))
+        .collect()
+}

@@ -300,6 +300,46 @@ unsafe fn columns(
     }
 }
 
+/// The 4 × 4 tiles of columns `[j0, j1)` of `y = x wᵀ` (`m` rows), each edge's rows and columns
+/// one at a time, with the calling module's `tile::<R, C>` (the AVX-512 and AVX2 bodies share
+/// it; a macro, so that each expands inside its own `#[target_feature]` function).
+#[cfg(target_arch = "x86_64")]
+macro_rules! tile_grid {
+    ($tile:ident, $x:expr, $w:expr, $m:expr, $n:expr, $k:expr, $j0:expr, $j1:expr, $out:expr) => {{
+        let (x, w, m, n, k, j1, out) = ($x, $w, $m, $n, $k, $j1, $out);
+        let mut j = $j0;
+        while j < j1 {
+            let cols = (j1 - j).min(4);
+            let mut i = 0;
+            while i < m {
+                let rows = (m - i).min(4);
+                match (rows, cols) {
+                    (4, 4) => $tile::<4, 4>(x, w, n, k, i, j, out),
+                    (4, c) => {
+                        for jj in 0..c {
+                            $tile::<4, 1>(x, w, n, k, i, j + jj, out);
+                        }
+                    }
+                    (r, 4) => {
+                        for ii in 0..r {
+                            $tile::<1, 4>(x, w, n, k, i + ii, j, out);
+                        }
+                    }
+                    (r, c) => {
+                        for ii in 0..r {
+                            for jj in 0..c {
+                                $tile::<1, 1>(x, w, n, k, i + ii, j + jj, out);
+                            }
+                        }
+                    }
+                }
+                i += rows;
+            }
+            j += cols;
+        }
+    }};
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
@@ -322,39 +362,8 @@ mod avx512 {
         j1: usize,
         out: *mut f32,
     ) {
-        let mut j = j0;
-        while j < j1 {
-            let cols = (j1 - j).min(4);
-            let mut i = 0;
-            while i < m {
-                let rows = (m - i).min(4);
-                // SAFETY: rows i..i+rows < m and columns j..j+cols < n are in bounds.
-                unsafe {
-                    match (rows, cols) {
-                        (4, 4) => tile::<4, 4>(x, w, n, k, i, j, out),
-                        (4, c) => {
-                            for jj in 0..c {
-                                tile::<4, 1>(x, w, n, k, i, j + jj, out);
-                            }
-                        }
-                        (r, 4) => {
-                            for ii in 0..r {
-                                tile::<1, 4>(x, w, n, k, i + ii, j, out);
-                            }
-                        }
-                        (r, c) => {
-                            for ii in 0..r {
-                                for jj in 0..c {
-                                    tile::<1, 1>(x, w, n, k, i + ii, j + jj, out);
-                                }
-                            }
-                        }
-                    }
-                }
-                i += rows;
-            }
-            j += cols;
-        }
+        // SAFETY: the caller's contract (bounds, CPU features, `out`) is `tile`'s.
+        unsafe { tile_grid!(tile, x, w, m, n, k, j0, j1, out) };
     }
 
     /// `R × C` dot products: rows `i..i+R` of `x` against rows `j..j+C` of `w`.
@@ -427,39 +436,8 @@ mod avx2 {
         j1: usize,
         out: *mut f32,
     ) {
-        let mut j = j0;
-        while j < j1 {
-            let cols = (j1 - j).min(4);
-            let mut i = 0;
-            while i < m {
-                let rows = (m - i).min(4);
-                // SAFETY: rows i..i+rows < m and columns j..j+cols < n are in bounds.
-                unsafe {
-                    match (rows, cols) {
-                        (4, 4) => tile::<4, 4>(x, w, n, k, i, j, out),
-                        (4, c) => {
-                            for jj in 0..c {
-                                tile::<4, 1>(x, w, n, k, i, j + jj, out);
-                            }
-                        }
-                        (r, 4) => {
-                            for ii in 0..r {
-                                tile::<1, 4>(x, w, n, k, i + ii, j, out);
-                            }
-                        }
-                        (r, c) => {
-                            for ii in 0..r {
-                                for jj in 0..c {
-                                    tile::<1, 1>(x, w, n, k, i + ii, j + jj, out);
-                                }
-                            }
-                        }
-                    }
-                }
-                i += rows;
-            }
-            j += cols;
-        }
+        // SAFETY: the caller's contract (bounds, CPU features, `out`) is `tile`'s.
+        unsafe { tile_grid!(tile, x, w, m, n, k, j0, j1, out) };
     }
 
     /// The sum of the 8 lanes of `v`.
