@@ -74,6 +74,122 @@ pub fn logprobs_and_entropy_with_temperature(
     model.head_logprobs_entropy(&hidden, targets, 1.0 / temperature)
 }
 
+/// One row of [`shared_prefix_logprobs_entropy`]: its whole token sequence, its group (whose
+/// shared prefix the sequence starts with) and the positions `from..from + len` whose next
+/// token's log-probability is wanted (position `p` predicts `seq[p + 1]`).
+#[derive(Debug, Clone, Copy)]
+pub struct SharedRow<'a> {
+    /// The row's tokens, its group's prefix first.
+    pub seq: &'a [u32],
+    /// Index of the row's group.
+    pub group: usize,
+    /// First predicting position.
+    pub from: usize,
+    /// Number of predicting positions.
+    pub len: usize,
+}
+
+/// Log-probabilities and entropies (at `temperature`) of the next tokens at each row's
+/// positions `from..from + len`, `[n, width]` each (entries past a row's `len` are finite and
+/// meaningless), for rows in groups whose first `prefix_lens[g]` tokens are the same: each
+/// group's prefix runs forward (and backward) once ([`Transformer::forward_hidden_shared`]),
+/// and the output head runs only on the wanted positions. Equal to the padded pass over the
+/// whole rows to rounding.
+pub fn shared_prefix_logprobs_entropy(
+    model: &Transformer,
+    prefix_lens: &[usize],
+    rows: &[SharedRow<'_>],
+    width: usize,
+    temperature: f64,
+) -> Result<(Tensor, Tensor)> {
+    if !(temperature > 0.0 && temperature.is_finite()) {
+        return Err(ModelError::invalid_input(
+            "temperature",
+            format!("{temperature} is not a positive number"),
+        ));
+    }
+    // Each group's prefix, from its first row.
+    let mut prefixes: Vec<Option<&[u32]>> = vec![None; prefix_lens.len()];
+    for (i, r) in rows.iter().enumerate() {
+        let c = *prefix_lens.get(r.group).ok_or_else(|| {
+            ModelError::invalid_input(
+                "rows",
+                format!("row {i}: group {} of {}", r.group, prefix_lens.len()),
+            )
+        })?;
+        if r.seq.len() <= c {
+            return Err(ModelError::invalid_input(
+                "rows",
+                format!(
+                    "row {i} has {} tokens, no more than its group's {c}-token prefix",
+                    r.seq.len()
+                ),
+            ));
+        }
+        let prefix = *prefixes[r.group].get_or_insert(&r.seq[..c]);
+        if r.seq[..c] != *prefix {
+            return Err(ModelError::invalid_input(
+                "rows",
+                format!(
+                    "row {i} does not start with the {c}-token prefix of group {}",
+                    r.group
+                ),
+            ));
+        }
+        if r.len > width || (r.len > 0 && r.from + r.len >= r.seq.len()) {
+            return Err(ModelError::invalid_input(
+                "rows",
+                format!(
+                    "row {i}: positions {}..{} need targets within its {} tokens and at most \
+                     {width} positions",
+                    r.from,
+                    r.from + r.len,
+                    r.seq.len()
+                ),
+            ));
+        }
+    }
+    let prefixes: Vec<&[u32]> = prefixes
+        .into_iter()
+        .enumerate()
+        .map(|(g, p)| {
+            p.ok_or_else(|| ModelError::invalid_input("rows", format!("group {g} has no row")))
+        })
+        .collect::<Result<_>>()?;
+    let suffixes: Vec<(usize, &[u32])> = rows
+        .iter()
+        .map(|r| (r.group, &r.seq[prefix_lens[r.group]..]))
+        .collect();
+    let (hp, hs) = model.forward_hidden_shared(&prefixes, &suffixes)?;
+    let (m, c, h) = hp.dims3()?;
+    let n = rows.len();
+    let s = hs.dim(1)?;
+    let width = width.max(1);
+    let mut index = vec![0u32; n * width];
+    let mut targets = vec![0u32; n * width];
+    for (i, r) in rows.iter().enumerate() {
+        for k in 0..r.len {
+            let p = r.from + k;
+            let at = crate::model::prefix::shared_hidden_index(
+                (m, c, s),
+                r.group,
+                prefix_lens[r.group],
+                i,
+                p,
+            );
+            index[i * width + k] = at as u32;
+            targets[i * width + k] = r.seq[p + 1];
+        }
+    }
+    let flat = Tensor::cat(&[hp.reshape((m * c, h))?, hs.reshape((n * s, h))?], 0)?;
+    let device = model.device();
+    let hidden = flat
+        .index_select(&Tensor::from_vec(index, n * width, device)?, 0)?
+        .reshape((n, width, h))?;
+    let targets = Tensor::from_vec(targets, (n, width), device)?;
+    model.head_logprobs_entropy(&hidden, &targets, 1.0 / temperature)
+}
+
 #[cfg(test)]
 mod tests {
     use candle_core::{DType, Device, Tensor, Var};
@@ -244,6 +360,109 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// Two rows sharing a 5-token prefix and one with a 2-token prefix of its own, the wanted positions starting inside the prefix (a
+    /// tree's shared turn) or after it: the log-probs, entropies and every weight's gradient of
+    /// the shared pass equal those of the padded pass over the whole rows (f64).
+    #[test]
+    fn shared_prefix_logprobs_equal_the_padded_pass() {
+        let seqs: [&[u32]; 3] = [
+            &[4, 9, 2, 7, 7, 30, 31, 32],
+            &[8, 1, 40, 41, 42, 43],
+            &[4, 9, 2, 7, 7, 50, 51, 52, 53, 54],
+        ];
+        let groups = [0usize, 1, 0];
+        let spans = [(3usize, 4usize), (1, 4), (2, 7)];
+        let width = 7;
+        let dev = Device::Cpu;
+        for cfg in tiny_configs() {
+            let (vm, model) = model_for(&cfg, DType::F64, 9);
+            let rows: Vec<SharedRow<'_>> = seqs
+                .iter()
+                .zip(spans)
+                .zip(groups)
+                .map(|((&seq, (from, len)), group)| SharedRow {
+                    seq,
+                    group,
+                    from,
+                    len,
+                })
+                .collect();
+            let (lp, ent) =
+                shared_prefix_logprobs_entropy(&model, &[5, 2], &rows, width, 0.9).unwrap();
+            // The padded pass: right-padded rows, positions from 0.
+            let t = seqs.iter().map(|s| s.len()).max().unwrap();
+            let mut ids = vec![0u32; 3 * t];
+            let mut pos = vec![0u32; 3 * t];
+            let mut mask = vec![0u32; 3 * t];
+            let mut tg = vec![0u32; 3 * t];
+            for (i, s) in seqs.iter().enumerate() {
+                for (p, &x) in s.iter().enumerate() {
+                    ids[i * t + p] = x;
+                    pos[i * t + p] = p as u32;
+                    mask[i * t + p] = 1;
+                    if p > 0 {
+                        tg[i * t + p - 1] = x;
+                    }
+                }
+            }
+            let m = |v: Vec<u32>| Tensor::from_vec(v, (3, t), &dev).unwrap();
+            let (lp0, ent0) = logprobs_and_entropy_with_temperature(
+                &model,
+                &m(ids),
+                &m(pos),
+                &m(mask),
+                &m(tg),
+                0.9,
+            )
+            .unwrap();
+            let mut weights = vec![0f64; 3 * width];
+            let mut pick = vec![0u32; 3 * width];
+            for (i, &(from, len)) in spans.iter().enumerate() {
+                for k in 0..len {
+                    weights[i * width + k] = 0.3 + 0.17 * (i * width + k) as f64;
+                    pick[i * width + k] = (i * t + from + k) as u32;
+                }
+            }
+            let w = Tensor::from_vec(weights, (3, width), &dev).unwrap();
+            let pick = Tensor::from_vec(pick, 3 * width, &dev).unwrap();
+            let gather = |x: &Tensor| {
+                x.flatten_all()
+                    .unwrap()
+                    .index_select(&pick, 0)
+                    .unwrap()
+                    .reshape((3, width))
+                    .unwrap()
+            };
+            let (lp0, ent0) = (gather(&lp0), gather(&ent0));
+            let masked =
+                |x: &Tensor| (x * &w.ne(0.0).unwrap().to_dtype(DType::F64).unwrap()).unwrap();
+            assert!(max_abs(&masked(&lp), &masked(&lp0)) < 1e-10);
+            assert!(max_abs(&masked(&ent), &masked(&ent0)) < 1e-10);
+            let obj = |lp: &Tensor, ent: &Tensor| {
+                ((lp + (ent * 0.5).unwrap()).unwrap() * &w)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+            };
+            let g = obj(&lp, &ent).backward().unwrap();
+            let g0 = obj(&lp0, &ent0).backward().unwrap();
+            for (name, var) in sorted_vars(&vm) {
+                let (a, b) = (g.get(var.as_tensor()), g0.get(var.as_tensor()));
+                let (a, b) = (a.expect(&name), b.expect(&name));
+                assert!(max_abs(a, b) < 1e-10, "{name}: {}", max_abs(a, b));
+            }
+            let bad = SharedRow {
+                seq: &[4, 9, 3, 1, 1, 1],
+                group: 0,
+                from: 0,
+                len: 1,
+            };
+            let two = [rows[0], bad];
+            let e = shared_prefix_logprobs_entropy(&model, &[5], &two, width, 1.0).unwrap_err();
+            assert!(e.to_string().contains("row 1"), "{e}");
         }
     }
 

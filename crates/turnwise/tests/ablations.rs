@@ -157,6 +157,7 @@ fn update_delta(preset: &str, sets: &[&str], batch: &Fixed) -> Update {
         lr: 1e-2,
         grad_clip: 1e9,
         rollout_is_cap: None,
+        share_prefix: true,
     };
     let before = varmap_tensors(&t.varmap, true);
     let before: BTreeMap<String, Vec<f32>> = before

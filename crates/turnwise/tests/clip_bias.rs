@@ -85,6 +85,7 @@ fn gradient_and_metrics(
         lr: 1e-3,
         grad_clip: 1.0,
         rollout_is_cap: None,
+        share_prefix: true,
     };
     let mb: Vec<usize> = (0..rows.len()).collect();
     let g = minibatch_gradient(
@@ -177,6 +178,7 @@ fn preset_update(
         lr: cfg.optim.lr,
         grad_clip: cfg.optim.grad_clip,
         rollout_is_cap: None,
+        share_prefix: true,
     };
     let before = weights(t);
     let mut order = |n: usize| (0..n).collect::<Vec<_>>();

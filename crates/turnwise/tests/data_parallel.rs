@@ -140,6 +140,7 @@ fn minibatch_gradient_does_not_depend_on_the_shards() {
             lr: 1e-3,
             grad_clip: 1.0,
             rollout_is_cap: None,
+            share_prefix: true,
         };
         let grad = |threads| {
             on_threads(threads, || {

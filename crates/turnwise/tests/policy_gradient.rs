@@ -128,6 +128,7 @@ fn on_policy_shortcut_and_micro_batches_match_the_full_update() {
             lr: 1e-3,
             grad_clip: 1e9,
             rollout_is_cap: None,
+            share_prefix: true,
         };
         assert!(is_on_policy(&upd, rows.len()));
         let old = recompute.then(|| logprobs_no_grad(&t.sampler, &rows, 1.0, 3).unwrap());
@@ -175,6 +176,7 @@ fn on_policy_shortcut_and_micro_batches_match_the_full_update() {
         lr: 1e-3,
         grad_clip: 1.0,
         rollout_is_cap: None,
+        share_prefix: true,
     };
     assert!(!is_on_policy(&upd, rows.len()));
     let mut t = t0;

@@ -62,6 +62,7 @@ fn settings<'a>(
         lr: t.optim.lr,
         grad_clip: t.optim.grad_clip,
         rollout_is_cap: cap,
+        share_prefix: true,
     }
 }
 

@@ -5,6 +5,7 @@ pub mod config;
 pub mod critic;
 pub mod lora;
 pub mod ops;
+pub mod prefix;
 pub mod transformer;
 pub mod weights;
 

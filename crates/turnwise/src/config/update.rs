@@ -66,6 +66,13 @@ pub struct OptimConfig {
     /// trainer computes, so there the weights are 1 to rounding. Logged as
     /// `actor/tis_weight_mean` and `actor/tis_capped_frac`. 0 (default): off. Range: ≥ 0.
     pub rollout_is_cap: f64,
+    /// Compute the prefixes that rows share once (default on): in every training and log-prob
+    /// pass, rows whose first tokens are the same (the G rollouts of a prompt, a tree's
+    /// branches, one trajectory's step samples, a prompt template) run those tokens forward and
+    /// backward once, and their gradients on them are summed in that one pass. Exact to
+    /// rounding; off only to measure what it saves. The actor's mini-batches are then cut into
+    /// micro-batches and shards in token order, so that rows sharing a prefix meet.
+    pub share_prefix: bool,
 }
 
 /// Where an update's behaviour log-probs come from (`optim.old_logprobs`).
@@ -110,6 +117,7 @@ impl Default for OptimConfig {
             samples: TrainSamples::Trajectory,
             old_logprobs: OldLogprobs::Recompute,
             rollout_is_cap: 0.0,
+            share_prefix: true,
         }
     }
 }

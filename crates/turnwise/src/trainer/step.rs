@@ -18,7 +18,9 @@ use super::{StepOutput, Trainer, advantage, shuffle};
 use crate::config::{OldLogprobs, RolloutStrategy, TrainConfig, TrainSamples};
 use crate::rollout::RolloutControl;
 use crate::update::critic::{CRITIC_APPLIED, CRITIC_SKIPPED, CriticUpdate};
-use crate::update::{ActorUpdate, Row, UpdateStats, actor_update, is_on_policy, logprobs_no_grad};
+use crate::update::{
+    ActorUpdate, Row, UpdateStats, actor_update, is_on_policy, logprobs_no_grad_with,
+};
 
 /// Behaviour and reference log-probs of the trained trajectory rows (KL in the reward).
 type KlLogprobs = (Vec<Vec<f32>>, Vec<Vec<f32>>);
@@ -148,6 +150,7 @@ impl Trainer {
     /// took (`None` when they come from the rollout, `optim.old_logprobs`).
     fn kl_logprobs(&self, trajectories: &[Row]) -> Result<(Option<KlLogprobs>, Option<f64>)> {
         let temperature = self.config.rollout.temperature;
+        let share = self.config.optim.share_prefix;
         match (&self.kl_ctrl, &self.reference) {
             (None, _) => Ok((None, None)),
             (Some(_), None) => {
@@ -157,12 +160,13 @@ impl Trainer {
                 let t = Instant::now();
                 let (old, seconds) = match self.config.optim.old_logprobs {
                     OldLogprobs::Recompute => (
-                        logprobs_no_grad(&self.sampler, trajectories, temperature, 64)?,
+                        logprobs_no_grad_with(&self.sampler, trajectories, temperature, 64, share)?,
                         Some(t.elapsed().as_secs_f64()),
                     ),
                     OldLogprobs::Rollout => (rollout_logprobs(trajectories)?, None),
                 };
-                let reference = logprobs_no_grad(reference, trajectories, temperature, 64)?;
+                let reference =
+                    logprobs_no_grad_with(reference, trajectories, temperature, 64, share)?;
                 Ok((Some((old, reference)), seconds))
             }
         }
@@ -189,7 +193,13 @@ impl Trainer {
         };
         let reference = match (&self.reference, cfg.actor.use_kl_loss, ref_logp) {
             (Some(_), true, Some(reference)) => Some(reference),
-            (Some(m), true, None) => Some(logprobs_no_grad(m, rows, temperature, 64)?),
+            (Some(m), true, None) => Some(logprobs_no_grad_with(
+                m,
+                rows,
+                temperature,
+                64,
+                cfg.optim.share_prefix,
+            )?),
             (None, true, _) => bail!("the KL term needs a reference model (freeze_reference)"),
             _ => None,
         };
@@ -202,6 +212,7 @@ impl Trainer {
             lr: self.lr(),
             grad_clip: cfg.optim.grad_clip,
             rollout_is_cap: (cfg.optim.rollout_is_cap > 0.0).then_some(cfg.optim.rollout_is_cap),
+            share_prefix: cfg.optim.share_prefix,
         };
         // Behaviour log-probs: recomputed by the trainer with the rollout weights, or the ones
         // the rollout recorded (`optim.old_logprobs`; already there with KL in the reward), or,
@@ -213,7 +224,13 @@ impl Trainer {
             None if from_rollout => Some(rollout_logprobs(rows)?),
             None => {
                 let t = Instant::now();
-                let old = logprobs_no_grad(&self.sampler, rows, temperature, 64)?;
+                let old = logprobs_no_grad_with(
+                    &self.sampler,
+                    rows,
+                    temperature,
+                    64,
+                    cfg.optim.share_prefix,
+                )?;
                 metrics.insert("timing_s/old_log_prob".into(), t.elapsed().as_secs_f64());
                 Some(old)
             }

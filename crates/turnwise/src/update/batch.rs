@@ -5,7 +5,11 @@
 use anyhow::{Result, bail};
 use candle_core::{DType, Device, Tensor};
 use turnwise_model::Transformer;
-use turnwise_model::logprobs::logprobs_and_entropy_with_temperature;
+use turnwise_model::logprobs::{SharedRow, shared_prefix_logprobs_entropy};
+
+/// The shortest prefix that rows share for [`pack`] to compute it once: below it, the second
+/// forward call costs about what sharing saves.
+pub const MIN_SHARED_PREFIX: usize = 8;
 
 /// One training row.
 #[derive(Debug, Clone, PartialEq)]
@@ -138,6 +142,80 @@ pub struct Packed {
     pub clip_scale: Tensor,
     /// Value targets [B, L].
     pub returns: Tensor,
+    /// Each row's tokens (prompt then response) and prompt length.
+    pub seqs: Vec<(Vec<u32>, usize)>,
+    /// Rows that share a prefix, which [`response_logprobs`] runs once per group (empty: every
+    /// row runs whole).
+    pub groups: Vec<PrefixGroup>,
+}
+
+/// Rows of a packed batch whose first `len` tokens are the same.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixGroup {
+    /// Length of the shared prefix (shorter than every row of the group).
+    pub len: usize,
+    /// The rows (indices into the batch), at least two.
+    pub rows: Vec<usize>,
+}
+
+impl Packed {
+    /// The same batch with every row run whole (no shared-prefix groups): the reference the
+    /// shared pass is exact against, and `optim.share_prefix = false`.
+    pub fn unshared(mut self) -> Self {
+        self.groups.clear();
+        self
+    }
+
+    /// Tokens a padded pass over the batch would run that the shared-prefix groups run once
+    /// only: `Σ_groups (rows − 1) · len`.
+    pub fn shared_tokens(&self) -> usize {
+        self.groups.iter().map(|g| (g.rows.len() - 1) * g.len).sum()
+    }
+}
+
+/// Groups of rows that share a prefix of at least `min_len` tokens, found greedily over the
+/// rows in lexicographic order (so rows of one prompt, a tree's branches and one trajectory's
+/// step samples are neighbours): a run of neighbours grows while the tokens it saves,
+/// `(rows − 1) · shared`, do not shrink. A group's prefix is shorter than each of its rows.
+pub fn prefix_groups(seqs: &[&[u32]], min_len: usize) -> Vec<PrefixGroup> {
+    let mut order: Vec<usize> = (0..seqs.len()).collect();
+    order.sort_by(|&a, &b| seqs[a].cmp(seqs[b]));
+    let lcp = |a: &[u32], b: &[u32]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let mut groups = Vec::new();
+    let close = |run: &mut Vec<usize>, c: usize, groups: &mut Vec<PrefixGroup>| {
+        if run.len() >= 2 {
+            groups.push(PrefixGroup {
+                len: c,
+                rows: std::mem::take(run),
+            });
+        }
+        run.clear();
+    };
+    let mut run: Vec<usize> = Vec::new();
+    let mut c = 0usize;
+    for &r in &order {
+        let own = seqs[r].len().saturating_sub(1);
+        let Some(&prev) = run.last() else {
+            run.push(r);
+            c = own;
+            continue;
+        };
+        let joined = c.min(lcp(seqs[prev], seqs[r])).min(own);
+        let saves_before = (run.len() - 1) * c;
+        if joined >= min_len.max(1) && run.len() * joined >= saves_before {
+            run.push(r);
+            c = joined;
+        } else {
+            close(&mut run, c, &mut groups);
+            run.push(r);
+            c = own;
+        }
+    }
+    close(&mut run, c, &mut groups);
+    for g in &mut groups {
+        g.rows.sort_unstable();
+    }
+    groups
 }
 
 /// Packs `rows` on `device`.
@@ -177,6 +255,7 @@ pub fn pack(rows: &[&Row], device: &Device) -> Result<Packed> {
     let mut adv = vec![0f32; b * l];
     let mut clip = vec![1f32; b * l];
     let mut ret = vec![0f32; b * l];
+    let mut seqs = Vec::with_capacity(b);
     for (i, r) in rows.iter().enumerate() {
         let pad = p - r.prompt.len();
         let seq: Vec<u32> = r.prompt.iter().chain(&r.response).copied().collect();
@@ -196,6 +275,7 @@ pub fn pack(rows: &[&Row], device: &Device) -> Result<Packed> {
             clip[i * l + k] = r.clip_scale[k];
             ret[i * l + k] = r.returns[k];
         }
+        seqs.push((seq, r.prompt.len()));
     }
     let u = |v: Vec<u32>| Tensor::from_vec(v, (b, t), device);
     let f = |v: Vec<f32>| Tensor::from_vec(v, (b, l), device);
@@ -211,29 +291,120 @@ pub fn pack(rows: &[&Row], device: &Device) -> Result<Packed> {
         advantages: f(adv)?,
         clip_scale: f(clip)?,
         returns: f(ret)?,
+        groups: {
+            let seqs: Vec<&[u32]> = seqs.iter().map(|(s, _)| s.as_slice()).collect();
+            prefix_groups(&seqs, MIN_SHARED_PREFIX)
+        },
+        seqs,
     })
 }
 
 /// Log-probs and entropies of the response tokens, [B, L] each (differentiable when `model`
-/// tracks gradients), at sampling temperature `temperature`.
+/// tracks gradients), at sampling temperature `temperature`. The rows of each of
+/// `packed.groups` run their shared prefix once ([`shared_prefix_logprobs_entropy`]), the
+/// others in one padded pass; the output head runs on the response positions only. Equal to
+/// the padded pass over every row to rounding.
 pub fn response_logprobs(
     model: &Transformer,
     packed: &Packed,
     temperature: f64,
 ) -> Result<(Tensor, Tensor)> {
-    let (logp, ent) = logprobs_and_entropy_with_temperature(
-        model,
-        &packed.ids,
-        &packed.positions,
-        &packed.key_mask,
-        &packed.targets,
-        temperature,
-    )?;
-    let start = packed.prompt_width - 1;
+    if !(temperature > 0.0 && temperature.is_finite()) {
+        bail!("temperature {temperature} is not a positive number");
+    }
+    let b = packed.seqs.len();
     let l = packed.response_width;
+    if packed.groups.is_empty() {
+        let all: Vec<usize> = (0..b).collect();
+        let (lp, ent) = padded_logprobs(model, packed, &all, temperature)?;
+        return Ok((lp.to_dtype(DType::F32)?, ent.to_dtype(DType::F32)?));
+    }
+    let mut in_group = vec![false; b];
+    let mut order = Vec::with_capacity(b);
+    let mut rows = Vec::new();
+    let mut prefix_lens = Vec::with_capacity(packed.groups.len());
+    for (g, group) in packed.groups.iter().enumerate() {
+        prefix_lens.push(group.len);
+        for &i in &group.rows {
+            let (seq, prompt) = &packed.seqs[i];
+            in_group[i] = true;
+            order.push(i);
+            rows.push(SharedRow {
+                seq,
+                group: g,
+                from: prompt - 1,
+                len: seq.len() - prompt,
+            });
+        }
+    }
+    let (lp, ent) = shared_prefix_logprobs_entropy(model, &prefix_lens, &rows, l, temperature)?;
+    let (mut lps, mut ents) = (vec![lp], vec![ent]);
+    let rest: Vec<usize> = (0..b).filter(|&i| !in_group[i]).collect();
+    if !rest.is_empty() {
+        let (lp, ent) = padded_logprobs(model, packed, &rest, temperature)?;
+        lps.push(lp);
+        ents.push(ent);
+        order.extend(&rest);
+    }
+    // Back to the batch's row order.
+    let mut inverse = vec![0u32; b];
+    for (k, &i) in order.iter().enumerate() {
+        inverse[i] = k as u32;
+    }
+    let inverse = Tensor::from_vec(inverse, b, model.device())?;
+    let gather = |parts: Vec<Tensor>| -> Result<Tensor> {
+        Ok(Tensor::cat(&parts, 0)?
+            .index_select(&inverse, 0)?
+            .to_dtype(DType::F32)?)
+    };
+    Ok((gather(lps)?, gather(ents)?))
+}
+
+/// The padded teacher-forced pass over the rows `idx` of `packed`: their response tokens'
+/// log-probs and entropies, `[idx.len(), L]`, in the model's dtype. Only the columns those
+/// rows need run (none of another row's extra left padding), and the output head only on the
+/// response columns.
+fn padded_logprobs(
+    model: &Transformer,
+    packed: &Packed,
+    idx: &[usize],
+    temperature: f64,
+) -> Result<(Tensor, Tensor)> {
+    let p = packed.prompt_width;
+    let l = packed.response_width;
+    let prompt = idx.iter().map(|&i| packed.seqs[i].1).max().unwrap_or(1);
+    let response = idx
+        .iter()
+        .map(|&i| packed.seqs[i].0.len() - packed.seqs[i].1)
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let (from, width) = (p - prompt, prompt + response);
+    let select = |t: &Tensor| -> Result<Tensor> {
+        let t = if idx.len() == packed.seqs.len() {
+            t.clone()
+        } else {
+            let rows: Vec<u32> = idx.iter().map(|&i| i as u32).collect();
+            t.index_select(&Tensor::from_vec(rows, idx.len(), t.device())?, 0)?
+        };
+        Ok(t.narrow(1, from, width)?)
+    };
+    let hidden = model.forward_hidden(
+        &select(&packed.ids)?,
+        &select(&packed.positions)?,
+        &select(&packed.key_mask)?,
+        None,
+    )?;
+    // Column `prompt − 1 + k` predicts response token k.
+    let hidden = hidden.narrow(1, prompt - 1, response)?;
+    let targets = select(&packed.targets)?.narrow(1, prompt - 1, response)?;
+    let (lp, ent) = model.head_logprobs_entropy(&hidden, &targets, 1.0 / temperature)?;
+    if response == l {
+        return Ok((lp, ent));
+    }
     Ok((
-        logp.narrow(1, start, l)?.to_dtype(DType::F32)?,
-        ent.narrow(1, start, l)?.to_dtype(DType::F32)?,
+        lp.pad_with_zeros(1, 0, l - response)?,
+        ent.pad_with_zeros(1, 0, l - response)?,
     ))
 }
 
@@ -275,6 +446,141 @@ mod tests {
         assert_eq!(windowed[2].advantages, vec![2.0]);
         let none = Row::new(vec![1], vec![20, 21], vec![0, 0], vec![-1, -1]);
         assert!(none.step_samples(None).is_empty());
+    }
+
+    /// Rows of one prompt group together; a tree's branches share more than the prompt; a run
+    /// stops growing when a further row would save less than it costs; a prefix never swallows
+    /// a whole row; short common prefixes are not worth a group.
+    #[test]
+    fn prefix_groups_find_rows_that_share_a_prefix() {
+        let p: Vec<u32> = (100..110).collect();
+        let q: Vec<u32> = (200..212).collect();
+        let with = |base: &[u32], tail: &[u32]| -> Vec<u32> { [base, tail].concat() };
+        let seqs = [
+            with(&p, &[1, 2, 3]),         // 0: prompt p
+            with(&q, &[7]),               // 1: prompt q
+            with(&p, &[1, 2, 9, 9]),      // 2: p, shares "1 2" with row 0
+            with(&q, &[8, 8]),            // 3: q
+            vec![1, 2, 3],                // 4: alone
+            with(&p, &[5]),               // 5: p
+            with(&p[..3], &[50, 51, 52]), // 6: shares 3 tokens with p only
+        ];
+        let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+        let groups = prefix_groups(&refs, 8);
+        assert_eq!(
+            groups,
+            vec![
+                PrefixGroup {
+                    len: 10,
+                    rows: vec![0, 2, 5]
+                },
+                PrefixGroup {
+                    len: 12,
+                    rows: vec![1, 3]
+                },
+            ]
+        );
+        // Two branches of a tree share 12 tokens; a third row shares the 10-token prompt only:
+        // 2 · 10 = 20 saved by all three against 12 by the pair, so all three.
+        let tree = [
+            with(&p, &[1, 2, 3, 4]),
+            with(&p, &[1, 2, 5]),
+            with(&p, &[6, 6]),
+        ];
+        let refs: Vec<&[u32]> = tree.iter().map(Vec::as_slice).collect();
+        assert_eq!(
+            prefix_groups(&refs, 8),
+            vec![PrefixGroup {
+                len: 10,
+                rows: vec![0, 1, 2]
+            }]
+        );
+        // A row that is the others' prefix: the shared part stops before its last token.
+        let nested = [p.clone(), with(&p, &[1, 2])];
+        let refs: Vec<&[u32]> = nested.iter().map(Vec::as_slice).collect();
+        assert_eq!(
+            prefix_groups(&refs, 8),
+            vec![PrefixGroup {
+                len: 9,
+                rows: vec![0, 1]
+            }]
+        );
+        assert!(prefix_groups(&refs, 10).is_empty());
+        assert!(prefix_groups(&[], 8).is_empty());
+    }
+
+    /// The shared pass against the padded one on a tiny model: rows of two prompts (left
+    /// padding differs per row), one row alone, responses of different lengths; log-probs,
+    /// entropies and every weight's gradient of a weighted sum.
+    #[test]
+    fn shared_pass_equals_the_padded_pass() {
+        use candle_core::DType;
+        use turnwise_model::model::weights::{init_varmap, sorted_vars};
+        let mut cfg = turnwise_model::ModelConfig::tiny_qwen2(64);
+        cfg.initializer_range = 0.2;
+        let vm = init_varmap(&cfg, DType::F64, &Device::Cpu, 4).unwrap();
+        let model = Transformer::from_varmap(&cfg, &vm).unwrap();
+        let p: Vec<u32> = (10..22).collect();
+        let q: Vec<u32> = (30..39).collect();
+        let rows = [
+            Row::new(p.clone(), vec![1, 2, 3, 4], vec![1; 4], vec![0; 4]),
+            Row::new(q.clone(), vec![5, 6], vec![1; 2], vec![0; 2]),
+            Row::new(vec![40, 41, 42], vec![7, 8, 9], vec![1; 3], vec![0; 3]),
+            Row::new(
+                p.clone(),
+                vec![1, 2, 60, 61, 62, 63],
+                vec![1; 6],
+                vec![0; 6],
+            ),
+            Row::new(q, vec![5, 7, 7], vec![1; 3], vec![0; 3]),
+            Row::new(p, vec![9], vec![1], vec![0]),
+        ];
+        let refs: Vec<&Row> = rows.iter().collect();
+        let shared = pack(&refs, &Device::Cpu).unwrap();
+        assert_eq!(shared.groups.len(), 2);
+        // p: 3 rows share its 12 tokens; q: 2 rows share its 9 and their first response token.
+        assert_eq!(shared.shared_tokens(), 2 * 12 + 10);
+        let whole = pack(&refs, &Device::Cpu).unwrap().unshared();
+        let (lp, ent) = response_logprobs(&model, &shared, 0.8).unwrap();
+        let (lp0, ent0) = response_logprobs(&model, &whole, 0.8).unwrap();
+        let w = (&shared.loss_mask
+            * Tensor::arange(0f32, 36.0, &Device::Cpu)
+                .unwrap()
+                .reshape((6, 6))
+                .unwrap()
+                .affine(0.1, -1.0)
+                .unwrap())
+        .unwrap();
+        let diff = |a: &Tensor, b: &Tensor| -> f32 {
+            ((a - b).unwrap() * &shared.loss_mask)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+        };
+        assert!(diff(&lp, &lp0) < 1e-6 && diff(&ent, &ent0) < 1e-6);
+        let obj =
+            |lp: &Tensor, ent: &Tensor| ((lp + ent).unwrap() * &w).unwrap().sum_all().unwrap();
+        let g = obj(&lp, &ent).backward().unwrap();
+        let g0 = obj(&lp0, &ent0).backward().unwrap();
+        for (name, var) in sorted_vars(&vm) {
+            let (a, b) = (
+                g.get(var.as_tensor()).unwrap(),
+                g0.get(var.as_tensor()).unwrap(),
+            );
+            let d = (a - b)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap();
+            assert!(d < 1e-10, "{name}: {d}");
+        }
     }
 
     #[test]

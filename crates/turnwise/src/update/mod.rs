@@ -17,7 +17,7 @@ use turnwise_model::loss::clip_bias::{ClipBiasRule, ClipBiasScope, ClipBiasSpace
 use turnwise_model::loss::policy::{PolicyLossInput, compute_policy_loss};
 use turnwise_model::optim::{AdamW, GradAccumulator, Gradients};
 
-pub use batch::{Packed, Row, pack, response_logprobs};
+pub use batch::{Packed, PrefixGroup, Row, pack, prefix_groups, response_logprobs};
 
 /// Result of one optimizer update.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -106,22 +106,43 @@ pub fn sft_step(
 }
 
 /// Log-probs of the response tokens of `rows` under `model` without a graph, in chunks of
-/// rows of similar length (less padding); the result is in the order of `rows`.
+/// rows run side by side, shared prefixes computed once ([`logprobs_no_grad_with`]); the
+/// result is in the order of `rows`.
 pub fn logprobs_no_grad(
     model: &Transformer,
     rows: &[Row],
     temperature: f64,
     chunk: usize,
 ) -> Result<Vec<Vec<f32>>> {
-    let mut by_len: Vec<usize> = (0..rows.len()).collect();
-    by_len.sort_by_key(|&i| row_len(&rows[i]));
+    logprobs_no_grad_with(model, rows, temperature, chunk, true)
+}
+
+/// [`logprobs_no_grad`], sharing prefixes or not (`optim.share_prefix`). Sharing, the chunks
+/// are runs of the rows in token order (rows that share a prefix meet, and each chunk runs its
+/// shared prefixes once); otherwise runs of rows of similar length (less padding).
+pub fn logprobs_no_grad_with(
+    model: &Transformer,
+    rows: &[Row],
+    temperature: f64,
+    chunk: usize,
+    share_prefix: bool,
+) -> Result<Vec<Vec<f32>>> {
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    if share_prefix {
+        order.sort_by(|&a, &b| token_order(&rows[a], &rows[b]));
+    } else {
+        order.sort_by_key(|&i| row_len(&rows[i]));
+    }
     // At least one chunk per core, so that the chunks run side by side.
     let k = parallel::training_shard_count(model, rows.len());
     let chunk = chunk.max(1).min(rows.len().div_ceil(k).max(1));
-    let chunks: Vec<&[usize]> = by_len.chunks(chunk).collect();
+    let chunks: Vec<&[usize]> = order.chunks(chunk).collect();
     let parts = parallel::map_chunks(k, &chunks, |c| {
         let refs: Vec<&Row> = c.iter().map(|&i| &rows[i]).collect();
-        let packed = pack(&refs, model.device())?;
+        let mut packed = pack(&refs, model.device())?;
+        if !share_prefix {
+            packed = packed.unshared();
+        }
         let (lp, _) = response_logprobs(model, &packed, temperature)?;
         Ok(lp.detach().to_vec2::<f32>()?)
     })?;
@@ -132,6 +153,15 @@ pub fn logprobs_no_grad(
         }
     }
     Ok(out)
+}
+
+/// Rows in lexicographic order of their tokens (prompt, then response): rows that share a
+/// prefix are neighbours.
+fn token_order(a: &Row, b: &Row) -> std::cmp::Ordering {
+    a.prompt
+        .iter()
+        .chain(&a.response)
+        .cmp(b.prompt.iter().chain(&b.response))
 }
 
 /// Settings of one actor update.
@@ -154,6 +184,9 @@ pub struct ActorUpdate<'a> {
     /// loss is weighted by `min(exp(old − sampled), C)`, the behaviour log-prob over the one
     /// the rollout recorded; `None`: off.
     pub rollout_is_cap: Option<f64>,
+    /// Run the prefixes rows share once (`optim.share_prefix`): mini-batches are cut into
+    /// pieces in token order so that such rows meet, and each piece's shared prefixes run once.
+    pub share_prefix: bool,
 }
 
 /// Rows `idx` of the per-row values `v`, right-padded with zeros: `[idx.len(), width]`.
@@ -183,7 +216,8 @@ pub fn is_on_policy(cfg: &ActorUpdate<'_>, n: usize) -> bool {
 /// mini-batch), or counts: summed over the pieces (micro-batches and their shards) of a
 /// mini-batch, then averaged over mini-batches like the others. The other metrics are means
 /// over tokens, averaged over the pieces weighted by their loss tokens.
-const ADDITIVE: [&str; 6] = [
+const ADDITIVE: [&str; 7] = [
+    "actor/shared_prefix_tokens",
     "actor/pg_loss",
     "actor/kl_loss",
     "actor/entropy_agg",
@@ -220,6 +254,7 @@ struct MicroInput {
 
 fn micro_input(
     policy: &Transformer,
+    share_prefix: bool,
     rows: &[Row],
     micro_idx: &[usize],
     old_logp: Option<&[Vec<f32>]>,
@@ -227,7 +262,10 @@ fn micro_input(
     logp: impl FnOnce(&Packed) -> Result<(Tensor, Tensor)>,
 ) -> Result<(MicroInput, Tensor, Tensor)> {
     let refs: Vec<&Row> = micro_idx.iter().map(|&i| &rows[i]).collect();
-    let packed = pack(&refs, policy.device())?;
+    let mut packed = pack(&refs, policy.device())?;
+    if !share_prefix {
+        packed = packed.unshared();
+    }
     let l = packed.response_width;
     let pick = |v: &[Vec<f32>]| tensor_rows(v, micro_idx, l, policy.device());
     let reference = ref_logp.map(pick).transpose()?;
@@ -335,9 +373,10 @@ fn minibatch_clip_bias_scale(
     // ‖C_mb‖² = Σ_piece (B_piece · ‖C_piece‖)² / B_mb², since c = (1/B)(1/|y|)·1·w·Â.
     let k = parallel::training_shard_count(policy, pieces.len());
     let parts = parallel::map_chunks(k, pieces, |piece| {
-        let (inp, lp, _) = micro_input(policy, rows, piece, old_logp, None, |p| {
-            response_logprobs(policy, p, cfg.temperature)
-        })?;
+        let (inp, lp, _) =
+            micro_input(policy, cfg.share_prefix, rows, piece, old_logp, None, |p| {
+                response_logprobs(policy, p, cfg.temperature)
+            })?;
         let lp = lp.detach();
         let mut pin =
             PolicyLossInput::new(&lp, &inp.old, &inp.packed.advantages, &inp.packed.loss_mask)
@@ -416,8 +455,14 @@ pub fn minibatch_gradient(
     cfg: &ActorUpdate<'_>,
 ) -> Result<Option<MiniBatchGradient>> {
     let mut mb = mb.to_vec();
-    // Stable: rows of equal length keep the seeded order.
-    mb.sort_by_key(|&i| row_len(&rows[i]));
+    // Sharing prefixes: rows in token order, so that rows sharing a prefix fall into one
+    // micro-batch and shard. Otherwise by length (stable: rows of equal length keep the seeded
+    // order), so that a shard pads little. The grouping does not change the gradient.
+    if cfg.share_prefix {
+        mb.sort_by(|&a, &b| token_order(&rows[a], &rows[b]));
+    } else {
+        mb.sort_by_key(|&i| row_len(&rows[i]));
+    }
     let micro = if cfg.micro_batch == 0 {
         mb.len()
     } else {
@@ -428,16 +473,29 @@ pub fn minibatch_gradient(
     let k = parallel::training_shard_count(policy, micro);
     let micro_batches: Vec<Vec<Vec<usize>>> = mb
         .chunks(micro)
-        .map(|m| parallel::shards_by_len(m, k, |i| row_len(&rows[i])))
+        .map(|m| {
+            if cfg.share_prefix {
+                parallel::shards_in_order(m, k, |i| row_len(&rows[i]))
+            } else {
+                parallel::shards_by_len(m, k, |i| row_len(&rows[i]))
+            }
+        })
         .collect();
     let pieces: Vec<Vec<usize>> = micro_batches.iter().flatten().cloned().collect();
     let cb_scale = minibatch_clip_bias_scale(policy, rows, &pieces, old_logp, cfg, denominators)?;
     // A2TGPO's loss reads the clip scales its estimator wrote into the rows.
     let reads_clip_scale = cfg.loss.policy.resolve()?.kind.reads_clip_scale();
     let piece = |piece_idx: &[usize]| -> Result<PieceOutcome> {
-        let (inp, logp, entropy) = micro_input(policy, rows, piece_idx, old_logp, ref_logp, |p| {
-            response_logprobs(policy, p, cfg.temperature)
-        })?;
+        let (inp, logp, entropy) = micro_input(
+            policy,
+            cfg.share_prefix,
+            rows,
+            piece_idx,
+            old_logp,
+            ref_logp,
+            |p| response_logprobs(policy, p, cfg.temperature),
+        )?;
+        let shared_tokens = inp.packed.shared_tokens() as f64;
         let packed = &inp.packed;
         let mut pin = PolicyLossInput::new(&logp, &inp.old, &packed.advantages, &packed.loss_mask)
             .with_denominators(denominators)
@@ -502,6 +560,7 @@ pub fn minibatch_gradient(
         if let Some((_, m)) = tis {
             metrics.extend(m);
         }
+        metrics.insert("actor/shared_prefix_tokens".into(), shared_tokens);
         Ok(PieceOutcome::Done {
             grads: acc.take(),
             metrics,
@@ -591,6 +650,14 @@ pub fn minibatch_gradient(
         cb_sq.sqrt() / denominators.sequences,
     );
     metrics.insert("actor/clip_bias_num_clipped".into(), cb_clipped);
+    // The share of the mini-batch's tokens whose forward and backward a shared prefix saved.
+    if let Some(&shared) = metrics.get("actor/shared_prefix_tokens") {
+        let total: usize = mb.iter().map(|&i| row_len(&rows[i])).sum();
+        metrics.insert(
+            "actor/shared_prefix_frac".into(),
+            shared / total.max(1) as f64,
+        );
+    }
     let step_scale = if cb_share > 0.0 {
         (cb_weight / cb_share).clamp(0.0, 1.0)
     } else {

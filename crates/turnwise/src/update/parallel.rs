@@ -62,6 +62,45 @@ pub fn shards_by_len(idx: &[usize], k: usize, len: impl Fn(usize) -> usize) -> V
     out
 }
 
+/// `idx`, in the order given, cut into at most `k` contiguous runs of balanced cost (`cost(i)`
+/// per row; the largest run as small as `k` runs allow): the shards of a mini-batch whose
+/// order keeps rows that share a prefix together (token order), so that each shard runs its
+/// shared prefixes once.
+pub fn shards_in_order(idx: &[usize], k: usize, cost: impl Fn(usize) -> usize) -> Vec<Vec<usize>> {
+    let k = k.max(1);
+    if idx.is_empty() {
+        return Vec::new();
+    }
+    let costs: Vec<usize> = idx.iter().map(|&i| cost(i).max(1)).collect();
+    // Greedy runs whose cost stays within `b`; the smallest `b` that needs at most `k` runs.
+    let runs = |b: usize| -> Vec<std::ops::Range<usize>> {
+        let mut out = Vec::new();
+        let (mut start, mut sum) = (0, 0);
+        for (j, &c) in costs.iter().enumerate() {
+            if sum + c > b && j > start {
+                out.push(start..j);
+                (start, sum) = (j, 0);
+            }
+            sum += c;
+        }
+        out.push(start..costs.len());
+        out
+    };
+    let (mut lo, mut hi) = (
+        costs.iter().copied().max().unwrap_or(1),
+        costs.iter().sum::<usize>(),
+    );
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if runs(mid).len() <= k {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    runs(lo).into_iter().map(|r| idx[r].to_vec()).collect()
+}
+
 /// How many shards the training forwards of `model` over `rows` rows are cut into:
 /// [`shard_count`], or one when the model draws LoRA dropout masks (their stream is one
 /// sequence; concurrent forwards would draw them in an order that depends on thread timing, and
@@ -104,7 +143,26 @@ pub fn map_chunks<C: Sync, T: Send>(
 
 #[cfg(test)]
 mod tests {
-    use super::shards_by_len;
+    use super::{shards_by_len, shards_in_order};
+
+    #[test]
+    fn shards_in_order_keep_the_order_and_balance_cost() {
+        let cost = [5, 5, 5, 5, 20, 1, 1, 1, 1, 1];
+        let idx: Vec<usize> = (0..cost.len()).collect();
+        let parts = shards_in_order(&idx, 2, |i| cost[i]);
+        assert_eq!(parts, vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7, 8, 9]]);
+        let parts = shards_in_order(&idx, 3, |i| cost[i]);
+        assert_eq!(parts.concat(), idx);
+        assert!(parts.len() <= 3);
+        let worst = parts
+            .iter()
+            .map(|p| p.iter().map(|&i| cost[i]).sum::<usize>())
+            .max()
+            .unwrap();
+        assert_eq!(worst, 20);
+        assert!(shards_in_order(&[], 2, |_| 1).is_empty());
+        assert_eq!(shards_in_order(&[7, 3], 1, |_| 1), vec![vec![7, 3]]);
+    }
 
     /// Padded cost of a shard: rows × longest.
     fn cost(s: &[usize], lens: &[usize]) -> usize {
