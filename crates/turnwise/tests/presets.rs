@@ -904,3 +904,97 @@ fn recomputed_logprobs_match_the_sampled_ones() {
     }
     assert!(checked > 20);
 }
+
+/// Every preset as shipped trains the same with its shared prefixes computed once
+/// (`optim.share_prefix`, on by default: the G rollouts of a prompt, a tree's branches and a
+/// trajectory's step samples run what they share forward and backward once) as with every row
+/// run whole. Both run in lockstep from the shared warm start, step by step until a step moves
+/// the weights (the tiny model ties every outcome of a group in some steps; until a step moves
+/// them the two runs are the same, so their rollouts are too). After that step, every
+/// mini-batch at the preset's own settings with its clip and AdamW, the weights agree to within
+/// 0.1 % of the step they took and the update's metrics to rounding; and where a shard holds
+/// more than one row, the shared pass saved tokens (on two cores a mini-batch of two rows runs
+/// one row per core: sharing would only serialise them). mt-ppo-judge is mt-ppo's update with
+/// a judged reward (its judge costs minutes a step here): mt-ppo stands for it.
+/// `actor/turn_kl_entropy` is left out: a ratio of log-ratio sums that are rounding noise while
+/// the policy has not moved.
+#[test]
+fn shared_prefixes_train_every_preset_as_without() {
+    let l2 = |a: &BTreeMap<String, Vec<f32>>, b: &BTreeMap<String, Vec<f32>>| -> f64 {
+        a.iter()
+            .flat_map(|(k, x)| x.iter().zip(&b[k]))
+            .map(|(x, y)| f64::from(x - y).powi(2))
+            .sum::<f64>()
+            .sqrt()
+    };
+    let mut failures = Vec::new();
+    for name in presets::names() {
+        if name == "mt-ppo-judge" {
+            continue;
+        }
+        let t0 = std::time::Instant::now();
+        let checked = (|| -> anyhow::Result<String> {
+            let mut shared = run_preset(name, 0, &[])?;
+            let mut whole = run_preset(name, 0, &["optim.share_prefix=false"])?;
+            let before = weights(&shared.trainer);
+            let mut steps = 0;
+            let (ms, mw, step) = loop {
+                let (ms, mw) = (shared.trainer.rl_step()?, whole.trainer.rl_step()?);
+                steps += 1;
+                let step = l2(&before, &weights(&shared.trainer));
+                if step > 0.0 || steps == 4 {
+                    break (ms.metrics, mw.metrics, step);
+                }
+            };
+            anyhow::ensure!(step > 0.0, "{steps} steps did not move the weights");
+            let apart = l2(&weights(&shared.trainer), &weights(&whole.trainer));
+            anyhow::ensure!(
+                apart <= 1e-3 * step,
+                "weights {apart:.3e} apart after a step of {step:.3e}"
+            );
+            let saved = ms.get("actor/shared_prefix_tokens").copied().unwrap_or(0.0);
+            let mb = match shared.cfg.optim.mini_batch_size {
+                0 => usize::MAX,
+                m => m,
+            };
+            if mb / rayon::current_num_threads() >= 2 {
+                anyhow::ensure!(saved > 0.0, "no shared prefix tokens: {saved}");
+            }
+            anyhow::ensure!(
+                mw.get("actor/shared_prefix_tokens") == Some(&0.0),
+                "the whole-row run shared tokens"
+            );
+            let mut worst = (0.0f64, String::new());
+            for (k, a) in &ms {
+                let keep = k.starts_with("actor/") || k.starts_with("critic/");
+                if !keep
+                    || k.starts_with("actor/shared_prefix")
+                    || k == "actor/turn_kl_entropy"
+                    || !a.is_finite()
+                {
+                    continue;
+                }
+                let b = mw
+                    .get(k)
+                    .ok_or_else(|| anyhow::anyhow!("{k} only with sharing"))?;
+                let d = (a - b).abs() / a.abs().max(b.abs()).max(1e-3);
+                if d > worst.0 {
+                    worst = (d, k.clone());
+                }
+            }
+            anyhow::ensure!(worst.0 <= 1e-3, "{} differs by {:.2e}", worst.1, worst.0);
+            Ok(format!(
+                "step {steps}: weights {apart:.1e} apart / step {step:.1e}; {saved:.0} tokens \
+                 shared per mini-batch ({:.0} %); worst metric {} at {:.1e}",
+                100.0 * ms.get("actor/shared_prefix_frac").copied().unwrap_or(0.0),
+                worst.1,
+                worst.0
+            ))
+        })();
+        match checked {
+            Ok(line) => eprintln!("{name}: {line} [{:.0} s]", t0.elapsed().as_secs_f64()),
+            Err(e) => failures.push(format!("{name}: {e:#}")),
+        }
+    }
+    assert_none(&failures);
+}
