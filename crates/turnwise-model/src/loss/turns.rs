@@ -170,20 +170,30 @@ fn push_turn(
     });
 }
 
+/// How far apart two f32 passes over the same weights put a token's log-prob (batched or
+/// grouped otherwise): a log-ratio sum within this much per token of zero is zero.
+pub const LOGR_ROUNDING: f64 = 1e-6;
+
 /// `actor/turn_kl_entropy` and `actor/single_turn_count` (§7, ATPO App. A eq. 13).
 ///
 /// Per sample: `x_k = Σ_{turn k} logr / Σ_seq logr` (sample skipped when `Σ_seq logr = 0`),
 /// `p = softmax(x)`, `H = −Σ p log(p + 1e-10) / log K`; a sample with one turn scores 0. Returns the
 /// mean over scored samples (`None` when none) and the number of samples with ≤ 1 turn.
+///
+/// `Σ_seq logr` within f32 rounding of zero ([`LOGR_ROUNDING`] per token) counts as zero: the
+/// policy has not moved (the first mini-batch, whose behaviour log-probs come from another pass
+/// over the same weights, batched otherwise), and `x` would be a ratio of rounding noise.
 pub fn turn_kl_entropy(logr: &[Vec<f64>], segments: &TurnSegments) -> (Option<f64>, usize) {
     let mut per_row: Vec<Vec<f64>> = vec![Vec::new(); segments.batch];
+    let mut tokens = vec![0usize; segments.batch];
     for turn in &segments.turns {
         let s: f64 = turn.positions.iter().map(|&t| logr[turn.row][t]).sum();
         per_row[turn.row].push(s);
+        tokens[turn.row] += turn.positions.len();
     }
     let mut single = 0usize;
     let (mut total, mut n) = (0.0, 0usize);
-    for sums in per_row {
+    for (sums, tokens) in per_row.into_iter().zip(tokens) {
         let k = sums.len();
         if k <= 1 {
             single += 1;
@@ -193,7 +203,7 @@ pub fn turn_kl_entropy(logr: &[Vec<f64>], segments: &TurnSegments) -> (Option<f6
             continue;
         }
         let seq: f64 = sums.iter().sum();
-        if seq == 0.0 {
+        if seq.abs() <= LOGR_ROUNDING * tokens as f64 {
             continue;
         }
         let x: Vec<f64> = sums.iter().map(|s| s / seq).collect();
@@ -257,5 +267,9 @@ mod tests {
         // One-turn sample scores 0 and counts as single-turn.
         let s1 = TurnSegments::from_rows("t", &[vec![1.0, 1.0]], None).unwrap();
         assert_eq!(turn_kl_entropy(&[vec![0.1, 0.2]], &s1), (Some(0.0), 1));
+        // Log-ratios of rounding noise (an unmoved policy recomputed in another batch): the
+        // sample is skipped, as for an exact zero, instead of scoring a ratio of noise.
+        let noise = vec![vec![3e-7, -1e-7, 2e-7, 0.0, 0.0, -2e-7, 1e-7]];
+        assert_eq!(turn_kl_entropy(&noise, &s), (None, 0));
     }
 }

@@ -256,9 +256,11 @@ pub fn probe(
             rows.push((e, plan.gt_span, ids));
         }
     }
-    // Rows of similar length share a forward pass (less padding); results go back in order.
+    // Rows in token order share a forward pass: one episode's probes (its prompt and earlier
+    // turns) and one group's (its prompt) are neighbours, and each chunk runs what they share
+    // once ([`span_logprobs`]); results go back in order.
     let mut by_len: Vec<usize> = (0..rows.len()).collect();
-    by_len.sort_by_key(|&i| rows[i].2.len());
+    by_len.sort_by(|&a, &b| rows[a].2.cmp(&rows[b].2));
     // Chunks run side by side on the CPU's cores.
     let k = crate::update::parallel::training_shard_count(model, rows.len());
     let chunk = PROBE_CHUNK.min(rows.len().div_ceil(k).max(1));
@@ -294,9 +296,65 @@ pub fn probe(
 }
 
 /// Per row `(ids, span)`, the log-prob of each token `ids[k]`, `k` in `span`, given the
-/// tokens before it (every `k` must be at least 1). One forward pass over the batch; the LM
-/// head and the softmax run only at the positions that predict a span token.
+/// tokens before it (every `k` must be at least 1). Rows that share a prefix of at least
+/// [`crate::update::batch::MIN_SHARED_PREFIX`] tokens (the probes of one episode share its
+/// prompt and earlier turns) run it once
+/// ([`turnwise_model::logprobs::shared_prefix_logprobs_entropy`]); the others in one padded
+/// pass. The LM head and the softmax run only at the positions that predict a span token.
 pub fn span_logprobs(
+    model: &Transformer,
+    rows: &[(&[u32], std::ops::Range<usize>)],
+) -> Result<Vec<Vec<f64>>> {
+    for (i, (r, span)) in rows.iter().enumerate() {
+        if !span.is_empty() && (span.start == 0 || span.end > r.len()) {
+            anyhow::bail!(
+                "probe row {i}: span {span:?} must lie within 1..={} ",
+                r.len()
+            );
+        }
+    }
+    let seqs: Vec<&[u32]> = rows.iter().map(|r| r.0).collect();
+    let groups = crate::update::prefix_groups(&seqs, crate::update::batch::MIN_SHARED_PREFIX);
+    if groups.is_empty() {
+        return padded_span_logprobs(model, rows);
+    }
+    let mut out = vec![Vec::new(); rows.len()];
+    let mut in_group = vec![false; rows.len()];
+    let mut shared = Vec::new();
+    let mut order = Vec::new();
+    for (g, group) in groups.iter().enumerate() {
+        for &i in &group.rows {
+            let (seq, span) = &rows[i];
+            in_group[i] = true;
+            order.push(i);
+            shared.push(turnwise_model::logprobs::SharedRow {
+                seq,
+                group: g,
+                from: span.start.saturating_sub(1),
+                len: span.len(),
+            });
+        }
+    }
+    let lens: Vec<usize> = groups.iter().map(|g| g.len).collect();
+    let width = shared.iter().map(|r| r.len).max().unwrap_or(1).max(1);
+    let (lp, _) = turnwise_model::logprobs::shared_prefix_logprobs_entropy(
+        model, &lens, &shared, width, 1.0,
+    )?;
+    let lp = lp.to_dtype(candle_core::DType::F32)?.to_vec2::<f32>()?;
+    for ((&i, r), v) in order.iter().zip(&shared).zip(lp) {
+        out[i] = v[..r.len].iter().map(|&x| f64::from(x)).collect();
+    }
+    let rest: Vec<usize> = (0..rows.len()).filter(|&i| !in_group[i]).collect();
+    let rest_rows: Vec<(&[u32], std::ops::Range<usize>)> =
+        rest.iter().map(|&i| rows[i].clone()).collect();
+    for (&i, v) in rest.iter().zip(padded_span_logprobs(model, &rest_rows)?) {
+        out[i] = v;
+    }
+    Ok(out)
+}
+
+/// [`span_logprobs`] in one padded pass over every row.
+fn padded_span_logprobs(
     model: &Transformer,
     rows: &[(&[u32], std::ops::Range<usize>)],
 ) -> Result<Vec<Vec<f64>>> {
@@ -454,6 +512,33 @@ mod tests {
             for (k, v) in s.clone().zip(g) {
                 assert!((f[k] - v).abs() < 1e-5, "position {k}: {} vs {v}", f[k]);
                 assert!(*v < 0.0);
+            }
+        }
+        // Probes of one episode: a shared context, then each turn's continuation and the
+        // answer span; run shared, they equal the padded pass.
+        let context: Vec<u32> = (1..21).collect();
+        let probes: Vec<Vec<u32>> = [&[30u32, 31, 32][..], &[30, 33], &[40, 41, 42, 43]]
+            .iter()
+            .map(|t| [&context[..], t].concat())
+            .collect();
+        let spans = [21..23, 20..22, 19..24];
+        let input: Vec<(&[u32], std::ops::Range<usize>)> = probes
+            .iter()
+            .zip(spans.iter())
+            .map(|(r, s)| (r.as_slice(), s.clone()))
+            .collect();
+        let seqs: Vec<&[u32]> = probes.iter().map(Vec::as_slice).collect();
+        assert_eq!(crate::update::prefix_groups(&seqs, 8).len(), 1);
+        let full = teacher_forced_logprobs(&model, seqs.iter().copied()).unwrap();
+        let got = span_logprobs(&model, &input).unwrap();
+        for ((f, g), s) in full.iter().zip(&got).zip(spans.iter()) {
+            assert_eq!(g.len(), s.len());
+            for (k, v) in s.clone().zip(g) {
+                assert!(
+                    (f[k] - v).abs() < 1e-5,
+                    "shared, position {k}: {} vs {v}",
+                    f[k]
+                );
             }
         }
         let bad: Vec<(&[u32], std::ops::Range<usize>)> = vec![(&rows[0][..], 0..2)];

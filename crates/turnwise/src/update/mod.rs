@@ -63,29 +63,29 @@ pub fn sft_step(
         .map(|r| r.loss_mask.iter().map(|&m| f32::from(m)).sum::<f32>())
         .sum::<f32>()
         .max(1.0);
-    let idx: Vec<usize> = (0..rows.len()).collect();
+    // Rows in token order, cut into contiguous shards: demonstrations that share a prefix (a
+    // prompt template, one question's) meet in a shard, which runs it once.
+    let mut idx: Vec<usize> = (0..rows.len()).collect();
+    idx.sort_by(|&a, &b| token_order(rows[a], rows[b]));
     let vars = opt.vars();
-    let parts = parallel::shard_backward(
-        parallel::training_shard_count(policy, rows.len()),
-        &idx,
-        |i| row_len(rows[i]),
-        |shard| {
-            let refs: Vec<&Row> = shard.iter().map(|&i| rows[i]).collect();
-            let packed = pack(&refs, policy.device())?;
-            let (logp, _) = response_logprobs(policy, &packed, 1.0)?;
-            let loss = (logp * &packed.loss_mask)?
-                .sum_all()?
-                .neg()?
-                .affine(1.0 / f64::from(n), 0.0)?;
-            let value = f64::from(loss.to_scalar::<f32>()?);
-            if !value.is_finite() {
-                return Ok((None, value));
-            }
-            let mut acc = GradAccumulator::new();
-            acc.add(&loss.backward()?, vars, 1.0)?;
-            Ok((Some(acc.take()), value))
-        },
-    )?;
+    let k = parallel::training_shard_count(policy, rows.len());
+    let shards = parallel::shards_in_order(&idx, k, |i| row_len(rows[i]));
+    let parts = parallel::map_chunks(k, &shards, |shard: &Vec<usize>| {
+        let refs: Vec<&Row> = shard.iter().map(|&i| rows[i]).collect();
+        let packed = pack(&refs, policy.device())?;
+        let (logp, _) = response_logprobs(policy, &packed, 1.0)?;
+        let loss = (logp * &packed.loss_mask)?
+            .sum_all()?
+            .neg()?
+            .affine(1.0 / f64::from(n), 0.0)?;
+        let value = f64::from(loss.to_scalar::<f32>()?);
+        if !value.is_finite() {
+            return Ok((None, value));
+        }
+        let mut acc = GradAccumulator::new();
+        acc.add(&loss.backward()?, vars, 1.0)?;
+        Ok((Some(acc.take()), value))
+    })?;
     let mut acc = GradAccumulator::new();
     let mut value = 0.0;
     for (grads, v) in parts {
