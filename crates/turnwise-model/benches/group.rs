@@ -143,7 +143,16 @@ fn step_seconds(
         let loss = (logp.mean_all().expect("mean").neg().expect("neg")
             - (ent.mean_all().expect("mean") * 1e-3).expect("scale"))
         .expect("loss");
-        let mut grads = Gradients::from_grad_store(&loss.backward().expect("backward"), opt.vars());
+        let t_fwd = t0.elapsed().as_secs_f64();
+        let store = loss.backward().expect("backward");
+        if std::env::var_os("TURNWISE_GROUP_PHASES").is_some() {
+            eprintln!(
+                "{} shared={shared}: forward {t_fwd:.3} s, backward {:.3} s",
+                m.name,
+                t0.elapsed().as_secs_f64() - t_fwd
+            );
+        }
+        let mut grads = Gradients::from_grad_store(&store, opt.vars());
         grads.clip_global_norm(1.0).expect("clip");
         opt.step(&grads, 1e-4).expect("step");
         if step > 0 {

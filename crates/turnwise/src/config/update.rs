@@ -66,12 +66,17 @@ pub struct OptimConfig {
     /// trainer computes, so there the weights are 1 to rounding. Logged as
     /// `actor/tis_weight_mean` and `actor/tis_capped_frac`. 0 (default): off. Range: ≥ 0.
     pub rollout_is_cap: f64,
-    /// Compute the prefixes that rows share once (default on): in every training and log-prob
-    /// pass, rows whose first tokens are the same (the G rollouts of a prompt, a tree's
-    /// branches, one trajectory's step samples, a prompt template) run those tokens forward and
-    /// backward once, and their gradients on them are summed in that one pass. Exact to
-    /// rounding; off only to measure what it saves. The actor's mini-batches are then cut into
-    /// micro-batches and shards in token order, so that rows sharing a prefix meet.
+    /// Compute the prefixes that rows share once (default on): in the actor's update and the
+    /// behaviour and reference log-prob passes, rows whose first tokens are the same (at least
+    /// 8: the G rollouts of a prompt, a tree's branches, one trajectory's step samples, a
+    /// prompt template) run those tokens forward and backward once, and their gradients on
+    /// them are summed in that one pass. Exact to rounding; off only to measure what it saves.
+    /// The mini-batches are then cut into micro-batches and shards in token order, so that rows
+    /// sharing a prefix meet (on a CPU, one shard per core: a mini-batch of two rows on two
+    /// cores runs one row per core and shares nothing). Logged as `actor/shared_prefix_tokens`
+    /// (tokens per mini-batch run once instead of once per row) and `actor/shared_prefix_frac`
+    /// (their share of the mini-batch's tokens). The warm start and the information-gain
+    /// probes always share.
     pub share_prefix: bool,
 }
 
