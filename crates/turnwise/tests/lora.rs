@@ -90,6 +90,15 @@ fn a_lora_run_trains_only_the_adapters_resumes_and_exports_merged() {
     );
     let total = line["model/parameters"].as_f64().unwrap();
     assert!(total > 10.0 * expected as f64, "{total} parameters");
+    // LoRA dropout draws a mask per row and position: no prefix is run once for several rows
+    // (it would share one mask among them), although the G rollouts share their prompt.
+    let rl = common::phase_lines(&a.join("metrics.jsonl"), "train");
+    let shared: Vec<f64> = rl
+        .iter()
+        .filter_map(|v| v["actor/shared_prefix_tokens"].as_f64())
+        .collect();
+    assert!(!shared.is_empty(), "no RL step logged the shared tokens");
+    assert!(shared.iter().all(|&x| x == 0.0), "{shared:?}");
 
     // The base weights are the same bytes in every checkpoint; the adapters moved (warm start,
     // then RL); the optimizer holds the adapters' moments only.

@@ -303,7 +303,8 @@ pub fn pack(rows: &[&Row], device: &Device) -> Result<Packed> {
 /// tracks gradients), at sampling temperature `temperature`. The rows of each of
 /// `packed.groups` run their shared prefix once ([`shared_prefix_logprobs_entropy`]), the
 /// others in one padded pass; the output head runs on the response positions only. Equal to
-/// the padded pass over every row to rounding.
+/// the padded pass over every row to rounding. A model that draws LoRA dropout masks runs
+/// every row whole (one mask per row and position, as the padded pass draws them).
 pub fn response_logprobs(
     model: &Transformer,
     packed: &Packed,
@@ -314,7 +315,9 @@ pub fn response_logprobs(
     }
     let b = packed.seqs.len();
     let l = packed.response_width;
-    if packed.groups.is_empty() {
+    // LoRA dropout draws a mask per row and position: a prefix run once would share one mask
+    // among its rows, another computation than the padded pass's, so such a model runs whole.
+    if packed.groups.is_empty() || model.draws_dropout() {
         let all: Vec<usize> = (0..b).collect();
         let (lp, ent) = padded_logprobs(model, packed, &all, temperature)?;
         return Ok((lp.to_dtype(DType::F32)?, ent.to_dtype(DType::F32)?));

@@ -495,7 +495,11 @@ pub fn minibatch_gradient(
             ref_logp,
             |p| response_logprobs(policy, p, cfg.temperature),
         )?;
-        let shared_tokens = inp.packed.shared_tokens() as f64;
+        let shared_tokens = if policy.draws_dropout() {
+            0.0
+        } else {
+            inp.packed.shared_tokens() as f64
+        };
         let packed = &inp.packed;
         let mut pin = PolicyLossInput::new(&logp, &inp.old, &packed.advantages, &packed.loss_mask)
             .with_denominators(denominators)
