@@ -16,32 +16,16 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import torch
 import transformers
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
-SIZES = {
-    "A": dict(hidden=256, layers=4, heads=4, kv_heads=2, intermediate=768, vocab=4096),
-    "B": dict(hidden=512, layers=8, heads=8, kv_heads=2, intermediate=1536, vocab=8192),
-}
-
-
-def config(s):
-    return Qwen2Config(
-        vocab_size=s["vocab"],
-        hidden_size=s["hidden"],
-        intermediate_size=s["intermediate"],
-        num_hidden_layers=s["layers"],
-        num_attention_heads=s["heads"],
-        num_key_value_heads=s["kv_heads"],
-        max_position_embeddings=512,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        torch_dtype="float32",
-    )
+# The synthetic sizes and their transformers config: model_torch.py's, beside this file.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model_torch import SIZES, config  # noqa: E402
 
 
 def group_ids(g, p, r, vocab):

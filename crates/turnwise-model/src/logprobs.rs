@@ -55,12 +55,7 @@ pub fn logprobs_and_entropy_with_temperature(
     targets: &Tensor,
     temperature: f64,
 ) -> Result<(Tensor, Tensor)> {
-    if !(temperature > 0.0 && temperature.is_finite()) {
-        return Err(ModelError::invalid_input(
-            "temperature",
-            format!("{temperature} is not a positive number"),
-        ));
-    }
+    check_temperature(temperature)?;
     let (b, t) = input_ids.dims2()?;
     if targets.dims() != [b, t] {
         return Err(ModelError::invalid_input(
@@ -72,6 +67,18 @@ pub fn logprobs_and_entropy_with_temperature(
     // the [B, T, V] logits are never materialised on the CPU.
     let hidden = model.forward_hidden(input_ids, positions, key_mask, None)?;
     model.head_logprobs_entropy(&hidden, targets, 1.0 / temperature)
+}
+
+/// A sampling temperature must be a positive number.
+fn check_temperature(temperature: f64) -> Result<()> {
+    if temperature > 0.0 && temperature.is_finite() {
+        Ok(())
+    } else {
+        Err(ModelError::invalid_input(
+            "temperature",
+            format!("{temperature} is not a positive number"),
+        ))
+    }
 }
 
 /// One row of [`shared_prefix_logprobs_entropy`]: its whole token sequence, its group (whose
@@ -102,12 +109,7 @@ pub fn shared_prefix_logprobs_entropy(
     width: usize,
     temperature: f64,
 ) -> Result<(Tensor, Tensor)> {
-    if !(temperature > 0.0 && temperature.is_finite()) {
-        return Err(ModelError::invalid_input(
-            "temperature",
-            format!("{temperature} is not a positive number"),
-        ));
-    }
+    check_temperature(temperature)?;
     // Each group's prefix, from its first row.
     let mut prefixes: Vec<Option<&[u32]>> = vec![None; prefix_lens.len()];
     for (i, r) in rows.iter().enumerate() {

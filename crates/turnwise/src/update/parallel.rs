@@ -48,7 +48,25 @@ pub fn shards_by_len(idx: &[usize], k: usize, len: impl Fn(usize) -> usize) -> V
         }
         out
     };
-    let (mut lo, mut hi) = (lens[lens.len() - 1], lens[lens.len() - 1] * lens.len());
+    let lo = fewest_runs_bound(
+        lens[lens.len() - 1],
+        lens[lens.len() - 1] * lens.len(),
+        k,
+        &runs,
+    );
+    let mut out: Vec<Vec<usize>> = runs(lo).into_iter().map(|r| sorted[r].to_vec()).collect();
+    out.reverse();
+    out
+}
+
+/// The smallest bound `b` in `lo..=hi` (`hi` feasible) for which `runs(b)`, a greedy cut whose
+/// run count falls as `b` grows, needs at most `k` runs: a binary search.
+fn fewest_runs_bound(
+    mut lo: usize,
+    mut hi: usize,
+    k: usize,
+    runs: &dyn Fn(usize) -> Vec<std::ops::Range<usize>>,
+) -> usize {
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
         if runs(mid).len() <= k {
@@ -57,9 +75,7 @@ pub fn shards_by_len(idx: &[usize], k: usize, len: impl Fn(usize) -> usize) -> V
             lo = mid + 1;
         }
     }
-    let mut out: Vec<Vec<usize>> = runs(lo).into_iter().map(|r| sorted[r].to_vec()).collect();
-    out.reverse();
-    out
+    lo
 }
 
 /// `idx`, in the order given, cut into at most `k` contiguous runs of balanced cost (`cost(i)`
@@ -86,18 +102,12 @@ pub fn shards_in_order(idx: &[usize], k: usize, cost: impl Fn(usize) -> usize) -
         out.push(start..costs.len());
         out
     };
-    let (mut lo, mut hi) = (
+    let lo = fewest_runs_bound(
         costs.iter().copied().max().unwrap_or(1),
         costs.iter().sum::<usize>(),
+        k,
+        &runs,
     );
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        if runs(mid).len() <= k {
-            hi = mid;
-        } else {
-            lo = mid + 1;
-        }
-    }
     runs(lo).into_iter().map(|r| idx[r].to_vec()).collect()
 }
 
