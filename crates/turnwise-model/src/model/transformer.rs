@@ -577,7 +577,7 @@ impl Transformer {
         let dtype = self.dtype();
         let (cos, sin) = self.rope_tables(positions, &device, dtype)?;
         let vis = ops::KeyVisibility::new(key_mask, past)?;
-        let bias = if ops::attention::fused_attention_wanted(&device, dtype, t) {
+        let bias = if ops::attention::fused_attention_wanted(&device, dtype) {
             None
         } else {
             Some(vis.bias(dtype, &device)?)
