@@ -24,7 +24,8 @@
 //! figures are measured with `benches/model_torch.py` in the same run and the table shows the
 //! ratio turnwise / PyTorch. `TURNWISE_BENCH_QUICK=1` shortens everything;
 //! `TURNWISE_BENCH_FILTER="A train"` (or `"B sample 64"`, `"SmolLM2 sample 8"`, ...) runs one
-//! turnwise cell only (no PyTorch), `"ops"` the tables of fused ops and sampling kernels only;
+//! turnwise cell only (no PyTorch), `"ops"` the tables of fused ops and sampling kernels only,
+//! `"attention"` and `"prefill"` the tables below;
 //! `TURNWISE_BENCH_NEW_TOKENS=448` samples longer completions (default 64; the PyTorch
 //! comparison is then skipped).
 //!
@@ -34,15 +35,31 @@
 //! sampling, and for training PyTorch's usual mixed precision (f32 weights and AdamW,
 //! `torch.autocast` to bf16). The fused-op tables are CPU-only and skipped there.
 //!
+//! Prefill and attention without the `T × T` scores (`TURNWISE_BENCH_FILTER=prefill`, also in
+//! the full run): SmolLM2 (else size C's shape with random weights) prefilling one sequence of
+//! 1,024 and 4,096 tokens (hidden states into a KV cache, then the last position's logits),
+//! turnwise with the fused attention, turnwise with the composed attention
+//! (`TURNWISE_FUSED_ATTENTION=0`) and PyTorch (transformers' SDPA attention,
+//! `logits_to_keep=1`), each in a fresh child process: median time of the warm runs, and the
+//! peak RSS growth over the first run (`VmHWM` reset through `/proc/self/clear_refs` after
+//! loading, minus `VmRSS` before it); turnwise's children also count the peak of live heap bytes
+//! above the start (a counting wrapper around mimalloc). `TURNWISE_BENCH_FILTER=attention`:
+//! attention alone at SmolLM2's shapes (1 × 9/3 heads × 64) at T = 512, 1,024, 2,048, forward
+//! and forward + backward, fused against the composed path (scores, fused masked softmax,
+//! product) and PyTorch's `scaled_dot_product_attention(is_causal=True, enable_gqa=True)`, with
+//! the counted heap peak of one forward + backward.
+//!
 //! Threads: `RAYON_NUM_THREADS` defaults to the core count (matmuls; PyTorch gets the same
 //! count), `CANDLE_NUM_THREADS` to 1 (element-wise ops), and PyTorch runs with
 //! `OMP_WAIT_POLICY=PASSIVE`: each side's better setting on a shared, oversubscribed machine.
 //! Set any of them to override. Figures are medians; mimalloc is the global allocator, run with
 //! `MIMALLOC_PURGE_DELAY=-1` (the bench re-executes itself to set it).
 
+use std::alloc::{GlobalAlloc, Layout};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
@@ -55,10 +72,94 @@ use turnwise_model::logprobs::logprobs_and_entropy;
 use turnwise_model::model::weights::{init_varmap, sorted_vars, varmap_from_tensors};
 use turnwise_model::optim::{AdamW, AdamWConfig, Gradients};
 use turnwise_model::sampling::{SamplingParams, generate};
-use turnwise_model::{ModelConfig, Transformer};
+use turnwise_model::{KvCache, ModelConfig, Transformer};
+
+/// mimalloc, counting the live heap bytes and their peak (for the prefill and attention
+/// memory figures; two relaxed atomic operations per allocation).
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+impl Counting {
+    fn grew(n: usize) {
+        let now = LIVE.fetch_add(n, Ordering::Relaxed) + n;
+        PEAK.fetch_max(now, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every call forwards to mimalloc unchanged; the counters only observe sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded as received.
+        let p = unsafe { mimalloc::MiMalloc.alloc(layout) };
+        if !p.is_null() {
+            Self::grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded as received.
+        let p = unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) };
+        if !p.is_null() {
+            Self::grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded as received.
+        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded as received.
+        let p = unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+            Self::grew(new_size);
+        }
+        p
+    }
+}
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: Counting = Counting;
+
+/// Starts a heap-peak measurement: the peak is set to the live bytes now, which are returned.
+fn heap_mark() -> usize {
+    let now = LIVE.load(Ordering::Relaxed);
+    PEAK.store(now, Ordering::Relaxed);
+    now
+}
+
+/// MiB of heap above `mark` at the peak since [`heap_mark`].
+fn heap_peak_mib(mark: usize) -> f64 {
+    PEAK.load(Ordering::Relaxed).saturating_sub(mark) as f64 / (1 << 20) as f64
+}
+
+/// A `/proc/self/status` field in kB (`VmRSS`, `VmHWM`), if readable.
+fn proc_status_kb(field: &str) -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// Starts a peak-RSS measurement: resets `VmHWM` to the current RSS (Linux, writing 5 to
+/// `/proc/self/clear_refs`) and returns the RSS in kB, or `None` where that is not possible.
+fn rss_mark() -> Option<f64> {
+    std::fs::write("/proc/self/clear_refs", "5").ok()?;
+    proc_status_kb("VmRSS")
+}
+
+/// MiB of RSS above `mark` at the peak since [`rss_mark`].
+fn rss_peak_mib(mark: Option<f64>) -> Option<f64> {
+    Some((proc_status_kb("VmHWM")? - mark?).max(0.0) / 1024.0)
+}
 
 const TRAIN_BATCH: usize = 8;
 const TRAIN_LEN: usize = 256;
@@ -458,6 +559,308 @@ fn infer_table(reps: usize) {
     }
 }
 
+/// Sequence lengths of the attention-alone table.
+const ATTN_LENS: [usize; 3] = [512, 1024, 2048];
+/// Prompt lengths of the prefill table.
+const PREFILL_LENS: [usize; 2] = [1024, 4096];
+
+/// `x` with one decimal, or `–` when absent.
+fn cell(x: Option<f64>) -> String {
+    x.map_or_else(|| "–".into(), |x| format!("{x:.1}"))
+}
+
+/// Attention alone at SmolLM2's shapes (one sequence, 9 query heads over 3 key heads of 64):
+/// the fused kernel against the composed path (scores, fused masked softmax, product), forward
+/// and forward + backward, and the counted heap peak of one forward + backward; PyTorch's SDPA
+/// from `torch` (`{"attention": {"512": {"fwd": ms, "fwd_bwd": ms}, ..}}`) when it ran.
+fn attention_table(reps: usize, torch: Option<&Value>) {
+    use candle_core::Var;
+    use turnwise_model::model::ops;
+    let dev = Device::Cpu;
+    let (kv, g, d) = (3, 3, 64);
+    println!(
+        "\n| attention alone (1 × 9/3 heads × 64), T | fused fwd ms | composed fwd ms | PyTorch \
+         SDPA fwd ms | fused fwd+bwd ms | composed fwd+bwd ms | PyTorch SDPA fwd+bwd ms | fused \
+         heap peak MiB | composed heap peak MiB |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for t in ATTN_LENS {
+        let randn = |shape: (usize, usize, usize, usize), scale: f64| {
+            let x = (Tensor::randn(0f32, 1.0, shape, &dev).expect("randn") * scale).expect("scale");
+            Var::from_tensor(&x).expect("var")
+        };
+        let q = randn((1, kv, g * t, d), 1.0 / (d as f64).sqrt());
+        let k = randn((1, kv, t, d), 1.0);
+        let v = randn((1, kv, t, d), 1.0);
+        let vis = ops::KeyVisibility::from_mask(vec![1; t], 1, t, 0).expect("visibility");
+        let bias = vis.bias(DType::F32, &dev).expect("bias");
+        let run = |fused: bool, backward: bool| {
+            let (q, k, v) = if backward {
+                (
+                    q.as_tensor().clone(),
+                    k.as_tensor().clone(),
+                    v.as_tensor().clone(),
+                )
+            } else {
+                (
+                    q.as_detached_tensor(),
+                    k.as_detached_tensor(),
+                    v.as_detached_tensor(),
+                )
+            };
+            let y = if fused {
+                ops::attention(&q, &k, &v, &vis)
+            } else {
+                ops::attention_composed(&q, &k, &v, &bias)
+            }
+            .expect("attention");
+            if backward {
+                y.sum_all().expect("sum").backward().expect("backward");
+            }
+        };
+        let times: Vec<f64> = [(true, false), (false, false), (true, true), (false, true)]
+            .into_iter()
+            .map(|(f, b)| time_it(reps, || run(f, b)) * 1e3)
+            .collect();
+        let peak = |fused: bool| {
+            let mark = heap_mark();
+            run(fused, true);
+            heap_peak_mib(mark)
+        };
+        let theirs = |what: &str| {
+            torch
+                .and_then(|v| v.get("attention"))
+                .and_then(|v| v.get(t.to_string()))
+                .and_then(|v| v.get(what))
+                .and_then(Value::as_f64)
+        };
+        println!(
+            "| {t} | {:.1} | {:.1} | {} | {:.1} | {:.1} | {} | {:.1} | {:.1} |",
+            times[0],
+            times[1],
+            cell(theirs("fwd")),
+            times[2],
+            times[3],
+            cell(theirs("fwd_bwd")),
+            peak(true),
+            peak(false),
+        );
+    }
+}
+
+/// Decoding-shaped attention (one new position per row over a cached context, SmolLM2's
+/// heads, no graph): the fused kernel against the composed path, forward only.
+fn decode_attention_table(reps: usize) {
+    use turnwise_model::model::ops;
+    let dev = Device::Cpu;
+    let (kv, g, d) = (3, 3, 64);
+    println!(
+        "\n| decoding attention (1 new position, 9/3 heads × 64), rows × context | fused µs | composed µs | speed-up |"
+    );
+    println!("|---|---:|---:|---:|");
+    for (b, ctx) in [(1, 80), (8, 80), (64, 80), (1, 1024), (64, 1024)] {
+        let randn = |shape: (usize, usize, usize, usize)| {
+            Tensor::randn(0f32, 1.0, shape, &dev).expect("randn")
+        };
+        let q = (randn((b, kv, g, d)) * (1.0 / (d as f64).sqrt())).expect("scale");
+        let (k, v) = (randn((b, kv, ctx, d)), randn((b, kv, ctx, d)));
+        let vis =
+            ops::KeyVisibility::from_mask(vec![1; b * ctx], b, ctx, ctx - 1).expect("visibility");
+        let bias = vis.bias(DType::F32, &dev).expect("bias");
+        let fused = time_it(reps * 20, || {
+            ops::attention(&q, &k, &v, &vis).expect("attention");
+        });
+        let composed = time_it(reps * 20, || {
+            ops::attention_composed(&q, &k, &v, &bias)
+                .and_then(|y| y.contiguous())
+                .expect("attention");
+        });
+        println!(
+            "| {b} × {ctx} | {:.1} | {:.1} | {:.2}× |",
+            fused * 1e6,
+            composed * 1e6,
+            composed / fused
+        );
+    }
+}
+
+/// The prefill child (`TURNWISE_BENCH_PREFILL_CHILD=<tokens>`): SmolLM2 (else size C's shape
+/// with random weights) prefills one sequence into a KV cache and computes the last position's
+/// logits; prints `{"ms", "first_ms", "rss_mib", "heap_mib", "model"}` (the median of
+/// `TURNWISE_BENCH_PREFILL_REPS` warm runs; the memory of the first run).
+fn prefill_child(t: usize) {
+    let m = match BenchModel::smollm2() {
+        Ok((m, _)) => m,
+        Err(why) => {
+            eprintln!("{why}; prefilling size C's shape with random weights");
+            BenchModel::synthetic(&SIZE_C)
+        }
+    };
+    let reps: usize = std::env::var("TURNWISE_BENCH_PREFILL_REPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let model = Transformer::detached_from_varmap(&m.cfg, &m.varmap()).expect("model");
+    let dev = Device::Cpu;
+    let toks: Vec<u32> = (0..t)
+        .map(|i| ((i * 7919 + 13) % m.cfg.vocab_size) as u32)
+        .collect();
+    let ids = Tensor::from_vec(toks, (1, t), &dev).expect("ids");
+    let pos = Tensor::arange(0u32, t as u32, &dev)
+        .and_then(|p| p.unsqueeze(0))
+        .expect("positions");
+    let mask = Tensor::ones((1, t), DType::U32, &dev).expect("mask");
+    let run = || {
+        let mut cache = KvCache::new(m.cfg.num_hidden_layers);
+        let h = model
+            .forward_hidden(&ids, &pos, &mask, Some(&mut cache))
+            .expect("prefill");
+        let logits = model
+            .logits(&h.narrow(1, t - 1, 1).expect("last"))
+            .expect("logits");
+        assert_eq!(logits.dims(), [1, 1, m.cfg.vocab_size]);
+    };
+    let (rss, heap) = (rss_mark(), heap_mark());
+    let t0 = Instant::now();
+    run();
+    let first = t0.elapsed().as_secs_f64();
+    let (rss_mib, heap_mib) = (rss_peak_mib(rss), heap_peak_mib(heap));
+    let ms = median(
+        (0..reps.max(1))
+            .map(|_| {
+                let t0 = Instant::now();
+                run();
+                t0.elapsed().as_secs_f64()
+            })
+            .collect(),
+    ) * 1e3;
+    println!(
+        "{}",
+        serde_json::json!({
+            "ms": ms,
+            "first_ms": first * 1e3,
+            "rss_mib": rss_mib,
+            "heap_mib": heap_mib,
+            "model": m.name,
+        })
+    );
+}
+
+/// The last JSON line of a child's output.
+fn last_json(what: &str, out: &std::process::Output) -> std::result::Result<Value, String> {
+    if !out.status.success() {
+        return Err(format!(
+            "{what} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .ok_or_else(|| format!("{what} printed no JSON: {text}"))?;
+    serde_json::from_str(line).map_err(|e| format!("{what} printed bad JSON ({e}): {line}"))
+}
+
+/// One turnwise prefill cell in a fresh child process (fused attention or not).
+fn prefill_cell(t: usize, reps: usize, fused: bool) -> std::result::Result<Value, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let out = Command::new(exe)
+        .env("TURNWISE_BENCH_PREFILL_CHILD", t.to_string())
+        .env("TURNWISE_BENCH_PREFILL_REPS", reps.to_string())
+        .env("TURNWISE_FUSED_ATTENTION", if fused { "1" } else { "0" })
+        .output()
+        .map_err(|e| format!("prefill child: {e}"))?;
+    last_json("prefill child", &out)
+}
+
+/// The prefill table: turnwise fused, turnwise with the composed attention and PyTorch, each
+/// cell in its own process.
+fn prefill_table(quick: bool, smollm2: Option<&PathBuf>) {
+    let model = if smollm2.is_some() {
+        "SmolLM2-135M"
+    } else {
+        "size C (SmolLM2's shape, random weights)"
+    };
+    println!(
+        "\n| prefill of {model}, tokens | turnwise fused s | turnwise composed attention s | \
+         PyTorch s | fused / PyTorch time | fused RSS peak MiB | composed RSS peak MiB | \
+         PyTorch RSS peak MiB | fused heap peak MiB | composed heap peak MiB |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut why = Vec::new();
+    for t in PREFILL_LENS {
+        let reps = if quick {
+            1
+        } else if t > 2048 {
+            2
+        } else {
+            3
+        };
+        let mut get = |r: std::result::Result<Value, String>| match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                why.push(e);
+                None
+            }
+        };
+        let fused = get(prefill_cell(t, reps, true));
+        let composed = get(prefill_cell(t, reps, false));
+        let mut args = vec![
+            "--prefill".to_string(),
+            t.to_string(),
+            "--reps".into(),
+            reps.to_string(),
+        ];
+        if let Some(p) = smollm2 {
+            args.push("--smollm2".into());
+            args.push(p.display().to_string());
+        }
+        let torch = get(torch_script(&args)).and_then(|v| v.get("prefill").cloned());
+        let f =
+            |v: &Option<Value>, k: &str| v.as_ref().and_then(|v| v.get(k)).and_then(Value::as_f64);
+        let secs = |v: &Option<Value>| f(v, "ms").map(|ms| ms / 1e3);
+        let ratio = match (f(&fused, "ms"), f(&torch, "ms")) {
+            (Some(a), Some(b)) => format!("{:.2}×", a / b),
+            _ => "–".into(),
+        };
+        println!(
+            "| {t} | {} | {} | {} | {ratio} | {} | {} | {} | {} | {} |",
+            secs(&fused).map_or("–".into(), |x| format!("{x:.2}")),
+            secs(&composed).map_or("–".into(), |x| format!("{x:.2}")),
+            secs(&torch).map_or("–".into(), |x| format!("{x:.2}")),
+            cell(f(&fused, "rss_mib")),
+            cell(f(&composed, "rss_mib")),
+            cell(f(&torch, "rss_mib")),
+            cell(f(&fused, "heap_mib")),
+            cell(f(&composed, "heap_mib")),
+        );
+    }
+    for w in why {
+        println!("{w}");
+    }
+}
+
+/// Runs `benches/model_torch.py` with `args` and returns its JSON line, or why not.
+fn torch_script(args: &[String]) -> std::result::Result<Value, String> {
+    let python = std::env::var("TURNWISE_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    // `TURNWISE_BENCH_TORCH_SCRIPT`: the script's path where the bench binary was carried to
+    // another machine (scripts/gpu-check.sh).
+    let script = std::env::var("TURNWISE_BENCH_TORCH_SCRIPT").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/benches/model_torch.py").to_string()
+    });
+    let mut cmd = Command::new(&python);
+    cmd.arg(&script).args(args);
+    // On a shared (oversubscribed) machine OpenMP's default spin-waiting makes PyTorch several
+    // times slower; passive waiting is its better setting there. Set the variable to override.
+    if std::env::var_os("OMP_WAIT_POLICY").is_none() {
+        cmd.env("OMP_WAIT_POLICY", "PASSIVE");
+    }
+    let out = cmd.output().map_err(|e| format!("running {script}: {e}"))?;
+    last_json(&script, &out)
+}
+
 /// The PyTorch figures as JSON, or why there are none.
 fn torch_figures(
     quick: bool,
@@ -478,42 +881,18 @@ fn torch_figures(
              at a Python that has them)"
         ));
     }
-    // `TURNWISE_BENCH_TORCH_SCRIPT`: the script's path where the bench binary was carried to
-    // another machine (scripts/gpu-check.sh).
-    let script = std::env::var("TURNWISE_BENCH_TORCH_SCRIPT").unwrap_or_else(|_| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/benches/model_torch.py").to_string()
-    });
-    let script = script.as_str();
-    let mut cmd = Command::new(&python);
-    cmd.arg(script);
-    // On a shared (oversubscribed) machine OpenMP's default spin-waiting makes PyTorch several
-    // times slower; passive waiting is its better setting there. Set the variable to override.
-    if std::env::var_os("OMP_WAIT_POLICY").is_none() {
-        cmd.env("OMP_WAIT_POLICY", "PASSIVE");
-    }
+    let mut args = Vec::new();
     if quick {
-        cmd.arg("--quick");
+        args.push("--quick".to_string());
     }
     if let Some(path) = smollm2 {
-        cmd.arg("--smollm2").arg(path);
+        args.push("--smollm2".into());
+        args.push(path.display().to_string());
     }
     if !on_cpu {
-        cmd.args(["--device", "cuda", "--sizes", "A,B,C"]);
+        args.extend(["--device", "cuda", "--sizes", "A,B,C"].map(String::from));
     }
-    let out = cmd.output().map_err(|e| format!("running {script}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{script} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .ok_or_else(|| format!("{script} printed no JSON: {text}"))?;
-    serde_json::from_str(line).map_err(|e| format!("{script} printed bad JSON ({e}): {line}"))
+    torch_script(&args)
 }
 
 fn main() {
@@ -544,6 +923,13 @@ fn main() {
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         // SAFETY: no other thread exists yet.
         unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
+    }
+    if let Some(t) = std::env::var("TURNWISE_BENCH_PREFILL_CHILD")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        prefill_child(t);
+        return;
     }
     // `cargo bench` passes `--bench`; ignore arguments.
     let place = placement();
@@ -584,7 +970,8 @@ fn main() {
     // SmolLM2 is loaded only when its row runs; without the file its row is skipped, with why.
     let mut smol_path = None;
     let mut smol_skipped = None;
-    if on_cpu && filter.as_deref().is_none_or(|f| f.starts_with(SMOL)) {
+    let wants_smol = |f: &str| f.starts_with(SMOL) || f == "prefill";
+    if on_cpu && filter.as_deref().is_none_or(wants_smol) {
         match BenchModel::smollm2() {
             Ok((m, path)) => {
                 models.push(m);
@@ -598,7 +985,8 @@ fn main() {
     }
     // (size, metric, turnwise tok/s, json key path)
     let mut rows: Vec<(String, String, f64, (String, String))> = Vec::new();
-    for m in &models {
+    let tables_only = matches!(filter.as_deref(), Some("prefill" | "attention"));
+    for m in models.iter().filter(|_| !tables_only) {
         let want = |what: &str| {
             filter
                 .as_deref()
@@ -634,6 +1022,28 @@ fn main() {
         }
     }
 
+    let attention_reps = if quick { 2 } else { 5 };
+    let attention_torch = || {
+        let lens: Vec<String> = ATTN_LENS.iter().map(usize::to_string).collect();
+        let args = vec![
+            "--attention".to_string(),
+            lens.join(","),
+            "--reps".into(),
+            attention_reps.to_string(),
+        ];
+        torch_script(&args)
+            .map_err(|e| println!("PyTorch attention figures: {e}"))
+            .ok()
+    };
+    if filter.as_deref() == Some("attention") {
+        attention_table(attention_reps, attention_torch().as_ref());
+        decode_attention_table(attention_reps);
+        return;
+    }
+    if filter.as_deref() == Some("prefill") {
+        prefill_table(quick, smol_path.as_ref());
+        return;
+    }
     if filter.as_deref() == Some("ops") {
         op_table(if quick { 3 } else { 7 });
         infer_table(if quick { 3 } else { 7 });
@@ -645,6 +1055,9 @@ fn main() {
     if on_cpu {
         op_table(if quick { 3 } else { 7 });
         infer_table(if quick { 3 } else { 7 });
+        attention_table(attention_reps, attention_torch().as_ref());
+        decode_attention_table(attention_reps);
+        prefill_table(quick, smol_path.as_ref());
     }
 
     let torch = if new_tokens == NEW_TOKENS {

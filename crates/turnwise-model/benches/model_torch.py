@@ -14,6 +14,15 @@ Prints one JSON line:
 where "SmolLM2" is {"error": "..."} when the model could not be loaded or run.
 
 Usage: python3 model_torch.py [--quick] [--smollm2 FILE] [--device cuda] [--sizes A,B,C].
+
+`--prefill N [--reps R] [--smollm2 FILE]` instead prefills one sequence of N tokens (SmolLM2 from
+FILE, else size C with random weights; a DynamicCache, `logits_to_keep=1`, transformers' default
+SDPA attention) and prints {"prefill": {"ms", "first_ms", "rss_mib"}}: the median of R warm runs
+and the peak RSS growth over the first run (VmHWM reset through /proc/self/clear_refs, minus
+VmRSS before it). `--attention 512,1024 [--reps R]` times
+`scaled_dot_product_attention(is_causal=True, enable_gqa=True)` alone at SmolLM2's shapes (1 x
+9/3 heads x 64), forward (no grad) and forward + backward: {"attention": {"512": {"fwd": ms,
+"fwd_bwd": ms}, ...}}.
 Threads: $RAYON_NUM_THREADS if set, else 2. On `--device cuda`: sampling with bf16 weights, and
 training in PyTorch's usual mixed precision (f32 weights and AdamW, `torch.autocast` to bf16);
 size C is SmolLM2-135M's shape with random weights.
@@ -138,6 +147,85 @@ def sample_tok_s(model, batch, reps):
     return batch * NEW_TOKENS / statistics.median(times)
 
 
+def proc_status_kb(field):
+    """A /proc/self/status field in kB, or None."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def rss_mark():
+    """Resets VmHWM to the current RSS and returns the RSS in kB (None where impossible)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    return proc_status_kb("VmRSS")
+
+
+@torch.inference_mode()
+def prefill(model, length, reps):
+    vocab = model.config.vocab_size
+    model.eval()
+    ids = torch.tensor([[(i * 7919 + 13) % vocab for i in range(length)]]).to(DEVICE)
+
+    def run():
+        out = model(
+            input_ids=ids, past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1
+        )
+        assert out.logits.shape == (1, 1, vocab)
+
+    base = rss_mark()
+    t0 = time.perf_counter()
+    run()
+    first = time.perf_counter() - t0
+    hwm = proc_status_kb("VmHWM")
+    rss = None if base is None or hwm is None else max(hwm - base, 0.0) / 1024
+    times = []
+    for _ in range(max(reps, 1)):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return {"ms": statistics.median(times) * 1e3, "first_ms": first * 1e3, "rss_mib": rss}
+
+
+def attention(lengths, reps):
+    import torch.nn.functional as F
+
+    result = {}
+    for t in lengths:
+        torch.manual_seed(0)
+        q = (torch.randn(1, 9, t, 64) / 8).requires_grad_()
+        k = torch.randn(1, 3, t, 64).requires_grad_()
+        v = torch.randn(1, 3, t, 64).requires_grad_()
+
+        def fwd():
+            with torch.no_grad():
+                F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+        def fwd_bwd():
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            y.sum().backward()
+
+        r = {}
+        for name, f in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
+            f()
+            times = []
+            for _ in range(max(reps, 1)):
+                t0 = time.perf_counter()
+                f()
+                times.append(time.perf_counter() - t0)
+            r[name] = statistics.median(times) * 1e3
+        result[str(t)] = r
+    return result
+
+
 def smollm2(path, train_steps, reps):
     """The SmolLM2 figures: sampling on the loaded model, training on a copy of it."""
     from transformers import AutoModelForCausalLM
@@ -158,6 +246,9 @@ def main():
     ap.add_argument("--smollm2", metavar="FILE", help="SmolLM2-135M-Instruct GGUF file")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--sizes", default="A,B", help="comma-separated sizes of SIZES")
+    ap.add_argument("--prefill", type=int, metavar="N", help="prefill N tokens, nothing else")
+    ap.add_argument("--attention", metavar="T,..", help="time SDPA alone, nothing else")
+    ap.add_argument("--reps", type=int, default=2, help="timed runs of --prefill/--attention")
     args = ap.parse_args()
     global DEVICE
     DEVICE = torch.device(args.device)
@@ -165,6 +256,23 @@ def main():
     threads = int(os.environ.get("RAYON_NUM_THREADS") or 2)
     torch.set_num_threads(threads)
     train_steps, reps = (2, 1) if args.quick else (5, 3)
+    info = f"torch {torch.__version__}, transformers {transformers.__version__}, {threads} threads"
+    if args.attention:
+        lengths = [int(t) for t in args.attention.split(",")]
+        print(json.dumps({"attention": attention(lengths, args.reps), "info": info}))
+        return
+    if args.prefill:
+        if args.smollm2:
+            from transformers import AutoModelForCausalLM
+
+            d, name = os.path.split(os.path.abspath(args.smollm2))
+            model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32)
+        else:
+            model = fresh_model(config(SIZES["C"]))
+        r = prefill(model, args.prefill, args.reps)
+        attn = model.config._attn_implementation
+        print(json.dumps({"prefill": r, "info": f"{info}, attention {attn}"}))
+        return
     result = {}
     for name in args.sizes.split(","):
         cfg = config(SIZES[name])

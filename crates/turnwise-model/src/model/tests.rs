@@ -510,3 +510,82 @@ fn matches_hugging_face_reference() {
         );
     }
 }
+
+/// The fused attention (flash-style tiles, `ops::attention`) against the composed one (scores,
+/// masked softmax, product; `with_composed_ops`) on whole tiny models in `f64`: logits and
+/// every weight's gradient over a left-padded batch longer than two query tiles, and the logits
+/// of a chunked prefill (a chunk over cached positions) followed by single-token decoding.
+#[test]
+fn fused_attention_matches_the_composed_attention_in_whole_models() {
+    use super::ops::with_composed_ops;
+    use super::weights::sorted_vars;
+    let (t, pad) = (150usize, 70usize);
+    let row0: Vec<u32> = (0..t)
+        .map(|i| if i < pad { 0 } else { (i * 7 % 95 + 1) as u32 })
+        .collect();
+    let row1: Vec<u32> = (0..t).map(|i| (i * 13 % 96) as u32).collect();
+    let all = ids(&[row0, row1]);
+    let pos = ids(&[
+        (0..t).map(|i| i.saturating_sub(pad) as u32).collect(),
+        (0..t as u32).collect(),
+    ]);
+    let mask = ids(&[(0..t).map(|i| u32::from(i >= pad)).collect(), vec![1; t]]);
+    for cfg in tiny_configs() {
+        let (vm, model) = model_for(&cfg, DType::F64, 11);
+        let vars = sorted_vars(&vm);
+        let r = Tensor::randn(0f64, 1.0, (2, t, cfg.vocab_size), &Device::Cpu).unwrap();
+        let run = || {
+            let logits = model.forward(&all, &pos, &mask, None).unwrap();
+            let grads = (&logits * &r)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let g: Vec<Tensor> = vars
+                .iter()
+                .map(|(_, v)| grads.get(v.as_tensor()).unwrap().clone())
+                .collect();
+            (logits, g)
+        };
+        let (fused, gf) = run();
+        let (composed, gc) = with_composed_ops(run);
+        let arch = cfg.architecture;
+        let d = max_abs_diff(&fused, &composed);
+        assert!(d < 1e-10, "{arch:?}: logits differ by {d:e}");
+        for (i, (a, b)) in gf.iter().zip(&gc).enumerate() {
+            let scale = max_abs_diff(b, &b.zeros_like().unwrap()).max(1.0);
+            let d = max_abs_diff(a, b) / scale;
+            let name = &vars[i].0;
+            assert!(d < 1e-10, "{arch:?}: gradient of {name} differs by {d:e}");
+        }
+        // Chunked prefill (100, then 40 over the cache), then decoding one token at a time.
+        let steps = |m: &Transformer| {
+            let mut cache = KvCache::new(cfg.num_hidden_layers);
+            let mut out = Vec::new();
+            let mut t0 = 0;
+            for len in [100, 40].into_iter().chain(std::iter::repeat_n(1, t - 140)) {
+                out.push(
+                    m.forward(
+                        &all.narrow(1, t0, len).unwrap(),
+                        &pos.narrow(1, t0, len).unwrap(),
+                        &mask.narrow(1, 0, t0 + len).unwrap(),
+                        Some(&mut cache),
+                    )
+                    .unwrap(),
+                );
+                t0 += len;
+            }
+            Tensor::cat(&out, 1).unwrap()
+        };
+        let a = steps(&model);
+        let b = with_composed_ops(|| steps(&model));
+        let d = max_abs_diff(&a, &b);
+        assert!(d < 1e-10, "{arch:?}: cached logits differ by {d:e}");
+        let d = max_abs_diff(&a, &fused);
+        assert!(
+            d < 1e-10,
+            "{arch:?}: cached and full logits differ by {d:e}"
+        );
+    }
+}

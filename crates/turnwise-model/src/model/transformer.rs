@@ -1,7 +1,7 @@
 //! The decoder-only transformer (Qwen2 / Qwen3 / Llama), built only from differentiable ops.
 //!
-//! RMSNorm, the masked attention softmax and rotate-half RoPE are the fused ops of
-//! [`crate::model::ops`], each with a hand-written backward. So every weight receives a gradient
+//! RMSNorm, attention (flash-style tiles, no `T × T` scores) and rotate-half RoPE are the fused
+//! ops of [`crate::model::ops`], each with a hand-written backward. So every weight receives a gradient
 //! when the model is built from `Var`s (see `weights::init_varmap` and
 //! [`Transformer::from_varmap`]), and the same struct built from detached tensors
 //! ([`Transformer::detached_from_varmap`]) samples without recording a graph.
@@ -16,9 +16,6 @@ use crate::model::cache::KvCache;
 use crate::model::config::ModelConfig;
 use crate::model::lora::{LoraConfig, LoraDropout};
 use crate::model::ops;
-
-/// Additive attention bias for masked keys. Finite so that no row ever becomes NaN.
-const MASKED: f64 = -1e9;
 
 /// A dense layer `y = x Wᵀ + b` with Hugging Face weight layout `[out, in]`, optionally with a
 /// LoRA adapter (`+ s · B A dropout(x)`).
@@ -111,6 +108,14 @@ pub fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     Ok(ops::rope(x, cos, sin)?)
 }
 
+/// Which keys the queries of one forward see, for every layer: the rule as data (the fused
+/// attention's input) and, only where the composed attention runs, its `[B, 1, T, total]` bias.
+struct AttentionMask {
+    vis: ops::KeyVisibility,
+    /// `None`: the fused kernel runs, and no `T × T` bias is ever built.
+    bias: Option<Tensor>,
+}
+
 #[derive(Debug, Clone)]
 struct Attention {
     q_proj: Linear,
@@ -131,7 +136,7 @@ impl Attention {
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
-        bias: &Tensor,
+        mask: &AttentionMask,
         cache: Option<(&mut KvCache, usize)>,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
@@ -166,10 +171,13 @@ impl Attention {
         // h = kv·G + g reads key head h / G, as in Hugging Face's repeat_kv).
         let groups = self.num_heads / self.num_kv_heads;
         let q = q.reshape((b, self.num_kv_heads, groups * t, d))?;
-        let scores = q.matmul(&k.t()?)?; // [B, KV, G·T, T_total]
-        let probs = ops::masked_softmax_last_dim(&scores, bias)?;
-        let out = probs.matmul(&v)?.reshape((b, self.num_heads, t, d))?;
-        let out = out.transpose(1, 2)?.reshape((b, t, self.num_heads * d))?;
+        // [B, T, H, D]: the fused tiles (no [B, KV, G·T, T_total] scores), or scores, masked
+        // softmax and product.
+        let out = match &mask.bias {
+            None => ops::attention(&q, &k, &v, &mask.vis)?,
+            Some(bias) => ops::attention_composed(&q, &k, &v, bias)?,
+        };
+        let out = out.reshape((b, t, self.num_heads * d))?;
         self.o_proj.forward(&out)
     }
 }
@@ -568,7 +576,13 @@ impl Transformer {
         let device = self.device().clone();
         let dtype = self.dtype();
         let (cos, sin) = self.rope_tables(positions, &device, dtype)?;
-        let bias = attention_bias(key_mask, past, t, &device, dtype)?;
+        let vis = ops::KeyVisibility::new(key_mask, past)?;
+        let bias = if ops::attention::fused_attention_wanted(&device, dtype) {
+            None
+        } else {
+            Some(vis.bias(dtype, &device)?)
+        };
+        let mask = AttentionMask { vis, bias };
 
         let ids_flat = ids.flatten_all()?.to_dtype(DType::U32)?;
         let mut x =
@@ -579,7 +593,7 @@ impl Transformer {
         for (i, layer) in self.layers.iter().enumerate() {
             let slot = cache.as_deref_mut().map(|c| (c, i));
             let h = rms_norm(&x, &layer.input_norm, eps)?;
-            let a = layer.attn.forward(&h, &cos, &sin, &bias, slot)?;
+            let a = layer.attn.forward(&h, &cos, &sin, &mask, slot)?;
             x = (x + a)?;
             let h = rms_norm(&x, &layer.post_norm, eps)?;
             x = (&x + layer.mlp.forward(&h)?)?;
@@ -666,32 +680,6 @@ impl Transformer {
         };
         Ok((mk(cos)?, mk(sin)?))
     }
-}
-
-/// Additive attention bias `[B, 1, T, past + T]`: query `i` (absolute index `past + i`) sees key
-/// `j` when `j <= past + i` and key `j` is real; it always sees itself, so padded query rows stay
-/// finite.
-fn attention_bias(
-    key_mask: &Tensor,
-    past: usize,
-    t: usize,
-    device: &Device,
-    dtype: DType,
-) -> Result<Tensor> {
-    let km = key_mask.to_dtype(DType::F32)?.to_vec2::<f32>()?;
-    let b = km.len();
-    let total = past + t;
-    let mut bias = Vec::with_capacity(b * t * total);
-    for row in &km {
-        for i in 0..t {
-            let qi = past + i;
-            for (j, &m) in row.iter().enumerate() {
-                let visible = j == qi || (j < qi && m != 0.0);
-                bias.push(if visible { 0.0 } else { MASKED as f32 });
-            }
-        }
-    }
-    Ok(Tensor::from_vec(bias, (b, 1, t, total), device)?.to_dtype(dtype)?)
 }
 
 /// The tensors of `varmap` by name, live (graph-tracked) or detached.

@@ -15,7 +15,9 @@
 //!   token and entropy of the softmax, per row of logits;
 //! - [`head_logprobs_entropy()`](head::head_logprobs_entropy): the same from the final hidden
 //!   states and the output projection, in chunks of the vocabulary, never materialising the
-//!   logits (the fused output head).
+//!   logits (the fused output head);
+//! - [`attention()`](attention::attention): causal softmax attention with a key mask, in
+//!   flash-attention tiles, never materialising the `T × T` scores (forward and backward).
 //!
 //! [`frozen`] holds `x Wᵀ` for a frozen weight (the backward computes the input's gradient
 //! only), which LoRA training runs on.
@@ -35,6 +37,7 @@
 //! whole process) route the CPU through the same compositions, so that path is tested here
 //! against the fused kernels.
 
+pub mod attention;
 pub mod frozen;
 pub mod head;
 pub mod infer;
@@ -52,6 +55,7 @@ use std::sync::OnceLock;
 
 use candle_core::{CpuStorage, Device, Layout, WithDType};
 
+pub use attention::{KeyVisibility, attention, attention_composed};
 pub use head::head_logprobs_entropy;
 pub use logprob::token_logprobs_entropy;
 pub use rms_norm::rms_norm;

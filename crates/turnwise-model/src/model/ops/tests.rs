@@ -431,3 +431,179 @@ fn infer_linear_declines_what_it_does_not_cover() {
     let w_bad = rand(&[8, 15], 5, 1.0, DType::F32);
     assert!(infer::linear(&x, &w_bad, 32).unwrap().is_none());
 }
+
+/// The composed attention the fused kernel replaces, written out here: the scores `q kᵀ`, the
+/// reference masked softmax ([`masked_softmax_composed`]) and the product with `v`, as
+/// `[B, T, KV·G, D]`, with the bias built from the visibility rule directly.
+fn attention_reference(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &[Vec<u8>],
+    past: usize,
+) -> Tensor {
+    let (b, kv, gt, d) = q.dims4().unwrap();
+    let total = k.dims()[2];
+    let t = total - past;
+    let mut bias = Vec::with_capacity(b * t * total);
+    for row in mask {
+        for i in 0..t {
+            let p = past + i;
+            for (j, &m) in row.iter().enumerate() {
+                let visible = j == p || (j < p && m != 0);
+                bias.push(if visible { 0.0 } else { -1e9 });
+            }
+        }
+    }
+    let bias = Tensor::from_vec(bias, (b, 1, t, total), &Device::Cpu)
+        .unwrap()
+        .to_dtype(q.dtype())
+        .unwrap();
+    let scores = q.matmul(&k.t().unwrap()).unwrap();
+    let probs = masked_softmax_composed(&scores, &bias).unwrap();
+    probs
+        .matmul(v)
+        .unwrap()
+        .reshape((b, gt / t * kv, t, d))
+        .unwrap()
+        .transpose(1, 2)
+        .unwrap()
+}
+
+/// Key masks of `b` rows over `total` keys: row 0 left-padded by `pad` (its first queries see
+/// only themselves), row 1 with a hole of padding in the middle, the others all real.
+fn key_masks(b: usize, total: usize, pad: usize) -> Vec<Vec<u8>> {
+    (0..b)
+        .map(|r| {
+            (0..total)
+                .map(|j| match r {
+                    0 => u8::from(j >= pad),
+                    1 => u8::from(!(total / 3..total / 3 + 5).contains(&j)),
+                    _ => 1,
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The fused attention against the composition (scores, masked softmax, product), forward and
+/// the gradients of q, k and v: `f64` to 1e-10, `f32` to 1e-5 (gradients relative to the
+/// largest entry above 1). Shapes: `G` = 1 and 3, `T` not a multiple of the tile, cached
+/// positions (`past` > 0) with keys and values read as strided views of a larger cache buffer,
+/// decoding (`T` = 1), left padding longer than a key block, a hole in a mask.
+#[test]
+fn flash_attention_matches_composition() {
+    use super::attention::{BLOCK_K, BLOCK_Q, KeyVisibility, attention};
+    // (batch, key heads, groups, T, past, head dim, left padding of row 0)
+    let cases = [
+        (
+            2usize,
+            2usize,
+            3usize,
+            2 * BLOCK_Q + 22,
+            0usize,
+            16usize,
+            BLOCK_K + 9,
+        ),
+        (3, 1, 1, BLOCK_Q + 6, 37, 8, 50),
+        (3, 2, 3, 1, 2 * BLOCK_K + 5, 16, 20),
+        (2, 3, 3, 5, 130, 64, 3),
+        (1, 1, 2, 40, 0, 4, 0),
+    ];
+    for (dtype, fwd_tol, bwd_tol) in [(DType::F64, 1e-10, 1e-10), (DType::F32, 1e-5, 1e-5)] {
+        for (ci, &(b, kv, g, t, past, d, pad)) in cases.iter().enumerate() {
+            let total = past + t;
+            let seed = 100 + ci as u64;
+            // Scaled queries and keys of a size that makes the softmax far from uniform.
+            let q = rand(&[b, kv, g * t, d], seed, 1.5, dtype);
+            // Keys and values inside a buffer with spare columns, as the KV cache holds them.
+            let spare = if past > 0 { 11 } else { 0 };
+            let kbuf = rand(&[b, kv, total + spare, d], seed + 1, 1.5, dtype);
+            let vbuf = rand(&[b, kv, total + spare, d], seed + 2, 1.0, dtype);
+            let mask = key_masks(b, total, pad);
+            let flat: Vec<u8> = mask.iter().flatten().copied().collect();
+            let vis = KeyVisibility::from_mask(flat, b, total, past).unwrap();
+            let name = format!(
+                "attention {dtype:?} case {ci} (B {b}, KV {kv}, G {g}, T {t}, past {past}, D {d})"
+            );
+            let vq = Var::from_tensor(&q).unwrap();
+            let vk = Var::from_tensor(&kbuf).unwrap();
+            let vv = Var::from_tensor(&vbuf).unwrap();
+            let vq0 = Var::from_tensor(&q).unwrap();
+            let vk0 = Var::from_tensor(&kbuf).unwrap();
+            let vv0 = Var::from_tensor(&vbuf).unwrap();
+            let keys = |x: &Tensor| x.narrow(2, 0, total).unwrap();
+            let (ya, ga) = grads_of(
+                &[&vq, &vk, &vv],
+                |ts| attention(&ts[0], &keys(&ts[1]), &keys(&ts[2]), &vis).unwrap(),
+                seed + 3,
+            );
+            let (yb, gb) = grads_of(
+                &[&vq0, &vk0, &vv0],
+                |ts| attention_reference(&ts[0], &keys(&ts[1]), &keys(&ts[2]), &mask, past),
+                seed + 3,
+            );
+            assert!(ya.is_contiguous(), "{name}: output not contiguous");
+            let e = max_diff(&ya, &yb);
+            assert!(e < fwd_tol, "{name}: forward differs by {e:e}");
+            for (what, a, bref) in [
+                ("q", &ga[0], &gb[0]),
+                ("k", &ga[1], &gb[1]),
+                ("v", &ga[2], &gb[2]),
+            ] {
+                let scale = max_diff(bref, &bref.zeros_like().unwrap());
+                assert!(scale > 0.0, "{name}: no gradient for {what}");
+                let e = max_diff(a, bref) / scale.max(1.0);
+                assert!(
+                    e < bwd_tol,
+                    "{name}: gradient of {what} differs by {e:e} (scaled)"
+                );
+            }
+        }
+    }
+}
+
+/// Rows whose every earlier key is padding see only themselves: their output is their own
+/// value row, exactly, and nothing (output or gradient) is NaN.
+#[test]
+fn flash_attention_padded_rows_see_only_themselves() {
+    use super::attention::{KeyVisibility, attention};
+    let (b, kv, g, t, d, pad) = (1usize, 1usize, 2usize, 90usize, 8usize, 70usize);
+    let q = Var::from_tensor(&rand(&[b, kv, g * t, d], 1, 2.0, DType::F64)).unwrap();
+    let k = Var::from_tensor(&rand(&[b, kv, t, d], 2, 2.0, DType::F64)).unwrap();
+    let v = Var::from_tensor(&rand(&[b, kv, t, d], 3, 1.0, DType::F64)).unwrap();
+    let mask: Vec<u8> = (0..t).map(|j| u8::from(j >= pad)).collect();
+    let vis = KeyVisibility::from_mask(mask, b, t, 0).unwrap();
+    let y = attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), &vis).unwrap();
+    // [T, heads, D] of the single batch row, and the values [T, D] of the single key head.
+    let y0 = y.get(0).unwrap().to_vec3::<f64>().unwrap();
+    let vv = v
+        .as_tensor()
+        .get(0)
+        .unwrap()
+        .get(0)
+        .unwrap()
+        .to_vec2::<f64>()
+        .unwrap();
+    for (i, heads) in y0.iter().enumerate() {
+        for (gi, row) in heads.iter().enumerate() {
+            assert!(row.iter().all(|x| x.is_finite()));
+            if i < pad {
+                assert_eq!(
+                    row, &vv[i],
+                    "padded query {i} (head {gi}) must see only itself"
+                );
+            }
+        }
+    }
+    let grads = y.sum_all().unwrap().backward().unwrap();
+    let dk = grads.get(k.as_tensor()).unwrap();
+    assert!(
+        dk.flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap()
+            .iter()
+            .all(|x| x.is_finite())
+    );
+}
