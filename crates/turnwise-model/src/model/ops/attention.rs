@@ -186,12 +186,17 @@ pub fn fused_attention_on(device: &Device, dtype: DType) -> bool {
 /// `[B, 1, T, total]` bias): where [`fused_attention_on`], unless `TURNWISE_FUSED_ATTENTION=0`
 /// (read once) turns it off to measure the composed path.
 ///
-/// Decoding (one new position per row) takes the fused kernel as well: it measured as fast as
-/// the composed path or faster at every decoding shape tried (SmolLM2's 9/3 heads × 64, one new
-/// position over a context of 80: 5.1 against 6.4 µs for one row, 38 against 44 µs for 8 rows,
-/// 351 against 392 µs for 64; over 1,024: 52 against 117 µs for one row; `cargo bench -p
-/// turnwise-model --bench model` with `TURNWISE_BENCH_FILTER=attention`, this 2-core AVX-512
-/// machine, 2026-11-27).
+/// Decoding (one new position per row) takes the fused kernel as well: at SmolLM2's shapes
+/// (9/3 heads × 64, `cargo bench -p turnwise-model --bench model` with
+/// `TURNWISE_BENCH_FILTER=attention`, this 2-core AVX-512 machine with a study running beside
+/// it, 2026-11-27, four runs) it took 4.9–5.5 µs against the composed path's 6.3–7.0 for one
+/// row over a context of 80, 38–43 against 43–49 for 8 rows, 338–443 against 339–430 for 64
+/// rows (parity within the noise), 50–58 against 116–133 µs for one row over 1,024 and
+/// 9.3–10.5 against 12.9–15.3 ms for 64 rows over 1,024; SmolLM2's whole sampling at batch 64
+/// did not differ measurably (116–184 tokens/s either way). Two variants for decoding's few
+/// rows were slower and dropped: plain loops instead of `gemm` (0.3–0.6×: this crate compiles
+/// for baseline x86-64, `gemm` dispatches to AVX-512) and 512-key tiles (no gain over a context
+/// of 80, half the speed over 1,024).
 pub fn fused_attention_wanted(device: &Device, dtype: DType) -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let off = *OFF.get_or_init(|| std::env::var("TURNWISE_FUSED_ATTENTION").as_deref() == Ok("0"));

@@ -607,3 +607,28 @@ fn flash_attention_padded_rows_see_only_themselves() {
             .all(|x| x.is_finite())
     );
 }
+
+/// Mismatched shapes and visibility rules are refused, not read out of bounds.
+#[test]
+fn flash_attention_refuses_mismatched_inputs() {
+    use super::attention::{KeyVisibility, attention};
+    let q = rand(&[1, 2, 6, 8], 1, 1.0, DType::F32);
+    let k = rand(&[1, 2, 5, 8], 2, 1.0, DType::F32);
+    let vis = KeyVisibility::from_mask(vec![1; 5], 1, 5, 2).unwrap();
+    // 3 queries (5 keys, 2 cached), G = 2: fits.
+    assert_eq!(attention(&q, &k, &k, &vis).unwrap().dims(), [1, 3, 4, 8]);
+    // 4 queries do not divide the 6 stacked rows.
+    let vis4 = KeyVisibility::from_mask(vec![1; 5], 1, 5, 1).unwrap();
+    assert!(attention(&q, &k, &k, &vis4).is_err());
+    // The rule covers another batch or key count.
+    let vis_b = KeyVisibility::from_mask(vec![1; 10], 2, 5, 2).unwrap();
+    assert!(attention(&q, &k, &k, &vis_b).is_err());
+    // Keys and values of different lengths, or another head size.
+    let v_short = rand(&[1, 2, 4, 8], 3, 1.0, DType::F32);
+    assert!(attention(&q, &k, &v_short, &vis).is_err());
+    let k_d = rand(&[1, 2, 5, 4], 4, 1.0, DType::F32);
+    assert!(attention(&q, &k_d, &k_d, &vis).is_err());
+    // A mask of the wrong size, or more cached positions than keys.
+    assert!(KeyVisibility::from_mask(vec![1; 4], 1, 5, 0).is_err());
+    assert!(KeyVisibility::from_mask(vec![1; 5], 1, 5, 6).is_err());
+}
