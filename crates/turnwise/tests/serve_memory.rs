@@ -4,7 +4,8 @@
 //! within the `--memory-budget-mb` instead of taking the machine down; a sequence that alone
 //! can never fit gets a 400 naming the flag; a long prompt's prefill stops at its next chunk
 //! when the client goes away. The model is the committed tiny GGUF fixture's architecture with
-//! a 4,096-token context.
+//! a 4,096-token context. Without a budget, the fused attention answers the 64-sequence request
+//! under the ceiling too; the composed attention (scores materialised) does not.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -43,6 +44,11 @@ struct Server {
 
 impl Server {
     fn start(model: &Path, flags: &[&str]) -> Self {
+        Self::start_with_env(model, flags, &[])
+    }
+
+    /// [`Server::start`] with environment variables `env` set for the server.
+    fn start_with_env(model: &Path, flags: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new("sh")
             .arg("-c")
             .arg(format!("ulimit -d {CEILING_KB} && exec \"$0\" \"$@\""))
@@ -50,6 +56,7 @@ impl Server {
             .args(["serve", "--addr", "127.0.0.1:0", "--model"])
             .arg(model)
             .args(flags)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -172,17 +179,35 @@ fn sixty_four_sequences_are_answered_within_the_budget_under_a_ceiling() {
     );
     assert_eq!(server.prefill_tokens(), 64 * 500);
 
-    // The control: with a budget beyond the ceiling, the same request kills the server (what
-    // every request did before the budget existed).
+    // Without a budget, the fused attention (no T × T scores) answers the same request under
+    // the ceiling as well: what the budget held back was mostly the scores.
     let unbounded = Server::start(&model, &["--memory-budget-mb", "100000"]);
-    let answer = sixty_four(&unbounded);
-    let mut unbounded = unbounded;
-    let exit = unbounded.child.wait().unwrap();
+    let r = sixty_four(&unbounded).expect("the unbudgeted server answers");
+    assert_eq!(r.status().as_u16(), 200);
+    eprintln!(
+        "no budget, fused attention: peak RSS {} MiB",
+        unbounded.peak_rss() >> 20
+    );
+    drop(unbounded);
+
+    // The control: the composed attention (the scores materialised, as on a GPU or in half
+    // precision) and a budget beyond the ceiling: the same request kills the server (what every
+    // request did before the budget existed).
+    let composed = Server::start_with_env(
+        &model,
+        &["--memory-budget-mb", "100000"],
+        &[("TURNWISE_FUSED_ATTENTION", "0")],
+    );
+    let answer = sixty_four(&composed);
+    // An answer leaves the server running (dropping it kills it): the control failed.
     assert!(
-        answer.is_err() && !exit.success(),
-        "without a budget the request should exceed the {} MiB ceiling",
+        answer.is_err(),
+        "without a budget the composed attention should exceed the {} MiB ceiling",
         CEILING_KB >> 10
     );
+    let mut composed = composed;
+    let exit = composed.child.wait().unwrap();
+    assert!(!exit.success(), "the server exited cleanly: {exit}");
 }
 
 #[test]
