@@ -843,60 +843,21 @@ fn tree_presets_run_with_their_own_settings() {
 /// columns of the packed batch line up with the tokens), so PPO ratios start at exactly 1.
 #[test]
 fn recomputed_logprobs_match_the_sampled_ones() {
-    use turnwise::rollout::{EpisodeSpec, run_chains};
-    use turnwise::task::{TaskSet, prompt_text};
-    use turnwise::update::{Row, logprobs_no_grad};
+    use turnwise::update::logprobs_no_grad;
 
     let cfg = TrainConfig::resolve(Some("grpo"), None, &tiny_overrides()).unwrap();
     let mut t = Trainer::new(cfg).unwrap();
     t.warm_start(&mut |_, _, _| {}).unwrap();
-    let qs = t.task.questions(turnwise_env::world::Split::Train);
-    let specs: Vec<EpisodeSpec> = qs
-        .iter()
-        .take(6)
-        .enumerate()
-        .map(|(i, q)| EpisodeSpec {
-            id: format!("e{i}"),
-            prompt_uid: q.id.clone(),
-            prompt_ids: t.tokenizer.encode(&prompt_text(&q.text)).unwrap(),
-            task: TaskSet::env_task(q),
-            seed: i as u64,
-        })
-        .collect();
-    let policy = t.rollout_policy();
-    let env = || Ok(Box::new(t.task.env()?) as Box<dyn turnwise_env::env::Environment>);
-    let decoding = turnwise::rollout::Decoding {
-        temperature: 1.0,
-        top_p: 1.0,
-        top_k: 0,
-        max_turn_tokens: 12,
-        max_response_tokens: 120,
-    };
-    let eps = run_chains(&policy, specs, &env, &decoding).unwrap();
-    let rows: Vec<Row> = eps
-        .iter()
-        .map(|e| {
-            let f = e.trajectory.flatten(true);
-            Row::new(
-                e.trajectory.prompt_ids.clone(),
-                f.ids,
-                f.loss_mask,
-                f.turn_id,
-            )
-        })
-        .collect();
+    let rows = common::sampled_rows(&t, 6);
     let lp = logprobs_no_grad(&t.sampler, &rows, 1.0, 4).unwrap();
     let mut checked = 0;
-    for (e, l) in eps.iter().zip(&lp) {
-        let f = e.trajectory.flatten(true);
-        for (k, (&m, &recomputed)) in f.loss_mask.iter().zip(l.iter()).enumerate() {
+    for (i, (row, l)) in rows.iter().zip(&lp).enumerate() {
+        for (k, (&m, &recomputed)) in row.loss_mask.iter().zip(l.iter()).enumerate() {
             if m == 1 {
+                let sampled = row.sampled_logprobs[k];
                 assert!(
-                    (f.logprobs[k] - recomputed).abs() < 1e-3,
-                    "token {k} of {}: sampled {} vs recomputed {}",
-                    e.trajectory.id,
-                    f.logprobs[k],
-                    recomputed
+                    (sampled - recomputed).abs() < 1e-3,
+                    "token {k} of episode e{i}: sampled {sampled} vs recomputed {recomputed}"
                 );
                 checked += 1;
             }
