@@ -26,7 +26,8 @@
 //! `gguf` package loads it on the PyTorch side), else size C of `benches/model.rs` (SmolLM2's
 //! shape, random weights). `TURNWISE_BENCH_QUICK=1`: one timed rollout after the warm-up (else
 //! three). Threads as in `benches/model.rs`: `RAYON_NUM_THREADS` defaults to the core count,
-//! `CANDLE_NUM_THREADS` to 1; PyTorch gets the same count.
+//! `CANDLE_NUM_THREADS` to 1; PyTorch gets the same count. The bench re-executes itself with the
+//! `turnwise` binary's allocator setting (`MIMALLOC_PURGE_DELAY=-1`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -237,6 +238,10 @@ fn bench_model(max_context: usize) -> (String, Option<PathBuf>, Transformer) {
 }
 
 fn main() {
+    // What the `turnwise` binary runs with (mimalloc keeping freed pages, element-wise ops on
+    // the calling thread).
+    #[cfg(unix)]
+    turnwise_model::device::reexec_with_fast_settings();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     // SAFETY: set before any thread starts.
     unsafe {
@@ -298,9 +303,18 @@ fn main() {
         s.reprefill_tokens() as f64 / s.cached_tokens() as f64,
         std::env::var("RAYON_NUM_THREADS").unwrap_or_default()
     );
-    let torch = torch_seconds(s, reps, smol.as_deref());
+    // `TURNWISE_BENCH_FILTER=cached` (or `re-prefill`): that way only, no PyTorch (profiling).
+    let filter = std::env::var("TURNWISE_BENCH_FILTER").ok();
+    let torch = match &filter {
+        Some(f) => Err(format!("TURNWISE_BENCH_FILTER={f}")),
+        None => torch_seconds(s, reps, smol.as_deref()),
+    };
+    let ways: Vec<(&str, bool)> = [("cached", true), ("re-prefill", false)]
+        .into_iter()
+        .filter(|(w, _)| filter.as_deref().is_none_or(|f| f == *w))
+        .collect();
     let mut secs: HashMap<&str, f64> = HashMap::new();
-    for (way, cached) in [("cached", true), ("re-prefill", false)] {
+    for &(way, cached) in &ways {
         // Warm-up: one turn of a smaller rollout (allocator, page faults, kernel dispatch).
         let warm = Shape {
             turns: 1,
@@ -320,7 +334,7 @@ fn main() {
         Ok((t, info)) => (Some(*t), info.clone()),
         Err(e) => (None, format!("no PyTorch figures: {e}")),
     };
-    for way in ["cached", "re-prefill"] {
+    for &(way, _) in &ways {
         let x = secs[way];
         let ratio = torch_s.map_or("–".into(), |t| format!("{:.2}×", t / x));
         println!(
@@ -334,8 +348,8 @@ fn main() {
             sampled / t
         );
     }
-    println!(
-        "\ncached vs re-prefill: {:.2}×\n{info}",
-        secs["re-prefill"] / secs["cached"]
-    );
+    if let (Some(c), Some(r)) = (secs.get("cached"), secs.get("re-prefill")) {
+        println!("\ncached vs re-prefill: {:.2}×", r / c);
+    }
+    println!("{info}");
 }
