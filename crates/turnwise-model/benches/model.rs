@@ -39,7 +39,9 @@
 //! the full run): SmolLM2 (else size C's shape with random weights) prefilling one sequence of
 //! 1,024 and 4,096 tokens (hidden states into a KV cache, then the last position's logits),
 //! turnwise with the fused attention, turnwise with the composed attention
-//! (`TURNWISE_FUSED_ATTENTION=0`) and PyTorch (transformers' SDPA attention,
+//! (`TURNWISE_FUSED_ATTENTION=0`), the sampling engine's own prefill (`prefill_prefix`: chunks
+//! of `DEFAULT_PREFILL_CHUNK` tokens written into one cache buffer, what rollouts and `turnwise
+//! serve` run; fused attention) and PyTorch (transformers' SDPA attention,
 //! `logits_to_keep=1`), each in a fresh child process: median time of the warm runs, and the
 //! peak RSS growth over the first run (`VmHWM` reset through `/proc/self/clear_refs` after
 //! loading, minus `VmRSS` before it); turnwise's children also count the peak of live heap bytes
@@ -71,7 +73,7 @@ use turnwise_model::device::{Placement, default_dtype, pick_device};
 use turnwise_model::logprobs::logprobs_and_entropy;
 use turnwise_model::model::weights::{init_varmap, sorted_vars, varmap_from_tensors};
 use turnwise_model::optim::{AdamW, AdamWConfig, Gradients};
-use turnwise_model::sampling::{SamplingParams, generate};
+use turnwise_model::sampling::{SamplingParams, generate, prefill_prefix};
 use turnwise_model::{KvCache, ModelConfig, Transformer};
 
 /// mimalloc, counting the live heap bytes and their peak (for the prefill and attention
@@ -710,7 +712,17 @@ fn prefill_child(t: usize) {
         .and_then(|p| p.unsqueeze(0))
         .expect("positions");
     let mask = Tensor::ones((1, t), DType::U32, &dev).expect("mask");
+    // `TURNWISE_BENCH_PREFILL_WAY=engine`: the sampling engine's prefill (chunks of
+    // `EngineConfig::prefill_chunk` tokens into the sequence's cache, then the next-token
+    // logits), what rollouts and `turnwise serve` run; else one forward over the whole prompt.
+    let engine = std::env::var("TURNWISE_BENCH_PREFILL_WAY").is_ok_and(|w| w == "engine");
+    let tokens: Vec<u32> = ids.flatten_all().and_then(|x| x.to_vec1()).expect("ids");
     let run = || {
+        if engine {
+            let kv = prefill_prefix(&model, &tokens).expect("prefill");
+            assert_eq!(kv.map(|k| k.len()), Some(t));
+            return;
+        }
         let mut cache = KvCache::new(m.cfg.num_hidden_layers);
         let h = model
             .forward_hidden(&ids, &pos, &mask, Some(&mut cache))
@@ -763,20 +775,30 @@ fn last_json(what: &str, out: &std::process::Output) -> std::result::Result<Valu
     serde_json::from_str(line).map_err(|e| format!("{what} printed bad JSON ({e}): {line}"))
 }
 
-/// One turnwise prefill cell in a fresh child process (fused attention or not).
-fn prefill_cell(t: usize, reps: usize, fused: bool) -> std::result::Result<Value, String> {
+/// One turnwise prefill cell in a fresh child process: fused attention or not, one forward
+/// over the whole prompt or the sampling engine's chunked prefill (`engine`).
+fn prefill_cell(
+    t: usize,
+    reps: usize,
+    fused: bool,
+    engine: bool,
+) -> std::result::Result<Value, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let out = Command::new(exe)
         .env("TURNWISE_BENCH_PREFILL_CHILD", t.to_string())
         .env("TURNWISE_BENCH_PREFILL_REPS", reps.to_string())
         .env("TURNWISE_FUSED_ATTENTION", if fused { "1" } else { "0" })
+        .env(
+            "TURNWISE_BENCH_PREFILL_WAY",
+            if engine { "engine" } else { "whole" },
+        )
         .output()
         .map_err(|e| format!("prefill child: {e}"))?;
     last_json("prefill child", &out)
 }
 
-/// The prefill table: turnwise fused, turnwise with the composed attention and PyTorch, each
-/// cell in its own process.
+/// The prefill table: turnwise fused, turnwise with the composed attention, the sampling
+/// engine's chunked prefill (fused) and PyTorch, each cell in its own process.
 fn prefill_table(quick: bool, smollm2: Option<&PathBuf>) {
     let model = if smollm2.is_some() {
         "SmolLM2-135M"
@@ -785,10 +807,12 @@ fn prefill_table(quick: bool, smollm2: Option<&PathBuf>) {
     };
     println!(
         "\n| prefill of {model}, tokens | turnwise fused s | turnwise composed attention s | \
-         PyTorch s | fused / PyTorch time | fused RSS peak MiB | composed RSS peak MiB | \
-         PyTorch RSS peak MiB | fused heap peak MiB | composed heap peak MiB |"
+         turnwise engine, chunks of {} s | PyTorch s | fused / PyTorch time | engine / PyTorch \
+         time | fused RSS peak MiB | composed RSS peak MiB | engine RSS peak MiB | PyTorch RSS \
+         peak MiB | fused heap peak MiB | composed heap peak MiB | engine heap peak MiB |",
+        turnwise_model::sampling::DEFAULT_PREFILL_CHUNK
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut why = Vec::new();
     for t in PREFILL_LENS {
         let reps = if quick {
@@ -805,8 +829,9 @@ fn prefill_table(quick: bool, smollm2: Option<&PathBuf>) {
                 None
             }
         };
-        let fused = get(prefill_cell(t, reps, true));
-        let composed = get(prefill_cell(t, reps, false));
+        let fused = get(prefill_cell(t, reps, true, false));
+        let composed = get(prefill_cell(t, reps, false, false));
+        let engine = get(prefill_cell(t, reps, true, true));
         let mut args = vec![
             "--prefill".to_string(),
             t.to_string(),
@@ -821,20 +846,26 @@ fn prefill_table(quick: bool, smollm2: Option<&PathBuf>) {
         let f =
             |v: &Option<Value>, k: &str| v.as_ref().and_then(|v| v.get(k)).and_then(Value::as_f64);
         let secs = |v: &Option<Value>| f(v, "ms").map(|ms| ms / 1e3);
-        let ratio = match (f(&fused, "ms"), f(&torch, "ms")) {
+        let ratio = |a: &Option<Value>| match (f(a, "ms"), f(&torch, "ms")) {
             (Some(a), Some(b)) => format!("{:.2}×", a / b),
             _ => "–".into(),
         };
+        let s = |v: &Option<Value>| secs(v).map_or("–".into(), |x| format!("{x:.2}"));
         println!(
-            "| {t} | {} | {} | {} | {ratio} | {} | {} | {} | {} | {} |",
-            secs(&fused).map_or("–".into(), |x| format!("{x:.2}")),
-            secs(&composed).map_or("–".into(), |x| format!("{x:.2}")),
-            secs(&torch).map_or("–".into(), |x| format!("{x:.2}")),
+            "| {t} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            s(&fused),
+            s(&composed),
+            s(&engine),
+            s(&torch),
+            ratio(&fused),
+            ratio(&engine),
             cell(f(&fused, "rss_mib")),
             cell(f(&composed, "rss_mib")),
+            cell(f(&engine, "rss_mib")),
             cell(f(&torch, "rss_mib")),
             cell(f(&fused, "heap_mib")),
             cell(f(&composed, "heap_mib")),
+            cell(f(&engine, "heap_mib")),
         );
     }
     for w in why {

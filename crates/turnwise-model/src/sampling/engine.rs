@@ -485,6 +485,11 @@ struct SeqState {
     /// Compact cache `[1, kv, cached, d]` per layer of `tokens[..cached]` while not running.
     cache: Option<Vec<SeqKv>>,
     cached: usize,
+    /// While a long prompt is prefilled a chunk per step: the buffers `cache` views, with room
+    /// for the whole prompt and [`KV_RESERVE`] decoding steps, so that each chunk, the last
+    /// one and the first decoding steps write into them in place instead of copying the cache
+    /// (which would hold two copies of a long prompt's cache at once). Held by no one else.
+    room: Option<Vec<LayerKv>>,
     /// Generated (sampled or forced) tokens over all turns.
     generated: usize,
     /// The compiled `guided_choice` of its parameters.
@@ -642,6 +647,7 @@ impl<'a> SamplingEngine<'a> {
                 rng,
                 cache: None,
                 cached: 0,
+                room: None,
                 generated: 0,
                 choice,
             },
@@ -845,6 +851,7 @@ impl<'a> SamplingEngine<'a> {
                     draw: draw.clone(),
                     cache: cache.clone(),
                     cached: if cache.is_some() { cached } else { 0 },
+                    room: None,
                     generated,
                     choice: choice.clone(),
                 },
@@ -875,6 +882,7 @@ impl<'a> SamplingEngine<'a> {
         if st.seq.status != SeqStatus::Running {
             st.cache = None;
             st.cached = 0;
+            st.room = None;
         }
         Ok(())
     }
@@ -1180,6 +1188,7 @@ impl<'a> SamplingEngine<'a> {
             let st = self.seqs.get_mut(&id).expect("admitted id has a state");
             st.cache = None;
             st.cached = 0;
+            st.room = None;
         }
         self.merge(group, layers, mask, logits)?;
         Ok(true)
@@ -1190,13 +1199,25 @@ impl<'a> SamplingEngine<'a> {
     fn prefill_chunk_of(&mut self, id: SeqId, chunk: usize) -> Result<()> {
         let cfg = self.model.config();
         let device = self.model.device();
-        let st = &self.seqs[&id];
+        let st = self.seqs.get_mut(&id).expect("waiting id has a state");
         let c = st.cached;
-        let n = chunk.min(st.seq.tokens.len() - c);
-        let mut cache = KvCache::new(cfg.num_hidden_layers);
-        if let Some(layers) = st.cache.as_ref().filter(|_| c > 0) {
-            for (layer, (k, v)) in layers.iter().enumerate() {
-                *cache.slot_mut(layer) = Some(LayerKv::exact(k.clone(), v.clone())?);
+        let total = st.seq.tokens.len();
+        let n = chunk.min(total - c);
+        // The first chunk allocates room for the whole prompt and the first decoding steps;
+        // the later ones write into it (see `SeqState::room`).
+        let mut cache = KvCache::with_reserve(cfg.num_hidden_layers, total - c - n + KV_RESERVE);
+        match st.room.take() {
+            Some(room) => {
+                for (layer, l) in room.into_iter().enumerate() {
+                    *cache.slot_mut(layer) = Some(l);
+                }
+            }
+            None => {
+                if let Some(layers) = st.cache.as_ref().filter(|_| c > 0) {
+                    for (layer, (k, v)) in layers.iter().enumerate() {
+                        *cache.slot_mut(layer) = Some(LayerKv::exact(k.clone(), v.clone())?);
+                    }
+                }
             }
         }
         let ids = Tensor::from_vec(st.seq.tokens[c..c + n].to_vec(), (1, n), device)?;
@@ -1204,12 +1225,13 @@ impl<'a> SamplingEngine<'a> {
         let mask = mask_tensor(&[vec![1u8; c + n]], device)?;
         self.model
             .forward_hidden(&ids, &pos, &mask, Some(&mut cache))?;
-        let layers = take_layers(&mut cache)?
+        let room = take_layers(&mut cache)?;
+        let views = room
             .iter()
             .map(|l| Ok((l.k()?, l.v()?)))
             .collect::<Result<Vec<_>>>()?;
-        let st = self.seqs.get_mut(&id).expect("checked above");
-        st.cache = Some(layers);
+        st.cache = Some(views);
+        st.room = Some(room);
         st.cached = c + n;
         self.stats.prefill_tokens += n as u64;
         Ok(())
@@ -1293,11 +1315,17 @@ impl<'a> SamplingEngine<'a> {
 
     /// Runs the uncached tokens of `group` (left-padded) on top of their own caches
     /// (left-padded to a common width). Returns the group's cache, key mask and last logits.
-    fn prefill(&self, group: &[SeqId]) -> Result<Prefilled> {
+    fn prefill(&mut self, group: &[SeqId]) -> Result<Prefilled> {
         let cfg = self.model.config();
         let device = self.model.device();
         let dtype = self.model.dtype();
         let (kv, hd) = (cfg.num_key_value_heads, cfg.head_dim);
+        // The rest of a prompt prefilled in chunks, alone: it runs on top of the chunks'
+        // buffers, which have room for it (`SeqState::room`), instead of a copy of them.
+        let room = match group {
+            [id] => self.seqs.get_mut(id).and_then(|st| st.room.take()),
+            _ => None,
+        };
         let states: Vec<&SeqState> = group.iter().map(|id| &self.seqs[id]).collect();
         let c_max = states.iter().map(|s| s.cached).max().unwrap_or(0);
         let n_max = states
@@ -1307,7 +1335,11 @@ impl<'a> SamplingEngine<'a> {
             .unwrap_or(0);
         let b = states.len();
         let mut cache = KvCache::with_reserve(cfg.num_hidden_layers, KV_RESERVE);
-        if c_max > 0 {
+        if let Some(room) = room {
+            for (layer, l) in room.into_iter().enumerate() {
+                *cache.slot_mut(layer) = Some(l);
+            }
+        } else if c_max > 0 {
             for layer in 0..cfg.num_hidden_layers {
                 let mut ks = Vec::with_capacity(b);
                 let mut vs = Vec::with_capacity(b);
@@ -1429,6 +1461,20 @@ impl<'a> SamplingEngine<'a> {
             return Ok(None);
         }
         let n = cols.len();
+        // The batch's only row, its columns one run (a sequence alone in the engine, e.g. a
+        // prompt prefilled for later turns): views of the buffers, which the batch is about to
+        // drop, instead of a copy of a cache that may be long.
+        if self.batch.rows.len() == 1 && cols[n - 1] as usize + 1 - cols[0] as usize == n {
+            let start = cols[0] as usize;
+            let out = layers
+                .iter()
+                .map(|l| {
+                    let (k, v) = l.buffers();
+                    Ok((k.narrow(2, start, n)?, v.narrow(2, start, n)?))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(Some(out));
+        }
         let idx = Tensor::from_vec(cols, n, self.model.device())?;
         let out = layers
             .iter()

@@ -493,6 +493,75 @@ fn chunked_prefill_equals_one_shot_and_interleaves_with_decoding() {
     );
 }
 
+/// Address of the first value of a CPU tensor's storage (the same buffer has the same one).
+fn buffer_addr(t: &Tensor) -> usize {
+    let (storage, _) = t.storage_and_layout();
+    match &*storage {
+        candle_core::Storage::Cpu(cpu) => cpu.as_slice::<f32>().unwrap().as_ptr() as usize,
+        _ => unreachable!("CPU tests"),
+    }
+}
+
+#[test]
+fn a_chunked_prefill_writes_into_one_buffer_with_room_for_the_prompt_and_decoding() {
+    // Each chunk, the last part and the first decoding steps write into the buffers the first
+    // chunk allocated: a long prompt's cache is never held twice (issue 30 item 5).
+    let cfg = ModelConfig::tiny_qwen2(96);
+    let (_vm, model) = detached(&cfg, DType::F32, 7);
+    let config = EngineConfig {
+        prefill_chunk: 16,
+        ..EngineConfig::default()
+    };
+    let mut eng = SamplingEngine::new(&model, None, config);
+    let id = eng.add_sequence(long_prompt(100), greedy(4), 3).unwrap();
+    eng.step(None).unwrap();
+    let room = eng.seqs[&id]
+        .room
+        .as_ref()
+        .expect("the first chunk allocates room");
+    let (k, v) = room[0].buffers();
+    assert_eq!(
+        k.dims()[2],
+        100 + KV_RESERVE,
+        "room for the prompt and decoding"
+    );
+    let addrs = (buffer_addr(k), buffer_addr(v));
+    let mut chunks = 1;
+    while eng.seqs[&id].seq.status == SeqStatus::Waiting {
+        eng.step(None).unwrap();
+        chunks += 1;
+    }
+    // 6 chunks of 16, then the last 4 tokens join the batch (and the first token is drawn).
+    assert_eq!(chunks, 7);
+    for _ in 0..2 {
+        let layers = eng.batch.layers.as_ref().expect("running");
+        let (k, v) = layers[0].buffers();
+        assert_eq!(
+            (buffer_addr(k), buffer_addr(v)),
+            addrs,
+            "the batch runs on the chunks' buffers, not a copy"
+        );
+        eng.step(None).unwrap();
+    }
+    assert!(eng.seqs[&id].room.is_none());
+    // Paused alone, the sequence keeps views of the same buffers, not a copy.
+    eng.run_until_stop(None).unwrap();
+    let cache = eng.seqs[&id]
+        .cache
+        .as_ref()
+        .expect("a paused sequence keeps its cache");
+    assert_eq!(
+        (buffer_addr(&cache[0].0), buffer_addr(&cache[0].1)),
+        addrs,
+        "the paused sequence's cache is a view of the buffers"
+    );
+    assert_eq!(
+        cache[0].0.dims()[2],
+        103,
+        "the prompt and the first 3 tokens"
+    );
+}
+
 #[test]
 fn a_sequence_removed_mid_prefill_stops_at_its_chunk() {
     let cfg = ModelConfig::tiny_qwen2(96);
