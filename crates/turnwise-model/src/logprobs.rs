@@ -110,6 +110,22 @@ pub fn shared_prefix_logprobs_entropy(
     temperature: f64,
 ) -> Result<(Tensor, Tensor)> {
     check_temperature(temperature)?;
+    let (hidden, targets) = shared_prefix_hidden(model, prefix_lens, rows, width)?;
+    model.head_logprobs_entropy(&hidden, &targets, 1.0 / temperature)
+}
+
+/// The final hidden states `[n, width, hidden]` at each row's positions `from..from + len`
+/// (entries past a row's `len` are finite and meaningless) and the next tokens there
+/// `[n, width]`, for rows in groups whose first `prefix_lens[g]` tokens are the same: each
+/// group's prefix runs forward (and backward) once ([`Transformer::forward_hidden_shared`]).
+/// What [`shared_prefix_logprobs_entropy`] runs the output head on, and a critic its value
+/// head.
+pub fn shared_prefix_hidden(
+    model: &Transformer,
+    prefix_lens: &[usize],
+    rows: &[SharedRow<'_>],
+    width: usize,
+) -> Result<(Tensor, Tensor)> {
     // Each group's prefix, from its first row.
     let mut prefixes: Vec<Option<&[u32]>> = vec![None; prefix_lens.len()];
     for (i, r) in rows.iter().enumerate() {
@@ -188,8 +204,7 @@ pub fn shared_prefix_logprobs_entropy(
     let hidden = flat
         .index_select(&Tensor::from_vec(index, n * width, device)?, 0)?
         .reshape((n, width, h))?;
-    let targets = Tensor::from_vec(targets, (n, width), device)?;
-    model.head_logprobs_entropy(&hidden, &targets, 1.0 / temperature)
+    Ok((hidden, Tensor::from_vec(targets, (n, width), device)?))
 }
 
 #[cfg(test)]

@@ -77,7 +77,7 @@ fn kl_in_reward_changes_gae_advantages_and_beta_zero_is_off() {
         "the ppo preset has KL in the reward"
     );
     let rows = rows_of(&b);
-    let values = t.critic.as_ref().unwrap().values(&rows, 64).unwrap();
+    let values = t.critic.as_ref().unwrap().values(&rows, 64, true).unwrap();
     let old = logprobs_no_grad(&t.sampler, &rows, 1.0, 64).unwrap();
     let reference = logprobs_no_grad(t.reference.as_ref().unwrap(), &rows, 1.0, 64).unwrap();
     let cfg = &t.config;

@@ -925,7 +925,7 @@ fn shared_prefixes_train_every_preset_as_without() {
                 mw.get("actor/shared_prefix_tokens") == Some(&0.0),
                 "the whole-row run shared tokens"
             );
-            let mut worst = (0.0f64, String::new());
+            let mut worst = (0.0f64, String::new(), 0.0, 0.0);
             for (k, a) in &ms {
                 let keep = k.starts_with("actor/") || k.starts_with("critic/");
                 if !keep
@@ -940,10 +940,17 @@ fn shared_prefixes_train_every_preset_as_without() {
                     .ok_or_else(|| anyhow::anyhow!("{k} only with sharing"))?;
                 let d = (a - b).abs() / a.abs().max(b.abs()).max(1e-3);
                 if d > worst.0 {
-                    worst = (d, k.clone());
+                    worst = (d, k.clone(), *a, *b);
                 }
             }
-            anyhow::ensure!(worst.0 <= 1e-3, "{} differs by {:.2e}", worst.1, worst.0);
+            anyhow::ensure!(
+                worst.0 <= 1e-3,
+                "{} differs by {:.2e} ({} shared, {} whole)",
+                worst.1,
+                worst.0,
+                worst.2,
+                worst.3
+            );
             Ok(format!(
                 "step {steps}: weights {apart:.1e} apart / step {step:.1e}; {saved:.0} tokens \
                  shared per mini-batch ({:.0} %); worst metric {} at {:.1e}",

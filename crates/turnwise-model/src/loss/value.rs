@@ -6,6 +6,11 @@
 //! vf_loss = 0.5 · agg( max((v_pred − R)², (v_clip − R)²), mask )
 //! vf_clipfrac = masked_mean((v_clip − R)² > (v_pred − R)²)
 //! ```
+//!
+//! `vf_clipfrac` counts a token only where the clip binds (`|v_pred − v_old| > c_v`), as the
+//! formula does in exact arithmetic: elsewhere `v_old + (v_pred − v_old)` can differ from
+//! `v_pred` by rounding, and verl's `torch.gt` then counts a tie as clipped or not by chance
+//! (wherever the value has not moved from the rollout's, as in a first mini-batch).
 
 use std::collections::BTreeMap;
 
@@ -84,7 +89,7 @@ pub fn value_loss(
     }
     let v_rows = finite_rows(name, "vpreds", vpreds, None)?;
     let dims = (v_rows.len(), v_rows.first().map_or(0, Vec::len));
-    finite_rows(name, "old_values", old_values, Some(dims))?;
+    let old_rows = finite_rows(name, "old_values", old_values, Some(dims))?;
     finite_rows(name, "returns", returns, Some(dims))?;
     let mask_rows = finite_rows(name, "loss_mask", loss_mask, Some(dims))?;
     let dtype = vpreds.dtype();
@@ -110,13 +115,13 @@ pub fn value_loss(
         e1.to_dtype(candle_core::DType::F64)?.to_vec2::<f64>()?,
         e2.to_dtype(candle_core::DType::F64)?.to_vec2::<f64>()?,
     );
-    let clipped: Vec<Vec<f64>> = e1r
-        .iter()
-        .zip(&e2r)
-        .map(|(a, b)| {
-            a.iter()
-                .zip(b)
-                .map(|(a, b)| f64::from(u8::from(b > a)))
+    let clipped: Vec<Vec<f64>> = (0..dims.0)
+        .map(|i| {
+            (0..dims.1)
+                .map(|j| {
+                    let binds = (v_rows[i][j] - old_rows[i][j]).abs() > c;
+                    f64::from(u8::from(binds && e2r[i][j] > e1r[i][j]))
+                })
                 .collect()
         })
         .collect();
@@ -176,6 +181,27 @@ mod tests {
         let o = value_loss(&t2(&[&[1.2]]), &old, &t2(&[&[3.0]]), &m, &cfg, None).unwrap();
         assert_eq!(o.metrics.vf_clipfrac, 1.0);
         assert!((scalar(&o.loss) - 0.5 * 4.0).abs() < 1e-9);
+    }
+
+    /// A value that moved less than the clip range is never counted as clipped, even where
+    /// `v_old + (v_pred − v_old)` rounds away from `v_pred` (here to 0: v_pred 1e-20, v_old 0.3)
+    /// and the "clipped" loss comes out larger; one that moved past it still is.
+    #[test]
+    fn clipfrac_counts_only_where_the_clip_binds() {
+        let cfg = ValueLossConfig::default();
+        let m = t2(&[&[1.0, 1.0]]);
+        let o = value_loss(
+            &t2(&[&[1e-20, 1.0]]),
+            &t2(&[&[0.3, 0.3]]),
+            &t2(&[&[2e-20, 2.0]]),
+            &m,
+            &cfg,
+            None,
+        )
+        .unwrap();
+        // Token 0: |Δ| = 0.3 ≤ 0.5, not clipped although (0 − 2e-20)² > (1e-20 − 2e-20)².
+        // Token 1: |Δ| = 0.7 > 0.5, v_clip 0.8, (0.8 − 2)² = 1.44 > (1 − 2)² = 1: clipped.
+        assert_eq!(o.metrics.vf_clipfrac, 0.5);
     }
 
     #[test]

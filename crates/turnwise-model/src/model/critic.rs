@@ -12,6 +12,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 
 use crate::error::{ModelError, Result};
+use crate::logprobs::{SharedRow, shared_prefix_hidden};
 use crate::model::config::ModelConfig;
 use crate::model::transformer::{Transformer, varmap_tensors};
 use crate::model::weights::{init_varmap, varmap_from_tensors};
@@ -178,13 +179,8 @@ impl Critic {
     /// `key_mask` is 0 get value 0, so they contribute nothing to a loss or its gradient.
     pub fn values(&self, ids: &Tensor, positions: &Tensor, key_mask: &Tensor) -> Result<Tensor> {
         let hidden = self.trunk.forward_hidden(ids, positions, key_mask, None)?;
-        let (b, t, h) = hidden.dims3()?;
-        let v = hidden.reshape((b * t, h))?.matmul(&self.weight.t()?)?;
-        let v = match &self.bias {
-            Some(bias) => v.broadcast_add(bias)?,
-            None => v,
-        };
-        let v = v.reshape((b, t))?;
+        let v = self.value_head(&hidden)?;
+        let (b, t) = v.dims2()?;
         let mask = key_mask.to_dtype(v.dtype())?;
         if mask.dims() != [b, t] {
             return Err(ModelError::invalid_input(
@@ -193,6 +189,33 @@ impl Critic {
             ));
         }
         Ok((v * mask)?)
+    }
+
+    /// The value head on final hidden states `[B, T, hidden]` of the trunk: values `[B, T]`
+    /// (in the weights' dtype).
+    pub fn value_head(&self, hidden: &Tensor) -> Result<Tensor> {
+        let (b, t, h) = hidden.dims3()?;
+        let v = hidden.reshape((b * t, h))?.matmul(&self.weight.t()?)?;
+        let v = match &self.bias {
+            Some(bias) => v.broadcast_add(bias)?,
+            None => v,
+        };
+        Ok(v.reshape((b, t))?)
+    }
+
+    /// Values `[n, width]` of the states at each row's positions `from..from + len` (entries
+    /// past a row's `len` are finite and meaningless), for rows in groups whose first
+    /// `prefix_lens[g]` tokens are the same: each group's prefix runs through the trunk
+    /// (forward and backward) once ([`crate::logprobs::shared_prefix_hidden`]). Equal to
+    /// [`Critic::values`] at those positions to rounding.
+    pub fn shared_prefix_values(
+        &self,
+        prefix_lens: &[usize],
+        rows: &[SharedRow<'_>],
+        width: usize,
+    ) -> Result<Tensor> {
+        let (hidden, _) = shared_prefix_hidden(&self.trunk, prefix_lens, rows, width)?;
+        self.value_head(&hidden)
     }
 }
 

@@ -44,7 +44,7 @@ impl Trainer {
             .map(|e| Row::from_trajectory(&e.episode.trajectory, cfg.rollout.train_on_forced))
             .collect();
         let values = match &self.critic {
-            Some(c) => Some(c.values(&trajectories, 64)?),
+            Some(c) => Some(c.values(&trajectories, 64, cfg.optim.share_prefix)?),
             None => None,
         };
         let (kl_logprobs, old_logprob_seconds) = self.kl_logprobs(&trajectories)?;
@@ -280,6 +280,7 @@ impl Trainer {
                     grad_clip: cfg.optim.grad_clip,
                     epochs: cfg.optim.ppo_epochs,
                     mini_batch: cfg.optim.mini_batch_size,
+                    share_prefix: cfg.optim.share_prefix,
                 },
                 &mut order,
             )?;

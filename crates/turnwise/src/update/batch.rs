@@ -6,6 +6,7 @@ use anyhow::{Result, bail};
 use candle_core::{DType, Device, Tensor};
 use turnwise_model::Transformer;
 use turnwise_model::logprobs::{SharedRow, shared_prefix_logprobs_entropy};
+use turnwise_model::model::critic::Critic;
 
 /// The shortest prefix that rows share for [`pack`] to compute it once: below it, the second
 /// forward call costs about what sharing saves.
@@ -322,93 +323,179 @@ pub fn response_logprobs(
         let (lp, ent) = padded_logprobs(model, packed, &all, temperature)?;
         return Ok((lp.to_dtype(DType::F32)?, ent.to_dtype(DType::F32)?));
     }
-    let mut in_group = vec![false; b];
-    let mut order = Vec::with_capacity(b);
-    let mut rows = Vec::new();
-    let mut prefix_lens = Vec::with_capacity(packed.groups.len());
-    for (g, group) in packed.groups.iter().enumerate() {
-        prefix_lens.push(group.len);
-        for &i in &group.rows {
-            let (seq, prompt) = &packed.seqs[i];
-            in_group[i] = true;
-            order.push(i);
-            rows.push(SharedRow {
-                seq,
-                group: g,
-                from: prompt - 1,
-                len: seq.len() - prompt,
-            });
-        }
-    }
-    let (lp, ent) = shared_prefix_logprobs_entropy(model, &prefix_lens, &rows, l, temperature)?;
+    let layout = SharedLayout::of(packed);
+    let (lp, ent) =
+        shared_prefix_logprobs_entropy(model, &layout.prefix_lens, &layout.rows, l, temperature)?;
     let (mut lps, mut ents) = (vec![lp], vec![ent]);
-    let rest: Vec<usize> = (0..b).filter(|&i| !in_group[i]).collect();
-    if !rest.is_empty() {
-        let (lp, ent) = padded_logprobs(model, packed, &rest, temperature)?;
+    if !layout.rest.is_empty() {
+        let (lp, ent) = padded_logprobs(model, packed, &layout.rest, temperature)?;
         lps.push(lp);
         ents.push(ent);
+    }
+    Ok((layout.gather(lps)?, layout.gather(ents)?))
+}
+
+/// Values `[B, L]` (f32) of the critic at the states before each response token of the rows
+/// of `packed` (entries past a row's response are finite and meaningless, as the loss mask
+/// says; differentiable when the critic tracks gradients):
+/// the rows of each of `packed.groups` run their shared prefix through the trunk once
+/// ([`Critic::shared_prefix_values`]), the others in one padded pass. Equal to the padded pass
+/// over every row to rounding.
+pub fn response_values(critic: &Critic, packed: &Packed) -> Result<Tensor> {
+    let b = packed.seqs.len();
+    if packed.groups.is_empty() || critic.trunk().draws_dropout() {
+        let all: Vec<usize> = (0..b).collect();
+        return Ok(padded_values(critic, packed, &all)?.to_dtype(DType::F32)?);
+    }
+    let layout = SharedLayout::of(packed);
+    let mut parts = vec![critic.shared_prefix_values(
+        &layout.prefix_lens,
+        &layout.rows,
+        packed.response_width,
+    )?];
+    if !layout.rest.is_empty() {
+        parts.push(padded_values(critic, packed, &layout.rest)?);
+    }
+    layout.gather(parts)
+}
+
+/// The rows of a [`Packed`] batch laid out for a pass that runs each of its prefix groups'
+/// shared tokens once: the groups' prefix lengths and rows (from each row's last prompt
+/// token, over its response), the rows in no group, and the order the outputs come in.
+struct SharedLayout<'a> {
+    prefix_lens: Vec<usize>,
+    rows: Vec<SharedRow<'a>>,
+    rest: Vec<usize>,
+    /// Batch row of each output row: the groups' rows, then `rest`.
+    order: Vec<usize>,
+    device: Device,
+}
+
+impl<'a> SharedLayout<'a> {
+    fn of(packed: &'a Packed) -> Self {
+        let b = packed.seqs.len();
+        let mut in_group = vec![false; b];
+        let mut order = Vec::with_capacity(b);
+        let mut rows = Vec::new();
+        let mut prefix_lens = Vec::with_capacity(packed.groups.len());
+        for (g, group) in packed.groups.iter().enumerate() {
+            prefix_lens.push(group.len);
+            for &i in &group.rows {
+                let (seq, prompt) = &packed.seqs[i];
+                in_group[i] = true;
+                order.push(i);
+                rows.push(SharedRow {
+                    seq,
+                    group: g,
+                    from: prompt - 1,
+                    len: seq.len() - prompt,
+                });
+            }
+        }
+        let rest: Vec<usize> = (0..b).filter(|&i| !in_group[i]).collect();
         order.extend(&rest);
+        Self {
+            prefix_lens,
+            rows,
+            rest,
+            order,
+            device: packed.ids.device().clone(),
+        }
     }
-    // Back to the batch's row order.
-    let mut inverse = vec![0u32; b];
-    for (k, &i) in order.iter().enumerate() {
-        inverse[i] = k as u32;
-    }
-    let inverse = Tensor::from_vec(inverse, b, model.device())?;
-    let gather = |parts: Vec<Tensor>| -> Result<Tensor> {
+
+    /// The outputs of the groups' rows and of `rest` (concatenated in that order), back in the
+    /// batch's row order, in f32.
+    fn gather(&self, parts: Vec<Tensor>) -> Result<Tensor> {
+        let mut inverse = vec![0u32; self.order.len()];
+        for (k, &i) in self.order.iter().enumerate() {
+            inverse[i] = k as u32;
+        }
+        let inverse = Tensor::from_vec(inverse, self.order.len(), &self.device)?;
         Ok(Tensor::cat(&parts, 0)?
             .index_select(&inverse, 0)?
             .to_dtype(DType::F32)?)
-    };
-    Ok((gather(lps)?, gather(ents)?))
+    }
+}
+
+/// The rows `idx` of `packed`, trimmed to the columns they need (none of another row's extra
+/// left padding): ids, positions, key mask, next tokens, their widest prompt and widest
+/// response.
+struct Trimmed {
+    ids: Tensor,
+    positions: Tensor,
+    key_mask: Tensor,
+    targets: Tensor,
+    prompt: usize,
+    response: usize,
+}
+
+impl Trimmed {
+    fn of(packed: &Packed, idx: &[usize]) -> Result<Self> {
+        let p = packed.prompt_width;
+        let prompt = idx.iter().map(|&i| packed.seqs[i].1).max().unwrap_or(1);
+        let response = idx
+            .iter()
+            .map(|&i| packed.seqs[i].0.len() - packed.seqs[i].1)
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let (from, width) = (p - prompt, prompt + response);
+        let select = |t: &Tensor| -> Result<Tensor> {
+            let t = if idx.len() == packed.seqs.len() {
+                t.clone()
+            } else {
+                let rows: Vec<u32> = idx.iter().map(|&i| i as u32).collect();
+                t.index_select(&Tensor::from_vec(rows, idx.len(), t.device())?, 0)?
+            };
+            Ok(t.narrow(1, from, width)?)
+        };
+        Ok(Self {
+            ids: select(&packed.ids)?,
+            positions: select(&packed.positions)?,
+            key_mask: select(&packed.key_mask)?,
+            targets: select(&packed.targets)?,
+            prompt,
+            response,
+        })
+    }
+
+    /// `t: [rows, response]` right-padded with zeros to `l` columns.
+    fn pad_to(&self, t: Tensor, l: usize) -> Result<Tensor> {
+        if self.response == l {
+            return Ok(t);
+        }
+        Ok(t.pad_with_zeros(1, 0, l - self.response)?)
+    }
 }
 
 /// The padded teacher-forced pass over the rows `idx` of `packed`: their response tokens'
 /// log-probs and entropies, `[idx.len(), L]`, in the model's dtype. Only the columns those
-/// rows need run (none of another row's extra left padding), and the output head only on the
-/// response columns.
+/// rows need run, and the output head only on the response columns.
 fn padded_logprobs(
     model: &Transformer,
     packed: &Packed,
     idx: &[usize],
     temperature: f64,
 ) -> Result<(Tensor, Tensor)> {
-    let p = packed.prompt_width;
-    let l = packed.response_width;
-    let prompt = idx.iter().map(|&i| packed.seqs[i].1).max().unwrap_or(1);
-    let response = idx
-        .iter()
-        .map(|&i| packed.seqs[i].0.len() - packed.seqs[i].1)
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let (from, width) = (p - prompt, prompt + response);
-    let select = |t: &Tensor| -> Result<Tensor> {
-        let t = if idx.len() == packed.seqs.len() {
-            t.clone()
-        } else {
-            let rows: Vec<u32> = idx.iter().map(|&i| i as u32).collect();
-            t.index_select(&Tensor::from_vec(rows, idx.len(), t.device())?, 0)?
-        };
-        Ok(t.narrow(1, from, width)?)
-    };
-    let hidden = model.forward_hidden(
-        &select(&packed.ids)?,
-        &select(&packed.positions)?,
-        &select(&packed.key_mask)?,
-        None,
-    )?;
+    let t = Trimmed::of(packed, idx)?;
+    let hidden = model.forward_hidden(&t.ids, &t.positions, &t.key_mask, None)?;
     // Column `prompt − 1 + k` predicts response token k.
-    let hidden = hidden.narrow(1, prompt - 1, response)?;
-    let targets = select(&packed.targets)?.narrow(1, prompt - 1, response)?;
+    let hidden = hidden.narrow(1, t.prompt - 1, t.response)?;
+    let targets = t.targets.narrow(1, t.prompt - 1, t.response)?;
     let (lp, ent) = model.head_logprobs_entropy(&hidden, &targets, 1.0 / temperature)?;
-    if response == l {
-        return Ok((lp, ent));
-    }
-    Ok((
-        lp.pad_with_zeros(1, 0, l - response)?,
-        ent.pad_with_zeros(1, 0, l - response)?,
-    ))
+    let l = packed.response_width;
+    Ok((t.pad_to(lp, l)?, t.pad_to(ent, l)?))
+}
+
+/// The critic's padded pass over the rows `idx` of `packed`: values `[idx.len(), L]` at the
+/// states before each response token, in the critic's dtype.
+fn padded_values(critic: &Critic, packed: &Packed, idx: &[usize]) -> Result<Tensor> {
+    let t = Trimmed::of(packed, idx)?;
+    let v =
+        critic
+            .values(&t.ids, &t.positions, &t.key_mask)?
+            .narrow(1, t.prompt - 1, t.response)?;
+    t.pad_to(v, packed.response_width)
 }
 
 #[cfg(test)]
@@ -512,20 +599,12 @@ mod tests {
         assert!(prefix_groups(&[], 8).is_empty());
     }
 
-    /// The shared pass against the padded one on a tiny model: rows of two prompts (left
-    /// padding differs per row), one row alone, responses of different lengths; log-probs,
-    /// entropies and every weight's gradient of a weighted sum.
-    #[test]
-    fn shared_pass_equals_the_padded_pass() {
-        use candle_core::DType;
-        use turnwise_model::model::weights::{init_varmap, sorted_vars};
-        let mut cfg = turnwise_model::ModelConfig::tiny_qwen2(64);
-        cfg.initializer_range = 0.2;
-        let vm = init_varmap(&cfg, DType::F64, &Device::Cpu, 4).unwrap();
-        let model = Transformer::from_varmap(&cfg, &vm).unwrap();
+    /// Rows of two prompts (left padding differs per row), one row alone, responses of
+    /// different lengths.
+    fn sharing_rows() -> Vec<Row> {
         let p: Vec<u32> = (10..22).collect();
         let q: Vec<u32> = (30..39).collect();
-        let rows = [
+        vec![
             Row::new(p.clone(), vec![1, 2, 3, 4], vec![1; 4], vec![0; 4]),
             Row::new(q.clone(), vec![5, 6], vec![1; 2], vec![0; 2]),
             Row::new(vec![40, 41, 42], vec![7, 8, 9], vec![1; 3], vec![0; 3]),
@@ -537,7 +616,82 @@ mod tests {
             ),
             Row::new(q, vec![5, 7, 7], vec![1; 3], vec![0; 3]),
             Row::new(p, vec![9], vec![1], vec![0]),
-        ];
+        ]
+    }
+
+    /// Largest absolute difference of two f64 gradients.
+    fn grad_diff(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+    }
+
+    /// The critic's shared pass against its padded one (the rows of [`sharing_rows`], a tiny
+    /// f64 critic): values and every weight's gradient of a weighted sum, over each row's
+    /// response.
+    #[test]
+    fn shared_critic_values_equal_the_padded_pass() {
+        use candle_core::DType;
+        use turnwise_model::model::critic::init_critic_varmap;
+        use turnwise_model::model::weights::sorted_vars;
+        let mut cfg = turnwise_model::ModelConfig::tiny_qwen2(64);
+        cfg.initializer_range = 0.2;
+        let vm = init_critic_varmap(&cfg, DType::F64, &Device::Cpu, 5).unwrap();
+        let critic = Critic::from_varmap(&cfg, &vm).unwrap();
+        let rows = sharing_rows();
+        let refs: Vec<&Row> = rows.iter().collect();
+        let shared = pack(&refs, &Device::Cpu).unwrap();
+        assert_eq!(shared.groups.len(), 2);
+        let whole = pack(&refs, &Device::Cpu).unwrap().unshared();
+        let v = response_values(&critic, &shared).unwrap();
+        let v0 = response_values(&critic, &whole).unwrap();
+        let mask = &shared.loss_mask;
+        let d = ((&v - &v0).unwrap() * mask)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(d < 1e-6, "values differ by {d}");
+        let w = (mask
+            * Tensor::arange(0f32, 36.0, &Device::Cpu)
+                .unwrap()
+                .reshape((6, 6))
+                .unwrap()
+                .affine(0.1, -1.0)
+                .unwrap())
+        .unwrap();
+        let obj = |v: &Tensor| (v * &w).unwrap().sum_all().unwrap();
+        let g = obj(&v).backward().unwrap();
+        let g0 = obj(&v0).backward().unwrap();
+        for (name, var) in sorted_vars(&vm) {
+            let d = grad_diff(
+                g.get(var.as_tensor()).unwrap(),
+                g0.get(var.as_tensor()).unwrap(),
+            );
+            assert!(d < 1e-10, "{name}: {d}");
+        }
+    }
+
+    /// The shared pass against the padded one on a tiny model (the rows of [`sharing_rows`]):
+    /// log-probs,
+    /// entropies and every weight's gradient of a weighted sum.
+    #[test]
+    fn shared_pass_equals_the_padded_pass() {
+        use candle_core::DType;
+        use turnwise_model::model::weights::{init_varmap, sorted_vars};
+        let mut cfg = turnwise_model::ModelConfig::tiny_qwen2(64);
+        cfg.initializer_range = 0.2;
+        let vm = init_varmap(&cfg, DType::F64, &Device::Cpu, 4).unwrap();
+        let model = Transformer::from_varmap(&cfg, &vm).unwrap();
+        let rows = sharing_rows();
         let refs: Vec<&Row> = rows.iter().collect();
         let shared = pack(&refs, &Device::Cpu).unwrap();
         assert_eq!(shared.groups.len(), 2);
@@ -570,18 +724,10 @@ mod tests {
         let g = obj(&lp, &ent).backward().unwrap();
         let g0 = obj(&lp0, &ent0).backward().unwrap();
         for (name, var) in sorted_vars(&vm) {
-            let (a, b) = (
+            let d = grad_diff(
                 g.get(var.as_tensor()).unwrap(),
                 g0.get(var.as_tensor()).unwrap(),
             );
-            let d = (a - b)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f64>()
-                .unwrap();
             assert!(d < 1e-10, "{name}: {d}");
         }
     }

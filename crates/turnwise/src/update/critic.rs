@@ -19,7 +19,9 @@ use turnwise_model::model::weights::{
 };
 use turnwise_model::optim::{AdamW, AdamWConfig, GradAccumulator};
 
-use super::{Row, loss_tokens, minibatch_denominators, pack, parallel, row_len};
+use super::{
+    Row, loss_tokens, minibatch_denominators, pack, parallel, response_values, row_len, token_order,
+};
 
 /// File of a checkpoint holding the critic's weights (trunk and value head, Hugging Face names).
 pub const CRITIC_WEIGHTS_FILE: &str = "critic.safetensors";
@@ -140,27 +142,32 @@ impl CriticModel {
         &self.config
     }
 
-    /// Values of the states before each response token of every row (no graph).
-    pub fn values(&self, rows: &[Row], chunk: usize) -> Result<Vec<Vec<f32>>> {
+    /// Values of the states before each response token of every row (no graph), in chunks of
+    /// at most `chunk` rows. Sharing prefixes (`optim.share_prefix`), the chunks are runs of
+    /// the rows in token order and each runs its rows' shared prefixes through the trunk once
+    /// ([`response_values`]); the values equal the unshared pass's to rounding.
+    pub fn values(&self, rows: &[Row], chunk: usize, share_prefix: bool) -> Result<Vec<Vec<f32>>> {
         let device = self.detached.trunk().device();
+        let mut order: Vec<usize> = (0..rows.len()).collect();
+        if share_prefix {
+            order.sort_by(|&a, &b| token_order(&rows[a], &rows[b]));
+        }
         // At least one chunk per core, so that the chunks run side by side.
         let k = parallel::training_shard_count(self.detached.trunk(), rows.len());
         let chunk = chunk.max(1).min(rows.len().div_ceil(k).max(1));
-        let chunks: Vec<&[Row]> = rows.chunks(chunk).collect();
+        let chunks: Vec<&[usize]> = order.chunks(chunk).collect();
         let parts = parallel::map_chunks(k, &chunks, |c| {
-            let refs: Vec<&Row> = c.iter().collect();
-            let packed = pack(&refs, device)?;
-            let v = self
-                .detached
-                .values(&packed.ids, &packed.positions, &packed.key_mask)?;
-            Ok(v.narrow(1, packed.prompt_width - 1, packed.response_width)?
-                .to_dtype(candle_core::DType::F32)?
-                .to_vec2::<f32>()?)
+            let refs: Vec<&Row> = c.iter().map(|&i| &rows[i]).collect();
+            let mut packed = pack(&refs, device)?;
+            if !share_prefix {
+                packed = packed.unshared();
+            }
+            Ok(response_values(&self.detached, &packed)?.to_vec2::<f32>()?)
         })?;
-        let mut out = Vec::with_capacity(rows.len());
+        let mut out = vec![Vec::new(); rows.len()];
         for (c, v) in chunks.iter().zip(parts) {
-            for (r, row) in c.iter().zip(v) {
-                out.push(row[..r.response.len()].to_vec());
+            for (&i, row) in c.iter().zip(v) {
+                out[i] = row[..rows[i].response.len()].to_vec();
             }
         }
         Ok(out)
@@ -215,48 +222,53 @@ impl CriticModel {
             let perm = order(n);
             for mb in perm.chunks(mini) {
                 // The mini-batch's loss, cut into one shard per core (update/parallel.rs):
-                // each shard divides by the whole mini-batch's denominators.
+                // each shard divides by the whole mini-batch's denominators. Sharing
+                // prefixes, the shards are runs of the rows in token order (rows that share a
+                // prefix meet in a shard, which runs it once), as the actor's are.
                 let denominators = minibatch_denominators(rows, mb);
                 let model = &self.model;
                 let vars = self.optimizer.vars();
                 let device = model.trunk().device();
-                let parts = parallel::shard_backward(
-                    parallel::training_shard_count(model.trunk(), mb.len()),
-                    mb,
-                    |i| row_len(&rows[i]),
-                    |shard| {
-                        let refs: Vec<&Row> = shard.iter().map(|&i| &rows[i]).collect();
-                        let packed = pack(&refs, device)?;
-                        let l = packed.response_width;
-                        let mut old = vec![0f32; shard.len() * l];
-                        for (k, &i) in shard.iter().enumerate() {
-                            old[k * l..k * l + old_values[i].len()].copy_from_slice(&old_values[i]);
-                        }
-                        let old = Tensor::from_vec(old, (shard.len(), l), device)?;
-                        // Values in f32 (a bf16 critic's too), as log-probs are: the loss
-                        // and its metrics are computed in f32.
-                        let v = model
-                            .values(&packed.ids, &packed.positions, &packed.key_mask)?
-                            .narrow(1, packed.prompt_width - 1, l)?
-                            .to_dtype(candle_core::DType::F32)?;
-                        let loss_out = value_loss(
-                            &v,
-                            &old,
-                            &packed.returns,
-                            &packed.loss_mask,
-                            cfg.loss,
-                            Some(denominators),
-                        )?;
-                        let value = f64::from(loss_out.loss.to_scalar::<f32>()?);
-                        let tokens = loss_tokens(rows, shard);
-                        if !value.is_finite() {
-                            return Ok((None, loss_out.metrics.to_map(), tokens));
-                        }
-                        let mut acc = GradAccumulator::new();
-                        acc.add(&loss_out.loss.backward()?, vars, 1.0)?;
-                        Ok((Some(acc.take()), loss_out.metrics.to_map(), tokens))
-                    },
-                )?;
+                let k = parallel::training_shard_count(model.trunk(), mb.len());
+                let shards = if cfg.share_prefix {
+                    let mut mb = mb.to_vec();
+                    mb.sort_by(|&a, &b| token_order(&rows[a], &rows[b]));
+                    parallel::shards_in_order(&mb, k, |i| row_len(&rows[i]))
+                } else {
+                    parallel::shards_by_len(mb, k, |i| row_len(&rows[i]))
+                };
+                let parts = parallel::map_chunks(k, &shards, |shard: &Vec<usize>| {
+                    let refs: Vec<&Row> = shard.iter().map(|&i| &rows[i]).collect();
+                    let mut packed = pack(&refs, device)?;
+                    if !cfg.share_prefix {
+                        packed = packed.unshared();
+                    }
+                    let l = packed.response_width;
+                    let mut old = vec![0f32; shard.len() * l];
+                    for (k, &i) in shard.iter().enumerate() {
+                        old[k * l..k * l + old_values[i].len()].copy_from_slice(&old_values[i]);
+                    }
+                    let old = Tensor::from_vec(old, (shard.len(), l), device)?;
+                    // Values in f32 (a bf16 critic's too), as log-probs are: the loss
+                    // and its metrics are computed in f32.
+                    let v = response_values(model, &packed)?;
+                    let loss_out = value_loss(
+                        &v,
+                        &old,
+                        &packed.returns,
+                        &packed.loss_mask,
+                        cfg.loss,
+                        Some(denominators),
+                    )?;
+                    let value = f64::from(loss_out.loss.to_scalar::<f32>()?);
+                    let tokens = loss_tokens(rows, shard);
+                    if !value.is_finite() {
+                        return Ok((None, loss_out.metrics.to_map(), tokens));
+                    }
+                    let mut acc = GradAccumulator::new();
+                    acc.add(&loss_out.loss.backward()?, vars, 1.0)?;
+                    Ok((Some(acc.take()), loss_out.metrics.to_map(), tokens))
+                })?;
                 let mut acc = GradAccumulator::new();
                 let mut finite = true;
                 let mut shard_metrics: BTreeMap<String, f64> = BTreeMap::new();
@@ -326,4 +338,6 @@ pub struct CriticUpdate<'a> {
     pub epochs: usize,
     /// Rows per optimizer step (`optim.mini_batch_size`; 0: all).
     pub mini_batch: usize,
+    /// Run the rows' shared prefixes through the trunk once (`optim.share_prefix`).
+    pub share_prefix: bool,
 }

@@ -17,7 +17,9 @@ use turnwise_model::loss::clip_bias::{ClipBiasRule, ClipBiasScope, ClipBiasSpace
 use turnwise_model::loss::policy::{PolicyLossInput, compute_policy_loss};
 use turnwise_model::optim::{AdamW, GradAccumulator, Gradients};
 
-pub use batch::{Packed, PrefixGroup, Row, pack, prefix_groups, response_logprobs};
+pub use batch::{
+    Packed, PrefixGroup, Row, pack, prefix_groups, response_logprobs, response_values,
+};
 
 /// Result of one optimizer update.
 #[derive(Debug, Clone, Default, PartialEq)]
