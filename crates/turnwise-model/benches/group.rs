@@ -23,8 +23,9 @@
 //! step after the warm-up (else three). Threads as in `benches/model.rs`: `RAYON_NUM_THREADS`
 //! defaults to the core count, `CANDLE_NUM_THREADS` to 1.
 
+mod common;
+
 use std::collections::HashMap;
-use std::process::Command;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
@@ -83,16 +84,6 @@ fn group_rows(g: usize, p: usize, r: usize, vocab: usize) -> Vec<Vec<u32>> {
             prompt.iter().copied().chain(resp).collect()
         })
         .collect()
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    let n = xs.len();
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        0.5 * (xs[n / 2 - 1] + xs[n / 2])
-    }
 }
 
 /// Median seconds of a training step over `steps` timed steps after one warm-up, the prompt
@@ -159,7 +150,7 @@ fn step_seconds(
             times.push(t0.elapsed().as_secs_f64());
         }
     }
-    median(times)
+    common::median(times)
 }
 
 /// PyTorch's step seconds per row name, or why there are none.
@@ -168,33 +159,18 @@ fn torch_seconds(
     steps: usize,
     smol: Option<&std::path::Path>,
 ) -> Result<(HashMap<String, f64>, String), String> {
-    let python = std::env::var("TURNWISE_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/group_torch.py");
-    let mut cmd = Command::new(&python);
-    cmd.arg(script)
-        .arg("--shape")
-        .arg(format!("{},{},{}", shape.0, shape.1, shape.2))
-        .arg("--steps")
-        .arg(steps.to_string())
-        .env("OMP_WAIT_POLICY", "PASSIVE");
+    let mut args = vec![
+        "--shape".to_string(),
+        format!("{},{},{}", shape.0, shape.1, shape.2),
+        "--steps".into(),
+        steps.to_string(),
+    ];
     if let Some(p) = smol {
-        cmd.arg("--smollm2").arg(p);
+        args.push("--smollm2".into());
+        args.push(p.display().to_string());
     }
-    let out = cmd
-        .output()
-        .map_err(|e| format!("{python} did not run: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{script} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
-        ));
-    }
-    let line = String::from_utf8_lossy(&out.stdout);
-    let v: Value = serde_json::from_str(line.trim().lines().last().unwrap_or(""))
-        .map_err(|e| format!("unreadable output of {script}: {e}"))?;
+    let v = common::run_python(script, &args)?;
     let mut secs = HashMap::new();
     let mut info = v["info"].as_str().unwrap_or("").to_string();
     for (k, x) in v.as_object().into_iter().flatten() {

@@ -57,6 +57,8 @@
 //! Set any of them to override. Figures are medians; mimalloc is the global allocator, run with
 //! `MIMALLOC_PURGE_DELAY=-1` (the bench re-executes itself to set it).
 
+mod common;
+
 use std::alloc::{GlobalAlloc, Layout};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -239,16 +241,6 @@ impl Size {
     }
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    let n = xs.len();
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        0.5 * (xs[n / 2 - 1] + xs[n / 2])
-    }
-}
-
 /// A model of the benchmark: a synthetic size (random weights) or SmolLM2 (its GGUF weights).
 struct BenchModel {
     name: &'static str,
@@ -333,7 +325,7 @@ fn train_tok_s(m: &BenchModel, steps: usize) -> f64 {
             times.push(t0.elapsed().as_secs_f64());
         }
     }
-    (batch * len) as f64 / median(times)
+    (batch * len) as f64 / common::median(times)
 }
 
 /// Sampling tokens/s at `batch`: median over `reps` timed runs after one warm-up run.
@@ -364,13 +356,13 @@ fn sample_tok_s(m: &BenchModel, batch: usize, new_tokens: usize, reps: usize) ->
             times.push(dt);
         }
     }
-    (batch * new_tokens) as f64 / median(times)
+    (batch * new_tokens) as f64 / common::median(times)
 }
 
 /// Median seconds of `f` over `reps` runs after one warm-up.
 fn time_it(reps: usize, mut f: impl FnMut()) -> f64 {
     f();
-    median(
+    common::median(
         (0..reps)
             .map(|_| {
                 let t0 = Instant::now();
@@ -737,7 +729,7 @@ fn prefill_child(t: usize) {
     run();
     let first = t0.elapsed().as_secs_f64();
     let (rss_mib, heap_mib) = (rss_peak_mib(rss), heap_peak_mib(heap));
-    let ms = median(
+    let ms = common::median(
         (0..reps.max(1))
             .map(|_| {
                 let t0 = Instant::now();
@@ -756,23 +748,6 @@ fn prefill_child(t: usize) {
             "model": m.name,
         })
     );
-}
-
-/// The last JSON line of a child's output.
-fn last_json(what: &str, out: &std::process::Output) -> std::result::Result<Value, String> {
-    if !out.status.success() {
-        return Err(format!(
-            "{what} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.trim_start().starts_with('{'))
-        .ok_or_else(|| format!("{what} printed no JSON: {text}"))?;
-    serde_json::from_str(line).map_err(|e| format!("{what} printed bad JSON ({e}): {line}"))
 }
 
 /// One turnwise prefill cell in a fresh child process: fused attention or not, one forward
@@ -794,7 +769,7 @@ fn prefill_cell(
         )
         .output()
         .map_err(|e| format!("prefill child: {e}"))?;
-    last_json("prefill child", &out)
+    common::last_json("prefill child", &out)
 }
 
 /// The prefill table: turnwise fused, turnwise with the composed attention, the sampling
@@ -875,21 +850,12 @@ fn prefill_table(quick: bool, smollm2: Option<&PathBuf>) {
 
 /// Runs `benches/model_torch.py` with `args` and returns its JSON line, or why not.
 fn torch_script(args: &[String]) -> std::result::Result<Value, String> {
-    let python = std::env::var("TURNWISE_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
     // `TURNWISE_BENCH_TORCH_SCRIPT`: the script's path where the bench binary was carried to
     // another machine (scripts/gpu-check.sh).
     let script = std::env::var("TURNWISE_BENCH_TORCH_SCRIPT").unwrap_or_else(|_| {
         concat!(env!("CARGO_MANIFEST_DIR"), "/benches/model_torch.py").to_string()
     });
-    let mut cmd = Command::new(&python);
-    cmd.arg(&script).args(args);
-    // On a shared (oversubscribed) machine OpenMP's default spin-waiting makes PyTorch several
-    // times slower; passive waiting is its better setting there. Set the variable to override.
-    if std::env::var_os("OMP_WAIT_POLICY").is_none() {
-        cmd.env("OMP_WAIT_POLICY", "PASSIVE");
-    }
-    let out = cmd.output().map_err(|e| format!("running {script}: {e}"))?;
-    last_json(&script, &out)
+    common::run_python(&script, args)
 }
 
 /// The PyTorch figures as JSON, or why there are none.

@@ -29,13 +29,13 @@
 //! `CANDLE_NUM_THREADS` to 1; PyTorch gets the same count. The bench re-executes itself with the
 //! `turnwise` binary's allocator setting (`MIMALLOC_PURGE_DELAY=-1`).
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
 use candle_core::{DType, Device};
-use serde_json::Value;
 use turnwise_model::checkpoint::gguf::smollm2;
 use turnwise_model::checkpoint::load_gguf;
 use turnwise_model::model::weights::{init_varmap, varmap_from_tensors};
@@ -99,16 +99,6 @@ fn observation_ids(e: usize, t: usize, o: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    let n = xs.len();
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        0.5 * (xs[n / 2 - 1] + xs[n / 2])
-    }
-}
-
 /// One rollout's seconds, the cache kept across turns or not; checks that every episode
 /// sampled `new` tokens per turn.
 fn rollout_seconds(model: &Transformer, s: Shape, cached: bool, rep: usize) -> f64 {
@@ -168,36 +158,21 @@ fn rollout_seconds(model: &Transformer, s: Shape, cached: bool, rep: usize) -> f
 
 /// PyTorch's rollout seconds (median), or why there are none.
 fn torch_seconds(s: Shape, reps: usize, smol: Option<&Path>) -> Result<(f64, String), String> {
-    let python = std::env::var("TURNWISE_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/rollout_torch.py");
-    let mut cmd = Command::new(&python);
-    cmd.arg(script)
-        .arg("--shape")
-        .arg(format!(
+    let mut args = vec![
+        "--shape".to_string(),
+        format!(
             "{},{},{},{},{},{}",
             s.groups, s.rollouts, s.prompt, s.turns, s.new, s.obs
-        ))
-        .arg("--reps")
-        .arg(reps.to_string())
-        .env("OMP_WAIT_POLICY", "PASSIVE");
+        ),
+        "--reps".into(),
+        reps.to_string(),
+    ];
     if let Some(p) = smol {
-        cmd.arg("--smollm2").arg(p);
+        args.push("--smollm2".into());
+        args.push(p.display().to_string());
     }
-    let out = cmd
-        .output()
-        .map_err(|e| format!("{python} did not run: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{script} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
-        ));
-    }
-    let line = String::from_utf8_lossy(&out.stdout);
-    let v: Value = serde_json::from_str(line.trim().lines().last().unwrap_or(""))
-        .map_err(|e| format!("unreadable output of {script}: {e}"))?;
+    let v = common::run_python(script, &args)?;
     match v["seconds"].as_f64() {
         Some(x) => Ok((x, v["info"].as_str().unwrap_or("").to_string())),
         None => Err(format!(
@@ -325,7 +300,7 @@ fn main() {
         let times: Vec<f64> = (0..reps)
             .map(|r| rollout_seconds(&model, s, cached, r))
             .collect();
-        secs.insert(way, median(times));
+        secs.insert(way, common::median(times));
     }
     let sampled = (s.episodes() * s.turns * s.new) as f64;
     println!("\n| way | s/rollout | sampled tokens/s | vs PyTorch generate |");
