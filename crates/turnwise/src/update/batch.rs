@@ -619,16 +619,51 @@ mod tests {
         ]
     }
 
-    /// Largest absolute difference of two f64 gradients.
-    fn grad_diff(a: &Tensor, b: &Tensor) -> f64 {
-        (a - b)
+    /// Largest absolute difference of `a` and `b` (f32) where `mask` is 1.
+    fn masked_diff(a: &Tensor, b: &Tensor, mask: &Tensor) -> f32 {
+        ((a - b).unwrap() * mask)
             .unwrap()
             .abs()
             .unwrap()
             .max_all()
             .unwrap()
-            .to_scalar::<f64>()
+            .to_scalar::<f32>()
             .unwrap()
+    }
+
+    /// Weights for a `[6, 6]` objective, 0 where `mask` is.
+    fn masked_weights(mask: &Tensor) -> Tensor {
+        (mask
+            * Tensor::arange(0f32, 36.0, &Device::Cpu)
+                .unwrap()
+                .reshape((6, 6))
+                .unwrap()
+                .affine(0.1, -1.0)
+                .unwrap())
+        .unwrap()
+    }
+
+    /// Every weight of `vm` has the same gradient (f64, within 1e-10) in `g` and `g0`.
+    fn assert_same_gradients(
+        vm: &candle_nn::VarMap,
+        g: &candle_core::backprop::GradStore,
+        g0: &candle_core::backprop::GradStore,
+    ) {
+        for (name, var) in turnwise_model::model::weights::sorted_vars(vm) {
+            let (a, b) = (
+                g.get(var.as_tensor()).unwrap(),
+                g0.get(var.as_tensor()).unwrap(),
+            );
+            let d = (a - b)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap();
+            assert!(d < 1e-10, "{name}: {d}");
+        }
     }
 
     /// The critic's shared pass against its padded one (the rows of [`sharing_rows`], a tiny
@@ -638,7 +673,6 @@ mod tests {
     fn shared_critic_values_equal_the_padded_pass() {
         use candle_core::DType;
         use turnwise_model::model::critic::init_critic_varmap;
-        use turnwise_model::model::weights::sorted_vars;
         let mut cfg = turnwise_model::ModelConfig::tiny_qwen2(64);
         cfg.initializer_range = 0.2;
         let vm = init_critic_varmap(&cfg, DType::F64, &Device::Cpu, 5).unwrap();
@@ -650,43 +684,21 @@ mod tests {
         let whole = pack(&refs, &Device::Cpu).unwrap().unshared();
         let v = response_values(&critic, &shared).unwrap();
         let v0 = response_values(&critic, &whole).unwrap();
-        let mask = &shared.loss_mask;
-        let d = ((&v - &v0).unwrap() * mask)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let d = masked_diff(&v, &v0, &shared.loss_mask);
         assert!(d < 1e-6, "values differ by {d}");
-        let w = (mask
-            * Tensor::arange(0f32, 36.0, &Device::Cpu)
-                .unwrap()
-                .reshape((6, 6))
-                .unwrap()
-                .affine(0.1, -1.0)
-                .unwrap())
-        .unwrap();
+        let w = masked_weights(&shared.loss_mask);
         let obj = |v: &Tensor| (v * &w).unwrap().sum_all().unwrap();
         let g = obj(&v).backward().unwrap();
         let g0 = obj(&v0).backward().unwrap();
-        for (name, var) in sorted_vars(&vm) {
-            let d = grad_diff(
-                g.get(var.as_tensor()).unwrap(),
-                g0.get(var.as_tensor()).unwrap(),
-            );
-            assert!(d < 1e-10, "{name}: {d}");
-        }
+        assert_same_gradients(&vm, &g, &g0);
     }
 
     /// The shared pass against the padded one on a tiny model (the rows of [`sharing_rows`]):
-    /// log-probs,
-    /// entropies and every weight's gradient of a weighted sum.
+    /// log-probs, entropies and every weight's gradient of a weighted sum.
     #[test]
     fn shared_pass_equals_the_padded_pass() {
         use candle_core::DType;
-        use turnwise_model::model::weights::{init_varmap, sorted_vars};
+        use turnwise_model::model::weights::init_varmap;
         let mut cfg = turnwise_model::ModelConfig::tiny_qwen2(64);
         cfg.initializer_range = 0.2;
         let vm = init_varmap(&cfg, DType::F64, &Device::Cpu, 4).unwrap();
@@ -700,36 +712,14 @@ mod tests {
         let whole = pack(&refs, &Device::Cpu).unwrap().unshared();
         let (lp, ent) = response_logprobs(&model, &shared, 0.8).unwrap();
         let (lp0, ent0) = response_logprobs(&model, &whole, 0.8).unwrap();
-        let w = (&shared.loss_mask
-            * Tensor::arange(0f32, 36.0, &Device::Cpu)
-                .unwrap()
-                .reshape((6, 6))
-                .unwrap()
-                .affine(0.1, -1.0)
-                .unwrap())
-        .unwrap();
-        let diff = |a: &Tensor, b: &Tensor| -> f32 {
-            ((a - b).unwrap() * &shared.loss_mask)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap()
-        };
-        assert!(diff(&lp, &lp0) < 1e-6 && diff(&ent, &ent0) < 1e-6);
+        let w = masked_weights(&shared.loss_mask);
+        let mask = &shared.loss_mask;
+        assert!(masked_diff(&lp, &lp0, mask) < 1e-6 && masked_diff(&ent, &ent0, mask) < 1e-6);
         let obj =
             |lp: &Tensor, ent: &Tensor| ((lp + ent).unwrap() * &w).unwrap().sum_all().unwrap();
         let g = obj(&lp, &ent).backward().unwrap();
         let g0 = obj(&lp0, &ent0).backward().unwrap();
-        for (name, var) in sorted_vars(&vm) {
-            let d = grad_diff(
-                g.get(var.as_tensor()).unwrap(),
-                g0.get(var.as_tensor()).unwrap(),
-            );
-            assert!(d < 1e-10, "{name}: {d}");
-        }
+        assert_same_gradients(&vm, &g, &g0);
     }
 
     #[test]
