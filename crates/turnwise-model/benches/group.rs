@@ -50,18 +50,9 @@ struct BenchModel {
 
 impl BenchModel {
     fn synthetic(name: &'static str, dims: [usize; 6]) -> Self {
-        let [hidden, layers, heads, kv_heads, intermediate, vocab] = dims;
-        let mut c = ModelConfig::tiny_qwen2(vocab);
-        c.hidden_size = hidden;
-        c.num_hidden_layers = layers;
-        c.num_attention_heads = heads;
-        c.num_key_value_heads = kv_heads;
-        c.head_dim = hidden / heads;
-        c.intermediate_size = intermediate;
-        c.max_position_embeddings = 512;
         Self {
             name,
-            cfg: c,
+            cfg: common::synthetic_config(dims),
             weights: None,
         }
     }
@@ -184,30 +175,13 @@ fn torch_seconds(
 }
 
 fn main() {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    // SAFETY: set before any thread starts.
-    unsafe {
-        if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-            std::env::set_var("RAYON_NUM_THREADS", cores.to_string());
-        }
-        if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
-            std::env::set_var("CANDLE_NUM_THREADS", "1");
-        }
-    }
-    let shape = std::env::var("TURNWISE_GROUP_SHAPE")
-        .ok()
-        .map(|s| {
-            let v: Vec<usize> = s
-                .split(',')
-                .map(|x| x.trim().parse().expect("TURNWISE_GROUP_SHAPE is G,P,R"))
-                .collect();
-            assert!(
-                v.len() == 3 && v[0] >= 1 && v[1] >= 2 && v[2] >= 1,
-                "TURNWISE_GROUP_SHAPE is G,P,R with G ≥ 1, P ≥ 2, R ≥ 1"
-            );
-            (v[0], v[1], v[2])
-        })
-        .unwrap_or((8, 256, 128));
+    common::thread_defaults();
+    let shape = common::shape_from_env(
+        "TURNWISE_GROUP_SHAPE",
+        &[1, 2, 1],
+        "G,P,R with G ≥ 1, P ≥ 2, R ≥ 1",
+    )
+    .map_or((8, 256, 128), |v| (v[0], v[1], v[2]));
     let quick = std::env::var("TURNWISE_BENCH_QUICK").is_ok_and(|v| v == "1");
     let steps = if quick { 1 } else { 3 };
     let mut models = vec![

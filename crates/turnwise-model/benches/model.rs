@@ -229,15 +229,14 @@ const SIZES: [Size; 2] = [
 
 impl Size {
     fn config(&self) -> ModelConfig {
-        let mut c = ModelConfig::tiny_qwen2(self.vocab);
-        c.hidden_size = self.hidden;
-        c.num_hidden_layers = self.layers;
-        c.num_attention_heads = self.heads;
-        c.num_key_value_heads = self.kv_heads;
-        c.head_dim = self.hidden / self.heads;
-        c.intermediate_size = self.intermediate;
-        c.max_position_embeddings = 512;
-        c
+        common::synthetic_config([
+            self.hidden,
+            self.layers,
+            self.heads,
+            self.kv_heads,
+            self.intermediate,
+            self.vocab,
+        ])
     }
 }
 
@@ -893,34 +892,15 @@ fn torch_figures(
 }
 
 fn main() {
-    // mimalloc reads its options from the environment when the process starts, so the bench
-    // re-runs itself with MIMALLOC_PURGE_DELAY=-1 (keep freed memory committed): a training step
+    // mimalloc keeping freed memory committed (`MIMALLOC_PURGE_DELAY=-1`): a training step
     // allocates and frees tens of MB of activations, and returning them to the OS made the
-    // kernel zero fresh (transparent huge) pages on every step, 20-30 % of the step under perf.
-    // Measured here: size B training about 1.15x faster. Set the variable to override.
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-        let exe = std::env::current_exe().expect("path of the bench binary");
-        let status = Command::new(exe)
-            .args(std::env::args_os().skip(1))
-            .env("MIMALLOC_PURGE_DELAY", "-1")
-            .status()
-            .expect("re-running the bench");
-        std::process::exit(status.code().unwrap_or(1));
-    }
-    // Before any thread starts: candle re-reads /proc/cpuinfo on every matmul without it.
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-        // SAFETY: no other thread exists yet.
-        unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
-    }
-    // Element-wise kernels (candle's barrier pool and turnwise's fused ops) on the calling
-    // thread only; matmuls keep RAYON_NUM_THREADS. On this shared 2-core machine the pool's
-    // spin-wait for a descheduled worker cost 17-30 % of a training step (perf), and this
-    // setting made training 1.4-1.9x faster. Set the variable to override.
-    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
-        // SAFETY: no other thread exists yet.
-        unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
-    }
+    // kernel zero fresh pages on every step, 20-30 % of the step under perf (size B training
+    // about 1.15x faster). Element-wise kernels on the calling thread (`CANDLE_NUM_THREADS=1`):
+    // the pool's spin-wait for a descheduled worker cost 17-30 % of a training step, and the
+    // setting made training 1.4-1.9x faster. Set either variable to override.
+    #[cfg(unix)]
+    turnwise_model::device::reexec_with_fast_settings();
+    common::thread_defaults();
     if let Some(t) = std::env::var("TURNWISE_BENCH_PREFILL_CHILD")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())

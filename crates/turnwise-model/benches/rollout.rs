@@ -36,13 +36,13 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use candle_core::{DType, Device};
+use turnwise_model::Transformer;
 use turnwise_model::checkpoint::gguf::smollm2;
 use turnwise_model::checkpoint::load_gguf;
 use turnwise_model::model::weights::{init_varmap, varmap_from_tensors};
 use turnwise_model::sampling::{
     PrefixKv, SamplingParams, generate, generate_with_prefixes, prefill_prefix,
 };
-use turnwise_model::{ModelConfig, Transformer};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -199,13 +199,7 @@ fn bench_model(max_context: usize) -> (String, Option<PathBuf>, Transformer) {
     } else {
         println!("SmolLM2 not used: no model in {}", cache.display());
     }
-    let mut c = ModelConfig::tiny_qwen2(49152);
-    c.hidden_size = 576;
-    c.num_hidden_layers = 30;
-    c.num_attention_heads = 9;
-    c.num_key_value_heads = 3;
-    c.head_dim = 64;
-    c.intermediate_size = 1536;
+    let mut c = common::synthetic_config([576, 30, 9, 3, 1536, 49152]);
     c.max_position_embeddings = max_context.max(2048);
     let vm = init_varmap(&c, DType::F32, &Device::Cpu, 0).expect("init");
     let model = Transformer::detached_from_varmap(&c, &vm).expect("model");
@@ -217,48 +211,30 @@ fn main() {
     // the calling thread).
     #[cfg(unix)]
     turnwise_model::device::reexec_with_fast_settings();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    // SAFETY: set before any thread starts.
-    unsafe {
-        if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-            std::env::set_var("RAYON_NUM_THREADS", cores.to_string());
-        }
-        if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
-            std::env::set_var("CANDLE_NUM_THREADS", "1");
-        }
-    }
-    let s = std::env::var("TURNWISE_ROLLOUT_SHAPE")
-        .ok()
-        .map(|v| {
-            let v: Vec<usize> = v
-                .split(',')
-                .map(|x| {
-                    x.trim()
-                        .parse()
-                        .expect("TURNWISE_ROLLOUT_SHAPE is G,R,P,T,N,O")
-                })
-                .collect();
-            assert!(
-                v.len() == 6 && v[..5].iter().all(|&x| x >= 1) && v[2] >= 2,
-                "TURNWISE_ROLLOUT_SHAPE is G,R,P,T,N,O with G, R, T, N ≥ 1, P ≥ 2"
-            );
-            Shape {
-                groups: v[0],
-                rollouts: v[1],
-                prompt: v[2],
-                turns: v[3],
-                new: v[4],
-                obs: v[5],
-            }
-        })
-        .unwrap_or(Shape {
+    common::thread_defaults();
+    let s = common::shape_from_env(
+        "TURNWISE_ROLLOUT_SHAPE",
+        &[1, 1, 2, 1, 1, 0],
+        "G,R,P,T,N,O with G, R, T, N ≥ 1, P ≥ 2",
+    )
+    .map_or(
+        Shape {
             groups: 4,
             rollouts: 4,
             prompt: 300,
             turns: 3,
             new: 64,
             obs: 100,
-        });
+        },
+        |v| Shape {
+            groups: v[0],
+            rollouts: v[1],
+            prompt: v[2],
+            turns: v[3],
+            new: v[4],
+            obs: v[5],
+        },
+    );
     let quick = std::env::var("TURNWISE_BENCH_QUICK").is_ok_and(|v| v == "1");
     let reps = if quick { 1 } else { 3 };
     let (name, smol, model) = bench_model(s.max_context());

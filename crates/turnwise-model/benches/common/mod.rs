@@ -1,8 +1,62 @@
-//! What the benches share: medians and running their PyTorch reference scripts.
+//! What the benches share: thread settings, synthetic model shapes, shapes read from the
+//! environment, medians and running their PyTorch reference scripts.
 
 use std::process::Command;
 
 use serde_json::Value;
+use turnwise_model::ModelConfig;
+
+/// Before any thread starts: `RAYON_NUM_THREADS` defaults to the core count (matmuls; candle
+/// re-reads /proc/cpuinfo on every matmul without it) and `CANDLE_NUM_THREADS` to 1
+/// (element-wise ops on the calling thread: candle's pool spin-waits for descheduled workers on
+/// a shared machine). A value already set is kept.
+pub fn thread_defaults() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // SAFETY: called first in `main`, before any other thread exists.
+    unsafe {
+        if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+            std::env::set_var("RAYON_NUM_THREADS", cores.to_string());
+        }
+        if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+            std::env::set_var("CANDLE_NUM_THREADS", "1");
+        }
+    }
+}
+
+/// A Qwen2-style model of `[hidden, layers, heads, kv_heads, intermediate, vocab]` with a
+/// 512-position context (the benches' synthetic sizes; random weights).
+pub fn synthetic_config(dims: [usize; 6]) -> ModelConfig {
+    let [hidden, layers, heads, kv_heads, intermediate, vocab] = dims;
+    let mut c = ModelConfig::tiny_qwen2(vocab);
+    c.hidden_size = hidden;
+    c.num_hidden_layers = layers;
+    c.num_attention_heads = heads;
+    c.num_key_value_heads = kv_heads;
+    c.head_dim = hidden / heads;
+    c.intermediate_size = intermediate;
+    c.max_position_embeddings = 512;
+    c
+}
+
+/// The comma-separated numbers in the environment variable `var` (`None` when unset), at least
+/// `min[i]` each and as many as `min` has; panics with `usage` otherwise.
+#[allow(dead_code)] // not every bench reads a shape
+pub fn shape_from_env(var: &str, min: &[usize], usage: &str) -> Option<Vec<usize>> {
+    let v: Vec<usize> = std::env::var(var)
+        .ok()?
+        .split(',')
+        .map(|x| {
+            x.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{var} is {usage}"))
+        })
+        .collect();
+    assert!(
+        v.len() == min.len() && v.iter().zip(min).all(|(x, m)| x >= m),
+        "{var} is {usage}"
+    );
+    Some(v)
+}
 
 /// The median of `xs` (the mean of the middle two for an even count).
 pub fn median(mut xs: Vec<f64>) -> f64 {

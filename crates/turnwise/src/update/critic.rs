@@ -20,7 +20,8 @@ use turnwise_model::model::weights::{
 use turnwise_model::optim::{AdamW, AdamWConfig, GradAccumulator};
 
 use super::{
-    Row, loss_tokens, minibatch_denominators, pack, parallel, response_values, row_len, token_order,
+    Row, loss_tokens, minibatch_denominators, pack, parallel, per_row_no_grad, response_values,
+    row_shards, sort_rows,
 };
 
 /// File of a checkpoint holding the critic's weights (trunk and value head, Hugging Face names).
@@ -143,34 +144,13 @@ impl CriticModel {
     }
 
     /// Values of the states before each response token of every row (no graph), in chunks of
-    /// at most `chunk` rows. Sharing prefixes (`optim.share_prefix`), the chunks are runs of
-    /// the rows in token order and each runs its rows' shared prefixes through the trunk once
-    /// ([`response_values`]); the values equal the unshared pass's to rounding.
+    /// at most `chunk` rows ([`per_row_no_grad`]). Sharing prefixes (`optim.share_prefix`),
+    /// each chunk runs its rows' shared prefixes through the trunk once ([`response_values`]);
+    /// the values equal the unshared pass's to rounding.
     pub fn values(&self, rows: &[Row], chunk: usize, share_prefix: bool) -> Result<Vec<Vec<f32>>> {
-        let device = self.detached.trunk().device();
-        let mut order: Vec<usize> = (0..rows.len()).collect();
-        if share_prefix {
-            order.sort_by(|&a, &b| token_order(&rows[a], &rows[b]));
-        }
-        // At least one chunk per core, so that the chunks run side by side.
-        let k = parallel::training_shard_count(self.detached.trunk(), rows.len());
-        let chunk = chunk.max(1).min(rows.len().div_ceil(k).max(1));
-        let chunks: Vec<&[usize]> = order.chunks(chunk).collect();
-        let parts = parallel::map_chunks(k, &chunks, |c| {
-            let refs: Vec<&Row> = c.iter().map(|&i| &rows[i]).collect();
-            let mut packed = pack(&refs, device)?;
-            if !share_prefix {
-                packed = packed.unshared();
-            }
-            Ok(response_values(&self.detached, &packed)?.to_vec2::<f32>()?)
-        })?;
-        let mut out = vec![Vec::new(); rows.len()];
-        for (c, v) in chunks.iter().zip(parts) {
-            for (&i, row) in c.iter().zip(v) {
-                out[i] = row[..rows[i].response.len()].to_vec();
-            }
-        }
-        Ok(out)
+        per_row_no_grad(self.detached.trunk(), rows, chunk, share_prefix, |packed| {
+            response_values(&self.detached, packed)
+        })
     }
 
     /// Clipped value-loss epochs over `rows` (whose `returns` hold the GAE targets) with the
@@ -230,13 +210,9 @@ impl CriticModel {
                 let vars = self.optimizer.vars();
                 let device = model.trunk().device();
                 let k = parallel::training_shard_count(model.trunk(), mb.len());
-                let shards = if cfg.share_prefix {
-                    let mut mb = mb.to_vec();
-                    mb.sort_by(|&a, &b| token_order(&rows[a], &rows[b]));
-                    parallel::shards_in_order(&mb, k, |i| row_len(&rows[i]))
-                } else {
-                    parallel::shards_by_len(mb, k, |i| row_len(&rows[i]))
-                };
+                let mut sorted = mb.to_vec();
+                sort_rows(rows, &mut sorted, cfg.share_prefix);
+                let shards = row_shards(rows, &sorted, k, cfg.share_prefix);
                 let parts = parallel::map_chunks(k, &shards, |shard: &Vec<usize>| {
                     let refs: Vec<&Row> = shard.iter().map(|&i| &rows[i]).collect();
                     let mut packed = pack(&refs, device)?;

@@ -119,9 +119,8 @@ pub fn logprobs_no_grad(
     logprobs_no_grad_with(model, rows, temperature, chunk, true)
 }
 
-/// [`logprobs_no_grad`], sharing prefixes or not (`optim.share_prefix`). Sharing, the chunks
-/// are runs of the rows in token order (rows that share a prefix meet, and each chunk runs its
-/// shared prefixes once); otherwise runs of rows of similar length (less padding).
+/// [`logprobs_no_grad`], sharing prefixes or not (`optim.share_prefix`; see
+/// [`per_row_no_grad`]).
 pub fn logprobs_no_grad_with(
     model: &Transformer,
     rows: &[Row],
@@ -129,12 +128,25 @@ pub fn logprobs_no_grad_with(
     chunk: usize,
     share_prefix: bool,
 ) -> Result<Vec<Vec<f32>>> {
+    per_row_no_grad(model, rows, chunk, share_prefix, |packed| {
+        Ok(response_logprobs(model, packed, temperature)?.0)
+    })
+}
+
+/// The per-response-token outputs `[B, L]` of `pass` over `rows` (no graph), in chunks of at
+/// most `chunk` rows run side by side on `model`'s shards; each row's cut to its response, in
+/// the order of `rows`. Sharing prefixes, the chunks are runs of the rows in token order (rows
+/// that share a prefix meet, and each chunk runs its shared prefixes once); otherwise runs of
+/// rows of similar length (less padding), packed without prefix groups.
+pub(crate) fn per_row_no_grad(
+    model: &Transformer,
+    rows: &[Row],
+    chunk: usize,
+    share_prefix: bool,
+    pass: impl Fn(&Packed) -> Result<Tensor> + Sync,
+) -> Result<Vec<Vec<f32>>> {
     let mut order: Vec<usize> = (0..rows.len()).collect();
-    if share_prefix {
-        order.sort_by(|&a, &b| token_order(&rows[a], &rows[b]));
-    } else {
-        order.sort_by_key(|&i| row_len(&rows[i]));
-    }
+    sort_rows(rows, &mut order, share_prefix);
     // At least one chunk per core, so that the chunks run side by side.
     let k = parallel::training_shard_count(model, rows.len());
     let chunk = chunk.max(1).min(rows.len().div_ceil(k).max(1));
@@ -145,16 +157,43 @@ pub fn logprobs_no_grad_with(
         if !share_prefix {
             packed = packed.unshared();
         }
-        let (lp, _) = response_logprobs(model, &packed, temperature)?;
-        Ok(lp.detach().to_vec2::<f32>()?)
+        Ok(pass(&packed)?.detach().to_vec2::<f32>()?)
     })?;
     let mut out = vec![Vec::new(); rows.len()];
-    for (c, lp) in chunks.iter().zip(parts) {
-        for (&i, v) in c.iter().zip(lp) {
-            out[i] = v[..rows[i].response.len()].to_vec();
+    for (c, v) in chunks.iter().zip(parts) {
+        for (&i, row) in c.iter().zip(v) {
+            out[i] = row[..rows[i].response.len()].to_vec();
         }
     }
     Ok(out)
+}
+
+/// Sorts the rows `idx` before they are cut into chunks, micro-batches and shards: sharing
+/// prefixes, in token order, so that rows sharing a prefix are neighbours and meet in a piece;
+/// otherwise by length (stable: rows of equal length keep their order), so that a piece pads
+/// little.
+pub(crate) fn sort_rows(rows: &[Row], idx: &mut [usize], share_prefix: bool) {
+    if share_prefix {
+        idx.sort_by(|&a, &b| token_order(&rows[a], &rows[b]));
+    } else {
+        idx.sort_by_key(|&i| row_len(&rows[i]));
+    }
+}
+
+/// The rows `idx` (sorted by [`sort_rows`]) cut into at most `k` shards that run side by
+/// side: sharing prefixes, contiguous runs in that order (rows sharing a prefix meet in a
+/// shard, which runs it once); otherwise balanced by length ([`parallel::shards_by_len`]).
+pub(crate) fn row_shards(
+    rows: &[Row],
+    idx: &[usize],
+    k: usize,
+    share_prefix: bool,
+) -> Vec<Vec<usize>> {
+    if share_prefix {
+        parallel::shards_in_order(idx, k, |i| row_len(&rows[i]))
+    } else {
+        parallel::shards_by_len(idx, k, |i| row_len(&rows[i]))
+    }
 }
 
 /// Rows in lexicographic order of their tokens (prompt, then response): rows that share a
@@ -457,14 +496,9 @@ pub fn minibatch_gradient(
     cfg: &ActorUpdate<'_>,
 ) -> Result<Option<MiniBatchGradient>> {
     let mut mb = mb.to_vec();
-    // Sharing prefixes: rows in token order, so that rows sharing a prefix fall into one
-    // micro-batch and shard. Otherwise by length (stable: rows of equal length keep the seeded
-    // order), so that a shard pads little. The grouping does not change the gradient.
-    if cfg.share_prefix {
-        mb.sort_by(|&a, &b| token_order(&rows[a], &rows[b]));
-    } else {
-        mb.sort_by_key(|&i| row_len(&rows[i]));
-    }
+    // Micro-batches and shards of rows that share prefixes, or of similar length. The grouping
+    // does not change the gradient.
+    sort_rows(rows, &mut mb, cfg.share_prefix);
     let micro = if cfg.micro_batch == 0 {
         mb.len()
     } else {
@@ -475,13 +509,7 @@ pub fn minibatch_gradient(
     let k = parallel::training_shard_count(policy, micro);
     let micro_batches: Vec<Vec<Vec<usize>>> = mb
         .chunks(micro)
-        .map(|m| {
-            if cfg.share_prefix {
-                parallel::shards_in_order(m, k, |i| row_len(&rows[i]))
-            } else {
-                parallel::shards_by_len(m, k, |i| row_len(&rows[i]))
-            }
-        })
+        .map(|m| row_shards(rows, m, k, cfg.share_prefix))
         .collect();
     let pieces: Vec<Vec<usize>> = micro_batches.iter().flatten().cloned().collect();
     let cb_scale = minibatch_clip_bias_scale(policy, rows, &pieces, old_logp, cfg, denominators)?;

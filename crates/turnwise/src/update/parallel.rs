@@ -123,21 +123,6 @@ pub fn training_shard_count(model: &Transformer, rows: usize) -> usize {
     }
 }
 
-/// `f` on each of `k` shards of `idx` ([`shards_by_len`] with row lengths `len`),
-/// concurrently; the results in shard order.
-pub fn shard_backward<T: Send>(
-    k: usize,
-    idx: &[usize],
-    len: impl Fn(usize) -> usize,
-    f: impl Fn(&[usize]) -> Result<T> + Sync,
-) -> Result<Vec<T>> {
-    let parts = shards_by_len(idx, k, len);
-    if parts.len() <= 1 {
-        return parts.iter().map(|s| f(s)).collect();
-    }
-    parts.par_iter().map(|s| f(s)).collect()
-}
-
 /// `f` on each of `chunks`, concurrently when `k > 1` (a shard count: [`shard_count`] or
 /// [`training_shard_count`]), one at a time otherwise; the results in chunk order.
 pub fn map_chunks<C: Sync, T: Send>(

@@ -493,6 +493,18 @@ fn chunked_prefill_equals_one_shot_and_interleaves_with_decoding() {
     );
 }
 
+/// An engine that prefills in chunks of 16 tokens, holding one 100-token prompt that
+/// generates 4 greedy tokens.
+fn chunked_100_token_prompt(model: &Transformer) -> (SamplingEngine<'_>, SeqId) {
+    let config = EngineConfig {
+        prefill_chunk: 16,
+        ..EngineConfig::default()
+    };
+    let mut eng = SamplingEngine::new(model, None, config);
+    let id = eng.add_sequence(long_prompt(100), greedy(4), 3).unwrap();
+    (eng, id)
+}
+
 /// Address of the first value of a CPU tensor's storage (the same buffer has the same one).
 fn buffer_addr(t: &Tensor) -> usize {
     let (storage, _) = t.storage_and_layout();
@@ -508,12 +520,7 @@ fn a_chunked_prefill_writes_into_one_buffer_with_room_for_the_prompt_and_decodin
     // chunk allocated: a long prompt's cache is never held twice (issue 30 item 5).
     let cfg = ModelConfig::tiny_qwen2(96);
     let (_vm, model) = detached(&cfg, DType::F32, 7);
-    let config = EngineConfig {
-        prefill_chunk: 16,
-        ..EngineConfig::default()
-    };
-    let mut eng = SamplingEngine::new(&model, None, config);
-    let id = eng.add_sequence(long_prompt(100), greedy(4), 3).unwrap();
+    let (mut eng, id) = chunked_100_token_prompt(&model);
     eng.step(None).unwrap();
     let room = eng.seqs[&id]
         .room
@@ -566,12 +573,7 @@ fn a_chunked_prefill_writes_into_one_buffer_with_room_for_the_prompt_and_decodin
 fn a_sequence_removed_mid_prefill_stops_at_its_chunk() {
     let cfg = ModelConfig::tiny_qwen2(96);
     let (_vm, model) = detached(&cfg, DType::F32, 6);
-    let config = EngineConfig {
-        prefill_chunk: 16,
-        ..EngineConfig::default()
-    };
-    let mut eng = SamplingEngine::new(&model, None, config);
-    let id = eng.add_sequence(long_prompt(100), greedy(4), 3).unwrap();
+    let (mut eng, id) = chunked_100_token_prompt(&model);
     eng.step(None).unwrap();
     eng.step(None).unwrap();
     assert_eq!(eng.stats().prefill_tokens, 32);
