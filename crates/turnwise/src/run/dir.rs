@@ -173,17 +173,36 @@ fn sync_dir(path: &Path) -> RunResult<()> {
 /// Writes `bytes` to `path` through a temporary file and a rename, so that readers see either the
 /// old file or the whole new one.
 /// Writes `items` to `path`, one JSON line each, atomically.
-/// The JSON lines of `path` (blank lines skipped), each parsed as a `T`; `None` when the file
-/// does not exist. A line that does not parse is a [`RunError::BadLine`] whose message is
-/// `what` followed by serde's.
+/// `path` with `.gz` appended: where a packed run keeps a JSON-lines file gzipped (the
+/// committed runs of a study, `docs/runs.md`: "Method comparison studies").
+pub(crate) fn gzipped(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".gz");
+    PathBuf::from(name)
+}
+
+/// The JSON lines of `path` (blank lines skipped), each parsed as a `T`, read from `path` or,
+/// when only that exists, from its gzipped copy `path.gz` ([`gzipped`]); `None` when neither
+/// exists. A line that does not parse is a [`RunError::BadLine`] whose message is `what`
+/// followed by serde's.
 pub(crate) fn read_json_lines<T: DeserializeOwned>(
     path: &Path,
     what: &str,
 ) -> RunResult<Option<Vec<T>>> {
-    if !path.is_file() {
-        return Ok(None);
-    }
-    let text = fs::read_to_string(path).map_err(RunError::io("read", path))?;
+    let (path, text) = if path.is_file() {
+        let text = fs::read_to_string(path).map_err(RunError::io("read", path))?;
+        (path.to_path_buf(), text)
+    } else {
+        let gz = gzipped(path);
+        if !gz.is_file() {
+            return Ok(None);
+        }
+        let file = fs::File::open(&gz).map_err(RunError::io("open", &gz))?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(file), &mut text)
+            .map_err(RunError::io("decompress", &gz))?;
+        (gz, text)
+    };
     let mut out = Vec::new();
     for (i, line) in text
         .lines()
@@ -191,7 +210,7 @@ pub(crate) fn read_json_lines<T: DeserializeOwned>(
         .filter(|(_, l)| !l.trim().is_empty())
     {
         out.push(serde_json::from_str(line).map_err(|e| RunError::BadLine {
-            path: path.to_path_buf(),
+            path: path.clone(),
             line: i + 1,
             message: format!("{what}{e}"),
         })?);
@@ -618,9 +637,10 @@ impl RunDir {
             for entry in fs::read_dir(&dir).map_err(RunError::io("list", &dir))? {
                 let path = entry.map_err(RunError::io("list", &dir))?.path();
                 let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-                // `step-N.jsonl`, or an evaluation's `<split>-<mode>-step-N.jsonl`.
+                // `step-N.jsonl`, or an evaluation's `<split>-<mode>-step-N.jsonl` (or either gzipped).
                 let name = name.find("step-").map_or(name, |i| &name[i..]);
-                if parse_step(name, Some("jsonl")).is_some_and(|s| s > step) {
+                let at = parse_step(name, Some("jsonl")).or(parse_step(name, Some("jsonl.gz")));
+                if at.is_some_and(|s| s > step) {
                     fs::remove_file(&path).map_err(RunError::io("remove", &path))?;
                     removed += 1;
                 }
@@ -992,6 +1012,44 @@ mod tests {
         assert!(run.samples_path(2).exists());
         assert!(!run.samples_path(3).exists());
         assert!(run.samples_dir().join("notes.txt").exists());
+    }
+
+    /// A packed run (its samples and evaluations gzipped, as a study's committed runs are) reads
+    /// back exactly as the plain one: samples, the steps that have them, evaluations; a broken
+    /// gzip file is an error naming it.
+    #[test]
+    fn gzipped_samples_and_evaluations_read_as_the_plain_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = RunDir::create(tmp.path(), false).unwrap();
+        let items = |step: u64| vec![serde_json::json!({"id": format!("q{step}"), "r": 0.5})];
+        for step in 1..=2 {
+            run.write_samples(step, &items(step)).unwrap();
+        }
+        run.write_eval("test", "greedy", 2, &items(7)).unwrap();
+        let pack = |path: PathBuf| {
+            let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+            enc.write_all(&fs::read(&path).unwrap()).unwrap();
+            fs::write(gzipped(&path), enc.finish().unwrap()).unwrap();
+            fs::remove_file(&path).unwrap();
+        };
+        pack(run.samples_path(2));
+        pack(run.eval_path("test", "greedy", 2));
+        let read = |step| -> Vec<serde_json::Value> {
+            read_json_lines(&run.samples_path(step), "")
+                .unwrap()
+                .unwrap()
+        };
+        assert_eq!(read(1), items(1));
+        assert_eq!(read(2), items(2));
+        assert_eq!(run.sample_steps().unwrap(), vec![1, 2]);
+        let eval: Vec<serde_json::Value> = run.read_eval("test", "greedy", 2).unwrap().unwrap();
+        assert_eq!(eval, items(7));
+        fs::write(gzipped(&run.samples_path(2)), b"not gzip").unwrap();
+        let err = read_json_lines::<serde_json::Value>(&run.samples_path(2), "")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("step-00002.jsonl.gz"), "{err}");
+        assert_eq!(run.remove_samples_after(1).unwrap(), 2);
     }
 
     /// Evaluation files are named by split, mode and step, read back as written, and a resume

@@ -45,6 +45,7 @@ pub use catalog::{
     COMPARE_CHARTS, RunInfo, SUMMARY_KEYS, compare_charts, compare_table, find_runs, runs_table,
     write_compare_charts,
 };
+pub(crate) use dir::read_json_lines;
 pub(crate) use dir::remove_entry;
 pub(crate) use dir::write_atomic;
 pub use dir::{COMPLETE_MARKER, Checkpoint, LOCK_FILE, RunDir};

@@ -137,12 +137,13 @@ pub struct StepGroup {
 }
 
 impl RunDir {
-    /// Reads `samples/step-N.jsonl` back; `None` when the step has no samples file.
+    /// Reads `samples/step-N.jsonl` (or its gzipped copy) back; `None` when the step has no
+    /// samples file.
     pub fn read_samples(&self, step: u64) -> RunResult<Option<Vec<SampleRecord>>> {
         super::dir::read_json_lines(&self.samples_path(step), "not a sample line: ")
     }
 
-    /// The steps with a samples file, in increasing order.
+    /// The steps with a samples file (`step-N.jsonl`, or gzipped), in increasing order.
     pub fn sample_steps(&self) -> RunResult<Vec<u64>> {
         let dir = self.samples_dir();
         if !dir.is_dir() {
@@ -152,11 +153,14 @@ impl RunDir {
         for entry in std::fs::read_dir(&dir).map_err(RunError::io("list", &dir))? {
             let path = entry.map_err(RunError::io("list", &dir))?.path();
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if let Some(s) = super::dir::parse_step(name, Some("jsonl")) {
+            let step = super::dir::parse_step(name, Some("jsonl"))
+                .or(super::dir::parse_step(name, Some("jsonl.gz")));
+            if let Some(s) = step {
                 steps.push(s);
             }
         }
         steps.sort_unstable();
+        steps.dedup();
         Ok(steps)
     }
 }

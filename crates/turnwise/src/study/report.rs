@@ -402,26 +402,17 @@ const HEALTH_TURNS: usize = 4;
 /// and the second half of its RL steps.
 fn run_turn_health(dir: &Path, steps: u64) -> [[TurnHealth; HEALTH_TURNS]; 2] {
     let mut out = [[TurnHealth::default(); HEALTH_TURNS]; 2];
-    let Ok(entries) = std::fs::read_dir(dir.join("samples")) else {
+    let Ok(run) = RunDir::open(dir) else {
         return out;
     };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(step) = name
-            .strip_prefix("step-")
-            .and_then(|r| r.strip_suffix(".jsonl"))
-            .and_then(|n| n.parse::<u64>().ok())
-        else {
-            continue;
-        };
+    for step in run.sample_steps().unwrap_or_default() {
         let half = usize::from(step * 2 > steps);
-        let Ok(text) = std::fs::read_to_string(e.path()) else {
+        let path = run.samples_path(step);
+        let Ok(Some(lines)) = crate::run::read_json_lines::<serde_json::Value>(&path, "") else {
             continue;
         };
-        for line in text.lines() {
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
-                turn_health(&v, &mut out[half]);
-            }
+        for v in &lines {
+            turn_health(v, &mut out[half]);
         }
     }
     out

@@ -480,6 +480,22 @@ impl Trainer {
         })
     }
 
+    /// The training rows of warm-start demonstrations: the prompt, then the response (agent
+    /// and observation tokens) with the agent tokens in the loss.
+    pub fn demonstration_rows(&self, demos: &[crate::task::Demonstration]) -> Result<Vec<Row>> {
+        demos
+            .iter()
+            .map(|d| {
+                let e = encode_demo(&self.tokenizer, d)?;
+                let p = self.tokenizer.encode(&d.prompt)?.len();
+                let resp = e.ids[p..].to_vec();
+                let mask = e.loss_mask[p..].to_vec();
+                let turn = mask.iter().map(|&m| if m > 0 { 0 } else { -1 }).collect();
+                Ok(Row::new(e.ids[..p].to_vec(), resp, mask, turn))
+            })
+            .collect()
+    }
+
     /// The warm start of [`Trainer::warm_start`], from its beginning or, with `from`, from a
     /// warm-start checkpoint ([`Trainer::load_warm_start`]): the steps after `from`'s are the
     /// same, bit for bit, as those of a warm start that was never interrupted. `on_step` gets
@@ -504,17 +520,15 @@ impl Trainer {
         if demos.is_empty() {
             bail!("no demonstrations to warm-start on");
         }
-        let rows: Vec<Row> = demos
-            .iter()
-            .map(|d| {
-                let e = encode_demo(&self.tokenizer, d)?;
-                let p = self.tokenizer.encode(&d.prompt)?.len();
-                let resp = e.ids[p..].to_vec();
-                let mask = e.loss_mask[p..].to_vec();
-                let turn = mask.iter().map(|&m| if m > 0 { 0 } else { -1 }).collect();
-                Ok(Row::new(e.ids[..p].to_vec(), resp, mask, turn))
-            })
-            .collect::<Result<_>>()?;
+        let rows = self.demonstration_rows(&demos)?;
+        let max_positions = self.policy.config().max_position_embeddings;
+        if let Some(warning) = demonstrations_cut_off(
+            &rows,
+            self.config.rollout.max_response_tokens,
+            max_positions,
+        ) {
+            tracing::warn!("{warning}");
+        }
         let schedule = LrSchedule {
             peak_lr: c.lr,
             warmup_steps: c.warmup_steps,
@@ -527,7 +541,8 @@ impl Trainer {
             Some(st) => {
                 if let Some(&i) = st.order.iter().find(|&&i| i >= rows.len()) {
                     bail!(
-                        "the warm-start checkpoint's data order names demonstration {i}, but                          there are {} (were sft.demonstrations or the task changed?)",
+                        "the warm-start checkpoint's data order names demonstration {i}, but \
+                         there are {} (were sft.demonstrations or the task changed?)",
                         rows.len()
                     );
                 }
@@ -1060,6 +1075,34 @@ pub fn shuffle<T>(v: &mut [T], rng: &mut TurnRng) {
     }
 }
 
+/// What to tell a user whose warm-start demonstrations are longer than a rollout may grow
+/// (`None` when every one fits): a rollout stops when its response reaches
+/// `max_response_tokens − 1` tokens or its context `max_positions − 1` (the rollout's
+/// `apply_turn_with`), so a question whose demonstration is longer can be imitated in the warm
+/// start but never answered in a rollout or an evaluation (a 4-hop question of the search world
+/// with the quickstart's 400 response tokens).
+pub fn demonstrations_cut_off(
+    rows: &[Row],
+    max_response_tokens: usize,
+    max_positions: usize,
+) -> Option<String> {
+    let over = |r: &&Row| {
+        r.response.len() + 1 >= max_response_tokens
+            || r.prompt.len() + r.response.len() + 1 >= max_positions
+    };
+    let cut: Vec<&Row> = rows.iter().filter(over).collect();
+    let longest = cut.iter().map(|r| r.response.len()).max()?;
+    Some(format!(
+        "{} of {} warm-start demonstrations ({:.1} %) are longer than a rollout may grow \
+         (rollout.max_response_tokens = {max_response_tokens}, model.max_position_embeddings = \
+         {max_positions}; the longest response is {longest} tokens): a rollout stops before \
+         their answer, so the policy cannot answer those questions; raise both limits",
+        cut.len(),
+        rows.len(),
+        100.0 * cut.len() as f64 / rows.len() as f64,
+    ))
+}
+
 /// Reads demonstrations from a JSON-lines file (`{"prompt", "segments": [[text, is_agent]]}`).
 pub fn read_demonstrations(path: &Path) -> Result<Vec<crate::task::Demonstration>> {
     let file = std::fs::File::open(path)
@@ -1081,4 +1124,69 @@ pub fn read_demonstrations(path: &Path) -> Result<Vec<crate::task::Demonstration
 /// Mean of a tensor (helper for metrics).
 pub fn tensor_mean(t: &Tensor) -> Result<f64> {
     Ok(f64::from(t.mean_all()?.to_scalar::<f32>()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The search world's 4-hop demonstrations do not fit the quickstart's rollout limits (400
+    /// response tokens, 512 positions), and the warm start says so; with room for them (640 and
+    /// 768), and in a world of 1- and 2-hop questions, it says nothing.
+    #[test]
+    fn demonstrations_longer_than_a_rollout_are_named() {
+        let trainer = |hops: &str, limits: [&str; 2]| {
+            let mut sets: Vec<String> = [
+                "task.world.countries=6",
+                "task.world.cities=12",
+                "task.world.companies=8",
+                "task.world.persons=30",
+                "task.world.distractors=20",
+                "task.world.questions.train=60",
+                "task.world.questions.validation=4",
+                "task.world.questions.test=4",
+                "model.hidden_size=16",
+                "model.num_layers=1",
+                "model.num_heads=2",
+                "model.num_kv_heads=1",
+                "model.intermediate_size=32",
+                "task.max_turns=5",
+            ]
+            .map(String::from)
+            .to_vec();
+            sets.push(format!("task.world.questions.hop_weights={hops}"));
+            sets.extend(limits.map(String::from));
+            Trainer::new(TrainConfig::resolve(Some("grpo"), None, &sets).unwrap()).unwrap()
+        };
+        let check = |t: &Trainer| {
+            let demos = t.task.demonstrations(Split::Train, 0.0, 0).unwrap();
+            let rows = t.demonstration_rows(&demos).unwrap();
+            let c = &t.config;
+            let positions = c.model.max_position_embeddings;
+            (
+                rows.len(),
+                demonstrations_cut_off(&rows, c.rollout.max_response_tokens, positions),
+            )
+        };
+        let tight = [
+            "rollout.max_response_tokens=400",
+            "model.max_position_embeddings=512",
+        ];
+        let room = [
+            "rollout.max_response_tokens=640",
+            "model.max_position_embeddings=768",
+        ];
+        let (n, warning) = check(&trainer("[0.0, 0.0, 0.0, 1.0]", tight));
+        let warning = warning.expect("4-hop demonstrations exceed 400 response tokens");
+        assert!(
+            warning.contains(&format!(" of {n} warm-start demonstrations")),
+            "{warning}"
+        );
+        assert!(
+            warning.contains("rollout.max_response_tokens = 400"),
+            "{warning}"
+        );
+        assert_eq!(check(&trainer("[0.0, 0.0, 0.0, 1.0]", room)).1, None);
+        assert_eq!(check(&trainer("[0.5, 0.5, 0.0, 0.0]", tight)).1, None);
+    }
 }
