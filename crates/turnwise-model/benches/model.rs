@@ -24,7 +24,8 @@
 //! figures are measured with `benches/model_torch.py` in the same run and the table shows the
 //! ratio turnwise / PyTorch. `TURNWISE_BENCH_QUICK=1` shortens everything;
 //! `TURNWISE_BENCH_FILTER="A train"` (or `"B sample 64"`, `"SmolLM2 sample 8"`, ...) runs one
-//! turnwise cell only (no PyTorch), `"ops"` the tables of fused ops and sampling kernels only,
+//! turnwise cell only (no PyTorch), `"ops"` the tables of fused ops and sampling kernels only
+//! (with the optimizer step's, also alone as `"optimizer"`),
 //! `"attention"` and `"prefill"` the tables below;
 //! `TURNWISE_BENCH_NEW_TOKENS=448` samples longer completions (default 64; the PyTorch
 //! comparison is then skipped).
@@ -370,6 +371,90 @@ fn time_it(reps: usize, mut f: impl FnMut()) -> f64 {
             })
             .collect(),
     )
+}
+
+/// The optimizer step of a full fine-tune of size C (SmolLM2-135M's shape with random weights
+/// and gradients, in f32): the gradient's global norm and clip, then AdamW, fused (what the
+/// trainer runs: one pass over each parameter's memory) against candle's composed tensor ops (a
+/// pass and an allocation per op), median of `reps` after a warm-up step.
+fn optimizer_table(reps: usize) {
+    use candle_core::Var;
+    let dev = Device::Cpu;
+    let cfg = SIZE_C.config();
+    let vm = init_varmap(&cfg, DType::F32, &dev, 0).expect("weights");
+    let vars = sorted_vars(&vm);
+    // Gradients of a loss linear in every weight: a random tensor per weight, no model pass.
+    let mut loss = Tensor::new(0f32, &dev).expect("zero");
+    for (_, v) in &vars {
+        let r = Tensor::randn(0f32, 1e-3, v.shape(), &dev).expect("randn");
+        let term = (v.as_tensor() * r).and_then(|x| x.sum_all()).expect("term");
+        loss = (loss + term).expect("sum");
+    }
+    let store = loss.backward().expect("backward");
+    let composed_norm = |g: &Gradients| -> f64 {
+        let sq: f64 = g
+            .iter()
+            .map(|(_, t)| {
+                t.to_dtype(DType::F64)
+                    .and_then(|t| t.sqr())
+                    .and_then(|t| t.sum_all())
+                    .and_then(|t| t.to_scalar::<f64>())
+                    .expect("norm")
+            })
+            .sum();
+        sq.sqrt()
+    };
+    let time = |composed: bool| -> (f64, f64) {
+        let fresh: Vec<(String, Var)> = vars
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.clone(),
+                    Var::from_tensor(&v.as_tensor().copy().expect("copy")).expect("var"),
+                )
+            })
+            .collect();
+        let mut opt = AdamW::new(fresh, AdamWConfig::default()).expect("adamw");
+        if composed {
+            opt = opt.with_composed_update();
+        }
+        let (mut clip, mut step) = (Vec::new(), Vec::new());
+        for rep in 0..=reps {
+            let mut g = Gradients::from_grad_store(&store, &vars);
+            let t0 = Instant::now();
+            let norm = if composed {
+                composed_norm(&g)
+            } else {
+                g.global_norm().expect("norm")
+            };
+            g.scale(0.5 / (norm + 1e-6)).expect("scale");
+            let t1 = Instant::now();
+            opt.step(&g, 1e-4).expect("step");
+            if rep > 0 {
+                clip.push((t1 - t0).as_secs_f64());
+                step.push(t1.elapsed().as_secs_f64());
+            }
+        }
+        (common::median(clip), common::median(step))
+    };
+    let ((fc, fs), (cc, cs)) = (time(false), time(true));
+    println!(
+        "\n| optimizer step, size C ({:.1} M f32 parameters) | fused ms | composed ms | speed-up |",
+        cfg.num_parameters() as f64 / 1e6
+    );
+    println!("|---|---:|---:|---:|");
+    for (name, f, c) in [
+        ("global norm and clip", fc, cc),
+        ("AdamW", fs, cs),
+        ("both", fc + fs, cc + cs),
+    ] {
+        println!(
+            "| {name} | {:.0} | {:.0} | {:.2}× |",
+            f * 1e3,
+            c * 1e3,
+            c / f
+        );
+    }
 }
 
 /// Forward + backward time of each fused op against the candle-op composition it replaces, on
@@ -1021,7 +1106,12 @@ fn main() {
         prefill_table(quick, smol_path.as_ref());
         return;
     }
+    if filter.as_deref() == Some("optimizer") {
+        optimizer_table(if quick { 2 } else { 5 });
+        return;
+    }
     if filter.as_deref() == Some("ops") {
+        optimizer_table(if quick { 2 } else { 5 });
         op_table(if quick { 3 } else { 7 });
         infer_table(if quick { 3 } else { 7 });
         return;
@@ -1030,6 +1120,7 @@ fn main() {
         return;
     }
     if on_cpu {
+        optimizer_table(if quick { 2 } else { 5 });
         op_table(if quick { 3 } else { 7 });
         infer_table(if quick { 3 } else { 7 });
         attention_table(attention_reps, attention_torch().as_ref());

@@ -56,17 +56,17 @@ impl Gradients {
         Ok(())
     }
 
-    /// The global L2 norm over all gradients (accumulated in f64).
+    /// The global L2 norm over all gradients (accumulated in f64): each gradient's sum of
+    /// squares in element order, the gradients' sums in name order. The gradients are summed
+    /// side by side on rayon's threads, each with [`sum_of_squares`].
     pub fn global_norm(&self) -> Result<f64> {
-        let mut sq = 0.0f64;
-        for g in self.grads.values() {
-            sq += g
-                .to_dtype(DType::F64)?
-                .sqr()?
-                .sum_all()?
-                .to_scalar::<f64>()?;
-        }
-        Ok(sq.sqrt())
+        use rayon::prelude::*;
+        let grads: Vec<&Tensor> = self.grads.values().collect();
+        let sums = grads
+            .par_iter()
+            .map(|g| sum_of_squares(g))
+            .collect::<Result<Vec<f64>>>()?;
+        Ok(sums.into_iter().fold(0.0f64, |sq, s| sq + s).sqrt())
     }
 
     /// Clips the global norm to `max_norm` (scaling all gradients by `max_norm / norm` when the
@@ -79,6 +79,36 @@ impl Gradients {
         }
         Ok(norm)
     }
+}
+
+/// `Σ x²` over the elements of `t`, in `f64`, summed in element order: the same bits as
+/// `t.to_dtype(F64)?.sqr()?.sum_all()?` (candle sums a contiguous `f64` tensor in order), read
+/// straight from a contiguous CPU `f32`/`f64` tensor instead of through two `f64` copies of it.
+pub fn sum_of_squares(t: &Tensor) -> Result<f64> {
+    fn ordered<T: Copy>(xs: &[T], f64_of: impl Fn(T) -> f64) -> f64 {
+        let mut sum = 0.0f64;
+        for &x in xs {
+            let x = f64_of(x);
+            sum += x * x;
+        }
+        sum
+    }
+    if t.device().is_cpu() {
+        let (storage, layout) = t.storage_and_layout();
+        if let (candle_core::Storage::Cpu(cpu), Some((a, b))) =
+            (&*storage, layout.contiguous_offsets())
+        {
+            match t.dtype() {
+                DType::F32 => return Ok(ordered(&cpu.as_slice::<f32>()?[a..b], f64::from)),
+                DType::F64 => return Ok(ordered(&cpu.as_slice::<f64>()?[a..b], |x| x)),
+                _ => {}
+            }
+        }
+    }
+    Ok(t.to_dtype(DType::F64)?
+        .sqr()?
+        .sum_all()?
+        .to_scalar::<f64>()?)
 }
 
 /// Sums scaled gradients over micro-batches: `Σ scale_i · ∇loss_i`.

@@ -356,3 +356,106 @@ fn an_update_that_overflows_is_refused_and_not_written() {
     opt.step(&g, 1e-3).unwrap();
     assert!(w.as_tensor().to_vec1::<f32>().unwrap()[0] < 1.0);
 }
+
+/// The fused CPU update writes exactly (bit for bit) what the composed tensor ops write, over
+/// three steps of the tiny model's real gradients plus a parameter longer than several of the
+/// fused update's chunks, in `f32` and `f64`, with and without decay on vectors.
+#[test]
+fn the_fused_update_equals_the_composed_ops_bit_for_bit() {
+    for dtype in [DType::F32, DType::F64] {
+        for decay_vectors in [false, true] {
+            let cfg = ModelConfig::tiny_qwen2(96);
+            let dev = Device::Cpu;
+            let run = |composed: bool| -> Vec<Vec<f64>> {
+                let vm = init_varmap(&cfg, dtype, &dev, 0).unwrap();
+                let model = Transformer::from_varmap(&cfg, &vm).unwrap();
+                let mut vars = sorted_vars(&vm);
+                let long = Tensor::arange(0u32, 100_003, &dev)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap()
+                    .affine(1e-5, -0.5)
+                    .unwrap();
+                let long = candle_core::Var::from_tensor(&long).unwrap();
+                vars.push(("long".into(), long.clone()));
+                let opt_cfg = AdamWConfig {
+                    decay_vectors,
+                    ..AdamWConfig::default()
+                };
+                let mut opt = AdamW::new(vars.clone(), opt_cfg).unwrap();
+                if composed {
+                    opt = opt.with_composed_update();
+                }
+                for step in 0..3 {
+                    let loss = (nll(&model, &SEQ).to_dtype(dtype).unwrap()
+                        + long.as_tensor().sqr().unwrap().sum_all().unwrap())
+                    .unwrap();
+                    let mut g = Gradients::from_grad_store(&loss.backward().unwrap(), &vars);
+                    g.clip_global_norm(1.0).unwrap();
+                    opt.step(&g, 1e-2 * (step + 1) as f64).unwrap();
+                }
+                let mut out: Vec<Vec<f64>> =
+                    vars.iter().map(|(_, v)| flat(v.as_tensor())).collect();
+                for (_, t) in sorted(opt.state_tensors()) {
+                    out.push(flat(&t));
+                }
+                out
+            };
+            let (fused, composed) = (run(false), run(true));
+            assert_eq!(fused.len(), composed.len());
+            for (i, (a, b)) in fused.iter().zip(&composed).enumerate() {
+                let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(
+                    same,
+                    "{dtype:?}, decay_vectors {decay_vectors}: tensor {i} differs"
+                );
+            }
+        }
+    }
+}
+
+fn flat(t: &Tensor) -> Vec<f64> {
+    t.flatten_all()
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap()
+}
+
+fn sorted(m: std::collections::HashMap<String, Tensor>) -> Vec<(String, Tensor)> {
+    let mut v: Vec<_> = m.into_iter().collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// The global norm read straight from the gradients' memory has the bits of the composed
+/// `to_dtype(F64).sqr().sum_all()` per gradient, in `f32` and `f64`, contiguous or not.
+#[test]
+fn the_sum_of_squares_equals_the_composed_ops_bit_for_bit() {
+    let dev = Device::Cpu;
+    for dtype in [DType::F32, DType::F64] {
+        let t = Tensor::randn(0f32, 3.0, (301, 257), &dev)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        for x in [t.clone(), t.t().unwrap(), t.narrow(0, 5, 100).unwrap()] {
+            let composed = x
+                .to_dtype(DType::F64)
+                .unwrap()
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap();
+            let direct = grads::sum_of_squares(&x).unwrap();
+            assert_eq!(
+                direct.to_bits(),
+                composed.to_bits(),
+                "{dtype:?} {:?}",
+                x.layout()
+            );
+        }
+    }
+}
