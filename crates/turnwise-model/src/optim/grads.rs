@@ -128,7 +128,10 @@ impl GradAccumulator {
         Self::default()
     }
 
-    /// Adds `scale ×` the gradients of `vars` found in `store`.
+    /// Adds `scale ×` the gradients of `vars` found in `store`. At `scale = 1` (every call the
+    /// trainer makes) the store's gradients are kept as they are instead of copied through
+    /// `affine(1, 0)`, a parameter-sized copy per micro-batch; the copy could only turn a `-0`
+    /// into `+0`, which no later sum, norm or update tells apart.
     pub fn add(&mut self, store: &GradStore, vars: &[(String, Var)], scale: f64) -> Result<()> {
         for (name, var) in vars {
             let Some(g) = store.get(var.as_tensor()) else {
@@ -136,8 +139,12 @@ impl GradAccumulator {
             };
             let g = g
                 .detach()
-                .to_dtype(crate::optim::adamw::state_dtype(g.dtype()))?
-                .affine(scale, 0.0)?;
+                .to_dtype(crate::optim::adamw::state_dtype(g.dtype()))?;
+            let g = if scale == 1.0 {
+                g
+            } else {
+                g.affine(scale, 0.0)?
+            };
             let entry = match self.sum.grads.remove(name) {
                 Some(prev) => (prev + g)?,
                 None => g,
