@@ -319,41 +319,29 @@ mod fused {
         fn elements(s: &mut CpuStorage) -> Option<&mut Vec<Self>>;
     }
 
-    impl Float for f32 {
-        fn sqrt(self) -> Self {
-            f32::sqrt(self)
-        }
-        fn finite(self) -> bool {
-            self.is_finite()
-        }
-        fn scratch(s: &mut Scratch) -> &mut Vec<Self> {
-            &mut s.f32
-        }
-        fn elements(s: &mut CpuStorage) -> Option<&mut Vec<Self>> {
-            match s {
-                CpuStorage::F32(v) => Some(v),
-                _ => None,
+    macro_rules! float {
+        ($t:ident, $variant:ident) => {
+            impl Float for $t {
+                fn sqrt(self) -> Self {
+                    $t::sqrt(self)
+                }
+                fn finite(self) -> bool {
+                    self.is_finite()
+                }
+                fn scratch(s: &mut Scratch) -> &mut Vec<Self> {
+                    &mut s.$t
+                }
+                fn elements(s: &mut CpuStorage) -> Option<&mut Vec<Self>> {
+                    match s {
+                        CpuStorage::$variant(v) => Some(v),
+                        _ => None,
+                    }
+                }
             }
-        }
+        };
     }
-
-    impl Float for f64 {
-        fn sqrt(self) -> Self {
-            f64::sqrt(self)
-        }
-        fn finite(self) -> bool {
-            self.is_finite()
-        }
-        fn scratch(s: &mut Scratch) -> &mut Vec<Self> {
-            &mut s.f64
-        }
-        fn elements(s: &mut CpuStorage) -> Option<&mut Vec<Self>> {
-            match s {
-                CpuStorage::F64(v) => Some(v),
-                _ => None,
-            }
-        }
-    }
+    float!(f32, F32);
+    float!(f64, F64);
 
     /// What [`update`] did.
     pub(super) enum Outcome {
@@ -562,7 +550,14 @@ mod fused {
             .map(|(ci, ((po, mo), vo))| {
                 let at = ci * CHUNK;
                 let (p, g) = (&p[at..at + po.len()], &g[at..at + po.len()]);
-                let finite = chunk_dispatch(isa, p, g, mo, vo, po, &s);
+                let x = Slices {
+                    p,
+                    g,
+                    m: mo,
+                    v: vo,
+                    out: &mut *po,
+                };
+                let finite = chunk_dispatch(isa, x, &s);
                 if finite {
                     return None;
                 }
@@ -583,63 +578,49 @@ mod fused {
         keep: Option<T>,
     }
 
+    /// One chunk's slices: the parameter and gradient read, the moments and the new parameter
+    /// written (all as long as `out`).
+    struct Slices<'a, T> {
+        p: &'a [T],
+        g: &'a [T],
+        m: &'a mut [T],
+        v: &'a mut [T],
+        out: &'a mut [T],
+    }
+
     /// [`chunk`] compiled for the widest vector set the CPU has (the arithmetic is the same
     /// IEEE operations in every set, so the bits are too).
     fn chunk_dispatch<T: Float>(
         isa: crate::model::ops::infer::KernelIsa,
-        p: &[T],
-        g: &[T],
-        m: &mut [T],
-        v: &mut [T],
-        out: &mut [T],
+        x: Slices<'_, T>,
         s: &Scalars<T>,
     ) -> bool {
         use crate::model::ops::infer::KernelIsa;
         #[cfg(target_arch = "x86_64")]
         {
             #[target_feature(enable = "avx512f")]
-            fn avx512<T: Float>(
-                p: &[T],
-                g: &[T],
-                m: &mut [T],
-                v: &mut [T],
-                out: &mut [T],
-                s: &Scalars<T>,
-            ) -> bool {
-                chunk(p, g, m, v, out, s)
+            fn avx512<T: Float>(x: Slices<'_, T>, s: &Scalars<T>) -> bool {
+                chunk(x, s)
             }
             #[target_feature(enable = "avx2")]
-            fn avx2<T: Float>(
-                p: &[T],
-                g: &[T],
-                m: &mut [T],
-                v: &mut [T],
-                out: &mut [T],
-                s: &Scalars<T>,
-            ) -> bool {
-                chunk(p, g, m, v, out, s)
+            fn avx2<T: Float>(x: Slices<'_, T>, s: &Scalars<T>) -> bool {
+                chunk(x, s)
             }
             match isa {
                 // SAFETY: `kernel_isa` names a set only when the CPU has it.
-                KernelIsa::Avx512 => return unsafe { avx512(p, g, m, v, out, s) },
-                KernelIsa::Avx2 => return unsafe { avx2(p, g, m, v, out, s) },
+                KernelIsa::Avx512 => return unsafe { avx512(x, s) },
+                KernelIsa::Avx2 => return unsafe { avx2(x, s) },
                 KernelIsa::Portable => {}
             }
         }
         let _ = isa;
-        chunk(p, g, m, v, out, s)
+        chunk(x, s)
     }
 
     /// One chunk of the update; whether every new parameter element is finite.
     #[inline(always)]
-    fn chunk<T: Float>(
-        p: &[T],
-        g: &[T],
-        m: &mut [T],
-        v: &mut [T],
-        out: &mut [T],
-        s: &Scalars<T>,
-    ) -> bool {
+    fn chunk<T: Float>(x: Slices<'_, T>, s: &Scalars<T>) -> bool {
+        let Slices { p, g, m, v, out } = x;
         let n = out.len();
         let (p, g, m, v) = (&p[..n], &g[..n], &mut m[..n], &mut v[..n]);
         let zero = T::zero();
@@ -695,7 +676,14 @@ mod fused {
                         keep: Some(T::from_f64(0.99)),
                     };
                     let (mut m, mut v, mut out) = (m0.clone(), v0.clone(), vec![T::zero(); n]);
-                    let finite = chunk_dispatch(isa, &p, &g, &mut m, &mut v, &mut out, &s);
+                    let x = Slices {
+                        p: &p,
+                        g: &g,
+                        m: &mut m,
+                        v: &mut v,
+                        out: &mut out,
+                    };
+                    let finite = chunk_dispatch(isa, x, &s);
                     let bits =
                         |xs: &[T]| xs.iter().map(|x| x.to_f64().to_bits()).collect::<Vec<_>>();
                     (finite, bits(&out), bits(&m), bits(&v))
