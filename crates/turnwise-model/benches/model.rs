@@ -297,6 +297,11 @@ fn train_tok_s(m: &BenchModel, steps: usize) -> f64 {
     let vm = m.varmap();
     let model = Transformer::from_varmap(cfg, &vm).expect("model");
     let mut opt = AdamW::new(sorted_vars(&vm), AdamWConfig::default()).expect("adamw");
+    // `TURNWISE_BENCH_COMPOSED_OPTIMIZER=1`: AdamW through candle's composed ops (the update
+    // before the fused one), to measure what the fused update saves in a whole step.
+    if std::env::var("TURNWISE_BENCH_COMPOSED_OPTIMIZER").is_ok_and(|v| v == "1") {
+        opt = opt.with_composed_update();
+    }
     let n = batch * (len + 1);
     let toks: Vec<u32> = (0..n)
         .map(|i| ((i * 7919 + 13) % cfg.vocab_size) as u32)
