@@ -676,3 +676,29 @@ fn the_shipped_paper_claims_study_resolves_and_validates() {
         assert_eq!(p[ws]["environment"], env);
     }
 }
+
+/// The shipped world pilot resolves and validates: three worlds, each its own warm start,
+/// baseline and panel (three different question sets, so no claim pairs across worlds).
+#[test]
+fn the_shipped_world_pilot_resolves_and_validates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../studies/world-pilot.toml");
+    let plan = ok(&turnwise(
+        &["study", "plan", file.to_str().unwrap(), "--out", "s"],
+        tmp.path(),
+    ));
+    let commands: Vec<&str> = plan.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(commands.len(), 3 + 6 * 2, "{plan}");
+    let panels: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tmp.path().join("s/panel.json")).unwrap())
+            .unwrap();
+    let p = &panels["panels"];
+    let prints: std::collections::BTreeSet<String> = ["w12", "w14", "w24"]
+        .iter()
+        .map(|w| {
+            assert_eq!(p[w]["questions"].as_array().unwrap().len(), 400, "{w}");
+            p[w]["fingerprint"].to_string()
+        })
+        .collect();
+    assert_eq!(prints.len(), 3, "{panels}");
+}
