@@ -645,23 +645,30 @@ fn malformed_study_files_are_refused_naming_the_key() {
     );
 }
 
-#[test]
-fn the_shipped_paper_claims_study_resolves_and_validates() {
+/// `study plan` of the shipped study file `studies/NAME` (which validates it): the plan and the
+/// panels it wrote.
+fn plan_shipped(name: &str) -> (String, serde_json::Value) {
     let tmp = tempfile::tempdir().unwrap();
-    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../studies/paper-claims.toml");
+    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../studies")
+        .join(name);
     let plan = ok(&turnwise(
         &["study", "plan", file.to_str().unwrap(), "--out", "s"],
         tmp.path(),
     ));
+    let panels = std::fs::read_to_string(tmp.path().join("s/panel.json")).unwrap();
+    (plan, serde_json::from_str(&panels).unwrap())
+}
+
+#[test]
+fn the_shipped_paper_claims_study_resolves_and_validates() {
+    let (plan, panels) = plan_shipped("paper-claims.toml");
     let commands: Vec<&str> = plan.lines().filter(|l| !l.starts_with('#')).collect();
     let warm = commands
         .iter()
         .filter(|l| l.contains("--run warm/"))
         .count();
     assert_eq!((warm, commands.len()), (6, 6 + 19 * 3), "{plan}");
-    let panels: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(tmp.path().join("s/panel.json")).unwrap())
-            .unwrap();
     // The three search-world warm starts ask the same 800 questions, so their arms pair.
     let p = &panels["panels"];
     assert_eq!(p["boxed"]["questions"].as_array().unwrap().len(), 800);
@@ -681,17 +688,9 @@ fn the_shipped_paper_claims_study_resolves_and_validates() {
 /// baseline and panel (three different question sets, so no claim pairs across worlds).
 #[test]
 fn the_shipped_world_pilot_resolves_and_validates() {
-    let tmp = tempfile::tempdir().unwrap();
-    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../studies/world-pilot.toml");
-    let plan = ok(&turnwise(
-        &["study", "plan", file.to_str().unwrap(), "--out", "s"],
-        tmp.path(),
-    ));
+    let (plan, panels) = plan_shipped("world-pilot.toml");
     let commands: Vec<&str> = plan.lines().filter(|l| !l.starts_with('#')).collect();
     assert_eq!(commands.len(), 3 + 6 * 2, "{plan}");
-    let panels: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(tmp.path().join("s/panel.json")).unwrap())
-            .unwrap();
     let p = &panels["panels"];
     let prints: std::collections::BTreeSet<String> = ["w12", "w14", "w24"]
         .iter()

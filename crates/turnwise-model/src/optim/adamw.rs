@@ -292,7 +292,7 @@ impl AdamW {
 /// every element is finite. Nothing is allocated: fresh pages cost the kernel's zeroing, which
 /// made a fused update that allocated its outputs slower than the composed ops. The threads of
 /// rayon's pool split the elements.
-mod fused {
+pub(crate) mod fused {
     use std::cell::Cell;
 
     use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Storage, Tensor, WithDType};
@@ -385,8 +385,9 @@ mod fused {
         (0..at.len()).any(|i| (i + 1..at.len()).any(|j| std::ptr::eq(at[i], at[j])))
     }
 
-    /// The contiguous elements of a CPU tensor of `T`.
-    fn slice<'a, T: WithDType>(s: &'a Storage, l: &Layout) -> Option<&'a [T]> {
+    /// The contiguous elements of a CPU tensor of `T` (`None`: another device or dtype, or not
+    /// contiguous).
+    pub(crate) fn slice<'a, T: WithDType>(s: &'a Storage, l: &Layout) -> Option<&'a [T]> {
         let Storage::Cpu(cpu) = s else {
             return None;
         };

@@ -93,17 +93,16 @@ pub fn sum_of_squares(t: &Tensor) -> Result<f64> {
         }
         sum
     }
-    if t.device().is_cpu() {
-        let (storage, layout) = t.storage_and_layout();
-        if let (candle_core::Storage::Cpu(cpu), Some((a, b))) =
-            (&*storage, layout.contiguous_offsets())
-        {
-            match t.dtype() {
-                DType::F32 => return Ok(ordered(&cpu.as_slice::<f32>()?[a..b], f64::from)),
-                DType::F64 => return Ok(ordered(&cpu.as_slice::<f64>()?[a..b], |x| x)),
-                _ => {}
-            }
-        }
+    use crate::optim::adamw::fused::slice;
+    let (storage, layout) = t.storage_and_layout();
+    let sum = match t.dtype() {
+        DType::F32 => slice::<f32>(&storage, layout).map(|xs| ordered(xs, f64::from)),
+        DType::F64 => slice::<f64>(&storage, layout).map(|xs| ordered(xs, |x| x)),
+        _ => None,
+    };
+    drop(storage);
+    if let Some(sum) = sum {
+        return Ok(sum);
     }
     Ok(t.to_dtype(DType::F64)?
         .sqr()?

@@ -156,6 +156,11 @@ pub(super) fn parse_step(name: &str, ext: Option<&str>) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// The step of a JSON-lines file name `step-N.jsonl` or its packed `step-N.jsonl.gz`.
+pub(super) fn parse_jsonl_step(name: &str) -> Option<u64> {
+    parse_step(name, Some("jsonl")).or_else(|| parse_step(name, Some("jsonl.gz")))
+}
+
 /// Flushes a directory entry (a rename or a new file) to disk; a no-op where directories cannot
 /// be opened (Windows).
 fn sync_dir(path: &Path) -> RunResult<()> {
@@ -639,8 +644,7 @@ impl RunDir {
                 let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
                 // `step-N.jsonl`, or an evaluation's `<split>-<mode>-step-N.jsonl` (or either gzipped).
                 let name = name.find("step-").map_or(name, |i| &name[i..]);
-                let at = parse_step(name, Some("jsonl")).or(parse_step(name, Some("jsonl.gz")));
-                if at.is_some_and(|s| s > step) {
+                if parse_jsonl_step(name).is_some_and(|s| s > step) {
                     fs::remove_file(&path).map_err(RunError::io("remove", &path))?;
                     removed += 1;
                 }

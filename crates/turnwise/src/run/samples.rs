@@ -153,9 +153,7 @@ impl RunDir {
         for entry in std::fs::read_dir(&dir).map_err(RunError::io("list", &dir))? {
             let path = entry.map_err(RunError::io("list", &dir))?.path();
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            let step = super::dir::parse_step(name, Some("jsonl"))
-                .or(super::dir::parse_step(name, Some("jsonl.gz")));
-            if let Some(s) = step {
+            if let Some(s) = super::dir::parse_jsonl_step(name) {
                 steps.push(s);
             }
         }

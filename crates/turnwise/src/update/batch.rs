@@ -619,6 +619,23 @@ mod tests {
         ]
     }
 
+    /// The tiny model of the shared-pass tests (weights large enough for differences to show).
+    fn sharing_config() -> turnwise_model::ModelConfig {
+        let mut cfg = turnwise_model::ModelConfig::tiny_qwen2(64);
+        cfg.initializer_range = 0.2;
+        cfg
+    }
+
+    /// [`sharing_rows`] packed with their two prefix groups shared, and padded without sharing.
+    fn shared_and_padded() -> (Packed, Packed) {
+        let rows = sharing_rows();
+        let refs: Vec<&Row> = rows.iter().collect();
+        let shared = pack(&refs, &Device::Cpu).unwrap();
+        assert_eq!(shared.groups.len(), 2);
+        let whole = pack(&refs, &Device::Cpu).unwrap().unshared();
+        (shared, whole)
+    }
+
     /// Largest absolute difference of `a` and `b` (f32) where `mask` is 1.
     fn masked_diff(a: &Tensor, b: &Tensor, mask: &Tensor) -> f32 {
         ((a - b).unwrap() * mask)
@@ -673,15 +690,10 @@ mod tests {
     fn shared_critic_values_equal_the_padded_pass() {
         use candle_core::DType;
         use turnwise_model::model::critic::init_critic_varmap;
-        let mut cfg = turnwise_model::ModelConfig::tiny_qwen2(64);
-        cfg.initializer_range = 0.2;
+        let cfg = sharing_config();
         let vm = init_critic_varmap(&cfg, DType::F64, &Device::Cpu, 5).unwrap();
         let critic = Critic::from_varmap(&cfg, &vm).unwrap();
-        let rows = sharing_rows();
-        let refs: Vec<&Row> = rows.iter().collect();
-        let shared = pack(&refs, &Device::Cpu).unwrap();
-        assert_eq!(shared.groups.len(), 2);
-        let whole = pack(&refs, &Device::Cpu).unwrap().unshared();
+        let (shared, whole) = shared_and_padded();
         let v = response_values(&critic, &shared).unwrap();
         let v0 = response_values(&critic, &whole).unwrap();
         let d = masked_diff(&v, &v0, &shared.loss_mask);
@@ -699,17 +711,12 @@ mod tests {
     fn shared_pass_equals_the_padded_pass() {
         use candle_core::DType;
         use turnwise_model::model::weights::init_varmap;
-        let mut cfg = turnwise_model::ModelConfig::tiny_qwen2(64);
-        cfg.initializer_range = 0.2;
+        let cfg = sharing_config();
         let vm = init_varmap(&cfg, DType::F64, &Device::Cpu, 4).unwrap();
         let model = Transformer::from_varmap(&cfg, &vm).unwrap();
-        let rows = sharing_rows();
-        let refs: Vec<&Row> = rows.iter().collect();
-        let shared = pack(&refs, &Device::Cpu).unwrap();
-        assert_eq!(shared.groups.len(), 2);
+        let (shared, whole) = shared_and_padded();
         // p: 3 rows share its 12 tokens; q: 2 rows share its 9 and their first response token.
         assert_eq!(shared.shared_tokens(), 2 * 12 + 10);
-        let whole = pack(&refs, &Device::Cpu).unwrap().unshared();
         let (lp, ent) = response_logprobs(&model, &shared, 0.8).unwrap();
         let (lp0, ent0) = response_logprobs(&model, &whole, 0.8).unwrap();
         let w = masked_weights(&shared.loss_mask);
