@@ -73,7 +73,7 @@ impl Linear {
             Some(ys) => ys,
             None => weights
                 .iter()
-                .map(|w| ops::frozen::linear(&x, w))
+                .map(|w| ops::linear::linear(&x, w))
                 .collect::<candle_core::Result<Vec<_>>>()?,
         };
         layers
@@ -194,7 +194,7 @@ impl Mlp {
         let [g, u]: [Tensor; 2] = Linear::forward_many(&[&self.gate, &self.up], x)?
             .try_into()
             .expect("two projections");
-        let h = (g.silu()? * u)?;
+        let h = ops::swiglu(&g, &u)?;
         self.down.forward(&h)
     }
 }

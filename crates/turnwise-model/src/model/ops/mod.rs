@@ -16,11 +16,13 @@
 //! - [`head_logprobs_entropy()`](head::head_logprobs_entropy): the same from the final hidden
 //!   states and the output projection, in chunks of the vocabulary, never materialising the
 //!   logits (the fused output head);
+//! - [`swiglu()`](swiglu::swiglu): the Llama MLP's gate `silu(g) ∘ u`;
 //! - [`attention()`](attention::attention): causal softmax attention with a key mask, in
 //!   flash-attention tiles, never materialising the `T × T` scores (forward and backward).
 //!
-//! [`frozen`] holds `x Wᵀ` for a frozen weight (the backward computes the input's gradient
-//! only), which LoRA training runs on.
+//! [`linear`] holds `x Wᵀ` with the backward a trainer needs: a trained weight's gradient
+//! written in the weight's own layout (no transpose-copy), and for a frozen weight (LoRA
+//! training) the input's gradient only.
 //!
 //! [`infer`] holds a forward-only kernel for sampling on detached weights (`x Wᵀ` for a few
 //! rows without packing the weight), used only when nothing records a graph.
@@ -38,13 +40,14 @@
 //! against the fused kernels.
 
 pub mod attention;
-pub mod frozen;
 pub mod head;
 pub mod infer;
+pub mod linear;
 pub mod logprob;
 pub mod rms_norm;
 pub mod rope;
 pub mod softmax;
+pub mod swiglu;
 
 #[cfg(test)]
 mod tests;
@@ -61,6 +64,7 @@ pub use logprob::token_logprobs_entropy;
 pub use rms_norm::rms_norm;
 pub use rope::rope;
 pub use softmax::{masked_softmax_last_dim, softmax_last_dim};
+pub use swiglu::swiglu;
 
 thread_local! {
     static FORCE_COMPOSED: Cell<bool> = const { Cell::new(false) };

@@ -632,3 +632,81 @@ fn flash_attention_refuses_mismatched_inputs() {
     assert!(KeyVisibility::from_mask(vec![1; 4], 1, 5, 0).is_err());
     assert!(KeyVisibility::from_mask(vec![1; 5], 1, 5, 6).is_err());
 }
+
+#[test]
+fn swiglu_matches_composition() {
+    for dtype in [DType::F32, DType::F64] {
+        // Small, not a multiple of the kernel's 4096-element blocks, and above the parallel
+        // threshold; gates up to ±30 reach both tails of the sigmoid.
+        for (shape, scale) in [
+            (vec![3usize, 5, 16], 3.0),
+            (vec![7, 1000], 30.0),
+            (vec![300, 257], 4.0),
+        ] {
+            let g = rand(&shape, 11, scale, dtype);
+            let u = rand(&shape, 12, 2.0, dtype);
+            check(
+                &format!("swiglu {dtype:?} {shape:?}"),
+                &[g, u],
+                |t| swiglu(&t[0], &t[1]).unwrap(),
+                |t| swiglu::swiglu_composed(&t[0], &t[1]).unwrap(),
+            );
+        }
+    }
+    // The composition's formulas in its order: the same bits, forward and backward.
+    let (g, u) = (
+        rand(&[300, 257], 13, 8.0, DType::F32),
+        rand(&[300, 257], 14, 2.0, DType::F32),
+    );
+    let (ga, ua) = (Var::from_tensor(&g).unwrap(), Var::from_tensor(&u).unwrap());
+    let (gb, ub) = (Var::from_tensor(&g).unwrap(), Var::from_tensor(&u).unwrap());
+    let (ya, da) = grads_of(&[&ga, &ua], |t| swiglu(&t[0], &t[1]).unwrap(), 5);
+    let (yb, db) = grads_of(
+        &[&gb, &ub],
+        |t| swiglu::swiglu_composed(&t[0], &t[1]).unwrap(),
+        5,
+    );
+    assert_eq!(max_diff(&ya, &yb), 0.0, "forward");
+    assert_eq!(max_diff(&da[0], &db[0]), 0.0, "gate gradient");
+    assert_eq!(max_diff(&da[1], &db[1]), 0.0, "up gradient");
+    let err = swiglu(
+        &rand(&[2, 3], 1, 1.0, DType::F32),
+        &rand(&[3, 2], 2, 1.0, DType::F32),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("differ in shape"), "{err}");
+}
+
+/// The trained and the frozen linear op against `x.matmul(&w.t())`: the same output and
+/// gradients (the weight's layout is tested in `linear`).
+#[test]
+fn linear_matches_matmul_and_writes_the_weight_gradient_in_its_layout() {
+    for dtype in [DType::F32, DType::F64] {
+        let x = rand(&[37, 24], 21, 1.0, dtype);
+        let w = rand(&[19, 24], 22, 1.0, dtype);
+        check(
+            &format!("linear {dtype:?}"),
+            &[x.clone(), w.clone()],
+            |t| linear::linear(&t[0], &t[1]).unwrap(),
+            |t| t[0].matmul(&t[1].t().unwrap()).unwrap(),
+        );
+        let xv = Var::from_tensor(&x).unwrap();
+        // A frozen weight: the input's gradient alone, the same as the matmul's.
+        let frozen = w.detach();
+        let (_, ga) = grads_of(&[&xv], |t| linear::linear(&t[0], &frozen).unwrap(), 4);
+        let (_, gb) = grads_of(&[&xv], |t| t[0].matmul(&frozen.t().unwrap()).unwrap(), 4);
+        assert!(max_diff(&ga[0], &gb[0]) < FWD_TOL);
+    }
+    let err = linear::linear(
+        &Var::from_tensor(&rand(&[4, 5], 1, 1.0, DType::F32))
+            .unwrap()
+            .as_tensor()
+            .clone(),
+        &Var::from_tensor(&rand(&[3, 6], 2, 1.0, DType::F32))
+            .unwrap()
+            .as_tensor()
+            .clone(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("against weight"), "{err}");
+}
