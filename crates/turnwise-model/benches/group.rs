@@ -134,9 +134,10 @@ fn step_seconds(
                 t0.elapsed().as_secs_f64() - t_fwd
             );
         }
-        let mut grads = Gradients::from_grad_store(&store, opt.vars());
-        grads.clip_global_norm(1.0).expect("clip");
-        opt.step(&grads, 1e-4).expect("step");
+        let grads = Gradients::from_grad_store(&store, opt.vars());
+        let norm = grads.global_norm().expect("norm");
+        opt.step_scaled(&grads, 1e-4, Gradients::clip_factor(norm, 1.0))
+            .expect("step");
         if step > 0 {
             times.push(t0.elapsed().as_secs_f64());
         }

@@ -13,7 +13,7 @@ Prints one JSON line:
 
 where "SmolLM2" is {"error": "..."} when the model could not be loaded or run.
 
-Usage: python3 model_torch.py [--quick] [--smollm2 FILE] [--device cuda] [--sizes A,B,C].
+Usage: python3 model_torch.py [--quick] [--smollm2 FILE [--train-only]] [--device cuda] [--sizes A,B,C].
 
 `--prefill N [--reps R] [--smollm2 FILE]` instead prefills one sequence of N tokens (SmolLM2 from
 FILE, else size C with random weights; a DynamicCache, `logits_to_keep=1`, transformers' default
@@ -249,6 +249,9 @@ def main():
     ap.add_argument("--prefill", type=int, metavar="N", help="prefill N tokens, nothing else")
     ap.add_argument("--attention", metavar="T,..", help="time SDPA alone, nothing else")
     ap.add_argument("--reps", type=int, default=2, help="timed runs of --prefill/--attention")
+    ap.add_argument(
+        "--train-only", action="store_true", help="with --smollm2: its training figure alone"
+    )
     args = ap.parse_args()
     global DEVICE
     DEVICE = torch.device(args.device)
@@ -260,6 +263,14 @@ def main():
     if args.attention:
         lengths = [int(t) for t in args.attention.split(",")]
         print(json.dumps({"attention": attention(lengths, args.reps), "info": info}))
+        return
+    if args.train_only:
+        from transformers import AutoModelForCausalLM
+
+        d, name = os.path.split(os.path.abspath(args.smollm2))
+        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32)
+        tr = train_tok_s(model, train_steps, SMOL_TRAIN_BATCH, SMOL_TRAIN_LEN)
+        print(json.dumps({"SmolLM2": {"train": tr}, "info": info}))
         return
     if args.prefill:
         if args.smollm2:

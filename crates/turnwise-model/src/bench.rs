@@ -43,9 +43,10 @@ fn train_probe(name: &str, cfg: &ModelConfig, batch: usize, len: usize, steps: u
         let t0 = Instant::now();
         let (lp, _) = logprobs_and_entropy(&model, &ids, &pos, &mask, &ids).unwrap();
         let loss = lp.mean_all().unwrap().neg().unwrap();
-        let mut g = Gradients::from_grad_store(&loss.backward().unwrap(), opt.vars());
-        g.clip_global_norm(1.0).unwrap();
-        opt.step(&g, 1e-3).unwrap();
+        let g = Gradients::from_grad_store(&loss.backward().unwrap(), opt.vars());
+        let norm = g.global_norm().unwrap();
+        opt.step_scaled(&g, 1e-3, Gradients::clip_factor(norm, 1.0))
+            .unwrap();
         best = best.min(t0.elapsed().as_secs_f64());
     }
     println!(

@@ -277,9 +277,9 @@ pub fn train_step_seconds(cfg: &ModelConfig, steps: usize) -> Result<f64> {
         if !value.is_finite() {
             bail!("the benchmark's training loss is not finite ({value})");
         }
-        let mut grads = Gradients::from_grad_store(&loss.backward()?, opt.vars());
-        grads.clip_global_norm(1.0)?;
-        opt.step(&grads, 1e-4)?;
+        let grads = Gradients::from_grad_store(&loss.backward()?, opt.vars());
+        let norm = grads.global_norm()?;
+        opt.step_scaled(&grads, 1e-4, Gradients::clip_factor(norm, 1.0))?;
         if step > 0 {
             times.push(t0.elapsed().as_secs_f64());
         }

@@ -83,6 +83,8 @@ struct Coeffs {
     step_size: f64,
     /// `1 − lr·wd` when the parameter decays.
     decay: Option<f64>,
+    /// The factor the gradient is multiplied by first (a deferred clip; 1 for none).
+    grad_scale: f64,
 }
 
 /// The dtype of the optimizer state of a `dtype` parameter: `f32` for half types.
@@ -142,6 +144,14 @@ impl AdamW {
 
     /// Applies one update with learning rate `lr`.
     pub fn step(&mut self, grads: &Gradients, lr: f64) -> Result<()> {
+        self.step_scaled(grads, lr, None)
+    }
+
+    /// Applies one update with learning rate `lr` to the gradients multiplied by `factor`
+    /// (`None`: by 1), the same bits as `grads.scale(factor)` followed by [`AdamW::step`]: the
+    /// fused update multiplies each gradient element as it reads it, so clipping costs no pass
+    /// over the gradients (see [`Gradients::clip_factor`]).
+    pub fn step_scaled(&mut self, grads: &Gradients, lr: f64, factor: Option<f64>) -> Result<()> {
         self.step += 1;
         let c = &self.config;
         let t = self.step as i32;
@@ -154,8 +164,15 @@ impl AdamW {
             let (m, v) = self.moments.get_mut(name).ok_or_else(|| {
                 ModelError::invalid_input("grads", format!("unknown parameter {name}"))
             })?;
-            let g = g.to_dtype(state_dtype(var.dtype()))?;
             let master = self.masters.get_mut(name);
+            let fusable = master.is_none() && !self.composed && g.dtype() == var.dtype();
+            // The fused update scales as it reads; everywhere else, scale first (as
+            // `Gradients::scale` does).
+            let g = match factor {
+                Some(f) if !fusable => g.affine(f, 0.0)?,
+                _ => g.clone(),
+            };
+            let g = g.to_dtype(state_dtype(var.dtype()))?;
             let decays = c.decay_vectors || var.rank() > 1;
             let coeffs = Coeffs {
                 beta1: c.beta1,
@@ -164,8 +181,9 @@ impl AdamW {
                 eps: c.eps,
                 step_size: lr / bc1,
                 decay: (decays && c.weight_decay != 0.0).then_some(1.0 - lr * c.weight_decay),
+                grad_scale: factor.unwrap_or(1.0),
             };
-            if master.is_none() && !self.composed {
+            if fusable {
                 match fused::update(var.as_tensor(), &g, m, v, &coeffs, &mut self.scratch)? {
                     fused::Outcome::Updated => continue,
                     fused::Outcome::NonFinite(i) => {
@@ -174,6 +192,11 @@ impl AdamW {
                     fused::Outcome::NotApplicable => {}
                 }
             }
+            // Not fused after all (memory shared, a tensor strided): scale here.
+            let g = match factor {
+                Some(f) if fusable => g.affine(f, 0.0)?,
+                _ => g,
+            };
             *m = (m.affine(c.beta1, 0.0)? + g.affine(1.0 - c.beta1, 0.0)?)?;
             *v = (v.affine(c.beta2, 0.0)? + g.sqr()?.affine(1.0 - c.beta2, 0.0)?)?;
             let denom = (v.sqrt()?.affine(1.0 / bc2.sqrt(), 0.0)? + c.eps)?;
@@ -542,6 +565,7 @@ pub(crate) mod fused {
             eps: c(k.eps),
             size: c(k.step_size),
             keep: k.decay.map(c),
+            gs: c(k.grad_scale),
         };
         let isa = crate::model::ops::infer::kernel_isa();
         out.par_chunks_mut(CHUNK)
@@ -577,6 +601,8 @@ pub(crate) mod fused {
         eps: T,
         size: T,
         keep: Option<T>,
+        /// The gradient's factor (1 when it has none): `affine(g, gs, 0)`.
+        gs: T,
     }
 
     /// One chunk's slices: the parameter and gradient read, the moments and the new parameter
@@ -629,8 +655,9 @@ pub(crate) mod fused {
         // No branch in the loop, so that it vectorises: the finite check is a running `and`.
         let mut finite = true;
         for i in 0..n {
-            let gi = g[i];
-            // The composed ops, one by one: `affine(x, a, b) = x * a + b`.
+            // The composed ops, one by one: `affine(x, a, b) = x * a + b`. The factor leaves the
+            // gradient as it is at 1 (but a -0, which every use below rounds as +0).
+            let gi = g[i] * s.gs + zero;
             let mi = (m[i] * s.b1 + zero) + (gi * s.ob1 + zero);
             let vi = (v[i] * s.b2 + zero) + ((gi * gi) * s.ob2 + zero);
             let denom = ((vi.sqrt() * s.isb + zero) * one) + s.eps;
@@ -675,6 +702,7 @@ pub(crate) mod fused {
                         eps: T::from_f64(1e-8),
                         size: T::from_f64(size),
                         keep: Some(T::from_f64(0.99)),
+                        gs: T::from_f64(0.75),
                     };
                     let (mut m, mut v, mut out) = (m0.clone(), v0.clone(), vec![T::zero(); n]);
                     let x = Slices {

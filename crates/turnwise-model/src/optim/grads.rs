@@ -74,10 +74,23 @@ impl Gradients {
     /// gradients untouched; the caller should skip that step.
     pub fn clip_global_norm(&mut self, max_norm: f64) -> Result<f64> {
         let norm = self.global_norm()?;
-        if norm.is_finite() && norm > max_norm {
-            self.scale(max_norm / (norm + 1e-6))?;
+        if let Some(factor) = Self::clip_factor(norm, max_norm) {
+            self.scale(factor)?;
         }
         Ok(norm)
+    }
+
+    /// The factor [`Gradients::clip_global_norm`] multiplies every gradient by when the global
+    /// norm is `norm` (`None`: no clipping, or a non-finite norm). Pass it to
+    /// [`crate::optim::AdamW::step_scaled`] to clip as the update reads the gradients, the same
+    /// bits as clipping first without the pass that writes every gradient anew:
+    ///
+    /// ```ignore
+    /// let norm = grads.global_norm()?;
+    /// opt.step_scaled(&grads, lr, Gradients::clip_factor(norm, max_norm))?;
+    /// ```
+    pub fn clip_factor(norm: f64, max_norm: f64) -> Option<f64> {
+        (norm.is_finite() && norm > max_norm).then(|| max_norm / (norm + 1e-6))
     }
 }
 

@@ -359,14 +359,16 @@ fn an_update_that_overflows_is_refused_and_not_written() {
 
 /// The fused CPU update writes exactly (bit for bit) what the composed tensor ops write, over
 /// three steps of the tiny model's real gradients plus a parameter longer than several of the
-/// fused update's chunks, in `f32` and `f64`, with and without decay on vectors.
+/// fused update's chunks, in `f32` and `f64`, with and without decay on vectors; and so does
+/// the clip deferred into the update (`step_scaled`), fused or composed.
 #[test]
 fn the_fused_update_equals_the_composed_ops_bit_for_bit() {
     for dtype in [DType::F32, DType::F64] {
         for decay_vectors in [false, true] {
             let cfg = ModelConfig::tiny_qwen2(96);
             let dev = Device::Cpu;
-            let run = |composed: bool| -> Vec<Vec<f64>> {
+            // `deferred`: the clip applied as the update reads the gradients (`step_scaled`).
+            let run = |composed: bool, deferred: bool| -> Vec<Vec<f64>> {
                 let vm = init_varmap(&cfg, dtype, &dev, 0).unwrap();
                 let model = Transformer::from_varmap(&cfg, &vm).unwrap();
                 let mut vars = sorted_vars(&vm);
@@ -391,8 +393,16 @@ fn the_fused_update_equals_the_composed_ops_bit_for_bit() {
                         + long.as_tensor().sqr().unwrap().sum_all().unwrap())
                     .unwrap();
                     let mut g = Gradients::from_grad_store(&loss.backward().unwrap(), &vars);
-                    g.clip_global_norm(1.0).unwrap();
-                    opt.step(&g, 1e-2 * (step + 1) as f64).unwrap();
+                    let lr = 1e-2 * (step + 1) as f64;
+                    if deferred {
+                        let norm = g.global_norm().unwrap();
+                        let factor = Gradients::clip_factor(norm, 1.0);
+                        assert!(factor.is_some(), "the clip must act (norm {norm})");
+                        opt.step_scaled(&g, lr, factor).unwrap();
+                    } else {
+                        g.clip_global_norm(1.0).unwrap();
+                        opt.step(&g, lr).unwrap();
+                    }
                 }
                 let mut out: Vec<Vec<f64>> =
                     vars.iter().map(|(_, v)| flat(v.as_tensor())).collect();
@@ -401,14 +411,18 @@ fn the_fused_update_equals_the_composed_ops_bit_for_bit() {
                 }
                 out
             };
-            let (fused, composed) = (run(false), run(true));
-            assert_eq!(fused.len(), composed.len());
-            for (i, (a, b)) in fused.iter().zip(&composed).enumerate() {
-                let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-                assert!(
-                    same,
-                    "{dtype:?}, decay_vectors {decay_vectors}: tensor {i} differs"
-                );
+            let composed = run(true, false);
+            for (fused, deferred) in [(true, false), (true, true), (false, true)] {
+                let other = run(!fused, deferred);
+                assert_eq!(other.len(), composed.len());
+                for (i, (a, b)) in other.iter().zip(&composed).enumerate() {
+                    let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                    assert!(
+                        same,
+                        "{dtype:?}, decay_vectors {decay_vectors}, fused {fused}, clip \
+                         deferred {deferred}: tensor {i} differs"
+                    );
+                }
             }
         }
     }

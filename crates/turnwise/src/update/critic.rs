@@ -17,7 +17,7 @@ use turnwise_model::model::transformer::varmap_tensors;
 use turnwise_model::model::weights::{
     load_safetensors, save_safetensors, sorted_vars, varmap_from_tensors,
 };
-use turnwise_model::optim::{AdamW, AdamWConfig, GradAccumulator};
+use turnwise_model::optim::{AdamW, AdamWConfig, GradAccumulator, Gradients};
 
 use super::{
     Row, loss_tokens, minibatch_denominators, pack, parallel, per_row_no_grad, response_values,
@@ -269,15 +269,17 @@ impl CriticModel {
                     skipped += 1;
                     continue;
                 }
-                let mut grads = acc.take();
-                let norm = grads.clip_global_norm(cfg.grad_clip)?;
+                let grads = acc.take();
+                let norm = grads.global_norm()?;
                 if !norm.is_finite() {
                     tracing::warn!("non-finite critic gradient: update skipped");
                     skipped += 1;
                     continue;
                 }
+                // The clip is applied as the update reads the gradients (the same bits).
+                let clip = Gradients::clip_factor(norm, cfg.grad_clip);
                 self.optimizer
-                    .step(&grads, cfg.lr)
+                    .step_scaled(&grads, cfg.lr, clip)
                     .with_context(|| format!("the critic's update (critic.lr = {})", cfg.lr))?;
                 applied += 1;
                 for (k, v) in shard_metrics {

@@ -97,12 +97,13 @@ pub fn sft_step(
         value += v;
         acc.add_gradients(grads)?;
     }
-    let mut grads = acc.take();
-    let norm = grads.clip_global_norm(grad_clip)?;
+    let grads = acc.take();
+    let norm = grads.global_norm()?;
     if !norm.is_finite() {
         return Ok(None);
     }
-    opt.step(&grads, lr)
+    // The clip is applied as the update reads the gradients (the same bits as clipping first).
+    opt.step_scaled(&grads, lr, Gradients::clip_factor(norm, grad_clip))
         .with_context(|| format!("the supervised update at lr {lr} (sft.lr or rsft.lr)"))?;
     Ok(Some((value, norm)))
 }
@@ -764,7 +765,7 @@ pub fn actor_update(
             if g.step_scale < 1.0 && g.step_scale > 1e-12 {
                 grads.scale(1.0 / g.step_scale)?;
             }
-            let norm = grads.clip_global_norm(cfg.grad_clip)?;
+            let norm = grads.global_norm()?;
             if !norm.is_finite() {
                 tracing::warn!(
                     grad_norm = norm,
@@ -783,7 +784,9 @@ pub fn actor_update(
             let e = sums.entry("actor/grad_norm".into()).or_insert((0.0, 0));
             e.0 += norm;
             e.1 += 1;
-            opt.step(&grads, cfg.lr * g.step_scale)
+            // The clip is applied as the update reads the gradients (the same bits).
+            let clip = Gradients::clip_factor(norm, cfg.grad_clip);
+            opt.step_scaled(&grads, cfg.lr * g.step_scale, clip)
                 .with_context(|| format!("the policy update (optim.lr = {})", cfg.lr))?;
             stats.applied += 1;
             for (i, lp) in g.forward_logp {
