@@ -259,7 +259,10 @@ def main():
     threads = int(os.environ.get("RAYON_NUM_THREADS") or 2)
     torch.set_num_threads(threads)
     train_steps, reps = (2, 1) if args.quick else (5, 3)
-    info = f"torch {torch.__version__}, transformers {transformers.__version__}, {threads} threads"
+    info = (
+        f"torch {torch.__version__}, transformers {transformers.__version__}, {threads} threads, "
+        f"CPU kernels {torch.backends.cpu.get_cpu_capability()}"
+    )
     if args.attention:
         lengths = [int(t) for t in args.attention.split(",")]
         print(json.dumps({"attention": attention(lengths, args.reps), "info": info}))

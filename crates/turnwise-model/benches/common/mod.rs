@@ -97,6 +97,19 @@ pub fn run_python(script: &str, args: &[String]) -> Result<Value, String> {
     if std::env::var_os("OMP_WAIT_POLICY").is_none() {
         cmd.env("OMP_WAIT_POLICY", "PASSIVE");
     }
+    // `TURNWISE_KERNEL_ISA=avx2`: an AVX2 CPU's code path on both sides, so PyTorch's ATen,
+    // MKL and oneDNN kernels are capped to AVX2 too (a value set already is kept).
+    if std::env::var("TURNWISE_KERNEL_ISA").as_deref() == Ok("avx2") {
+        for (k, v) in [
+            ("ATEN_CPU_CAPABILITY", "avx2"),
+            ("MKL_ENABLE_INSTRUCTIONS", "AVX2"),
+            ("ONEDNN_MAX_CPU_ISA", "AVX2"),
+        ] {
+            if std::env::var_os(k).is_none() {
+                cmd.env(k, v);
+            }
+        }
+    }
     let out = cmd
         .output()
         .map_err(|e| format!("running {script} with {python}: {e}"))?;
