@@ -85,7 +85,7 @@ impl Gradients {
     /// [`crate::optim::AdamW::step_scaled`] to clip as the update reads the gradients, the same
     /// bits as clipping first without the pass that writes every gradient anew:
     ///
-    /// ```ignore
+    /// ```text
     /// let norm = grads.global_norm()?;
     /// opt.step_scaled(&grads, lr, Gradients::clip_factor(norm, max_norm))?;
     /// ```
