@@ -165,14 +165,6 @@ impl AdamW {
                 ModelError::invalid_input("grads", format!("unknown parameter {name}"))
             })?;
             let master = self.masters.get_mut(name);
-            let fusable = master.is_none() && !self.composed && g.dtype() == var.dtype();
-            // The fused update scales as it reads; everywhere else, scale first (as
-            // `Gradients::scale` does).
-            let g = match factor {
-                Some(f) if !fusable => g.affine(f, 0.0)?,
-                _ => g.clone(),
-            };
-            let g = g.to_dtype(state_dtype(var.dtype()))?;
             let decays = c.decay_vectors || var.rank() > 1;
             let coeffs = Coeffs {
                 beta1: c.beta1,
@@ -183,8 +175,9 @@ impl AdamW {
                 decay: (decays && c.weight_decay != 0.0).then_some(1.0 - lr * c.weight_decay),
                 grad_scale: factor.unwrap_or(1.0),
             };
-            if fusable {
-                match fused::update(var.as_tensor(), &g, m, v, &coeffs, &mut self.scratch)? {
+            // The fused update scales the gradient as it reads it.
+            if master.is_none() && !self.composed {
+                match fused::update(var.as_tensor(), g, m, v, &coeffs, &mut self.scratch)? {
                     fused::Outcome::Updated => continue,
                     fused::Outcome::NonFinite(i) => {
                         return Err(non_finite(name, lr, &format!("element {i}")));
@@ -192,11 +185,12 @@ impl AdamW {
                     fused::Outcome::NotApplicable => {}
                 }
             }
-            // Not fused after all (memory shared, a tensor strided): scale here.
+            // Not fused: scale first, in the gradient's own dtype (as `Gradients::scale` does).
             let g = match factor {
-                Some(f) if fusable => g.affine(f, 0.0)?,
-                _ => g,
+                Some(f) => g.affine(f, 0.0)?,
+                None => g.clone(),
             };
+            let g = g.to_dtype(state_dtype(var.dtype()))?;
             *m = (m.affine(c.beta1, 0.0)? + g.affine(1.0 - c.beta1, 0.0)?)?;
             *v = (v.affine(c.beta2, 0.0)? + g.sqr()?.affine(1.0 - c.beta2, 0.0)?)?;
             let denom = (v.sqrt()?.affine(1.0 / bc2.sqrt(), 0.0)? + c.eps)?;
