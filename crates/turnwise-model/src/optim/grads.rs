@@ -57,7 +57,7 @@ impl Gradients {
     }
 
     /// The global L2 norm over all gradients (accumulated in f64): each gradient's sum of
-    /// squares in element order, the gradients' sums in name order. The gradients are summed
+    /// squares ([`sum_of_squares`]), the gradients' sums in name order. The gradients are summed
     /// side by side on rayon's threads, each with [`sum_of_squares`].
     pub fn global_norm(&self) -> Result<f64> {
         use rayon::prelude::*;
@@ -94,17 +94,29 @@ impl Gradients {
     }
 }
 
-/// `Σ x²` over the elements of `t`, in `f64`, summed in element order: the same bits as
-/// `t.to_dtype(F64)?.sqr()?.sum_all()?` (candle sums a contiguous `f64` tensor in order), read
-/// straight from a contiguous CPU `f32`/`f64` tensor instead of through two `f64` copies of it.
+/// `Σ x²` over the elements of `t`, in `f64`, read straight from a contiguous CPU `f32`/`f64`
+/// tensor (no `f64` copies of it), in eight lanes of partial sums: an in-order sum is a chain
+/// of dependent additions, four cycles an element, which made the global norm of SmolLM2's
+/// 134.5 M gradients cost 2.4 % of a training step; the lanes run at memory speed. (The lanes
+/// round differently from the in-order sum `t.to_dtype(F64)?.sqr()?.sum_all()?`, by about
+/// 1e-16 relative: each `f32` square is exact in `f64`.) Other tensors go through that
+/// composition.
 pub fn sum_of_squares(t: &Tensor) -> Result<f64> {
     fn ordered<T: Copy>(xs: &[T], f64_of: impl Fn(T) -> f64) -> f64 {
-        let mut sum = 0.0f64;
-        for &x in xs {
-            let x = f64_of(x);
-            sum += x * x;
+        let mut acc = [0f64; 8];
+        let mut chunks = xs.chunks_exact(8);
+        for c in &mut chunks {
+            for (a, &x) in acc.iter_mut().zip(c) {
+                let x = f64_of(x);
+                *a += x * x;
+            }
         }
-        sum
+        let mut tail = 0.0f64;
+        for &x in chunks.remainder() {
+            let x = f64_of(x);
+            tail += x * x;
+        }
+        ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail
     }
     use crate::optim::adamw::fused::slice;
     let (storage, layout) = t.storage_and_layout();

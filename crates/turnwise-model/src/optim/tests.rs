@@ -443,10 +443,13 @@ fn sorted(m: std::collections::HashMap<String, Tensor>) -> Vec<(String, Tensor)>
     v
 }
 
-/// The global norm read straight from the gradients' memory has the bits of the composed
-/// `to_dtype(F64).sqr().sum_all()` per gradient, in `f32` and `f64`, contiguous or not.
+/// The global norm read straight from the gradients' memory (eight lanes) equals the composed
+/// in-order `to_dtype(F64).sqr().sum_all()` per gradient within the in-order sum's own error
+/// bound (`n` units of rounding, relative), in `f32` and `f64`,
+/// contiguous or not, at lengths with a remainder after the lanes; a strided view takes the
+/// composed path itself (the same bits).
 #[test]
-fn the_sum_of_squares_equals_the_composed_ops_bit_for_bit() {
+fn the_sum_of_squares_equals_the_composed_ops() {
     let dev = Device::Cpu;
     for dtype in [DType::F32, DType::F64] {
         let t = Tensor::randn(0f32, 3.0, (301, 257), &dev)
@@ -464,12 +467,12 @@ fn the_sum_of_squares_equals_the_composed_ops_bit_for_bit() {
                 .to_scalar::<f64>()
                 .unwrap();
             let direct = grads::sum_of_squares(&x).unwrap();
-            assert_eq!(
-                direct.to_bits(),
-                composed.to_bits(),
-                "{dtype:?} {:?}",
-                x.layout()
-            );
+            let rel = (direct - composed).abs() / composed;
+            let bound = x.elem_count() as f64 * f64::EPSILON / 2.0;
+            assert!(rel < bound, "{dtype:?} {:?}: {rel}", x.layout());
+            if !x.is_contiguous() {
+                assert_eq!(direct.to_bits(), composed.to_bits(), "{dtype:?} strided");
+            }
         }
     }
 }

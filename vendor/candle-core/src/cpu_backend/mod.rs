@@ -1478,7 +1478,10 @@ impl Map2 for MatMul {
         let dst_rs = dst_strides[0];
         let dst_cs = dst_strides[1];
 
-        let mut dst = vec![T::zero(); b * m * n];
+        // turnwise patch: gemm writes every element of the destination (`read_dst` is false;
+        // with k = 0 it writes zeros), so the output is not zeroed first.
+        let dst_len = b * m * n;
+        let mut dst: Vec<T> = Vec::with_capacity(dst_len);
         let num_threads = crate::utils::get_num_threads();
         let parallelism = if num_threads > 1 {
             Parallelism::Rayon(num_threads)
@@ -1502,13 +1505,14 @@ impl Map2 for MatMul {
         for step in 0..b {
             let lhs_p = &lhs[step * a_skip..];
             let rhs_p = &rhs[step * b_skip..];
-            let dst_p = &mut dst[step * c_skip..];
+            // SAFETY: `step * c_skip + m * n <= dst_len`, inside the allocation.
+            let dst_p = unsafe { dst.as_mut_ptr().add(step * c_skip) };
             unsafe {
                 gemm(
                     /* m: usize = */ m,
                     /* n: usize = */ n,
                     /* k: usize = */ k,
-                    /* dst: *mut T = */ dst_p.as_mut_ptr(),
+                    /* dst: *mut T = */ dst_p,
                     /* dst_cs: isize = */ dst_cs as isize,
                     /* dst_rs: isize = */ dst_rs as isize,
                     /* read_dst: bool = */ false,
@@ -1527,6 +1531,8 @@ impl Map2 for MatMul {
                 )
             }
         }
+        // SAFETY: the gemm calls above wrote all `dst_len` elements.
+        unsafe { dst.set_len(dst_len) };
         Ok(dst)
     }
 

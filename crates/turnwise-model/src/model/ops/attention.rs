@@ -20,9 +20,8 @@
 //! `j == past + i`, or `j < past + i` and key `j` is real. Every query sees itself, so every
 //! row is finite (a padded query row sees only itself).
 //!
-//! The tiles run on rayon's pool, like candle's matrix products (`RAYON_NUM_THREADS`), not on
-//! the element-wise kernels' `CANDLE_NUM_THREADS` threads: attention is matrix products, and
-//! inside the trainer's data-parallel shards (themselves rayon tasks) the pool is shared rather
+//! The tiles run on rayon's pool, like candle's matrix products and the other kernels
+//! (`RAYON_NUM_THREADS`), not on candle's element-wise `CANDLE_NUM_THREADS` threads: inside the trainer's data-parallel shards (themselves rayon tasks) the pool is shared rather
 //! than oversubscribed. The split depends on the shapes only, never on the thread count, so the
 //! result is the same on one thread as on several.
 //!
@@ -35,6 +34,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Storage, Tensor};
 use rayon::prelude::*;
 
+use super::simd::exp_f32;
 use super::{Real, contiguous, dot, fused_on};
 
 /// Query positions per tile (times the `G` query heads sharing a key head: the tile's rows).
@@ -326,30 +326,6 @@ unsafe fn exp_row_avx512(row: &mut [f32], shift: f32) -> f32 {
 /// The CPU has AVX2 and FMA.
 unsafe fn exp_row_avx2(row: &mut [f32], shift: f32) -> f32 {
     exp_row_f32(row, shift)
-}
-
-/// `exp(x)` for one `f32`, in operations the compiler vectorises (no call, no branch): Cephes'
-/// `expf` (`x = n ln 2 + r`, a degree-7 polynomial for `e^r`, `2^n` built from its bits), within
-/// 2 ulp of `f32::exp` for `x` in [−87, 88]; 0 below −87 (where `2^n` would be subnormal: the
-/// value is below 1.7e-38, nothing next to a row's maximum, `e^0 = 1`).
-#[inline(always)]
-fn exp_f32(x: f32) -> f32 {
-    const CUT: f32 = -87.0;
-    // 1.5 · 2²³: adding and subtracting it rounds to the nearest integer.
-    const ROUND: f32 = 12_582_912.0;
-    let xc = x.clamp(CUT, 88.0);
-    let t = xc * std::f32::consts::LOG2_E + ROUND;
-    let n = t - ROUND;
-    let r = xc - n * 0.693_359_4 - n * -2.121_944_4e-4;
-    let p = ((((1.987_569_2e-4 * r + 1.398_2e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-        + 0.166_666_65)
-        * r
-        + 0.5;
-    let e = (p * r * r + r) + 1.0;
-    // t's low mantissa bits hold n (|n| < 2²²): 2ⁿ's exponent field is n + 127.
-    let ni = (t.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
-    let pow2 = f32::from_bits((ni.wrapping_add(127) as u32) << 23);
-    if x < CUT { 0.0 } else { e * pow2 }
 }
 
 /// The body of [`ExpRow::exp_row`] for `f32`: 16 lanes of partial sums so that the loop

@@ -20,6 +20,7 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
+use super::simd::ExpKernels;
 use super::{Real, contiguous, fused_on, logprob, par_rows};
 
 /// Vocabulary rows per chunk: a chunk's logits for 512 rows take 4 MiB in `f32`.
@@ -243,7 +244,7 @@ fn chunks(v0: usize, n: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..n.div_ceil(CHUNK)).map(move |c| (v0 + c * CHUNK, v0 + ((c + 1) * CHUNK).min(n)))
 }
 
-fn fwd<T: Real>(h: &[T], w: &[T], targets: &[u32], d: usize, scale: f64) -> Vec<T> {
+fn fwd<T: ExpKernels>(h: &[T], w: &[T], targets: &[u32], d: usize, scale: f64) -> Vec<T> {
     let rows = targets.len();
     let v = w.len() / d.max(1);
     // One entry per row of W, so that the threads split the vocabulary; each block returns its
@@ -259,12 +260,7 @@ fn fwd<T: Real>(h: &[T], w: &[T], targets: &[u32], d: usize, scale: f64) -> Vec<
             for (r, st) in stats.iter_mut().enumerate() {
                 let zr = &z[r * cn..(r + 1) * cn];
                 let m = super::max(zr);
-                let (mut s, mut t) = (T::ZERO, T::ZERO);
-                for &x in zr {
-                    let e = (x - m).exp();
-                    s += e;
-                    t += e * (x - m);
-                }
+                let (s, t) = T::exp_sums(zr, m);
                 let tg = targets[r] as usize;
                 let chunk = Stats {
                     m: m.to_f64(),
@@ -378,7 +374,7 @@ struct HeadBwd {
     want_dw: bool,
 }
 
-fn bwd<T: Real>(h: &[T], w: &[T], aux: &[T], d: usize, op: &HeadBwd) -> Vec<T> {
+fn bwd<T: ExpKernels>(h: &[T], w: &[T], aux: &[T], d: usize, op: &HeadBwd) -> Vec<T> {
     let rows = aux.len() / 6;
     let v = w.len() / d.max(1);
     let scale = T::of(op.scale);
@@ -398,11 +394,7 @@ fn bwd<T: Real>(h: &[T], w: &[T], aux: &[T], d: usize, op: &HeadBwd) -> Vec<T> {
                 let (ent, lse, gl, ge) = (a[1], a[2], a[3], a[4]);
                 let tg = a[5].to_f64() as usize;
                 let zr = &mut z[r * cn..(r + 1) * cn];
-                for x in zr.iter_mut() {
-                    let lp = *x - lse;
-                    let p = lp.exp();
-                    *x = (-(gl * p) - ge * p * (lp + ent)) * scale;
-                }
+                T::logprob_grad_in_place(zr, lse, gl, ge, ent, scale);
                 if (c0..c1).contains(&tg) {
                     zr[tg - c0] += gl * scale;
                 }

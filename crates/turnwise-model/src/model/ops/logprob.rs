@@ -3,7 +3,8 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, D, DType, Layout, Result, Shape, Tensor};
 
-use super::{Real, contiguous, fused_on, max, par_rows};
+use super::simd::ExpKernels;
+use super::{contiguous, fused_on, max, par_rows};
 
 /// For logits `[.., V]` and integer `targets: [..]` (same leading dims): `(logp, entropy)`,
 /// both `[..]`, where `logp = log_softmax(logits)[target]` and `entropy = −Σ p log p`. One
@@ -77,7 +78,7 @@ fn target_of(t: u32, v: usize) -> Result<usize> {
     Ok(t)
 }
 
-fn fwd<T: Real>(z: &[T], targets: &[u32], v: usize) -> Result<Vec<T>> {
+fn fwd<T: ExpKernels>(z: &[T], targets: &[u32], v: usize) -> Result<Vec<T>> {
     for &t in targets {
         target_of(t, v)?;
     }
@@ -88,13 +89,7 @@ fn fwd<T: Real>(z: &[T], targets: &[u32], v: usize) -> Result<Vec<T>> {
             let zr = &z[r * v..(r + 1) * v];
             let m = max(zr);
             // Σ e, Σ e·(z − m) with e = exp(z − m).
-            let (mut se, mut sez) = (T::ZERO, T::ZERO);
-            for &x in zr {
-                let d = x - m;
-                let e = d.exp();
-                se += e;
-                sez += e * d;
-            }
+            let (se, sez) = T::exp_sums(zr, m);
             let log_se = se.ln();
             o[0] = zr[targets[r] as usize] - m - log_se;
             o[1] = log_se - sez / se;
@@ -147,7 +142,7 @@ impl CustomOp2 for LogprobEntropy {
 /// Backward: `dz_j = gl·(δ_jt − p_j) − ge·p_j·(log p_j + H)`.
 struct LogprobEntropyBwd;
 
-fn bwd<T: Real>(z: &[T], targets: &[u32], aux: &[T], v: usize) -> Vec<T> {
+fn bwd<T: ExpKernels>(z: &[T], targets: &[u32], aux: &[T], v: usize) -> Vec<T> {
     let mut dz = vec![T::ZERO; z.len()];
     par_rows(&mut dz, v, 2 * z.len(), |r0, block| {
         for (i, dr) in block.chunks_exact_mut(v).enumerate() {
@@ -156,11 +151,7 @@ fn bwd<T: Real>(z: &[T], targets: &[u32], aux: &[T], v: usize) -> Vec<T> {
             let t = targets[r] as usize;
             let (logp_t, h, gl, ge) = (aux[4 * r], aux[4 * r + 1], aux[4 * r + 2], aux[4 * r + 3]);
             let lse = zr[t] - logp_t;
-            for (d, &x) in dr.iter_mut().zip(zr) {
-                let lp = x - lse;
-                let p = lp.exp();
-                *d = -(gl * p) - ge * p * (lp + h);
-            }
+            T::logprob_grad(dr, zr, lse, gl, ge, h, T::ONE);
             dr[t] += gl;
         }
     });

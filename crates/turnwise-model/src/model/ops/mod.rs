@@ -28,7 +28,9 @@
 //! rows without packing the weight), used only when nothing records a graph.
 //!
 //! Kernels run on `f32` and `f64`; `f16`/`bf16` inputs go through `f32`. Large inputs are split
-//! over `CANDLE_NUM_THREADS` (else `RAYON_NUM_THREADS`, else all cores) scoped threads.
+//! into blocks that rayon's pool runs (the matrix products' threads, `RAYON_NUM_THREADS`); the
+//! split depends on the shapes only, so the results do not depend on the thread count.
+//! [`simd`] holds the `exp`-based row kernels, vectorised for the CPU's instruction set.
 //!
 //! Off the CPU (CUDA) every op is the equivalent composition of candle ops (`*_composed`),
 //! which candle runs with its own GPU kernels and differentiates with its autograd:
@@ -46,6 +48,7 @@ pub mod linear;
 pub mod logprob;
 pub mod rms_norm;
 pub mod rope;
+pub(crate) mod simd;
 pub mod softmax;
 pub mod swiglu;
 
@@ -197,61 +200,45 @@ pub(crate) fn max<T: Real>(xs: &[T]) -> T {
     m
 }
 
-/// Threads the kernels may use, read as candle reads them for its element-wise kernels:
-/// `CANDLE_NUM_THREADS`, else `RAYON_NUM_THREADS`, else all cores.
-pub(crate) fn num_threads() -> usize {
-    static N: OnceLock<usize> = OnceLock::new();
-    *N.get_or_init(|| {
-        let var = |name: &str| {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                .filter(|&n| n > 0)
-        };
-        var("CANDLE_NUM_THREADS")
-            .or_else(|| var("RAYON_NUM_THREADS"))
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-    })
-}
-
-/// Below this many elements of work a kernel stays on the calling thread.
+/// Below this many elements of work a kernel stays on the calling thread, in one block.
 const PARALLEL_MIN_ELEMS: usize = 1 << 16;
 
+/// The most blocks a kernel is split into.
+const MAX_BLOCKS: usize = 16;
+
 /// Splits `dst` (rows of `row_len`) into contiguous blocks of whole rows and runs
-/// `f(first_row, block)` on each, on scoped threads when the work is large. Returns the
-/// per-block results in order.
+/// `f(first_row, block)` on each, on rayon's pool when the work is large. Returns the per-block
+/// results in order.
+///
+/// The number of blocks depends on the shapes only (one per [`PARALLEL_MIN_ELEMS`] of `work`,
+/// at most [`MAX_BLOCKS`] and one a row), never on the thread count, so a kernel that sums
+/// its blocks' partial results (the RMSNorm weight's gradient, the fused head's) gives the same
+/// bits on one thread as on sixteen.
+///
+/// The pool is the one the matrix products run on (`RAYON_NUM_THREADS`, else all cores; not
+/// `CANDLE_NUM_THREADS`, which sizes candle's own element-wise kernels and which the binary
+/// keeps at one, see `device::reexec_with_fast_settings`): its workers have just finished the
+/// product before an element-wise kernel and take the blocks at once, where threads spawned
+/// per call cost their start and, with as many pool workers as cores, compete with them.
 pub(crate) fn par_rows<T, R, F>(dst: &mut [T], row_len: usize, work: usize, f: F) -> Vec<R>
 where
     T: Send,
     R: Send,
     F: Fn(usize, &mut [T]) -> R + Sync,
 {
+    use rayon::prelude::*;
     let rows = dst.len().checked_div(row_len).unwrap_or(0);
-    let threads = if work >= PARALLEL_MIN_ELEMS {
-        num_threads().min(rows).max(1)
-    } else {
-        1
-    };
-    if threads <= 1 {
+    let blocks = (work / PARALLEL_MIN_ELEMS)
+        .clamp(1, MAX_BLOCKS)
+        .min(rows.max(1));
+    if blocks <= 1 {
         return vec![f(0, dst)];
     }
-    let per = rows.div_ceil(threads);
-    let f = &f;
-    std::thread::scope(|s| {
-        let mut blocks = dst.chunks_mut(per * row_len).enumerate();
-        let first = blocks.next();
-        let handles: Vec<_> = blocks
-            .map(|(i, block)| s.spawn(move || f(i * per, block)))
-            .collect();
-        let mut out = Vec::with_capacity(threads);
-        if let Some((_, block)) = first {
-            out.push(f(0, block));
-        }
-        for h in handles {
-            out.push(h.join().expect("kernel thread panicked"));
-        }
-        out
-    })
+    let per = rows.div_ceil(blocks);
+    dst.par_chunks_mut(per * row_len)
+        .enumerate()
+        .map(|(i, block)| f(i * per, block))
+        .collect()
 }
 
 /// The contiguous slice of `storage` described by `layout`, or an error naming `what`.

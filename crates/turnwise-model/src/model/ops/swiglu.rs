@@ -3,13 +3,16 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
-use super::{Real, contiguous, fused_on, par_rows};
+use super::simd::ExpKernels;
+use super::{contiguous, fused_on, par_rows};
 
 /// `silu(g) ∘ u` (`silu(g) = g · σ(g)`) for `g` and `u` of one shape, as one fused op with a
 /// hand-written backward: one pass forward and one backward, where the composition
 /// `g.silu()? * u` runs candle's `silu` backward (six element-wise passes, each allocating)
-/// and two products. It computes the composition's formulas in its order, so forward and
-/// gradients are the same bits. `f16`/`bf16` run in `f32`; off the CPU (or inside
+/// and two products. It computes the composition's formulas in its order: in `f64` (the
+/// library `exp`) forward and gradients are the same bits; in `f32` the `exp` is the vectorised
+/// polynomial of [`super::simd`] (within 2 ulp), so they agree to rounding. `f16`/`bf16` run
+/// in `f32`; off the CPU (or inside
 /// [`super::with_composed_ops`]) this is [`swiglu_composed`].
 pub fn swiglu(g: &Tensor, u: &Tensor) -> Result<Tensor> {
     if g.shape() != u.shape() {
@@ -40,30 +43,21 @@ pub fn swiglu_composed(g: &Tensor, u: &Tensor) -> Result<Tensor> {
 
 struct SwiGlu;
 
-/// `silu(g) = g / (1 + e^-g)`, candle's formula, so that the fused op rounds as the
-/// composition does.
-#[inline(always)]
-fn silu<T: Real>(g: T) -> T {
-    g / (T::ONE + (-g).exp())
-}
-
-fn fwd<T: Real>(g: &[T], u: &[T]) -> Vec<T> {
+fn fwd<T: ExpKernels>(g: &[T], u: &[T]) -> Vec<T> {
     let mut y = vec![T::ZERO; g.len()];
     let row = g.len().clamp(1, 4096);
     par_rows(&mut y, row, g.len(), |r0, block| {
         let at = r0 * row;
         let (g, u) = (&g[at..at + block.len()], &u[at..at + block.len()]);
-        for ((y, &g), &u) in block.iter_mut().zip(g).zip(u) {
-            *y = silu(g) * u;
-        }
+        T::swiglu(block, g, u);
     });
     y
 }
 
 /// `(g, u, dy) → [2n]`: `dg = (dy · u) · (σ(g) (1 − silu(g)) + silu(g))` then
 /// `du = dy · silu(g)`, each product and sum in the order candle's backward of the composition
-/// takes them (`σ(g) = 1 / (e^-g + 1)`), so the gradients are the same bits.
-fn bwd<T: Real>(g: &[T], u: &[T], dy: &[T]) -> Vec<T> {
+/// takes them (`σ(g) = 1 / (e^-g + 1)`): the same bits in `f64`.
+fn bwd<T: ExpKernels>(g: &[T], u: &[T], dy: &[T]) -> Vec<T> {
     let n = g.len();
     let mut out = vec![T::ZERO; 2 * n];
     let (dg, du) = out.split_at_mut(n);
@@ -74,13 +68,7 @@ fn bwd<T: Real>(g: &[T], u: &[T], dy: &[T]) -> Vec<T> {
             let at = (c0 + i) * row;
             let len = dg.len();
             let (g, u, dy) = (&g[at..at + len], &u[at..at + len], &dy[at..at + len]);
-            for j in 0..len {
-                let e = (-g[j]).exp();
-                let s = T::ONE / (e + T::ONE);
-                let silu = g[j] / (T::ONE + e);
-                dg[j] = (dy[j] * u[j]) * (s * (T::ONE - silu) + silu);
-                du[j] = dy[j] * silu;
-            }
+            T::swiglu_grad(dg, du, g, u, dy);
         }
     });
     out
