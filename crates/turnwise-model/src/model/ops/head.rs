@@ -473,18 +473,7 @@ mod tests {
 
     use super::*;
 
-    /// Deterministic pseudo-random values in [−a, a).
-    fn values(n: usize, seed: u64, a: f64) -> Vec<f64> {
-        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                ((x >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * a
-            })
-            .collect()
-    }
+    use super::super::test_values as values;
 
     /// Rows, hidden size and a vocabulary that is not a multiple of the chunk (several chunks,
     /// so the threads and the chunk merge both run), targets in every chunk.

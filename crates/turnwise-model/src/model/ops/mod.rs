@@ -241,6 +241,20 @@ where
         .collect()
 }
 
+/// Deterministic pseudo-random values in [−a, a) (xorshift), for the kernels' tests.
+#[cfg(test)]
+pub(crate) fn test_values(n: usize, seed: u64, a: f64) -> Vec<f64> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * a
+        })
+        .collect()
+}
+
 /// The contiguous slice of `storage` described by `layout`, or an error naming `what`.
 pub(crate) fn contiguous<'a, T: Real>(
     storage: &'a CpuStorage,

@@ -254,16 +254,11 @@ impl ExpKernels for f32 {
 mod tests {
     use super::*;
 
-    /// Deterministic values in [−a, a).
+    /// Deterministic values in [−a, a), in `f32`.
     fn values(n: usize, seed: u64, a: f32) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (((x >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) * a as f64) as f32
-            })
+        super::super::test_values(n, seed, a as f64)
+            .into_iter()
+            .map(|x| x as f32)
             .collect()
     }
 
