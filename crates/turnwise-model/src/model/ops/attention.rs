@@ -21,8 +21,9 @@
 //! row is finite (a padded query row sees only itself).
 //!
 //! The tiles run on rayon's pool, like candle's matrix products and the other kernels
-//! (`RAYON_NUM_THREADS`), not on candle's element-wise `CANDLE_NUM_THREADS` threads: inside the trainer's data-parallel shards (themselves rayon tasks) the pool is shared rather
-//! than oversubscribed. The split depends on the shapes only, never on the thread count, so the
+//! (`RAYON_NUM_THREADS`), not on candle's element-wise `CANDLE_NUM_THREADS` threads: inside
+//! the trainer's data-parallel shards (themselves rayon tasks) the pool is shared rather than
+//! oversubscribed. The exponentials are [`super::simd`]'s. The split depends on the shapes only, never on the thread count, so the
 //! result is the same on one thread as on several.
 //!
 //! Like the other fused ops it serves `f32`/`f64` CPU tensors; elsewhere (CUDA, half types,
@@ -34,7 +35,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Storage, Tensor};
 use rayon::prelude::*;
 
-use super::simd::exp_f32;
+use super::simd::ExpKernels;
 use super::{Real, contiguous, dot, fused_on};
 
 /// Query positions per tile (times the `G` query heads sharing a key head: the tile's rows).
@@ -269,83 +270,6 @@ pub fn attention_composed(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor) -> 
     let scores = q.matmul(&k.t()?)?;
     let probs = super::masked_softmax_last_dim(&scores, bias)?;
     probs.matmul(v)?.reshape((b, kv * g, t, d))?.transpose(1, 2)
-}
-
-/// The exponentials of a tile row, the softmax's other cost besides the matrix products.
-trait ExpRow: Real {
-    /// `row[j] = exp(row[j] − shift)`, exactly 0 where that underflows (masked keys, −∞,
-    /// included); returns the row's sum.
-    fn exp_row(row: &mut [Self], shift: Self) -> Self;
-}
-
-impl ExpRow for f64 {
-    fn exp_row(row: &mut [f64], shift: f64) -> f64 {
-        let mut sum = 0.0;
-        for x in row {
-            let e = *x - shift;
-            // Below the underflow point exp is exactly 0: skip the call (masked keys).
-            *x = if e < f64::EXP_UNDERFLOW { 0.0 } else { e.exp() };
-            sum += *x;
-        }
-        sum
-    }
-}
-
-impl ExpRow for f32 {
-    fn exp_row(row: &mut [f32], shift: f32) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use super::infer::{KernelIsa, kernel_isa};
-            match kernel_isa() {
-                // SAFETY: the CPU has the features (`kernel_isa` checked them).
-                KernelIsa::Avx512 => return unsafe { exp_row_avx512(row, shift) },
-                // SAFETY: as above.
-                KernelIsa::Avx2 => return unsafe { exp_row_avx2(row, shift) },
-                KernelIsa::Portable => {}
-            }
-        }
-        exp_row_f32(row, shift)
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-/// [`exp_row_f32`] compiled for AVX-512 (16 lanes).
-///
-/// # Safety
-/// The CPU has AVX-512F.
-unsafe fn exp_row_avx512(row: &mut [f32], shift: f32) -> f32 {
-    exp_row_f32(row, shift)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-/// [`exp_row_f32`] compiled for AVX2 (8 lanes).
-///
-/// # Safety
-/// The CPU has AVX2 and FMA.
-unsafe fn exp_row_avx2(row: &mut [f32], shift: f32) -> f32 {
-    exp_row_f32(row, shift)
-}
-
-/// The body of [`ExpRow::exp_row`] for `f32`: 16 lanes of partial sums so that the loop
-/// vectorises.
-#[inline(always)]
-fn exp_row_f32(row: &mut [f32], shift: f32) -> f32 {
-    let mut acc = [0f32; 16];
-    let mut chunks = row.chunks_exact_mut(16);
-    for c in &mut chunks {
-        for (a, x) in acc.iter_mut().zip(c.iter_mut()) {
-            *x = exp_f32(*x - shift);
-            *a += *x;
-        }
-    }
-    let mut sum = 0f32;
-    for x in chunks.into_remainder() {
-        *x = exp_f32(*x - shift);
-        sum += *x;
-    }
-    acc.iter().sum::<f32>() + sum
 }
 
 /// The fused op on `(q, k, v)`; keeps each row's log-sum-exp for the backward.
@@ -620,7 +544,7 @@ fn run_items<S, R: Send>(
 /// One forward tile: rows `(g, i0..i1)` of key head `h` of batch row `b`. Returns the output
 /// rows `[G·n, D]` and their log-sum-exps `[G·n]`.
 #[allow(clippy::too_many_arguments)]
-fn fwd_tile<T: ExpRow>(
+fn fwd_tile<T: ExpKernels>(
     tile: &mut Tile<T>,
     q: &[T],
     k: &Rows<T>,
@@ -685,7 +609,7 @@ fn fwd_tile<T: ExpRow>(
 }
 
 /// The forward: the output `[B, T, KV·G, D]` and the log-sum-exps `[B, KV, G·T]`.
-fn fwd<T: ExpRow>(
+fn fwd<T: ExpKernels>(
     q: &[T],
     k: &Rows<T>,
     v: &Rows<T>,
@@ -752,7 +676,7 @@ fn chunk_blocks(nqb: usize, chunks: usize, c: usize) -> impl Iterator<Item = usi
 }
 
 /// One backward unit: query blocks `chunk_blocks(.., c)` of key head `h` of batch row `b`.
-fn bwd_unit<T: ExpRow>(
+fn bwd_unit<T: ExpKernels>(
     tile: &mut Tile<T>,
     x: &BwdInputs<T>,
     vis: &KeyVisibility,
@@ -834,7 +758,7 @@ fn bwd_unit<T: ExpRow>(
 }
 
 /// The backward: `dq [B, KV, G·T, D]`, `dk`, `dv [B, KV, total, D]` (contiguous).
-fn bwd<T: ExpRow>(x: &BwdInputs<T>, vis: &KeyVisibility, geo: &Geometry) -> [Vec<T>; 3] {
+fn bwd<T: ExpKernels>(x: &BwdInputs<T>, vis: &KeyVisibility, geo: &Geometry) -> [Vec<T>; 3] {
     let nqb = geo.q_blocks();
     let heads = geo.b * geo.kv;
     let chunks = BWD_MIN_UNITS.div_ceil(heads.max(1)).clamp(1, nqb.max(1));
@@ -955,58 +879,5 @@ impl CustomOp3 for FlashAttention {
             dt => candle_core::bail!("attention backward: unsupported dtype {dt:?}"),
         };
         Ok((Some(dq), Some(dk), Some(dv)))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The vectorisable `exp` against `f32::exp` over its range (within 2 ulp, relative error
-    /// 2.4e-7), 0 below −87 and for −∞, on every instruction set this CPU runs, with the row
-    /// sums right.
-    #[test]
-    fn fast_exp_matches_the_standard_exp() {
-        let xs: Vec<f32> = (0..200_001)
-            .map(|i| -87.0 + 175.0 * i as f32 / 200_000.0)
-            .chain([-87.5, -100.0, -1e9, f32::NEG_INFINITY, 0.0, -0.0])
-            .collect();
-        type Kernel = fn(&mut [f32], f32) -> f32;
-        let mut kernels: Vec<(&str, Kernel)> = vec![("portable", exp_row_f32)];
-        #[cfg(target_arch = "x86_64")]
-        {
-            use super::super::infer::KernelIsa;
-            let supported = KernelIsa::supported();
-            if supported.contains(&KernelIsa::Avx2) {
-                // SAFETY: the CPU runs AVX2 and FMA (`supported`).
-                kernels.push(("avx2", |r, s| unsafe { exp_row_avx2(r, s) }));
-            }
-            if supported.contains(&KernelIsa::Avx512) {
-                // SAFETY: the CPU runs AVX-512F (`supported`).
-                kernels.push(("avx512", |r, s| unsafe { exp_row_avx512(r, s) }));
-            }
-        }
-        for (name, kernel) in kernels {
-            let mut row = xs.clone();
-            kernel(&mut row, 0.0);
-            for (&x, &y) in xs.iter().zip(&row) {
-                if x < -87.0 {
-                    assert_eq!(y, 0.0, "{name}: exp({x}) must be 0");
-                    continue;
-                }
-                let e = x.exp();
-                let rel = ((y - e) / e).abs();
-                assert!(
-                    rel <= 2.4e-7,
-                    "{name}: exp({x}) = {y}, std {e}, relative {rel:e}"
-                );
-            }
-            // A softmax row (every value ≤ 0, shifted by 1.5): the sum.
-            let mut soft: Vec<f32> = xs.iter().map(|&x| x.min(0.0) + 1.5).collect();
-            let want: f64 = soft.iter().map(|&x| f64::from((x - 1.5).exp())).sum();
-            let got = kernel(&mut soft, 1.5);
-            let rel = (f64::from(got) - want).abs() / want;
-            assert!(rel < 1e-5, "{name}: row sum off by {rel:e}");
-        }
     }
 }
