@@ -5,7 +5,8 @@
 //! every call, which for a few rows costs more than the multiplication: at batch 8 on size B,
 //! packing was 55 % of sampling time. [`linear`] reads the weight rows in place (both operands
 //! are rows of length `K`, so `y[i, j] = x[i] · w[j]`), four weight rows against four input rows
-//! at a time with AVX-512 FMAs (16 lanes) or, on CPUs without AVX-512, AVX2 FMAs (8 lanes), the
+//! at a time with AVX-512 FMAs (16 lanes) or, on CPUs without AVX-512, against two input rows
+//! with AVX2 FMAs (8 lanes; AVX2's 16 registers hold no more accumulators), the
 //! weight streamed once per call; [`kernel_isa`] picks the widest the CPU has at run time. (A
 //! fused decoding attention kernel was measured too and lost to candle's batched matmuls: it
 //! is not here.)
@@ -22,10 +23,11 @@ use super::dot;
 /// `TURNWISE_BENCH_FILTER=ops` on size-B shapes: 6.8× at 8 rows, 1.3× at 64, even near 128).
 pub const LINEAR_MAX_ROWS: usize = 96;
 
-/// The AVX2 kernel's own row limit: against candle's matmul (AVX-512 `gemm`, size-B shapes) it
-/// measured 4.4–4.8× at 8 rows, 1.4–1.5× at 32 and 0.9× at 64 (`TURNWISE_KERNEL_ISA=avx2`,
-/// the `model` bench's ops tables, this 2-core AVX-512 machine).
-pub const AVX2_MAX_ROWS: usize = 48;
+/// The AVX2 kernel's own row limit. On a 2-core AVX2 CPU (AMD EPYC, Zen 3), against candle's
+/// matmul (`gemm`'s AVX2 kernels, size-B shapes, the `model` bench's ops table) it measured
+/// 1.2–2.0× at 8 rows and 0.98–1.05× at 32 (on an AVX-512 machine, whose `gemm` runs AVX-512,
+/// with `TURNWISE_KERNEL_ISA=avx2`: 4.4–4.8× at 8 rows, 1.4–1.5× at 32, 0.9× at 64).
+pub const AVX2_MAX_ROWS: usize = 32;
 
 /// Below this many multiply-adds a kernel stays on the calling thread.
 const PARALLEL_MIN_MACS: usize = 1 << 20;
@@ -300,34 +302,37 @@ unsafe fn columns(
     }
 }
 
-/// The 4 × 4 tiles of columns `[j0, j1)` of `y = x wᵀ` (`m` rows), each edge's rows and columns
-/// one at a time, with the calling module's `tile::<R, C>` (the AVX-512 and AVX2 bodies share
-/// it; a macro, so that each expands inside its own `#[target_feature]` function).
+/// The `ROWS × 4` tiles of columns `[j0, j1)` of `y = x wᵀ` (`m` rows), each edge's rows and
+/// columns one at a time, with the calling module's `tile::<R, C>` (the AVX-512 and AVX2 bodies
+/// share it; a macro, so that each expands inside its own `#[target_feature]` function). `ROWS`
+/// is the module's own: a tile's `ROWS × 4` accumulators and 4 weight vectors must fit the ISA's
+/// registers (32 for AVX-512, 16 for AVX2), or the compiler spills accumulators to the stack in
+/// the inner loop.
 #[cfg(target_arch = "x86_64")]
 macro_rules! tile_grid {
-    ($tile:ident, $x:expr, $w:expr, $m:expr, $n:expr, $k:expr, $j0:expr, $j1:expr, $out:expr) => {{
+    ($tile:ident, $rows:expr, $x:expr, $w:expr, $m:expr, $n:expr, $k:expr, $j0:expr, $j1:expr, $out:expr) => {{
         let (x, w, m, n, k, j1, out) = ($x, $w, $m, $n, $k, $j1, $out);
         let mut j = $j0;
         while j < j1 {
             let cols = (j1 - j).min(4);
             let mut i = 0;
             while i < m {
-                let rows = (m - i).min(4);
-                match (rows, cols) {
-                    (4, 4) => $tile::<4, 4>(x, w, n, k, i, j, out),
-                    (4, c) => {
-                        for jj in 0..c {
-                            $tile::<4, 1>(x, w, n, k, i, j + jj, out);
+                let rows = (m - i).min($rows);
+                match (rows == $rows, cols == 4) {
+                    (true, true) => $tile::<{ $rows }, 4>(x, w, n, k, i, j, out),
+                    (true, false) => {
+                        for jj in 0..cols {
+                            $tile::<{ $rows }, 1>(x, w, n, k, i, j + jj, out);
                         }
                     }
-                    (r, 4) => {
-                        for ii in 0..r {
+                    (false, true) => {
+                        for ii in 0..rows {
                             $tile::<1, 4>(x, w, n, k, i + ii, j, out);
                         }
                     }
-                    (r, c) => {
-                        for ii in 0..r {
-                            for jj in 0..c {
+                    (false, false) => {
+                        for ii in 0..rows {
+                            for jj in 0..cols {
                                 $tile::<1, 1>(x, w, n, k, i + ii, j + jj, out);
                             }
                         }
@@ -343,6 +348,9 @@ macro_rules! tile_grid {
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
+
+    /// Input rows per tile: 16 accumulators and 4 weight vectors of the 32 registers.
+    const ROWS: usize = 4;
 
     /// AVX-512 body of [`super::columns`]: tiles of 4 input rows × 4 weight rows, 16 lanes of
     /// `k` at a time (the tail through a masked load).
@@ -363,7 +371,7 @@ mod avx512 {
         out: *mut f32,
     ) {
         // SAFETY: the caller's contract (bounds, CPU features, `out`) is `tile`'s.
-        unsafe { tile_grid!(tile, x, w, m, n, k, j0, j1, out) };
+        unsafe { tile_grid!(tile, ROWS, x, w, m, n, k, j0, j1, out) };
     }
 
     /// `R × C` dot products: rows `i..i+R` of `x` against rows `j..j+C` of `w`.
@@ -417,8 +425,12 @@ mod avx512 {
 mod avx2 {
     use std::arch::x86_64::*;
 
+    /// Input rows per tile: 8 accumulators, 4 weight vectors and an input vector of the 16
+    /// registers. Four rows (16 accumulators) spilled to the stack in the inner loop.
+    const ROWS: usize = 2;
+
     /// AVX2 + FMA body of [`super::columns`], for the CPUs without AVX-512 (most laptops and
-    /// many servers): tiles of 4 input rows × 4 weight rows, 8 lanes of `k` at a time, the last
+    /// many servers): tiles of 2 input rows × 4 weight rows, 8 lanes of `k` at a time, the last
     /// `k mod 8` products added after the lanes are summed.
     ///
     /// # Safety
@@ -437,7 +449,7 @@ mod avx2 {
         out: *mut f32,
     ) {
         // SAFETY: the caller's contract (bounds, CPU features, `out`) is `tile`'s.
-        unsafe { tile_grid!(tile, x, w, m, n, k, j0, j1, out) };
+        unsafe { tile_grid!(tile, ROWS, x, w, m, n, k, j0, j1, out) };
     }
 
     /// The sum of the 8 lanes of `v`.
@@ -471,8 +483,19 @@ mod avx2 {
             let wp = w.as_ptr().add(j * k);
             let mut acc = [[_mm256_setzero_ps(); C]; R];
             let full = k - k % 8;
+            // The weight rows two column blocks ahead (contiguous after these), one cache line
+            // per 16 lanes: fetched while this block's later row tiles compute from cache, so
+            // that the memory stream never idles (SmolLM2 decoding at batch 8: 1.1× with the
+            // next block, 1.15× two ahead). A prefetch does not fault, and `wrapping_add` keeps
+            // an address past the weight's end defined.
+            let next = wp.wrapping_add(8 * k);
             let mut p = 0;
             while p < full {
+                if p % 16 == 0 {
+                    for c in 0..C {
+                        _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(c * k + p).cast());
+                    }
+                }
                 let mut wv = [_mm256_setzero_ps(); C];
                 for (c, v) in wv.iter_mut().enumerate() {
                     *v = _mm256_loadu_ps(wp.add(c * k + p));

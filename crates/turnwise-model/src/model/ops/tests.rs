@@ -337,7 +337,8 @@ fn matmul_t(x: &Tensor, w: &Tensor) -> Tensor {
 
 #[test]
 fn infer_linear_matches_matmul_on_every_tile_shape() {
-    // Row and column counts around the 4 × 4 tiles, K around the 16-lane chunks.
+    // Row and column counts around the tiles (4 × 4 on AVX-512, 2 × 4 on AVX2), K around the
+    // 16- and 8-lane chunks.
     for &m in &[1usize, 3, 4, 5, 8, 13] {
         for &n in &[1usize, 4, 6, 33] {
             for &k in &[1usize, 15, 16, 17, 40] {
