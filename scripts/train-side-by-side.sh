@@ -19,6 +19,12 @@ runs=${1:-5}
 torch_runs=${2:-3}
 gguf=${TURNWISE_CACHE:-$HOME/.cache/turnwise}/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f "$gguf" ] || { echo "no $gguf: run \`turnwise eval --model smollm2-135m-instruct\` once to fetch it" >&2; exit 1; }
+# transformers loads the GGUF file only with the gguf and accelerate packages; without them every
+# PyTorch run would fail with its error hidden below.
+if [ "$torch_runs" -gt 0 ] && ! python3 -c "import torch, transformers, gguf, accelerate" 2>/dev/null; then
+    echo "the PyTorch side needs: python3 -m pip install torch transformers gguf accelerate" >&2
+    exit 1
+fi
 export RAYON_NUM_THREADS=${RAYON_NUM_THREADS:-$(nproc)} OMP_WAIT_POLICY=PASSIVE
 flags=(--locked)
 if [ "${AVX2:-0}" = 1 ]; then
