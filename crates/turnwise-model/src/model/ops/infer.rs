@@ -429,6 +429,10 @@ mod avx2 {
     /// registers. Four rows (16 accumulators) spilled to the stack in the inner loop.
     const ROWS: usize = 2;
 
+    /// How far ahead of a tile's weight rows the tile prefetches, in weight rows: two column
+    /// blocks of the grid's 4 rows.
+    const PREFETCH_AHEAD_ROWS: usize = 2 * 4;
+
     /// AVX2 + FMA body of [`super::columns`], for the CPUs without AVX-512 (most laptops and
     /// many servers): tiles of 2 input rows × 4 weight rows, 8 lanes of `k` at a time, the last
     /// `k mod 8` products added after the lanes are summed.
@@ -488,7 +492,7 @@ mod avx2 {
             // that the memory stream never idles (SmolLM2 decoding at batch 8: 1.1× with the
             // next block, 1.15× two ahead). A prefetch does not fault, and `wrapping_add` keeps
             // an address past the weight's end defined.
-            let next = wp.wrapping_add(8 * k);
+            let next = wp.wrapping_add(PREFETCH_AHEAD_ROWS * k);
             let mut p = 0;
             while p < full {
                 if p % 16 == 0 {
