@@ -110,6 +110,7 @@ fn step_seconds(
                     group: 0,
                     from: p - 1,
                     len: r,
+                    scored: None,
                 })
                 .collect();
             shared_prefix_logprobs_entropy(&model, &[p - 1], &shared_rows, r, 1.0).expect("shared")

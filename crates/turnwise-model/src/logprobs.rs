@@ -94,6 +94,10 @@ pub struct SharedRow<'a> {
     pub from: usize,
     /// Number of predicting positions.
     pub len: usize,
+    /// Per predicting position (`len` flags): whether its log-prob and entropy are wanted. The
+    /// output head runs on those only and the others come out 0 (observation tokens, which
+    /// nothing reads). `None`: every one.
+    pub scored: Option<&'a [bool]>,
 }
 
 /// Log-probabilities and entropies (at `temperature`) of the next tokens at each row's
@@ -111,7 +115,23 @@ pub fn shared_prefix_logprobs_entropy(
 ) -> Result<(Tensor, Tensor)> {
     check_temperature(temperature)?;
     let (hidden, targets) = shared_prefix_hidden(model, prefix_lens, rows, width)?;
-    model.head_logprobs_entropy(&hidden, &targets, 1.0 / temperature)
+    // The head runs on each row's wanted positions only (not on the padding past a row's
+    // `len`, nor on positions its `scored` leaves out).
+    let width = width.max(1);
+    let mut keep = vec![false; rows.len() * width];
+    for (i, r) in rows.iter().enumerate() {
+        match r.scored {
+            Some(s) if s.len() != r.len => {
+                return Err(ModelError::invalid_input(
+                    "rows",
+                    format!("row {i}: {} scored flags for {} positions", s.len(), r.len),
+                ));
+            }
+            Some(s) => keep[i * width..i * width + r.len].copy_from_slice(s),
+            None => keep[i * width..i * width + r.len].fill(true),
+        }
+    }
+    model.head_logprobs_entropy_at(&hidden, &targets, 1.0 / temperature, &keep)
 }
 
 /// The final hidden states `[n, width, hidden]` at each row's positions `from..from + len`
@@ -405,6 +425,7 @@ mod tests {
                     group,
                     from,
                     len,
+                    scored: None,
                 })
                 .collect();
             let (lp, ent) =
@@ -476,6 +497,7 @@ mod tests {
                 group: 0,
                 from: 0,
                 len: 1,
+                scored: None,
             };
             let two = [rows[0], bad];
             let e = shared_prefix_logprobs_entropy(&model, &[5], &two, width, 1.0).unwrap_err();

@@ -589,3 +589,107 @@ fn fused_attention_matches_the_composed_attention_in_whole_models() {
         );
     }
 }
+
+/// A batch padded on the left and on the right runs its position-wise ops on the real
+/// positions only (`Ragged`): its final hidden states at the real positions, and every weight's
+/// gradient of a weighted sum of them, equal those of each row run alone without padding (f64).
+#[test]
+fn ragged_batch_matches_rows_alone_forward_and_backward() {
+    let rows: [&[u32]; 3] = [
+        &[5, 17, 3, 42, 8],
+        &[9, 1, 2, 60, 7, 33, 70, 11],
+        &[4, 4, 90, 6],
+    ];
+    // Row 0 left-padded by 3, row 2 right-padded by 4.
+    let left = [3usize, 0, 0];
+    let t = 8;
+    for cfg in tiny_configs() {
+        let (vm, model) = model_for(&cfg, DType::F64, 3);
+        let h = cfg.hidden_size;
+        let weights = |row: usize, p: usize| {
+            Tensor::arange(0f64, h as f64, &Device::Cpu)
+                .unwrap()
+                .affine(0.01 * (1 + row + p) as f64, -0.2)
+                .unwrap()
+        };
+        let (mut ids_b, mut pos_b, mut mask_b) = (Vec::new(), Vec::new(), Vec::new());
+        for (r, row) in rows.iter().enumerate() {
+            let right = t - left[r] - row.len();
+            ids_b.push([vec![0; left[r]], row.to_vec(), vec![0; right]].concat());
+            pos_b.push(
+                [
+                    vec![0; left[r]],
+                    (0..row.len() as u32).collect(),
+                    vec![0; right],
+                ]
+                .concat(),
+            );
+            mask_b.push([vec![0; left[r]], vec![1; row.len()], vec![0; right]].concat());
+        }
+        let out = model
+            .forward_hidden(&ids(&ids_b), &ids(&pos_b), &ids(&mask_b), None)
+            .unwrap();
+        let (mut obj, mut obj_alone) = (Vec::new(), Vec::new());
+        for (r, row) in rows.iter().enumerate() {
+            let n = row.len();
+            let alone = model
+                .forward_hidden(
+                    &ids(&[row.to_vec()]),
+                    &ids(&[(0..n as u32).collect()]),
+                    &ids(&[vec![1; n]]),
+                    None,
+                )
+                .unwrap();
+            let mine = out.narrow(0, r, 1).unwrap().narrow(1, left[r], n).unwrap();
+            let d = max_abs_diff(&mine, &alone);
+            assert!(d < 1e-10, "{:?} row {r}: {d}", cfg.architecture);
+            for p in 0..n {
+                let w = weights(r, p);
+                let at = |x: &Tensor| {
+                    (x.narrow(1, p, 1).unwrap().flatten_all().unwrap() * &w)
+                        .unwrap()
+                        .sum_all()
+                        .unwrap()
+                };
+                obj.push(at(&mine));
+                obj_alone.push(at(&alone));
+            }
+        }
+        let sum = |v: &[Tensor]| Tensor::stack(v, 0).unwrap().sum_all().unwrap();
+        let g = sum(&obj).backward().unwrap();
+        let g0 = sum(&obj_alone).backward().unwrap();
+        for (name, var) in super::weights::sorted_vars(&vm) {
+            // The output head is not in the objective: it has no gradient either way.
+            match (g.get(var.as_tensor()), g0.get(var.as_tensor())) {
+                (Some(a), Some(b)) => {
+                    let d = max_abs_diff(a, b);
+                    assert!(d < 1e-10, "{:?} {name}: {d}", cfg.architecture);
+                }
+                (None, None) => assert_eq!(name, "lm_head.weight"),
+                _ => panic!("{:?} {name}: a gradient on one side only", cfg.architecture),
+            }
+        }
+    }
+}
+
+/// `head_logprobs_entropy_at` with nothing kept gives zeros of the head's shape, and a keep
+/// list of the wrong length is refused by name.
+#[test]
+fn the_head_at_no_position_is_zero_and_a_wrong_keep_list_is_refused() {
+    let (_vm, model) = model_for(&tiny_configs()[0], DType::F32, 2);
+    let ids3 = ids(&[vec![5, 17, 3]]);
+    let hidden = model
+        .forward_hidden(&ids3, &ids(&[vec![0, 1, 2]]), &ids(&[vec![1; 3]]), None)
+        .unwrap();
+    let (lp, ent) = model
+        .head_logprobs_entropy_at(&hidden, &ids3, 1.0, &[false; 3])
+        .unwrap();
+    assert_eq!(lp.dims(), [1, 3]);
+    assert_eq!(lp.to_vec2::<f32>().unwrap(), vec![vec![0.0; 3]]);
+    assert_eq!(ent.to_vec2::<f32>().unwrap(), vec![vec![0.0; 3]]);
+    let e = model
+        .head_logprobs_entropy_at(&hidden, &ids3, 1.0, &[true; 2])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("keep") && e.contains("2 flags"), "{e}");
+}

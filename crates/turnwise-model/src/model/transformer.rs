@@ -114,6 +114,59 @@ struct AttentionMask {
     vis: ops::KeyVisibility,
     /// `None`: the fused kernel runs, and no `T × T` bias is ever built.
     bias: Option<Tensor>,
+    /// `Some`: the batch's padded query positions are left out of every position-wise op.
+    ragged: Option<Ragged>,
+}
+
+/// A padded batch's real positions. The position-wise parts of a layer (norms, projections,
+/// the MLP, the residual stream) run on the real positions alone, packed `[1, R, ·]`; only the
+/// attention itself runs in the padded `[B, T, ·]` layout (keys, values and the cache).
+/// Exact: those parts read no other position, and the padded positions' outputs are never
+/// read (attention masks their keys). Saves their share of every projection's work, forward
+/// and backward, in a batch of rows of different lengths.
+#[derive(Debug, Clone)]
+struct Ragged {
+    /// Flat indices `row · T + t` of the real positions.
+    idx: Tensor,
+    batch: usize,
+    len: usize,
+}
+
+impl Ragged {
+    /// The real positions of `vis`'s queries, or `None` when fewer than one in 16 is padding
+    /// (the gathers would cost about what they save).
+    fn of(vis: &ops::KeyVisibility, device: &Device) -> Result<Option<Self>> {
+        let (batch, len) = (vis.batch(), vis.queries());
+        let real = vis.real_queries();
+        if real.is_empty() || (batch * len - real.len()) * 16 < batch * len {
+            return Ok(None);
+        }
+        let n = real.len();
+        Ok(Some(Self {
+            idx: Tensor::from_vec(real, n, device)?,
+            batch,
+            len,
+        }))
+    }
+
+    /// `[B, T, w]` → the real positions `[1, R, w]`.
+    fn gather(&self, y: &Tensor) -> Result<Tensor> {
+        let w = y.dim(candle_core::D::Minus1)?;
+        let r = self.idx.dim(0)?;
+        Ok(y.reshape((self.batch * self.len, w))?
+            .index_select(&self.idx, 0)?
+            .reshape((1, r, w))?)
+    }
+
+    /// The real positions `[1, R, w]` → `[B, T, w]`, zeros at the padded positions.
+    fn scatter(&self, y: &Tensor) -> Result<Tensor> {
+        let (_, r, w) = y.dims3()?;
+        Ok(
+            Tensor::zeros((self.batch * self.len, w), y.dtype(), y.device())?
+                .index_add(&self.idx, &y.reshape((r, w))?, 0)?
+                .reshape((self.batch, self.len, w))?,
+        )
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -139,7 +192,14 @@ impl Attention {
         mask: &AttentionMask,
         cache: Option<(&mut KvCache, usize)>,
     ) -> Result<Tensor> {
-        let (b, t, _) = x.dims3()?;
+        // `x` holds the real positions only under a ragged mask (see `Ragged`).
+        let (b, t) = match &mask.ragged {
+            Some(r) => (r.batch, r.len),
+            None => {
+                let (b, t, _) = x.dims3()?;
+                (b, t)
+            }
+        };
         let d = self.head_dim;
         // [B, T, heads·D] → [B, T, heads, D]; the per-head norm runs on this contiguous layout
         // and RoPE reads it transposed to [B, heads, T, D], writing a contiguous result.
@@ -154,6 +214,10 @@ impl Attention {
             Linear::forward_many(&[&self.q_proj, &self.k_proj, &self.v_proj], x)?
                 .try_into()
                 .expect("three projections");
+        let [q, k, v] = match &mask.ragged {
+            Some(r) => [r.scatter(&q)?, r.scatter(&k)?, r.scatter(&v)?],
+            None => [q, k, v],
+        };
         let q = heads(q, self.num_heads, &self.q_norm)?;
         let k = heads(k, self.num_kv_heads, &self.k_norm)?;
         let v = v.reshape((b, t, self.num_kv_heads, d))?;
@@ -178,6 +242,10 @@ impl Attention {
             Some(bias) => ops::attention_composed(&q, &k, &v, bias)?,
         };
         let out = out.reshape((b, t, self.num_heads * d))?;
+        let out = match &mask.ragged {
+            Some(r) => r.gather(&out)?,
+            None => out,
+        };
         self.o_proj.forward(&out)
     }
 }
@@ -582,13 +650,22 @@ impl Transformer {
         } else {
             Some(vis.bias(dtype, &device)?)
         };
-        let mask = AttentionMask { vis, bias };
-
+        // LoRA dropout draws its masks per padded row and position: such a model runs padded.
+        let ragged = if self.draws_dropout() {
+            None
+        } else {
+            Ragged::of(&vis, &device)?
+        };
         let ids_flat = ids.flatten_all()?.to_dtype(DType::U32)?;
-        let mut x =
-            self.embed
-                .index_select(&ids_flat, 0)?
-                .reshape((b, t, self.config.hidden_size))?;
+        let h = self.config.hidden_size;
+        let mut x = match &ragged {
+            Some(r) => self
+                .embed
+                .index_select(&ids_flat.index_select(&r.idx, 0)?, 0)?
+                .reshape((1, r.idx.dim(0)?, h))?,
+            None => self.embed.index_select(&ids_flat, 0)?.reshape((b, t, h))?,
+        };
+        let mask = AttentionMask { vis, bias, ragged };
         let eps = self.config.rms_norm_eps;
         for (i, layer) in self.layers.iter().enumerate() {
             let slot = cache.as_deref_mut().map(|c| (c, i));
@@ -598,7 +675,11 @@ impl Transformer {
             let h = rms_norm(&x, &layer.post_norm, eps)?;
             x = (&x + layer.mlp.forward(&h)?)?;
         }
-        rms_norm(&x, &self.norm, eps)
+        let out = rms_norm(&x, &self.norm, eps)?;
+        match &mask.ragged {
+            Some(r) => r.scatter(&out),
+            None => Ok(out),
+        }
     }
 
     /// Projects hidden states `[.., hidden]` to vocabulary logits `[.., V]`.
@@ -648,6 +729,75 @@ impl Transformer {
             logits.affine(scale, 0.0)?
         };
         Ok(super::ops::token_logprobs_entropy(&logits, targets)?)
+    }
+
+    /// [`Self::head_logprobs_entropy`] at the positions `keep` marks only (one flag per entry of
+    /// `targets`, row-major): the output head and the log-softmax run on those positions alone,
+    /// and both outputs are 0 elsewhere (with no gradient there). Equal to
+    /// [`Self::head_logprobs_entropy`] at the kept positions; a pass whose observation tokens
+    /// and padding need no log-prob saves their share of the head's forward and backward.
+    pub fn head_logprobs_entropy_at(
+        &self,
+        hidden: &Tensor,
+        targets: &Tensor,
+        scale: f64,
+        keep: &[bool],
+    ) -> Result<(Tensor, Tensor)> {
+        let n = targets.elem_count();
+        if keep.len() != n {
+            return Err(ModelError::invalid_input(
+                "keep",
+                format!(
+                    "{} flags for {n} target positions ({:?})",
+                    keep.len(),
+                    targets.dims()
+                ),
+            ));
+        }
+        if keep.iter().all(|&k| k) {
+            return self.head_logprobs_entropy(hidden, targets, scale);
+        }
+        let h = self.config.hidden_size;
+        if hidden.elem_count() != n * h {
+            return Err(ModelError::invalid_input(
+                "hidden",
+                format!(
+                    "expected {:?} × {h} hidden states, got {:?}",
+                    targets.dims(),
+                    hidden.dims()
+                ),
+            ));
+        }
+        let device = hidden.device();
+        let dims = targets.dims().to_vec();
+        let mut idx: Vec<u32> = (0..n as u32).filter(|&i| keep[i as usize]).collect();
+        // Nothing kept: the head runs on one position, for the outputs' dtype (f32 for a half
+        // model), and both come out 0.
+        let none = idx.is_empty();
+        if none {
+            idx.push(0);
+        }
+        let k = idx.len();
+        let sel = Tensor::from_vec(idx, k, device)?;
+        let hk = hidden
+            .reshape((n, h))?
+            .index_select(&sel, 0)?
+            .reshape((1, k, h))?;
+        let tk = targets
+            .flatten_all()?
+            .index_select(&sel, 0)?
+            .reshape((1, k))?;
+        let (lp, ent) = self.head_logprobs_entropy(&hk, &tk, scale)?;
+        if none {
+            let z = Tensor::zeros(dims, lp.dtype(), device)?;
+            return Ok((z.clone(), z));
+        }
+        let back = |t: Tensor| -> Result<Tensor> {
+            Ok(Tensor::zeros(n, t.dtype(), device)?
+                .index_add(&sel, &t.flatten_all()?, 0)?
+                .reshape(dims.as_slice())?)
+        };
+        Ok((back(lp)?, back(ent)?))
     }
 
     /// `cos, sin: [B, 1, T, head_dim]` for per-row positions.

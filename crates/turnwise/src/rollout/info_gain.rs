@@ -332,6 +332,7 @@ pub fn span_logprobs(
                 group: g,
                 from: span.start.saturating_sub(1),
                 len: span.len(),
+                scored: None,
             });
         }
     }

@@ -145,6 +145,10 @@ pub struct Packed {
     pub returns: Tensor,
     /// Each row's tokens (prompt then response) and prompt length.
     pub seqs: Vec<(Vec<u32>, usize)>,
+    /// Per row, per response token: whether the passes want its log-prob and entropy (an agent
+    /// token, or one the loss trains on). The output head runs there only; observation tokens
+    /// get 0, which nothing reads (their loss mask is 0 and they have no sampled log-prob).
+    pub scored: Vec<Vec<bool>>,
     /// Rows that share a prefix, which [`response_logprobs`] runs once per group (empty: every
     /// row runs whole).
     pub groups: Vec<PrefixGroup>,
@@ -257,6 +261,7 @@ pub fn pack(rows: &[&Row], device: &Device) -> Result<Packed> {
     let mut clip = vec![1f32; b * l];
     let mut ret = vec![0f32; b * l];
     let mut seqs = Vec::with_capacity(b);
+    let mut scored = Vec::with_capacity(b);
     for (i, r) in rows.iter().enumerate() {
         let pad = p - r.prompt.len();
         let seq: Vec<u32> = r.prompt.iter().chain(&r.response).copied().collect();
@@ -277,6 +282,13 @@ pub fn pack(rows: &[&Row], device: &Device) -> Result<Packed> {
             ret[i * l + k] = r.returns[k];
         }
         seqs.push((seq, r.prompt.len()));
+        scored.push(
+            r.loss_mask
+                .iter()
+                .zip(&r.turn_id)
+                .map(|(&m, &t)| m != 0 || t >= 0)
+                .collect(),
+        );
     }
     let u = |v: Vec<u32>| Tensor::from_vec(v, (b, t), device);
     let f = |v: Vec<f32>| Tensor::from_vec(v, (b, l), device);
@@ -297,6 +309,7 @@ pub fn pack(rows: &[&Row], device: &Device) -> Result<Packed> {
             prefix_groups(&seqs, MIN_SHARED_PREFIX)
         },
         seqs,
+        scored,
     })
 }
 
@@ -389,6 +402,7 @@ impl<'a> SharedLayout<'a> {
                     group: g,
                     from: prompt - 1,
                     len: seq.len() - prompt,
+                    scored: Some(&packed.scored[i]),
                 });
             }
         }
@@ -482,7 +496,13 @@ fn padded_logprobs(
     // Column `prompt − 1 + k` predicts response token k.
     let hidden = hidden.narrow(1, t.prompt - 1, t.response)?;
     let targets = t.targets.narrow(1, t.prompt - 1, t.response)?;
-    let (lp, ent) = model.head_logprobs_entropy(&hidden, &targets, 1.0 / temperature)?;
+    // The head on the scored positions only (not on observation tokens nor padding).
+    let mut keep = vec![false; idx.len() * t.response];
+    for (r, &i) in idx.iter().enumerate() {
+        let s = &packed.scored[i];
+        keep[r * t.response..r * t.response + s.len()].copy_from_slice(s);
+    }
+    let (lp, ent) = model.head_logprobs_entropy_at(&hidden, &targets, 1.0 / temperature, &keep)?;
     let l = packed.response_width;
     Ok((t.pad_to(lp, l)?, t.pad_to(ent, l)?))
 }
@@ -727,6 +747,61 @@ mod tests {
         let g = obj(&lp, &ent).backward().unwrap();
         let g0 = obj(&lp0, &ent0).backward().unwrap();
         assert_same_gradients(&vm, &g, &g0);
+    }
+
+    /// The output head runs on the scored positions only (agent tokens): observation tokens
+    /// come out 0, and the scored positions' log-probs, entropies and every weight's gradient
+    /// equal those of the head over every position, in the shared pass and the padded one.
+    #[test]
+    fn the_head_skips_observation_tokens_exactly() {
+        use candle_core::DType;
+        use turnwise_model::model::weights::init_varmap;
+        let cfg = sharing_config();
+        let vm = init_varmap(&cfg, DType::F64, &Device::Cpu, 4).unwrap();
+        let model = Transformer::from_varmap(&cfg, &vm).unwrap();
+        let mut rows = sharing_rows();
+        // Observations inside rows 0, 3 and 4 (loss mask 0, turn id −1).
+        for (r, k) in [(0, 1), (0, 2), (3, 2), (3, 3), (3, 4), (4, 0)] {
+            rows[r].loss_mask[k] = 0;
+            rows[r].turn_id[k] = -1;
+        }
+        let refs: Vec<&Row> = rows.iter().collect();
+        for share in [true, false] {
+            let mut packed = pack(&refs, &Device::Cpu).unwrap();
+            if !share {
+                packed = packed.unshared();
+            }
+            let scored = packed.scored.clone();
+            let (lp, ent) = response_logprobs(&model, &packed, 0.8).unwrap();
+            packed.scored = scored.iter().map(|s| vec![true; s.len()]).collect();
+            let (lp0, ent0) = response_logprobs(&model, &packed, 0.8).unwrap();
+            let mut keep = vec![0f32; 36];
+            for (i, s) in scored.iter().enumerate() {
+                for (k, &x) in s.iter().enumerate() {
+                    keep[i * 6 + k] = f32::from(u8::from(x));
+                }
+            }
+            let keep = Tensor::from_vec(keep, (6, 6), &Device::Cpu).unwrap();
+            assert!(masked_diff(&lp, &lp0, &keep) < 1e-6 && masked_diff(&ent, &ent0, &keep) < 1e-6);
+            let lp_rows = lp.to_vec2::<f32>().unwrap();
+            let lp0_rows = lp0.to_vec2::<f32>().unwrap();
+            for (i, s) in scored.iter().enumerate() {
+                for (k, &x) in s.iter().enumerate() {
+                    assert_eq!(
+                        lp_rows[i][k] == 0.0,
+                        !x,
+                        "row {i} token {k} (share {share})"
+                    );
+                    assert!(lp0_rows[i][k] < 0.0);
+                }
+            }
+            let w = masked_weights(&keep);
+            let obj =
+                |lp: &Tensor, ent: &Tensor| ((lp + ent).unwrap() * &w).unwrap().sum_all().unwrap();
+            let g = obj(&lp, &ent).backward().unwrap();
+            let g0 = obj(&lp0, &ent0).backward().unwrap();
+            assert_same_gradients(&vm, &g, &g0);
+        }
     }
 
     #[test]

@@ -125,6 +125,17 @@ impl KeyVisibility {
         self.total - self.past
     }
 
+    /// The real queries (their key is not padding), as flat indices `row · queries + q` into
+    /// the `[B, queries]` query grid, in order.
+    pub fn real_queries(&self) -> Vec<u32> {
+        let t = self.queries();
+        (0..self.batch)
+            .flat_map(|b| (0..t).map(move |q| (b, q)))
+            .filter(|&(b, q)| self.mask[b * self.total + self.past + q] != 0)
+            .map(|(b, q)| (b * t + q) as u32)
+            .collect()
+    }
+
     /// Whether query `p` (absolute position) of batch row `b` sees key `j`.
     #[inline]
     fn visible(&self, b: usize, p: usize, j: usize) -> bool {
