@@ -41,6 +41,7 @@ import torch
 __all__ = [
     "POLICY_LOSS_NAMES",
     "AGG_MODES",
+    "AGG_CONVENTIONS",
     "PolicyLossOutput",
     "policy_loss",
     "turn_ppo_loss",
@@ -70,13 +71,20 @@ POLICY_LOSS_NAMES = (
     "s_grpo",
 )
 
-#: The loss aggregation modes (§5.7).
+#: The loss aggregation modes (§5.7). ``token-sum`` exists under the ``verl`` convention only.
 AGG_MODES = (
     "token-mean",
+    "token-sum",
     "seq-mean-token-sum",
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
+
+#: Aggregation conventions: ``turnwise`` (turnwise-model's, spec §5.7: ``seq-mean-token-sum-norm``
+#: is ``Σ m·l / K``) and ``verl`` (verl 0.9.1's ``core_algos.agg_loss``: ``seq-mean-token-sum-norm``
+#: is ``seq-mean-token-sum / K``, i.e. also divided by the sequence count, and ``token-sum`` is
+#: ``Σ m·l`` times the data-parallel size).
+AGG_CONVENTIONS = ("turnwise", "verl")
 
 # name -> (ratio level, default (ε_low, ε_high))
 _KINDS: Dict[str, Tuple[str, Tuple[float, float]]] = {
@@ -314,8 +322,13 @@ def _row_weights(
     norm_constant: Optional[float],
     denominators: Optional[Tuple[float, float]],
     loss: str,
+    convention: str = "turnwise",
+    dp_size: int = 1,
 ) -> list:
-    """The per-sequence weights ``W_i`` of §5.7 (Python floats, f64 as turnwise-model)."""
+    """The per-sequence weights ``W_i`` of §5.7 (Python floats, f64 as turnwise-model), under
+    ``convention`` (:data:`AGG_CONVENTIONS`); ``dp_size`` scales ``token-sum`` (verl)."""
+    if convention not in AGG_CONVENTIONS:
+        raise ValueError(f"unknown agg_convention {convention!r}; known: {', '.join(AGG_CONVENTIONS)}")
     rows = mask.detach().to(torch.float64)
     width = rows.shape[1]
     row_tokens = [float(v) for v in rows.sum(1)]
@@ -328,6 +341,13 @@ def _row_weights(
 
     if mode == "token-mean":
         return [1.0 / safe(tokens)] * len(row_tokens)
+    if mode == "token-sum":
+        if convention != "verl":
+            raise ValueError(
+                f"{loss}: loss_agg_mode token-sum is verl 0.9.1's mode (agg_convention='verl'); "
+                "turnwise-model has no token-sum"
+            )
+        return [float(dp_size)] * len(row_tokens)
     if mode == "seq-mean-token-sum":
         return [1.0 / safe(seqs)] * len(row_tokens)
     if mode == "seq-mean-token-mean":
@@ -338,11 +358,11 @@ def _row_weights(
             raise ValueError(
                 f"invalid loss config: seq-mean-token-sum-norm needs a positive finite constant K, got {k}"
             )
+        if convention == "verl":
+            # verl 0.9.1 agg_loss: seq-mean-token-sum (Σ_i Σ_t m·l / sequences), then / K.
+            return [1.0 / (safe(seqs) * k)] * len(row_tokens)
         return [1.0 / k] * len(row_tokens)
-    raise ValueError(
-        f"unknown loss_agg_mode {mode!r}; known: token-mean, seq-mean-token-sum, "
-        "seq-mean-token-mean, seq-mean-token-sum-norm"
-    )
+    raise ValueError(f"unknown loss_agg_mode {mode!r}; known: {', '.join(AGG_MODES)}")
 
 
 def _weighted_sum(loss_mat: torch.Tensor, mask: torch.Tensor, weights: list) -> torch.Tensor:
@@ -357,6 +377,8 @@ def agg_loss(
     *,
     norm_constant: Optional[float] = None,
     denominators: Optional[Tuple[float, float]] = None,
+    agg_convention: str = "turnwise",
+    dp_size: int = 1,
 ) -> torch.Tensor:
     """Aggregates per-token losses ``[B, L]`` under ``loss_mask`` (spec §5.7)::
 
@@ -364,14 +386,19 @@ def agg_loss(
         seq-mean-token-sum:       mean over non-empty rows of Σ_t m·l
         seq-mean-token-mean:      mean over non-empty rows of Σ_t m·l / (Σ_t m + 1e-8)
         seq-mean-token-sum-norm:  Σ m·l / K  (Dr.GRPO; K = norm_constant, default L)
+                                  verl convention: mean over non-empty rows of Σ_t m·l, / K
+        token-sum:                Σ m·l · dp_size  (verl convention only)
 
     ``denominators = (tokens, sequences)`` are mini-batch totals when ``loss_mat`` is one
     micro-batch (summing the micro-batch losses then gives the mini-batch loss).
+    ``agg_convention``: ``"turnwise"`` (turnwise-model's) or ``"verl"`` (verl 0.9.1's
+    ``core_algos.agg_loss``; see :data:`AGG_CONVENTIONS`).
     """
     name = "agg_loss"
     loss_mat = _check(name, "loss_mat", loss_mat)
     mask = _check(name, "loss_mask", loss_mask, tuple(loss_mat.shape))
-    return _weighted_sum(loss_mat, mask, _row_weights(mask, mode, norm_constant, denominators, name))
+    weights = _row_weights(mask, mode, norm_constant, denominators, name, agg_convention, dp_size)
+    return _weighted_sum(loss_mat, mask, weights)
 
 
 # ----------------------------------------------------------------------------- clip bias
@@ -553,6 +580,8 @@ def policy_loss(
     turn_pooling: str = "mean",
     denominators: Optional[Tuple[float, float]] = None,
     clip_bias_scale: Optional[float] = None,
+    agg_convention: str = "turnwise",
+    dp_size: int = 1,
 ) -> PolicyLossOutput:
     """The policy loss named ``policy_loss`` (see the module table), as turnwise-model computes
     it (settings named as its ``PolicyLossConfig``)::
@@ -576,6 +605,9 @@ def policy_loss(
       "norm_scope": "minibatch" | "per_sample", "tau": 1e-8, "max_scale": None}``.
     - ``denominators = (tokens, sequences)``: mini-batch totals for a micro-batch;
       ``clip_bias_scale``: a precomputed mini-batch ``inverse_norm`` scale.
+    - ``agg_convention``: ``"turnwise"`` (turnwise-model's §5.7) or ``"verl"`` (verl 0.9.1's
+      ``agg_loss``: ``seq-mean-token-sum-norm`` also divides by the sequence count, and
+      ``token-sum`` is allowed, times ``dp_size``); see :data:`AGG_CONVENTIONS`.
     """
     kind = "dapo" if policy_loss == "decoupled_clip" else policy_loss
     if kind not in _KINDS:
@@ -686,7 +718,7 @@ def policy_loss(
         cb = _clip_bias_stats(ratio_d, adv64, mask64, lo_d, hi_d, cb_cfg)
 
     # --- Aggregate (§5.7) with the per-sequence weights, times the clip-bias scale.
-    weights = _row_weights(mask_in, r["agg"], loss_scale_factor, denominators, name)
+    weights = _row_weights(mask_in, r["agg"], loss_scale_factor, denominators, name, agg_convention, dp_size)
     row_tokens = [float(v) for v in mask64.sum(1)]
     scale, reported = 1.0, 1.0
     weight_sum, share_sum = 0.0, 0.0

@@ -269,3 +269,101 @@ def test_probe_errors_name_the_problem():
             ro.data(), [[7, 8]] * ro.b, lambda probes: torch.full((len(probes), 8), float("nan")),
             prefix_ids=[3], suffix_ids=[4], pad_token_id=PAD,
         )
+
+
+def stock_trainer(model) -> RayPPOTrainer:
+    tr = object.__new__(RayPPOTrainer)
+    tr.config = OmegaConf.create(
+        {"algorithm": {"adv_estimator": "turnwise_a2tgpo"}, "actor_rollout_ref": {"actor": {"calculate_sum_pi_squared": False}}}
+    )
+    tr.actor_rollout_wg = WorkerGroup(model)
+    tr.tokenizer = CharTokenizer()
+    return tr
+
+
+@pytest.mark.parametrize("estimator", ["turnwise_a2tgpo", "turnwise_igpo"])
+def test_stock_verl_trainer_flow_refuses_ig_estimators(estimator):
+    """verl's own RayPPOTrainer (main_ppo's) computes no information gain: its old-log-prob step
+    runs, then compute_advantage with turnwise_a2tgpo/_igpo refuses, naming the trainer to use,
+    where it used to train A2TGPO with IG = 0 and c = 1 (issue 49 item 4, review E V2)."""
+    from turnwise import verl as tv
+
+    tv._IG_RECORD.clear()
+    model = tiny_model()
+    batch = Rollouts().data()
+    stock_trainer(model)._compute_old_log_prob(batch)
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": batch.batch["rm_scores"].clone(), "response_mask": batch.batch["response_mask"]},
+        non_tensors={"uid": batch.non_tensor_batch["uid"]},
+    )
+    with pytest.raises(ValueError, match=r"turnwise\.verl\.trainer"):
+        compute_advantage(data, estimator, config=AlgoConfig())
+    # turnwise's trainer on the same batch: IG recorded, the estimator runs, IG is non-zero.
+    tr = trainer(model, estimator)
+    batch = Rollouts().data()
+    tr._compute_old_log_prob(batch)
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": batch.batch["rm_scores"].clone(), "response_mask": batch.batch["response_mask"]},
+        non_tensors={"uid": batch.non_tensor_batch["uid"]},
+    )
+    compute_advantage(data, estimator, config=AlgoConfig())
+    assert tr._turnwise_ig_metrics["turnwise/ig/abs_mean"] > 1e-3
+
+
+def test_update_actor_refuses_a_step_without_probes(monkeypatch):
+    """bypass_mode skips _compute_old_log_prob and with it the probes: the update stops instead
+    of training with IG = 0, and the config check names the key at start."""
+    from turnwise.verl.trainer import check_config
+
+    tr = trainer(tiny_model())
+    batch = Rollouts().data()
+    batch.batch["token_level_scores"] = batch.batch["rm_scores"]
+    monkeypatch.setattr(RayPPOTrainer, "_update_actor", lambda self, b: "ok")
+    with pytest.raises(RuntimeError, match="bypass_mode"):
+        tr._update_actor(batch)
+    cfg = OmegaConf.create(
+        {"algorithm": {"adv_estimator": "turnwise_a2tgpo", "use_kl_in_reward": False,
+                       "rollout_correction": {"bypass_mode": True}}}
+    )
+    with pytest.raises(ValueError, match=r"algorithm\.rollout_correction\.bypass_mode"):
+        check_config(cfg)
+    cfg.algorithm.rollout_correction.bypass_mode = False
+    check_config(cfg)
+    cfg.algorithm.use_kl_in_reward = True
+    with pytest.raises(ValueError, match=r"algorithm\.use_kl_in_reward"):
+        check_config(cfg)
+    cfg.algorithm.adv_estimator = "turnwise_grpo"
+    check_config(cfg)
+
+
+def test_score_metrics_show_the_task_reward_after_the_update(monkeypatch):
+    """The IG trains (the update sees it) and then leaves verl's score tensors, so verl's
+    critic/score and critic/rewards metrics are the task reward; the IG and outcome are logged
+    as turnwise/ig/* in the actor's metrics (review E V7)."""
+    from verl.trainer.ppo.metric_utils import compute_data_metrics
+
+    tr = trainer(tiny_model())
+    ro = Rollouts()
+    batch = ro.data()
+    tr._compute_old_log_prob(batch)
+    batch.batch["token_level_scores"] = batch.batch["rm_scores"]
+    batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+    seen = []
+
+    def update(self, b):
+        seen.append(b.batch["token_level_rewards"].clone())
+        return DataProto(meta_info={"metrics": {"actor/pg_loss": [0.0]}})
+
+    monkeypatch.setattr(RayPPOTrainer, "_update_actor", update)
+    out = tr._update_actor(batch)
+    outcome = torch.tensor(ro.outcome, dtype=torch.float32)
+    assert float((seen[0].sum(-1) - outcome).abs().max()) > 1e-3  # the update trained on IG
+    assert torch.equal(batch.batch["token_level_scores"].sum(-1), outcome)
+    assert torch.equal(batch.batch["token_level_rewards"].sum(-1), outcome)
+    m = out.meta_info["metrics"]
+    assert m["turnwise/ig/outcome_mean"] == [pytest.approx(float(ro.outcome.mean()))]
+    assert abs(m["turnwise/ig/sum_mean"][0]) > 1e-4
+    batch.batch["advantages"] = torch.zeros_like(batch.batch["rm_scores"])
+    batch.batch["returns"] = torch.zeros_like(batch.batch["rm_scores"])
+    dm = compute_data_metrics(batch=batch, use_critic=False)
+    assert dm["critic/score/mean"] == pytest.approx(float(ro.outcome.mean()))

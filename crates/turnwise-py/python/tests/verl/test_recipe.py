@@ -167,6 +167,16 @@ def test_recipe_overrides_compose_with_verls_config(tmp_path):
     assert cfg.actor_rollout_ref.rollout.multi_turn.function_tool_path == str(EXAMPLES / "search_tool.py")
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     assert (actor.clip_ratio_low, actor.clip_ratio_high) == (0.003, 0.004)
+    assert actor.loss_agg_mode == "seq-mean-token-mean"
+    # A2TGPO App. B.4: 64 prompts x 16 rollouts, mini-batch 8 prompts -> 8 optimizer steps a
+    # batch (verl counts ppo_mini_batch_size in prompts and multiplies it by rollout.n).
+    assert cfg.actor_rollout_ref.rollout.n == 16
+    assert cfg.data.train_batch_size == 64
+    assert cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 8
+    assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6
+    from turnwise.verl.trainer import check_config
+
+    check_config(cfg)  # no KL-in-reward, no bypass mode
 
 
 def test_recipe_script_parses():

@@ -78,10 +78,15 @@ class Batch:
                     r[i, e] = self.info_gain[i][t]
         return torch.tensor(r, dtype=torch.float32)
 
-    def data(self, kind: str) -> DataProto:
+    def data(self, kind: str, record: bool = True) -> DataProto:
+        """verl's batch; with ``kind="info_gain"`` and ``record``, also records the IG as
+        TurnwiseRayPPOTrainer does after its probes (the IG estimators refuse rewards without)."""
+        rewards = self.rewards(kind)
+        if kind == "info_gain" and record:
+            tv.record_info_gain(rewards, [(i, e) for i, ends in enumerate(self.last_tokens) for e in ends[:-1]])
         return DataProto.from_dict(
             tensors={
-                "token_level_rewards": self.rewards(kind),
+                "token_level_rewards": rewards,
                 "response_mask": torch.tensor(self.mask, dtype=torch.int64),
             },
             non_tensors={"uid": self.uid.copy()},
@@ -169,11 +174,12 @@ def test_a2tgpo_clip_scale_rides_on_observation_tokens():
     for i, ends in enumerate(bt.last_tokens):
         for t, e in enumerate(ends[:-1]):
             assert bt.mask[i, e + 1] == 0
-            assert abs(float(adv[i, e + 1]) - cs[i, t]) < 1e-6
+            # tagged: CLIP_SCALE_TAG + c, in verl's float32 (half an ulp at 256 is 1.5e-5)
+            assert abs(float(adv[i, e + 1]) - tv.CLIP_SCALE_TAG - cs[i, t]) < 1.6e-5
     back = tv.clip_scale_from_advantages(adv, torch.tensor(bt.mask)).numpy()
     want = np.asarray(turnwise.turn_values_to_tokens(bt.turn_id, cs, fill=1.0))
     m = bt.mask.astype(bool)
-    assert np.abs(back[m] - want[m]).max() < 1e-6
+    assert np.abs(back[m] - want[m]).max() < 1.6e-5
     assert np.ptp(cs[cs != 1.0]) > 0  # the scales differ between turns
 
 
@@ -384,7 +390,11 @@ def test_a2tgpo_loss_reads_the_clip_scale_from_the_estimator():
     cfg = actor_config(clip_ratio_low=3e-3, clip_ratio_high=4e-3)
     loss, m = core_algos.get_policy_loss_fn("turnwise_a2tgpo")(old, logp, adv, mask, "seq-mean-token-mean", cfg)
     (g1,) = torch.autograd.grad(loss, logp)
-    cs = turnwise.turn_values_to_tokens(bt.turn_id, np.asarray(direct("a2tgpo", bt).clip_scale), fill=1.0)
+    # c as it travels: CLIP_SCALE_TAG + c rounded to verl's float32, minus the tag
+    exact = np.asarray(direct("a2tgpo", bt).clip_scale)
+    carried = np.float32(tv.CLIP_SCALE_TAG + exact).astype(np.float64) - tv.CLIP_SCALE_TAG
+    carried[exact == 1.0] = 1.0
+    cs = turnwise.turn_values_to_tokens(bt.turn_id, carried, fill=1.0)
     lp2 = logp.detach().clone().requires_grad_(True)
     want = L.policy_loss(
         lp2, old, adv * mask, mask.double(), policy_loss="a2tgpo", clip_scale=torch.tensor(cs),
@@ -419,3 +429,180 @@ def test_loss_errors_name_the_problem():
     bad[0, 0] = float("nan")
     with pytest.raises(ValueError, match="old_logp"):
         fn(bad, logp, adv, mask, "token-mean", actor_config())
+
+
+# ----------------------------------------------------------------------------- issue 49 item 4
+
+
+@pytest.mark.parametrize("verl_name", list(tv.IG_ESTIMATORS))
+def test_ig_estimators_refuse_rewards_nobody_computed_ig_for(verl_name, monkeypatch):
+    """Under verl's stock flow nothing records an information gain: turnwise_igpo/_a2tgpo stop,
+    naming the trainer, instead of training with IG = 0 (issue 49, review E V2)."""
+    bt = Batch(15)
+    tv._IG_RECORD.clear()
+    with pytest.raises(ValueError, match="TurnwiseRayPPOTrainer"):
+        compute_advantage(bt.data("outcome"), verl_name, config=AlgoConfig())
+    # A record is consumed by one advantage computation: the next batch needs its own.
+    compute_advantage(bt.data("info_gain"), verl_name, config=AlgoConfig())
+    with pytest.raises(ValueError, match="no information gain was computed"):
+        compute_advantage(bt.data("info_gain", record=False), verl_name, config=AlgoConfig())
+    # Rewards that lost the recorded IG are refused, naming the token.
+    data = bt.data("info_gain")
+    i, e = 0, bt.last_tokens[0][0]
+    data.batch["token_level_rewards"][i, e] = 0.0
+    with pytest.raises(ValueError, match=rf"token_level_rewards\[{i}, {e}\]"):
+        compute_advantage(data, verl_name, config=AlgoConfig())
+    # A reward manager that places IG itself declares it; all-zero process turns are refused.
+    monkeypatch.setenv(tv.SETTINGS_ENV, json.dumps({"info_gain": {"placed_by": "reward_manager"}}))
+    tv._IG_RECORD.clear()
+    got = compute_advantage(bt.data("info_gain", record=False), verl_name, config=AlgoConfig()).batch["advantages"]
+    want = np.asarray(direct(tv.ADVANTAGE_ESTIMATORS[verl_name], bt).tokens)
+    m = bt.mask.astype(bool)
+    assert np.abs(got.double().numpy()[m] - want[m]).max() < 1e-6
+    with pytest.raises(ValueError, match="every process turn of the batch has reward exactly 0"):
+        compute_advantage(bt.data("outcome"), verl_name, config=AlgoConfig())
+
+
+@pytest.mark.parametrize("verl_name", list(tv.TURN_REWARD_ESTIMATORS))
+def test_kl_in_reward_is_refused_for_turn_reward_estimators(verl_name):
+    """algorithm.use_kl_in_reward would put each turn's KL into its IG / turn reward (V3)."""
+    bt = Batch(16)
+    kind = "turn_rewards" if verl_name == "turnwise_mt_grpo" else "info_gain"
+    with pytest.raises(ValueError, match="algorithm.use_kl_in_reward"):
+        compute_advantage(bt.data(kind), verl_name, config=AlgoConfig(use_kl_in_reward=True))
+    tv._IG_RECORD.clear()
+    # Outcome estimators sum the whole row, as verl's grpo does: KL-in-reward stays allowed.
+    compute_advantage(bt.data("outcome"), "turnwise_grpo", config=AlgoConfig(use_kl_in_reward=True))
+
+
+AGG_INFO = {
+    "local": {},
+    "global dp1": {"dp_size": 1, "batch_num_tokens": 57, "global_batch_size": 11},
+    "global dp4": {"dp_size": 4, "batch_num_tokens": 230, "global_batch_size": 40},
+    "global dp2 K": {"dp_size": 2, "batch_num_tokens": 120, "global_batch_size": 20, "loss_scale_factor": 64},
+}
+VERL_AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+@pytest.mark.parametrize("info", list(AGG_INFO))
+@pytest.mark.parametrize("mode", VERL_AGG_MODES)
+def test_aggregation_equals_verls_agg_loss(mode, info):
+    """turnwise's aggregation under the verl convention equals verl 0.9.1's own
+    core_algos.agg_loss in value and gradient, for every verl mode, with and without
+    global_batch_info (V1: seq-mean-token-sum-norm divides by the sequence count too)."""
+    bt = Batch(17)
+    g = torch.Generator().manual_seed(8)
+    mat = torch.randn(bt.b, bt.width, generator=g, dtype=F64, requires_grad=True)
+    mask = torch.tensor(bt.mask, dtype=F64)
+    mask[3] = 0.0  # a fully masked row: excluded from the sequence counts
+    gi = AGG_INFO[info]
+    theirs = core_algos.agg_loss(mat, mask, mode, **gi)
+    (g_theirs,) = torch.autograd.grad(theirs, mat)
+    # the verl path: verl_policy_loss's denominators are the global ones over dp ranks
+    dp = int(gi.get("dp_size", 1))
+    den = None if not gi else (gi["batch_num_tokens"] / dp, gi["global_batch_size"] / dp)
+    m2 = mat.detach().clone().requires_grad_(True)
+    ours = L.agg_loss(
+        m2, mask, mode, norm_constant=gi.get("loss_scale_factor"), denominators=den, agg_convention="verl", dp_size=dp
+    )
+    (g_ours,) = torch.autograd.grad(ours, m2)
+    assert abs(float(ours) - float(theirs)) < 1e-12 * max(1.0, abs(float(theirs)))
+    assert float((g_ours - g_theirs).abs().max()) < 1e-12
+
+
+@pytest.mark.parametrize("info", list(AGG_INFO))
+@pytest.mark.parametrize("mode", VERL_AGG_MODES)
+def test_turnwise_loss_in_verl_equals_verls_vanilla_in_every_mode(mode, info):
+    """End to end through verl's registry: with nothing clipped, turnwise_s_ppo is verl's
+    vanilla PPO, and its loss and gradient equal verl's in every aggregation mode and with
+    verl's global_batch_info (the global denominators, dp_size, loss_scale_factor)."""
+    bt = Batch(18)
+    old, logp, adv, mask = loss_inputs(bt, 9, spread=1e-4)
+    cfg = actor_config(clip_ratio=0.2)
+    cfg.global_batch_info.update(AGG_INFO[info])
+    ours, m = core_algos.get_policy_loss_fn("turnwise_s_ppo")(old, logp, adv, mask, mode, cfg)
+    (g1,) = torch.autograd.grad(ours, logp)
+    theirs, _ = core_algos.get_policy_loss_fn("vanilla")(old, logp, adv, mask, mode, cfg)
+    (g2,) = torch.autograd.grad(theirs, logp)
+    assert m["actor/clip_bias_num_clipped"] == 0
+    # (verl adds its 1e-8 to a bool mask's integer token count in float32, where it vanishes;
+    # turnwise divides by n + 1e-8 in float64: 4e-9 relative on rows of 2-3 tokens)
+    tol = 1e-8 if mode == "seq-mean-token-mean" else 1e-12
+    assert abs(float(ours) - float(theirs)) < tol * max(1.0, abs(float(theirs)))
+    assert float((g1 - g2).abs().max()) < tol
+
+
+def test_turnwise_convention_keeps_turnwise_models_sum_norm():
+    """Outside verl the Python losses stay equal to turnwise-model's (Σ m·l / K, no 1/B), and
+    token-sum is refused there: the verl convention is opt-in."""
+    bt = Batch(19)
+    mat = torch.randn(bt.b, bt.width, dtype=F64)
+    mask = torch.tensor(bt.mask, dtype=F64)
+    tw = L.agg_loss(mat, mask, "seq-mean-token-sum-norm")
+    assert abs(float(tw) - float((mat * mask).sum() / bt.width)) < 1e-12
+    verl = L.agg_loss(mat, mask, "seq-mean-token-sum-norm", agg_convention="verl")
+    assert abs(float(tw) / bt.b - float(verl)) < 1e-12
+    with pytest.raises(ValueError, match="token-sum"):
+        L.agg_loss(mat, mask, "token-sum")
+
+
+@pytest.mark.parametrize("verl_name", list(tv.POLICY_LOSSES))
+def test_loss_shape_errors_name_the_argument(verl_name):
+    """Bad shapes answer with a ValueError naming the argument, not a numpy/torch IndexError."""
+    bt = Batch(20)
+    adv = compute_advantage(bt.data("info_gain"), "turnwise_a2tgpo", config=AlgoConfig()).batch["advantages"].double()
+    old, logp, _, mask = loss_inputs(bt, 10)
+    cfg = actor_config(clip_ratio_low=3e-3, clip_ratio_high=4e-3)
+    fn = core_algos.get_policy_loss_fn(verl_name)
+    agg = "seq-mean-token-mean"
+    with pytest.raises(ValueError, match="`advantages` has shape"):
+        fn(old, logp, adv[:, :-2], mask, agg, cfg)
+    with pytest.raises(ValueError, match="`advantages` has shape"):
+        fn(old, logp, adv[:-1], mask, agg, cfg)
+    with pytest.raises(ValueError, match="`response_mask` has shape"):
+        fn(old, logp, adv, mask[:, :-1], agg, cfg)
+    with pytest.raises(ValueError, match="`old_log_prob` has shape"):
+        fn(old[:-1], logp, adv, mask, agg, cfg)
+    with pytest.raises(ValueError, match="`log_prob` has shape"):
+        fn(old[0], logp[0], adv[0], mask[0], agg, cfg)
+    with pytest.raises(ValueError, match="`advantages` is a ndarray"):
+        fn(old, logp, adv.numpy(), mask, agg, cfg)
+
+
+def test_a2tgpo_loss_refuses_untagged_values_in_the_clip_channel():
+    """verl's gae whitens every position, so observation tokens can carry any value in (0, 2):
+    only the tagged CLIP_SCALE_TAG + c passes as a clip scale (V5)."""
+    bt = Batch(21)
+    adv = compute_advantage(bt.data("info_gain"), "turnwise_a2tgpo", config=AlgoConfig()).batch["advantages"].double()
+    mask = torch.tensor(bt.mask)
+    tv.clip_scale_from_advantages(adv, mask)  # the estimator's own advantages pass
+    untagged = adv.clone()
+    obs = mask == 0
+    untagged[obs] = torch.where(untagged[obs] > 100, untagged[obs] - tv.CLIP_SCALE_TAG, untagged[obs])
+    with pytest.raises(ValueError, match="carries no adaptive clip scale"):
+        tv.clip_scale_from_advantages(untagged, mask)
+    # verl's own gae with values that put z-scores in (0, 2) on observation tokens
+    g = torch.Generator().manual_seed(11)
+    whitened = torch.rand(bt.b, bt.width, generator=g, dtype=F64) * 1.8 + 0.1
+    with pytest.raises(ValueError, match="turnwise_a2tgpo"):
+        tv.clip_scale_from_advantages(whitened, mask)
+
+
+def test_a2tgpo_warns_on_verls_ppo_defaults():
+    """verl's ActorConfig always supplies clip 0.2 and token-mean: turnwise_a2tgpo says so (V6)."""
+    import warnings
+
+    bt = Batch(22)
+    adv = compute_advantage(bt.data("info_gain"), "turnwise_a2tgpo", config=AlgoConfig()).batch["advantages"].double()
+    old, logp, _, mask = loss_inputs(bt, 12, spread=0.01)
+    fn = core_algos.get_policy_loss_fn("turnwise_a2tgpo")
+    tv._WARNED.clear()
+    with pytest.warns(tv.TurnwiseVerlWarning) as rec:
+        fn(old, logp, adv, mask, "token-mean", actor_config())
+    text = " ".join(str(w.message) for w in rec)
+    assert "0.2" in text and "clip_ratio_low=0.003" in text
+    assert "seq-mean-token-mean" in text
+    tv._WARNED.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tv.TurnwiseVerlWarning)
+        fn(old, logp, adv, mask, "seq-mean-token-mean", actor_config(clip_ratio_low=3e-3, clip_ratio_high=4e-3))

@@ -13,14 +13,24 @@ How verl's batch maps onto turnwise's inputs:
 
 - **Turns** are the runs of ``response_mask == 1`` (verl's multi-turn agent loops set the mask to
   0 on tool and observation tokens): :func:`turnwise.turn_ids_from_mask`.
-- **Rewards** come from ``token_level_rewards`` (verl's reward manager, plus the KL penalty when
-  ``algorithm.use_kl_in_reward``). Every token belongs to the turn that last started before it
+- **Rewards** come from ``token_level_rewards`` (verl's reward manager). Every token belongs to the turn that last started before it
   (observation tokens to the turn that called the tool), and a turn's reward is the sum over its
   tokens (:func:`split_turn_rewards`). The last turn's sum is the outcome (verl puts the score on
   the last response token); earlier turns' sums are the turn rewards of ``turnwise_mt_grpo`` and
   the information gains of ``turnwise_igpo`` and ``turnwise_a2tgpo`` (placed by
   :func:`turnwise.verl.info_gain.place_info_gain`, or by your own reward manager on each turn's
   last model token). Outcome-only estimators sum the whole row, as verl's ``grpo`` does.
+  ``algorithm.use_kl_in_reward`` is refused for the estimators that read per-turn sums
+  (``turnwise_mt_grpo``, ``turnwise_igpo``, ``turnwise_a2tgpo``): verl subtracts β·KL on every
+  token, which would turn each turn's reward into "reward − that turn's KL" (turnwise's own
+  trainer refuses the same combination); use ``actor.use_kl_loss`` instead.
+- **Information gain must have been computed**: ``turnwise_igpo`` and ``turnwise_a2tgpo`` refuse
+  a batch unless :class:`turnwise.verl.trainer.TurnwiseRayPPOTrainer` recorded its probes' IG for
+  it (:func:`record_info_gain`; the rewards must still hold those values) or
+  ``TURNWISE_VERL_SETTINGS`` declares ``{"info_gain": {"placed_by": "reward_manager"}}`` (then a
+  batch whose process turns all carry exactly 0 is refused). Under verl's stock ``main_ppo`` no IG
+  is computed, and these estimators would silently be GRPO with a constant clip: they stop instead,
+  naming ``python -m turnwise.verl.trainer``.
 - **Groups** are verl's ``uid`` (the ``index`` verl passes to custom estimators).
 - **Settings**: ``algorithm.gamma`` is the discount of ``igpo``/``a2tgpo``;
   ``algorithm.norm_adv_by_std_in_grpo = False`` turns ``turnwise_grpo`` into ``dr_grpo``
@@ -30,17 +40,23 @@ How verl's batch maps onto turnwise's inputs:
   (``turn_pooling``, ``clip_bias``, ``log_ratio_clamp``) and ``"info_gain"`` the probe text
   (``prefix``, ``suffix``) of :mod:`turnwise.verl.trainer`.
 - **Losses** read verl's ``ActorConfig`` (``clip_ratio``, ``clip_ratio_low``/``_high``,
-  ``clip_ratio_c``, ``loss_agg_mode``, ``loss_scale_factor``) and aggregate with verl's global
-  batch denominators (``global_batch_info``: tokens and sequences of the whole mini-batch over
-  the data-parallel ranks), so a micro-batch loss sums to the mini-batch loss as verl's own
-  losses do. Set the clip ratios as the method needs them (turn-GSPO and A2TGPO: ``3e-3``/
-  ``4e-3``; verl's default 0.2 is PPO's).
+  ``clip_ratio_c``, ``loss_agg_mode``, ``loss_scale_factor``) and aggregate exactly as verl
+  0.9.1's ``core_algos.agg_loss`` (value and gradient, every mode including ``token-sum`` and
+  ``seq-mean-token-sum-norm``'s division by the sequence count; turnwise's own trainer's
+  ``seq-mean-token-sum-norm`` has no such division) with verl's global batch denominators
+  (``global_batch_info``), so a micro-batch loss sums to the mini-batch loss and verl's entropy
+  and KL terms keep their weight. Set the clip ratios as the method needs them (turn-GSPO and
+  A2TGPO: ``3e-3``/``4e-3``; verl's ``ActorConfig`` always supplies PPO's 0.2, so turnwise's own
+  defaults never apply in verl). ``turnwise_a2tgpo`` warns (:class:`TurnwiseVerlWarning`) when it
+  meets clip ratio 0.2 or ``token-mean`` aggregation (A2TGPO's is ``seq-mean-token-mean``).
 - **A2TGPO's adaptive clip** needs each turn's clip scale ``c`` in the loss, but verl hands a
   policy loss only the advantages. ``turnwise_a2tgpo`` (the estimator) therefore writes each
   process turn's ``c`` into the advantages tensor on the first observation token after the turn
   (a position the response mask removes from every loss and metric; the final turn's ``c`` is
-  1), and the ``turnwise_a2tgpo`` loss reads it back. The loss refuses advantages that carry no
-  clip scale (another estimator), naming the estimator it needs.
+  1), tagged as ``CLIP_SCALE_TAG + c`` so that no other estimator's values pass for it, and the
+  ``turnwise_a2tgpo`` loss reads it back. The loss refuses advantages that carry no tagged clip
+  scale (another estimator, e.g. verl's ``gae``, which whitens every position), naming the
+  estimator it needs.
 - **The clipping-bias correction** (``turnwise_s_ppo``, ``turnwise_st_ppo``,
   ``turnwise_s_grpo``) weights each sample's loss by ``1 − ρ_i``. turnwise's own trainer also
   divides the mini-batch gradient by the weights' mean before its norm clip and steps at
@@ -62,6 +78,7 @@ import functools
 import json
 import math
 import os
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -73,6 +90,11 @@ from ..turns import turn_ids_from_mask
 
 __all__ = [
     "TESTED_VERL_VERSION",
+    "IG_ESTIMATORS",
+    "TURN_REWARD_ESTIMATORS",
+    "CLIP_SCALE_TAG",
+    "TurnwiseVerlWarning",
+    "record_info_gain",
     "ADVANTAGE_ESTIMATORS",
     "POLICY_LOSSES",
     "NOT_REGISTERED",
@@ -123,6 +145,84 @@ NOT_REGISTERED: Dict[str, str] = {
 SETTINGS_ENV = "TURNWISE_VERL_SETTINGS"
 
 _ESTIMATOR_KEYS = {"grpo", "dr_grpo", "rloo", "mt_grpo", "igpo", "a2tgpo"}
+
+#: verl estimators whose process-turn rewards are IGPO's information gain.
+IG_ESTIMATORS = ("turnwise_igpo", "turnwise_a2tgpo")
+
+#: verl estimators that read per-turn reward sums (KL-in-reward would enter them).
+TURN_REWARD_ESTIMATORS = IG_ESTIMATORS + ("turnwise_mt_grpo",)
+
+#: Offset of A2TGPO's clip scale on the observation channel: the estimator writes
+#: ``CLIP_SCALE_TAG + c`` (c in (0, 2)), the loss accepts only values in
+#: ``(CLIP_SCALE_TAG, CLIP_SCALE_TAG + 2)``. A power of two, so float32 keeps c to 3e-5.
+CLIP_SCALE_TAG = 256.0
+
+
+class TurnwiseVerlWarning(UserWarning):
+    """A verl setting that silently changes what a turnwise method trains."""
+
+
+_WARNED: set = set()
+
+# The information gain TurnwiseRayPPOTrainer computed for the batch whose advantages come next
+# (this process: verl computes advantages in the driver, where the trainer runs).
+_IG_RECORD: Dict[str, Any] = {}
+
+
+def record_info_gain(token_rewards: Any, written: Sequence[Tuple[int, int]]) -> None:
+    """Records that ``token_rewards`` ``[B, L]`` holds the information gain of this step's batch
+    at the ``(row, position)`` pairs ``written`` (what :func:`turnwise.verl.info_gain.place_info_gain`
+    returns). The next ``turnwise_igpo``/``turnwise_a2tgpo`` advantage computation in this
+    process consumes the record and refuses rewards that do not hold these values.
+    :class:`turnwise.verl.trainer.TurnwiseRayPPOTrainer` calls it after its probes."""
+    r = _np(token_rewards, np.float64, "token_rewards")
+    _IG_RECORD.clear()
+    _IG_RECORD.update(
+        rows=int(r.shape[0]),
+        written=[(int(i), int(p)) for i, p in written],
+        values=[float(r[i, p]) for i, p in written],
+        consumed=False,
+    )
+
+
+def _check_info_gain(verl_name: str, r: np.ndarray, per_turn: np.ndarray, num_turns: np.ndarray) -> None:
+    """Refuses IG turn rewards that nobody computed (see the module docstring)."""
+    placed_by = str(_env_settings().get("info_gain", {}).get("placed_by", "trainer"))
+    if placed_by not in ("trainer", "reward_manager"):
+        raise ValueError(
+            f"{SETTINGS_ENV}: info_gain.placed_by must be 'trainer' or 'reward_manager', got {placed_by!r}"
+        )
+    if placed_by == "reward_manager":
+        process = [per_turn[i, : int(n) - 1] for i, n in enumerate(num_turns) if n > 1]
+        if process and all(np.all(p == 0.0) for p in process):
+            raise ValueError(
+                f"{verl_name}: every process turn of the batch has reward exactly 0, so the "
+                f"information gain is 0 everywhere ({SETTINGS_ENV} info_gain.placed_by="
+                "'reward_manager' says your reward manager places it on each turn's last model token)"
+            )
+        return
+    if not _IG_RECORD or _IG_RECORD.get("consumed"):
+        raise ValueError(
+            f"{verl_name}: no information gain was computed for this batch. Its turn rewards are "
+            "IGPO's information gain, which only turnwise.verl.trainer.TurnwiseRayPPOTrainer "
+            "computes (run `python -m turnwise.verl.trainer trainer.use_v1=false ...` instead of "
+            "verl.trainer.main_ppo); without it every turn's IG would be 0. If your reward manager "
+            f"places IG itself, set {SETTINGS_ENV}='{{\"info_gain\": {{\"placed_by\": \"reward_manager\"}}}}'"
+        )
+    rec = dict(_IG_RECORD)
+    _IG_RECORD["consumed"] = True
+    if rec["rows"] != r.shape[0]:
+        raise ValueError(
+            f"{verl_name}: the information gain was recorded for {rec['rows']} responses, the "
+            f"batch has {r.shape[0]}"
+        )
+    for (i, p), v in zip(rec["written"], rec["values"]):
+        if not math.isclose(float(r[i, p]), v, rel_tol=1e-5, abs_tol=1e-6):
+            raise ValueError(
+                f"{verl_name}: token_level_rewards[{i}, {p}] is {float(r[i, p])}, but the "
+                f"information-gain reward recorded there is {v}: the rewards changed between the "
+                "probes and the advantages"
+            )
 
 
 # ----------------------------------------------------------------------------- settings
@@ -255,26 +355,33 @@ def _channel_positions(turn_id: np.ndarray, num_turns: np.ndarray) -> List[Tuple
 def _encode_clip_scale(adv: np.ndarray, extra: Dict[str, Any]) -> None:
     cs = extra["clip_scale"]
     for i, t, pos in _channel_positions(extra["turn_id"], extra["num_turns"]):
-        adv[i, pos] = cs[i, t]
+        adv[i, pos] = CLIP_SCALE_TAG + cs[i, t]
 
 
 def clip_scale_from_advantages(advantages: Any, response_mask: Any) -> torch.Tensor:
     """A2TGPO's per-token clip scale ``c`` ``[B, L]`` read back from advantages that the
     ``turnwise_a2tgpo`` estimator wrote (see the module docstring): each process turn's ``c``
-    sits on the first observation token after it, the final turn's is 1. Raises ``ValueError``
-    when a process turn carries none (the advantages came from another estimator)."""
+    sits on the first observation token after it as ``CLIP_SCALE_TAG + c``, the final turn's is 1.
+    Raises ``ValueError`` when a process turn carries none (the advantages came from another
+    estimator) or the shapes disagree."""
+    if tuple(advantages.shape) != tuple(response_mask.shape) or advantages.dim() != 2:
+        raise ValueError(
+            f"turnwise_a2tgpo loss: `advantages` has shape {list(advantages.shape)} and "
+            f"`response_mask` {list(response_mask.shape)}; both must be [B, L]"
+        )
     adv = advantages.detach().to("cpu", torch.float64).numpy()
     mask = response_mask.detach().to("cpu").to(torch.int64).numpy()
     tid = np.asarray(turn_ids_from_mask(mask), dtype=np.int64)
     num_turns = tid.max(axis=1) + 1
     per_turn = np.ones((tid.shape[0], max(int(num_turns.max(initial=0)), 1)))
     for i, t, pos in _channel_positions(tid, num_turns):
-        c = adv[i, pos]
+        enc = adv[i, pos]
+        c = enc - CLIP_SCALE_TAG
         if not (math.isfinite(c) and 0.0 < c < 2.0):
             raise ValueError(
                 f"turnwise_a2tgpo loss: response {i}, turn {t} carries no adaptive clip scale "
-                f"(found {c} on the observation token after it; expected c in (0, 2)): set "
-                "algorithm.adv_estimator=turnwise_a2tgpo, whose advantages carry it"
+                f"(found {enc} on the observation token after it; expected {CLIP_SCALE_TAG:g} + c "
+                "with c in (0, 2)): set algorithm.adv_estimator=turnwise_a2tgpo, whose advantages carry it"
             )
         per_turn[i, t] = c
     out = np.ones_like(adv)
@@ -293,12 +400,24 @@ def _estimator_fn(verl_name: str, tw_name: str) -> Callable[..., Tuple[torch.Ten
         **kwargs: Any,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         settings = dict(_env_settings().get(verl_name, {}))
+        if verl_name in TURN_REWARD_ESTIMATORS and bool(_cfg_get(config, "use_kl_in_reward", False)):
+            raise ValueError(
+                f"{verl_name} reads each turn's reward sum, and algorithm.use_kl_in_reward=true "
+                "would subtract that turn's KL from it (the information gain / turn reward would "
+                "rank turns by KL): set algorithm.use_kl_in_reward=false and use "
+                "actor_rollout_ref.actor.use_kl_loss for the KL term"
+            )
         name = tw_name
         if name == "grpo" and not _cfg_get(config, "norm_adv_by_std_in_grpo", True):
             name = "dr_grpo"
         if name in ("igpo", "a2tgpo"):
             settings.setdefault("gamma", float(_cfg_get(config, "gamma", 1.0)))
         adv, extra = turn_level_advantages(name, token_level_rewards, response_mask, index, **settings)
+        if verl_name in IG_ESTIMATORS:
+            _check_info_gain(
+                verl_name, _np(token_level_rewards, np.float64, "token_level_rewards"),
+                extra["per_turn"], extra["num_turns"],
+            )
         if name == "a2tgpo":
             _encode_clip_scale(adv, extra)
         t = torch.from_numpy(adv).to(device=token_level_rewards.device, dtype=torch.float32)
@@ -331,6 +450,9 @@ def verl_policy_loss(
         )
     if config is None:
         raise ValueError(f"turnwise_{kind} loss needs verl's ActorConfig (config=None)")
+    _check_loss_shapes(kind, old_log_prob, log_prob, advantages, response_mask)
+    if kind == "a2tgpo":
+        _warn_a2tgpo_settings(config, loss_agg_mode)
     loss_settings = dict(_env_settings().get("loss", {}))
     mask = response_mask.to(log_prob.dtype)
     info = dict(_cfg_get(config, "global_batch_info", {}) or {})
@@ -365,10 +487,49 @@ def verl_policy_loss(
         loss_agg_mode=loss_agg_mode,
         loss_scale_factor=scale_factor,
         denominators=denominators,
+        agg_convention="verl",
+        dp_size=dp,
         **loss_settings,
     )
     metrics = {k: float(v) for k, v in out.metrics.items() if k != "actor/pg_loss"}
     return out.loss, metrics
+
+
+def _check_loss_shapes(kind: str, old_log_prob: Any, log_prob: Any, advantages: Any, response_mask: Any) -> None:
+    named = (("log_prob", log_prob), ("old_log_prob", old_log_prob), ("advantages", advantages),
+             ("response_mask", response_mask))
+    for arg, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"turnwise_{kind} loss: `{arg}` is a {type(t).__name__}, expected a torch.Tensor [B, L]")
+    if log_prob.dim() != 2:
+        raise ValueError(f"turnwise_{kind} loss: `log_prob` has shape {list(log_prob.shape)}, expected [B, L]")
+    for arg, t in named[1:]:
+        if tuple(t.shape) != tuple(log_prob.shape):
+            raise ValueError(
+                f"turnwise_{kind} loss: `{arg}` has shape {list(t.shape)}, expected "
+                f"{list(log_prob.shape)} (the shape of `log_prob`)"
+            )
+
+
+def _warn_a2tgpo_settings(config: Any, loss_agg_mode: str) -> None:
+    low = _cfg_get(config, "clip_ratio_low", None)
+    high = _cfg_get(config, "clip_ratio_high", None)
+    issues = []
+    if low == 0.2 or high == 0.2:
+        issues.append(
+            ("clip", f"turnwise_a2tgpo loss: clip_ratio_low/high = {low}/{high} includes verl's PPO default 0.2 "
+             "(A2TGPO's turn clip is 3e-3/4e-3; set actor_rollout_ref.actor.clip_ratio_low=0.003 and "
+             "clip_ratio_high=0.004)")
+        )
+    if loss_agg_mode == "token-mean":
+        issues.append(
+            ("agg", "turnwise_a2tgpo loss: loss_agg_mode token-mean (verl's default) replaces A2TGPO's "
+             "seq-mean-token-mean (eq. 12); set actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean")
+        )
+    for key, msg in issues:
+        if key not in _WARNED:
+            _WARNED.add(key)
+            warnings.warn(msg, TurnwiseVerlWarning, stacklevel=3)
 
 
 _ESTIMATOR_FNS = {v: _estimator_fn(v, t) for v, t in ADVANTAGE_ESTIMATORS.items()}
