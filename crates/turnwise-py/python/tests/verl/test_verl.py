@@ -606,3 +606,6 @@ def test_a2tgpo_warns_on_verls_ppo_defaults():
     with warnings.catch_warnings():
         warnings.simplefilter("error", tv.TurnwiseVerlWarning)
         fn(old, logp, adv, mask, "seq-mean-token-mean", actor_config(clip_ratio_low=3e-3, clip_ratio_high=4e-3))
+    # turn-GSPO meets the same clip default (its aggregation it forces itself)
+    with pytest.warns(tv.TurnwiseVerlWarning, match="turnwise_gspo_turn loss: clip_ratio_low/high"):
+        core_algos.get_policy_loss_fn("turnwise_gspo_turn")(old, logp, adv, mask, "seq-mean-token-mean", actor_config())

@@ -47,8 +47,9 @@ How verl's batch maps onto turnwise's inputs:
   (``global_batch_info``), so a micro-batch loss sums to the mini-batch loss and verl's entropy
   and KL terms keep their weight. Set the clip ratios as the method needs them (turn-GSPO and
   A2TGPO: ``3e-3``/``4e-3``; verl's ``ActorConfig`` always supplies PPO's 0.2, so turnwise's own
-  defaults never apply in verl). ``turnwise_a2tgpo`` warns (:class:`TurnwiseVerlWarning`) when it
-  meets clip ratio 0.2 or ``token-mean`` aggregation (A2TGPO's is ``seq-mean-token-mean``).
+  defaults never apply in verl). ``turnwise_a2tgpo`` and ``turnwise_gspo_turn`` warn
+  (:class:`TurnwiseVerlWarning`) when they meet clip ratio 0.2, and ``turnwise_a2tgpo`` when it
+  meets ``token-mean`` aggregation (A2TGPO's is ``seq-mean-token-mean``).
 - **A2TGPO's adaptive clip** needs each turn's clip scale ``c`` in the loss, but verl hands a
   policy loss only the advantages. ``turnwise_a2tgpo`` (the estimator) therefore writes each
   process turn's ``c`` into the advantages tensor on the first observation token after the turn
@@ -451,8 +452,8 @@ def verl_policy_loss(
     if config is None:
         raise ValueError(f"turnwise_{kind} loss needs verl's ActorConfig (config=None)")
     _check_loss_shapes(kind, old_log_prob, log_prob, advantages, response_mask)
-    if kind == "a2tgpo":
-        _warn_a2tgpo_settings(config, loss_agg_mode)
+    if kind in ("a2tgpo", "gspo_turn"):
+        _warn_turn_clip_settings(kind, config, loss_agg_mode)
     loss_settings = dict(_env_settings().get("loss", {}))
     mask = response_mask.to(log_prob.dtype)
     info = dict(_cfg_get(config, "global_batch_info", {}) or {})
@@ -511,19 +512,22 @@ def _check_loss_shapes(kind: str, old_log_prob: Any, log_prob: Any, advantages: 
             )
 
 
-def _warn_a2tgpo_settings(config: Any, loss_agg_mode: str) -> None:
+def _warn_turn_clip_settings(kind: str, config: Any, loss_agg_mode: str) -> None:
+    """Warns (once per process and issue) where verl's PPO defaults replace the method's:
+    clip 0.2 for A2TGPO's / turn-GSPO's 3e-3/4e-3, token-mean for A2TGPO's seq-mean-token-mean
+    (turn-GSPO refuses any other aggregation itself)."""
     low = _cfg_get(config, "clip_ratio_low", None)
     high = _cfg_get(config, "clip_ratio_high", None)
     issues = []
     if low == 0.2 or high == 0.2:
         issues.append(
-            ("clip", f"turnwise_a2tgpo loss: clip_ratio_low/high = {low}/{high} includes verl's PPO default 0.2 "
-             "(A2TGPO's turn clip is 3e-3/4e-3; set actor_rollout_ref.actor.clip_ratio_low=0.003 and "
-             "clip_ratio_high=0.004)")
+            ((kind, "clip"), f"turnwise_{kind} loss: clip_ratio_low/high = {low}/{high} includes verl's PPO "
+             "default 0.2 (the method's turn clip is 3e-3/4e-3; set actor_rollout_ref.actor.clip_ratio_low=0.003 "
+             "and clip_ratio_high=0.004)")
         )
-    if loss_agg_mode == "token-mean":
+    if kind == "a2tgpo" and loss_agg_mode == "token-mean":
         issues.append(
-            ("agg", "turnwise_a2tgpo loss: loss_agg_mode token-mean (verl's default) replaces A2TGPO's "
+            ((kind, "agg"), "turnwise_a2tgpo loss: loss_agg_mode token-mean (verl's default) replaces A2TGPO's "
              "seq-mean-token-mean (eq. 12); set actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean")
         )
     for key, msg in issues:
