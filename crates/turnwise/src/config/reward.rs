@@ -108,7 +108,7 @@ pub struct JudgeSettings {
     /// 0 to 1: 1 never stops, 0 stops on the first failure.
     pub max_failure_rate: f64,
     /// How the scores are asked for: `"free"` (default: one request per rollout, the reply's
-    /// `<score>` block parsed) or `"choice"` (one request per turn: the model continues a
+    /// `<score>` block parsed) or `"choice"` (one request per intermediate turn: the model continues a
     /// prefilled score block with one of the rubric's scores for that turn, vLLM's
     /// `guided_choice` with `continue_final_message`; every verdict parses, which a small judge
     /// needs; the endpoint must support those extensions, as vLLM and `turnwise serve` do).
