@@ -108,8 +108,8 @@ pub struct JudgeSettings {
     /// 0 to 1: 1 never stops, 0 stops on the first failure.
     pub max_failure_rate: f64,
     /// How the scores are asked for: `"free"` (default: one request per rollout, the reply's
-    /// `<score>` block parsed) or `"choice"` (one request per intermediate turn: the model continues a
-    /// prefilled score block with one of the rubric's scores for that turn, vLLM's
+    /// `<score>` block parsed) or `"choice"` (one request per intermediate turn: the model
+    /// continues a prefilled score block with one of the rubric's scores for that turn, vLLM's
     /// `guided_choice` with `continue_final_message`; every verdict parses, which a small judge
     /// needs; the endpoint must support those extensions, as vLLM and `turnwise serve` do).
     pub mode: JudgeMode,
@@ -252,8 +252,8 @@ impl JudgeSettings {
                      endpoint. Serve a judge model behind an OpenAI-compatible API (e.g. \
                      `turnwise serve --model DIR --addr 127.0.0.1:8000 --name judge`, or vLLM's \
                      `vllm serve MODEL --port 8000`) and set judge.base_url = \
-                     \"http://HOST:8000/v1\" and judge.model = its served name (judge.mode = \"choice\" needs vLLM's \
-                     guided_choice, which both have); or set judge.serve = MODEL to serve one \
+                     \"http://HOST:8000/v1\" and judge.model = its served name \
+                     (judge.mode = \"choice\" needs vLLM's guided_choice, which both have); or set judge.serve = MODEL to serve one \
                      inside the run. Before RL the judge must agree with the rules on at least \
                      judge.min_rubric_agreement of held-out intermediate turns"
                     .into(),

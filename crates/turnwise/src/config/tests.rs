@@ -877,7 +877,7 @@ fn similarity_thresholds_the_estimator_refuses_are_refused_by_the_config() {
         let base = TrainConfig::resolve(Some(preset), None, &[]).unwrap();
         for t in [0.0, 1e-9, 0.5, 0.9, 0.999_999, 1.0] {
             let set = format!("advantage.similarity_thresh={t:?}");
-            let config = TrainConfig::resolve(Some(preset), None, &[set.clone()]);
+            let config = TrainConfig::resolve(Some(preset), None, std::slice::from_ref(&set));
             // The estimator's settings as training builds them, with this threshold.
             let mut v = serde_json::to_value(&base.advantage).unwrap();
             v["similarity_thresh"] = serde_json::json!(t);

@@ -549,7 +549,7 @@ impl Trainer {
             .into_iter()
             .take(n)
             .collect();
-        let seed = self.config.seed ^ 0x6a75_6467_65; // "judge"
+        let seed = self.config.seed ^ 0x006a_7564_6765; // "judge"
         let mut specs = Vec::with_capacity(questions.len());
         for (i, q) in questions.iter().enumerate() {
             specs.push(EpisodeSpec {
