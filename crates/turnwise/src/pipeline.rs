@@ -346,6 +346,7 @@ fn after_warm_start(
     trainer.freeze_reference()?;
     // Remote rollouts: the servers evaluate and roll out the warm-started weights.
     trainer.sync_remote(&dir.root().join(WEIGHTS_DIR))?;
+    calibrate_judge(&trainer, &mut log, quiet)?;
     evaluate(
         &trainer,
         cfg,
@@ -371,12 +372,29 @@ fn after_warm_start(
     rl_phase(&mut trainer, cfg, dir, &mut log, quiet)
 }
 
+/// The metrics phase of the judge's calibration line (step 0).
+const JUDGE_CALIBRATION_PHASE: &str = "judge_calibration";
+
+/// The judge's calibration against the rules before RL ([`Trainer::calibrate_judge`]): its
+/// metrics are logged and its line printed, then a judge under `judge.min_rubric_agreement`
+/// stops the run.
+fn calibrate_judge(trainer: &Trainer, log: &mut MetricsWriter, quiet: bool) -> Result<()> {
+    let (Some(c), Some(judge)) = (trainer.calibrate_judge()?, trainer.judge()) else {
+        return Ok(());
+    };
+    log.write(0, JUDGE_CALIBRATION_PHASE, &c.metrics())?;
+    say(quiet, c.line());
+    judge.check_calibration(&c)
+}
+
 /// The checks of a run that need its task or the file system, made before the run directory is
-/// created or an old run in it is deleted (and by `turnwise config`): `model.init_from` exists
+/// created or an old run in it is deleted (and by `turnwise config`): the judge, when on, has an
+/// endpoint ([`crate::config::JudgeSettings::require_endpoint`]), `model.init_from` exists
 /// (or is a packaged model's name), the warm start has demonstrations, every
 /// `eval.base_shots` entry has that many training examples, and with `run.wandb` on, the
 /// `wandb` Python package imports.
 pub fn preflight(cfg: &TrainConfig, task: &TaskSet) -> Result<()> {
+    cfg.judge.require_endpoint()?;
     if let Some(p) = &cfg.model.init_from
         && !crate::model_source::is_model_name(&p.to_string_lossy())
         && !p.exists()

@@ -81,6 +81,9 @@ fn trainer(preset: &str, sets: &[String]) -> Trainer {
     t
 }
 
+/// The judge's scores become the intermediate turns' rewards; the final turn's reward R^F and
+/// the rollout's score stay the rules' (the same step without the judge draws the same
+/// rollouts); a one-turn rollout is not sent; verdicts are cached.
 #[test]
 fn judge_scores_are_the_turn_rewards_the_step_trains_on() {
     let tmp = tempfile::tempdir().unwrap();
@@ -92,31 +95,79 @@ fn judge_scores_are_the_turn_rewards_the_step_trains_on() {
     ]);
     let mut t = trainer("mt-ppo", &sets);
     let out = t.rl_step().unwrap();
-    assert_eq!(hits.load(Ordering::SeqCst), out.episodes.len());
+    // Without the judge the same step draws the same rollouts, scored by the rules alone.
+    let mut plain = common::tiny_overrides();
+    plain.push("judge.enabled=false".into());
+    let mut r = trainer("mt-ppo", &plain);
+    let o = r.rl_step().unwrap();
+    assert!(!o.metrics.contains_key("judge/episodes"));
+    assert_eq!(out.episodes.len(), o.episodes.len());
+    let multi = out
+        .episodes
+        .iter()
+        .filter(|e| e.trajectory.num_turns() > 1)
+        .count();
+    assert!(multi > 0, "no rollout with an intermediate turn to judge");
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        multi,
+        "one request per judged rollout"
+    );
     assert_eq!(out.metrics["judge/failures"], 0.0, "{:?}", out.metrics);
-    for e in &out.episodes {
+    for (e, p) in out.episodes.iter().zip(&o.episodes) {
+        assert_eq!(e.trajectory.id, p.trajectory.id);
+        assert_eq!(e.response_text(), p.response_text(), "the same rollout");
         let n = e.trajectory.num_turns();
-        let want: Vec<f64> = (0..n)
-            .map(|k| if k + 1 == n { 0.75 } else { 0.25 })
-            .collect();
-        assert_eq!(e.trajectory.turn_rewards, want, "{}", e.trajectory.id);
+        let rules = &p.trajectory.turn_rewards;
+        assert_eq!(e.trajectory.turn_rewards.len(), n);
+        // The judge's 0.25 on every intermediate turn, the rules' R^F on the last (never the
+        // judge's 0.75), and the rules' score.
+        assert!(
+            e.trajectory.turn_rewards[..n - 1]
+                .iter()
+                .all(|&x| x == 0.25),
+            "{}: {:?}",
+            e.trajectory.id,
+            e.trajectory.turn_rewards
+        );
+        assert_eq!(
+            e.trajectory.turn_rewards[n - 1],
+            rules[n - 1],
+            "R^F is the rules'"
+        );
+        assert!([-1.0, 0.2, 1.0].contains(&rules[n - 1]));
+        assert_eq!(
+            e.trajectory.outcome_reward, p.trajectory.outcome_reward,
+            "{}: the outcome is the rules'",
+            e.trajectory.id
+        );
+        assert!(
+            p.trajectory
+                .turn_rewards
+                .iter()
+                .all(|x| (x - 0.25).abs() > 1e-9 && (x - 0.75).abs() > 1e-9)
+        );
     }
     let m = &out.metrics;
-    assert_eq!(m["judge/episodes"], out.episodes.len() as f64);
-    assert_eq!(m["judge/failures"], 0.0);
+    assert_eq!(m["judge/episodes"], multi as f64);
     assert_eq!(
         m["judge/rubric_agreement"], 0.0,
-        "the rules never give 0.25 or 0.75"
+        "the rules never give 0.25"
     );
     // The same rollouts again: answered from the cache, no request.
     let before = hits.load(Ordering::SeqCst);
     let judge = turnwise::trainer::judge::TurnJudge::start(&t.config.judge).unwrap();
     let questions = vec!["q".to_string(); 1];
     let golds = vec![vec!["a".to_string()]; 1];
+    let ep = out
+        .episodes
+        .iter()
+        .find(|e| e.trajectory.num_turns() > 1)
+        .unwrap();
     let mut outs = vec![
         turnwise_core::reward::RewardOutput {
-            score: 0.0,
-            turn_rewards: vec![0.0; out.episodes[0].trajectory.num_turns()],
+            score: 0.5,
+            turn_rewards: vec![0.0; ep.trajectory.num_turns()],
             em: 0.0,
             format_ok: true,
             reason: String::new(),
@@ -124,7 +175,7 @@ fn judge_scores_are_the_turn_rewards_the_step_trains_on() {
         };
         1
     ];
-    let eps = &out.episodes[..1];
+    let eps = std::slice::from_ref(ep);
     judge.rescore(eps, &questions, &golds, &mut outs).unwrap();
     judge.rescore(eps, &questions, &golds, &mut outs).unwrap();
     assert_eq!(
@@ -132,21 +183,8 @@ fn judge_scores_are_the_turn_rewards_the_step_trains_on() {
         before + 1,
         "second verdict from the cache"
     );
-
-    // Without the judge the same step trains on the rules' turn rewards.
-    let mut plain = common::tiny_overrides();
-    plain.push("judge.enabled=false".into());
-    let mut r = trainer("mt-ppo", &plain);
-    let o = r.rl_step().unwrap();
-    assert!(!o.metrics.contains_key("judge/episodes"));
-    for e in &o.episodes {
-        assert!(
-            e.trajectory
-                .turn_rewards
-                .iter()
-                .all(|x| (x - 0.25).abs() > 1e-9 && (x - 0.75).abs() > 1e-9)
-        );
-    }
+    assert_eq!(outs[0].score, 0.5, "the score is left alone");
+    assert_eq!(outs[0].turn_rewards.last(), Some(&0.0), "so is R^F");
 }
 
 /// A judge failing on every rollout stops the run at the default `judge.max_failure_rate`
@@ -159,9 +197,10 @@ fn a_failing_judge_falls_back_to_the_rules_or_stops_the_run() {
     let (server, hits) = stand_in_judge(1);
     let url = format!("{}/v1", server.url());
     let mut t = trainer("mt-ppo", &judged(&[format!("judge.base_url=\"{url}\"")]));
-    let n = t.config.rollout.prompts_per_step * t.config.rollout.group_size;
     let e = format!("{:#}", t.rl_step().err().expect("the run stops"));
-    assert_eq!(hits.load(Ordering::SeqCst), n);
+    // The rollouts with an intermediate turn, each sent once.
+    let n = hits.load(Ordering::SeqCst);
+    assert!(n >= 3, "{n} rollouts judged");
     for part in [
         url.as_str(),
         "\"turnwise\"",
@@ -172,7 +211,8 @@ fn a_failing_judge_falls_back_to_the_rules_or_stops_the_run() {
         assert!(e.contains(part), "{part:?} not in {e}");
     }
 
-    // Every third request fails: 2 of 6 rollouts, a third.
+    // Every third request fails: a third of the judged rollouts (the same rollouts as above).
+    let failed = n / 3;
     let (server, _) = stand_in_judge(3);
     let url = format!("{}/v1", server.url());
     let base = format!("judge.base_url=\"{url}\"");
@@ -180,20 +220,27 @@ fn a_failing_judge_falls_back_to_the_rules_or_stops_the_run() {
         "mt-ppo",
         &judged(&[base.clone(), "judge.max_failure_rate=0.5".into()]),
     );
-    assert_eq!(n, 6);
     let out = t.rl_step().expect("under the limit the run goes on");
-    assert_eq!(out.metrics["judge/failures"], 2.0, "{:?}", out.metrics);
-    assert!((out.metrics["judge/failure_rate"] - 2.0 / 6.0).abs() < 1e-12);
+    assert_eq!(
+        out.metrics["judge/failures"], failed as f64,
+        "{:?}",
+        out.metrics
+    );
+    assert!((out.metrics["judge/failure_rate"] - failed as f64 / n as f64).abs() < 1e-12);
     // The rollouts the judge scored train on its verdicts, the others on the rules'.
     let judged_eps = out
         .episodes
         .iter()
-        .filter(|e| e.trajectory.turn_rewards.last() == Some(&0.75))
+        .filter(|e| e.trajectory.turn_rewards.first() == Some(&0.25))
         .count();
-    assert_eq!(judged_eps, 4);
+    assert_eq!(judged_eps, n - failed);
     let mut t = trainer("mt-ppo", &judged(std::slice::from_ref(&base)));
     let e = format!("{:#}", t.rl_step().err().expect("above the default limit"));
-    assert!(e.contains("failed on 2 of 6 rollouts (33.3%)"), "{e}");
+    let rate = format!("{:.1}%", 100.0 * failed as f64 / n as f64);
+    assert!(
+        e.contains(&format!("failed on {failed} of {n} rollouts ({rate})")),
+        "{e}"
+    );
 
     let mut t = trainer(
         "mt-ppo",
@@ -248,10 +295,11 @@ fn the_judge_preset_serves_its_judge_inside_the_run() {
     assert_eq!(cfg.judge.mode, turnwise::config::JudgeMode::Choice);
     let mut t = trainer("mt-ppo-judge", &sets);
     let out = t.rl_step().unwrap();
-    assert_eq!(out.metrics["judge/episodes"], out.episodes.len() as f64);
+    let (multi, inter) = intermediate_turns(&out.episodes);
+    assert_eq!(out.metrics["judge/episodes"], multi as f64);
     assert_eq!(out.metrics["judge/failures"], 0.0, "{:?}", out.metrics);
-    let turns: usize = out.episodes.iter().map(|e| e.trajectory.num_turns()).sum();
-    assert_eq!(out.metrics["judge/requests"], turns as f64);
+    // One request per intermediate turn: the final turn is the rules'.
+    assert_eq!(out.metrics["judge/requests"], inter as f64);
     assert!(out.metrics["timing_s/judge"] > 0.0);
 
     // The judge settings are checked by name.
@@ -333,16 +381,17 @@ fn a_served_judge_in_choice_mode_scores_the_turns_the_step_trains_on() {
     for _step in 0..2 {
         let out = t.rl_step().unwrap();
         let m = &out.metrics;
-        assert_eq!(m["judge/episodes"], out.episodes.len() as f64);
+        let (multi, inter) = intermediate_turns(&out.episodes);
+        assert_eq!(m["judge/episodes"], multi as f64);
         assert_eq!(m["judge/failures"], 0.0, "every episode judged: {m:?}");
-        let turns: usize = out.episodes.iter().map(|e| e.trajectory.num_turns()).sum();
         assert_eq!(
             m["judge/requests"] + m["judge/cache_hits"],
-            turns as f64,
-            "one request per turn"
+            inter as f64,
+            "one request per intermediate turn"
         );
         let verdicts = cached_verdicts(&cache);
-        for e in &out.episodes {
+        for e in out.episodes.iter().filter(|e| e.turn_texts.len() > 1) {
+            let n = e.turn_texts.len();
             let block: String = e
                 .turn_texts
                 .iter()
@@ -352,12 +401,12 @@ fn a_served_judge_in_choice_mode_scores_the_turns_the_step_trains_on() {
             let key = format!("### Multi-turn response\n{block}### Ground truth");
             let mine: Vec<Vec<f64>> = verdicts
                 .iter()
-                .filter(|(p, v)| p.contains(&key) && v.len() == e.turn_texts.len())
+                .filter(|(p, v)| p.contains(&key) && v.len() == n - 1)
                 .map(|(_, v)| v.iter().map(|s| s.parse().unwrap()).collect())
                 .collect();
             assert!(!mine.is_empty(), "no verdict for {}", e.trajectory.id);
             assert!(
-                mine.contains(&e.trajectory.turn_rewards),
+                mine.contains(&e.trajectory.turn_rewards[..n - 1].to_vec()),
                 "{}: trained on {:?}, the judge picked {mine:?}",
                 e.trajectory.id,
                 e.trajectory.turn_rewards
@@ -380,5 +429,193 @@ fn a_served_judge_in_choice_mode_scores_the_turns_the_step_trains_on() {
     let mut t = trainer("mt-ppo", &free);
     let out = t.rl_step().unwrap();
     assert!(out.metrics["judge/failures"] > 0.0, "{:?}", out.metrics);
-    assert_eq!(out.metrics["judge/requests"], out.episodes.len() as f64);
+    let (multi, _) = intermediate_turns(&out.episodes);
+    assert_eq!(out.metrics["judge/requests"], multi as f64);
+}
+
+/// The rollouts with an intermediate turn (what the judge is sent) and their intermediate turns.
+fn intermediate_turns(episodes: &[turnwise::rollout::Episode]) -> (usize, usize) {
+    let multi = episodes.iter().filter(|e| e.turn_texts.len() > 1).count();
+    let inter = episodes
+        .iter()
+        .map(|e| e.turn_texts.len().saturating_sub(1))
+        .sum();
+    (multi, inter)
+}
+
+/// A judge answering from a table of rubric prompts (filled by the test): the scores listed
+/// for the prompt's intermediate turns, 0.75 for its last; 0.25 on every intermediate turn of
+/// a prompt not in the table. Counts requests.
+type Table = Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<f64>>>>;
+
+fn table_judge() -> (BackgroundServer, Table, Arc<AtomicUsize>) {
+    let table: Table = Default::default();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let (t, h) = (Arc::clone(&table), Arc::clone(&hits));
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        post(move |axum::Json(body): axum::Json<Value>| {
+            let (t, h) = (Arc::clone(&t), Arc::clone(&h));
+            async move {
+                h.fetch_add(1, Ordering::SeqCst);
+                let prompt = body["messages"][0]["content"].as_str().unwrap_or("");
+                let n = (1..)
+                    .take_while(|k| prompt.contains(&format!("Turn{k}:\n")))
+                    .count();
+                let known = t.lock().unwrap().get(prompt).cloned();
+                let lines: String = (1..=n)
+                    .map(|k| {
+                        let v = match (&known, k == n) {
+                            (_, true) => 0.75,
+                            (Some(s), false) => s[k - 1],
+                            (None, false) => 0.25,
+                        };
+                        format!("Turn{k}: {v:.1}\n")
+                    })
+                    .collect();
+                axum::Json(json!({"choices": [{"message": {
+                    "role": "assistant", "content": format!("<score>\n{lines}</score>")}}]}))
+            }
+        }),
+    );
+    let server = BackgroundServer::start_router(
+        "judge",
+        app,
+        "127.0.0.1:0".parse().unwrap(),
+        std::time::Duration::from_secs(30),
+    )
+    .unwrap();
+    (server, table, hits)
+}
+
+/// The lines of `phase` in a run's metrics.
+fn phase(dir: &Path, phase: &str) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["phase"] == phase)
+        .collect()
+}
+
+fn run(sets: &[String], dir: &Path) -> anyhow::Result<turnwise::pipeline::RunSummary> {
+    let cfg = TrainConfig::resolve(Some("mt-ppo"), None, sets)?;
+    let opts = turnwise::pipeline::RunOptions {
+        dir: dir.to_path_buf(),
+        quiet: true,
+    };
+    turnwise::pipeline::run(cfg, &opts, false)
+}
+
+/// Before RL the judge is calibrated on the warm-started policy's rollouts of validation
+/// questions: a judge that never gives the rules' intermediate scores stops the run before its
+/// first RL step, naming the judge, its agreement, the floor and the fix, with the calibration
+/// logged; the same judge trains with the floor lowered to 0 explicitly; a judge that gives the
+/// rules' scores on the calibration's turns passes the default floor and the run trains.
+#[test]
+fn the_judge_is_calibrated_against_the_rules_before_rl() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (server, table, hits) = table_judge();
+    let url = format!("{}/v1", server.url());
+    let mut sets = judged(&[format!("judge.base_url=\"{url}\"")]);
+    sets.push("run.steps=1".into());
+
+    // The table is empty: 0.25 on every intermediate turn, which the rules never give.
+    let dir = tmp.path().join("disagrees");
+    let e = format!("{:#}", run(&sets, &dir).expect_err("stops before RL"));
+    for part in [
+        url.as_str(),
+        "\"turnwise\"",
+        "judge/calibration/rubric_agreement = 0.000",
+        "under judge.min_rubric_agreement = 0.5",
+        "the run stops before RL",
+        "point judge.base_url at a stronger judge",
+    ] {
+        assert!(e.contains(part), "{part:?} not in {e}");
+    }
+    let cal = phase(&dir, "judge_calibration");
+    assert_eq!(cal.len(), 1, "{cal:?}");
+    assert_eq!(cal[0]["judge/calibration/rubric_agreement"], 0.0);
+    let turns = cal[0]["judge/calibration/turns"].as_f64().unwrap();
+    assert!(turns > 0.0, "{cal:?}");
+    assert!(hits.load(Ordering::SeqCst) > 0);
+    assert!(phase(&dir, "train").is_empty(), "no RL step");
+
+    // The floor lowered explicitly: the same judge trains.
+    let mut low = sets.clone();
+    low.push("judge.min_rubric_agreement=0".into());
+    let dir = tmp.path().join("floor-0");
+    run(&low, &dir).expect("the floor at 0 never stops");
+    assert_eq!(phase(&dir, "judge_calibration").len(), 1);
+    assert_eq!(phase(&dir, "train").len(), 1);
+
+    // A judge that agrees: the table holds the rules' scores of the calibration's rollouts (the
+    // run draws the same ones from its seed after the same warm start).
+    let cfg = TrainConfig::resolve(Some("mt-ppo"), None, &sets).unwrap();
+    let mut t = Trainer::new(cfg).unwrap();
+    t.warm_start(&mut |_, _, _| {}).unwrap();
+    t.freeze_reference().unwrap();
+    let r = t.calibration_rollouts().unwrap();
+    for i in 0..r.episodes.len() {
+        let turns: Vec<String> = r.episodes[i]
+            .turn_texts
+            .iter()
+            .map(|(g, o)| format!("{g}{}", o.as_deref().unwrap_or("")))
+            .collect();
+        let prompt = turnwise_env::judge::turn_prompt(&r.questions[i], &r.golds[i], &turns);
+        let scores = r.rules[i].turn_rewards.clone();
+        table.lock().unwrap().insert(prompt, scores);
+    }
+    let dir = tmp.path().join("agrees");
+    run(&sets, &dir).expect("an agreeing judge passes");
+    let cal = phase(&dir, "judge_calibration");
+    assert_eq!(cal[0]["judge/calibration/rubric_agreement"], 1.0, "{cal:?}");
+    assert_eq!(cal[0]["judge/calibration/turns"].as_f64().unwrap(), turns);
+    let train = phase(&dir, "train");
+    assert_eq!(train.len(), 1);
+    assert!(
+        train[0]["judge/episodes"].as_f64().unwrap() > 0.0,
+        "{train:?}"
+    );
+}
+
+/// mt-ppo-judge ships no judge: its config resolves (so `turnwise config` can show it), but the
+/// run refuses to start, naming `judge.base_url` and how to point it at a server; with a judge
+/// endpoint it starts.
+#[test]
+fn the_judge_preset_refuses_to_start_without_a_judge() {
+    let cfg = TrainConfig::resolve(Some("mt-ppo-judge"), None, &common::tiny_overrides()).unwrap();
+    assert!(cfg.judge.enabled && cfg.judge.serve.is_none() && cfg.judge.base_url.is_empty());
+    assert_eq!(cfg.judge.min_rubric_agreement, 0.5);
+    let e = format!("{:#}", Trainer::new(cfg.clone()).err().expect("no judge"));
+    for part in [
+        "judge.base_url",
+        "is not set",
+        "turnwise serve --model DIR",
+        "vllm serve MODEL",
+        "judge.serve",
+        "judge.min_rubric_agreement",
+    ] {
+        assert!(e.contains(part), "{part:?} not in {e}");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = turnwise::pipeline::RunOptions {
+        dir: tmp.path().join("run"),
+        quiet: true,
+    };
+    let e = format!(
+        "{:#}",
+        turnwise::pipeline::run(cfg, &opts, false).unwrap_err()
+    );
+    assert!(e.contains("judge.base_url"), "{e}");
+    assert!(
+        !opts.dir.exists(),
+        "refused before the run directory is made"
+    );
+
+    let (server, _) = stand_in_judge(0);
+    let mut sets = common::tiny_overrides();
+    sets.push(format!("judge.base_url=\"{}/v1\"", server.url()));
+    let cfg = TrainConfig::resolve(Some("mt-ppo-judge"), None, &sets).unwrap();
+    Trainer::new(cfg).expect("a named judge starts");
 }

@@ -434,16 +434,49 @@ impl LlmJudge {
                 let reply = self.chat(&[ChatMessage::user(prompt)])?;
                 parse_turn_scores(&reply, turns.len())
             }
-            JudgeMode::Choice => self.turn_scores_by_choice(&prompt, turns.len()),
+            JudgeMode::Choice => self.turn_scores_by_choice(&prompt, turns.len(), turns.len()),
+        }
+    }
+
+    /// The scores of the intermediate turns only (every turn but the last, in order) of a
+    /// multi-turn response: the judge reads the whole response with the per-turn rubric, as in
+    /// [`LlmJudge::turn_scores`], but the final turn's score is not asked for (in
+    /// [`JudgeMode::Choice`], no request for it) or is dropped (in [`JudgeMode::Free`], where
+    /// the reply must still score every turn to parse). A response of one turn has none: no
+    /// request is sent and the result is empty.
+    pub fn intermediate_turn_scores(
+        &self,
+        question: &str,
+        ground_truth: &[String],
+        turns: &[String],
+    ) -> Result<Vec<f64>, JudgeError> {
+        let n = turns.len();
+        if n <= 1 {
+            return Ok(Vec::new());
+        }
+        let prompt = turn_prompt(question, ground_truth, turns);
+        match self.config.mode {
+            JudgeMode::Free => {
+                let reply = self.chat(&[ChatMessage::user(prompt)])?;
+                let mut scores = parse_turn_scores(&reply, n)?;
+                scores.truncate(n - 1);
+                Ok(scores)
+            }
+            JudgeMode::Choice => self.turn_scores_by_choice(&prompt, n, n - 1),
         }
     }
 
     /// [`JudgeMode::Choice`]: turn by turn, the model continues the score block so far with
-    /// one of the rubric's scores for that turn.
-    fn turn_scores_by_choice(&self, prompt: &str, n: usize) -> Result<Vec<f64>, JudgeError> {
-        let mut picked: Vec<String> = Vec::with_capacity(n);
-        let mut scores = Vec::with_capacity(n);
-        for k in 1..=n {
+    /// one of the rubric's scores for that turn; turns 1 to `upto` of the `n`.
+    fn turn_scores_by_choice(
+        &self,
+        prompt: &str,
+        n: usize,
+        upto: usize,
+    ) -> Result<Vec<f64>, JudgeError> {
+        let mut picked: Vec<String> = Vec::with_capacity(upto);
+        let mut scores = Vec::with_capacity(upto);
+        for k in 1..=upto.min(n) {
             let choices = turn_score_choices(k, n);
             let mut extra = serde_json::Map::new();
             extra.insert("continue_final_message".into(), json!(true));

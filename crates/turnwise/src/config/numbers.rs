@@ -46,8 +46,11 @@ pub(super) fn unit(x: f64) -> bool {
 /// The range one number must lie in, with the words its error gives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum NumberRange {
-    /// In [0, 1] (discount factors, similarity thresholds).
+    /// In [0, 1] (discount factors).
     UnitInterval,
+    /// Strictly between 0 and 1 (GiGPO's and T2PO's similarity threshold: the estimator refuses
+    /// 0 and 1, so the config does too instead of passing them to the first advantage step).
+    OpenUnitInterval,
     /// At least 0 (coefficients, KL targets and horizons, clip scales).
     NonNegative,
     /// Above 0: an estimator's ε added to a group's standard deviation, which is 0 whenever
@@ -71,6 +74,10 @@ impl NumberRange {
         };
         match self {
             NumberRange::UnitInterval if !(0.0..=1.0).contains(&x) => fail("in [0, 1]"),
+            NumberRange::OpenUnitInterval if !(x > 0.0 && x < 1.0) => fail(
+                "in (0, 1), both ends excluded (set advantage.enable_similarity = false to \
+                 match anchors exactly)",
+            ),
             NumberRange::NonNegative | NumberRange::StdEpsilon if x < 0.0 => {
                 fail("a non-negative number")
             }

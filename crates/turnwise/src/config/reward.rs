@@ -65,8 +65,11 @@ pub enum JudgeFailure {
 /// LLM-judge turn rewards (`[judge]`): each rollout's turns are sent to an OpenAI-compatible
 /// chat endpoint with the paper's per-turn rubric (turn-level-rewards.md App. C.3: final turn
 /// −1 / 0.2 / 1, intermediate turns format ±, information +0.3, search cost), and the judge's
-/// scores replace the verifiable turn rewards of `reward = "mt_ppo_turn"` (the same rubric,
-/// computed by rules). EM and format metrics still come from the rules.
+/// scores of the intermediate turns replace the verifiable R^I_k of `reward = "mt_ppo_turn"`
+/// (the same rubric, computed by rules). The outcome reward R^F (the last turn's reward and the
+/// rollout's score) stays the rules' verifiable one, as in the paper's setup (spec §2.4); EM
+/// and format metrics come from the rules too. Before RL the judge is calibrated against the
+/// rules on held-out turns (`judge.calibration_questions`, `judge.min_rubric_agreement`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct JudgeSettings {
@@ -76,7 +79,10 @@ pub struct JudgeSettings {
     /// port): a packaged model's name (`smollm2-135m-instruct`, the offline default), a GGUF
     /// file or a Hugging Face folder. Absent: ask `base_url`.
     pub serve: Option<String>,
-    /// Base URL of the OpenAI-compatible API (`.../v1`) when `serve` is absent.
+    /// Base URL of the OpenAI-compatible API (`.../v1`) when `serve` is absent. Empty (as
+    /// preset mt-ppo-judge ships it): no judge is named, and the run refuses to start until
+    /// this names a server (`turnwise serve`, vLLM, any OpenAI-compatible endpoint) or
+    /// `serve` names a model.
     pub base_url: String,
     /// The model name sent.
     pub model: String,
@@ -102,11 +108,24 @@ pub struct JudgeSettings {
     /// 0 to 1: 1 never stops, 0 stops on the first failure.
     pub max_failure_rate: f64,
     /// How the scores are asked for: `"free"` (default: one request per rollout, the reply's
-    /// `<score>` block parsed) or `"choice"` (one request per turn: the model continues a
-    /// prefilled score block with one of the rubric's scores for that turn, vLLM's
+    /// `<score>` block parsed) or `"choice"` (one request per intermediate turn: the model
+    /// continues a prefilled score block with one of the rubric's scores for that turn, vLLM's
     /// `guided_choice` with `continue_final_message`; every verdict parses, which a small judge
     /// needs; the endpoint must support those extensions, as vLLM and `turnwise serve` do).
     pub mode: JudgeMode,
+    /// The judge's calibration before RL: the starting policy (after the warm start) rolls
+    /// out this many validation questions (one rollout each, at `rollout.temperature`), and
+    /// the judge and the rules score every intermediate turn of those rollouts. Default 32;
+    /// 0 skips the calibration, which `min_rubric_agreement = 0` must then allow.
+    pub calibration_questions: usize,
+    /// The least agreement with the rules the judge must reach in its calibration before RL,
+    /// in 0 to 1 (default 0.5): agreement is the share of the calibration rollouts'
+    /// intermediate turns whose judge score equals the rules' R^I_k (to 1e-6; a turn of a
+    /// rollout the judge could not score counts as disagreeing). Below it the run stops before
+    /// RL with an error naming the judge, its agreement and this floor. 0 never stops (the
+    /// calibration is still logged); a calibration with no intermediate turn stops a run whose
+    /// floor is above 0.
+    pub min_rubric_agreement: f64,
 }
 
 impl Default for JudgeSettings {
@@ -125,6 +144,8 @@ impl Default for JudgeSettings {
             on_failure: JudgeFailure::Rubric,
             max_failure_rate: 0.1,
             mode: JudgeMode::Free,
+            calibration_questions: 32,
+            min_rubric_agreement: 0.5,
         }
     }
 }
@@ -167,6 +188,7 @@ impl JudgeSettings {
         }
         Self::validate_judge_reward(reward)?;
         if j.serve.is_none()
+            && !j.base_url.is_empty()
             && !(j.base_url.starts_with("http://") || j.base_url.starts_with("https://"))
         {
             return bad(
@@ -197,6 +219,45 @@ impl JudgeSettings {
                 "judge.max_failure_rate",
                 format!("must be in [0, 1], got {}", j.max_failure_rate),
             );
+        }
+        if !(0.0..=1.0).contains(&j.min_rubric_agreement) {
+            return bad(
+                "judge.min_rubric_agreement",
+                format!("must be in [0, 1], got {}", j.min_rubric_agreement),
+            );
+        }
+        if j.calibration_questions == 0 && j.min_rubric_agreement > 0.0 {
+            return bad(
+                "judge.calibration_questions",
+                format!(
+                    "0 skips the judge's calibration, but judge.min_rubric_agreement = {} needs \
+                     it: give a number of validation questions, or set \
+                     judge.min_rubric_agreement = 0 to train without the check",
+                    j.min_rubric_agreement
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// Checks that the judge is named when it is on: `judge.serve` (a model served inside the
+    /// run) or a non-empty `judge.base_url`. Made when the run starts (its preflight and the
+    /// trainer), not when the config resolves, so that `turnwise config` can still show a
+    /// preset that ships without a judge.
+    pub fn require_endpoint(&self) -> Result<(), ConfigError> {
+        if self.enabled && self.serve.is_none() && self.base_url.is_empty() {
+            return Err(ConfigError::Invalid {
+                field: "judge.base_url",
+                message: "is not set, and judge.serve is not either: this run's LLM judge has no \
+                     endpoint. Serve a judge model behind an OpenAI-compatible API (e.g. \
+                     `turnwise serve --model DIR --addr 127.0.0.1:8000 --name judge`, or vLLM's \
+                     `vllm serve MODEL --port 8000`) and set judge.base_url = \
+                     \"http://HOST:8000/v1\" and judge.model = its served name \
+                     (judge.mode = \"choice\" needs vLLM's guided_choice, which both have); or set judge.serve = MODEL to serve one \
+                     inside the run. Before RL the judge must agree with the rules on at least \
+                     judge.min_rubric_agreement of held-out intermediate turns"
+                    .into(),
+            });
         }
         Ok(())
     }

@@ -775,7 +775,8 @@ fn other_crates_numbers_are_refused_outside_their_stated_ranges() {
         (
             "gigpo",
             "advantage.similarity_thresh=-0.5",
-            "config field `advantage.similarity_thresh`: must be in [0, 1], got -0.5",
+            "config field `advantage.similarity_thresh`: must be in (0, 1), both ends excluded \
+             (set advantage.enable_similarity = false to match anchors exactly), got -0.5",
         ),
         (
             "grpo",
@@ -849,6 +850,7 @@ fn every_stated_number_range_names_a_live_key() {
     for &(key, range) in super::update::NUMBER_RANGES {
         let (bad, what) = match range {
             NumberRange::UnitInterval => ("1.5", "in [0, 1]"),
+            NumberRange::OpenUnitInterval => ("1.0", "in (0, 1)"),
             NumberRange::NonNegative => ("-1", "a non-negative number"),
             NumberRange::StdEpsilon => ("0", "positive (it is added"),
             NumberRange::Positive => ("0", "positive"),
@@ -862,5 +864,34 @@ fn every_stated_number_range_names_a_live_key() {
                 .is_err_and(|e| e.to_string().starts_with(&want))
         });
         assert!(refused, "no preset refuses {key}={bad} with {want:?}");
+    }
+}
+
+/// `advantage.similarity_thresh` is refused by the config exactly where GiGPO's and T2PO's
+/// estimator would refuse it at the first advantage step (outside (0, 1)), naming the key and
+/// the range; values inside pass both.
+#[test]
+fn similarity_thresholds_the_estimator_refuses_are_refused_by_the_config() {
+    use turnwise_core::advantage::{AdvantageBatch, AdvantageConfig};
+    for preset in ["gigpo", "t2po"] {
+        let base = TrainConfig::resolve(Some(preset), None, &[]).unwrap();
+        for t in [0.0, 1e-9, 0.5, 0.9, 0.999_999, 1.0] {
+            let set = format!("advantage.similarity_thresh={t:?}");
+            let config = TrainConfig::resolve(Some(preset), None, std::slice::from_ref(&set));
+            // The estimator's settings as training builds them, with this threshold.
+            let mut v = serde_json::to_value(&base.advantage).unwrap();
+            v["similarity_thresh"] = serde_json::json!(t);
+            v["enable_similarity"] = serde_json::json!(true);
+            let est: AdvantageConfig = serde_json::from_value(v).unwrap();
+            let trains = est.estimate(&AdvantageBatch::new(Vec::new())).is_ok();
+            assert_eq!(config.is_ok(), trains, "{preset} {set}: {config:?}");
+            if let Err(e) = config {
+                let e = e.to_string();
+                assert!(
+                    e.contains("advantage.similarity_thresh") && e.contains("in (0, 1)"),
+                    "{preset} {set}: {e}"
+                );
+            }
+        }
     }
 }

@@ -214,7 +214,7 @@ pub(super) const NUMBER_RANGES: &[(&str, NumberRange)] = &[
     ("advantage.ig_epsilon", NumberRange::StdEpsilon),
     ("advantage.lam", NumberRange::UnitInterval),
     ("advantage.outcome_epsilon", NumberRange::StdEpsilon),
-    ("advantage.similarity_thresh", NumberRange::UnitInterval),
+    ("advantage.similarity_thresh", NumberRange::OpenUnitInterval),
     ("advantage.turn_advantage_coef", NumberRange::NonNegative),
     ("algorithm.kl_ctrl.horizon", NumberRange::NonNegative),
     ("algorithm.kl_ctrl.kl_coef", NumberRange::NonNegative),
