@@ -284,11 +284,18 @@ for p in "${presets[@]}"; do
     [ "$p" = mt-ppo-judge ] && extra=(--set "judge.serve=\"$judge\"")
     for side in before after; do
         bin=${!side}
+        side_extra=("${extra[@]}")
+        # Since issue 49 a judge is calibrated against the rules before RL and the tiny fixture
+        # judge is under the default floor: a binary that knows the key gets the floor at 0.
+        if [ "$p" = mt-ppo-judge ] && "$bin" -q config --preset mt-ppo-judge \
+            --set judge.min_rubric_agreement=0 "${extra[@]}" >/dev/null 2>&1; then
+            side_extra+=(--set judge.min_rubric_agreement=0)
+        fi
         t0=$SECONDS
         "$bin" train --preset "$p" --out "$work/$side/runs/$p" --overwrite "${world[@]}" \
             --set rollout.prompts_per_step="$prompts" --set optim.mini_batch_size="$mini" \
             --set run.steps="$rl_steps" --set sft.steps=0 \
-            --set model.init_from="\"$work/$side/warm/$format\"" "${extra[@]}" \
+            --set model.init_from="\"$work/$side/warm/$format\"" "${side_extra[@]}" \
             >"$work/$side/logs/$p.log" 2>&1 ||
             echo "($side run of $p failed: $work/$side/logs/$p.log)"
         echo "$((SECONDS - t0))" >"$work/$side/logs/$p.seconds"

@@ -33,7 +33,8 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// The main job: generate a multi-hop world, warm-start a small model on oracle
-    /// demonstrations, train it with A2TGPO, and evaluate before and after on the test split.
+    /// demonstrations, train it with A2TGPO's advantage and turn clip (in Search-R1's format on
+    /// plain EM), and evaluate before and after on the test split.
     Quickstart {
         /// Run directory.
         #[arg(long, default_value = "runs/quickstart")]

@@ -37,7 +37,8 @@ pub struct ScoredEpisode {
     pub golds: Vec<String>,
     /// Its score: the reward's score plus the overlong penalty.
     pub score: f64,
-    /// The reward's score (the judge's, when on), before the overlong penalty.
+    /// The reward's score (always the rules': a judge scores intermediate turns only), before
+    /// the overlong penalty.
     pub reward_score: f64,
     /// Its per-turn rewards (empty when the reward has none).
     pub turn_rewards: Vec<f64>,
