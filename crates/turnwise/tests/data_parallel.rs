@@ -156,15 +156,22 @@ fn minibatch_gradient_does_not_depend_on_the_shards() {
                 )
                 .unwrap()
                 .unwrap_or_else(|| panic!("{preset}: the loss is not finite"));
-                (common::sorted_values(&g.grads), g.metrics, g.step_scale)
+                (
+                    common::sorted_values(&g.grads),
+                    g.metrics,
+                    g.clip_bias_mean_weight.unwrap_or(1.0),
+                )
             })
         };
         let ((g1, m1, s1), (g3, m3, s3)) = (grad(1), grad(3));
         if kind.implies_clip_bias() {
             assert!(m1["actor/clip_bias_num_clipped"] > 0.0, "{preset}: {m1:?}");
-            assert!(s1 < 1.0, "{preset}: step scale {s1}");
+            assert!(s1 < 1.0, "{preset}: mean weight s̄ {s1}");
         }
-        assert!((s1 - s3).abs() <= 1e-6, "{preset}: step scale {s1} vs {s3}");
+        assert!(
+            (s1 - s3).abs() <= 1e-6,
+            "{preset}: mean weight s̄ {s1} vs {s3}"
+        );
         for k in [
             "actor/clip_bias_scale",
             "actor/clip_bias_norm",

@@ -505,11 +505,11 @@ fn weights(t: &Trainer) -> BTreeMap<String, Vec<f32>> {
 /// The clipping-bias variant `variant` against `base` at the variant's own settings: the two
 /// differ only in the correction (the settings are equal but for the loss, whose resolved clip,
 /// aggregation and ratio form are equal), and both ran from the shared warm start with the same
-/// seed, so the first on-policy mini-batch is the same. The step scale is in (0, 1] (the
-/// correction never up-weights). Where the variant's off-policy mini-batches clipped some token,
-/// the correction down-weighted them (scale < 1) and the weights after the run differ from the
-/// base's; where none clipped there was nothing to correct, and the runs are the same to the
-/// bit: the correction changes nothing else.
+/// seed, so the first on-policy mini-batch is the same. The mean weight s̄ is in (0, 1] (the
+/// correction never up-weights). The variant's off-policy mini-batches must have clipped some
+/// token (else the comparison shows nothing, and fails: review F m10), the correction
+/// down-weighted those rows (s̄ < 1 in an off-policy mini-batch) and the weights after the run
+/// differ from the base's.
 fn against_base(variant: &Run, base: &Run) -> anyhow::Result<()> {
     let strip = |c: &TrainConfig| {
         let mut v = serde_json::to_value(c).expect("a config serialises");
@@ -565,18 +565,25 @@ fn against_base(variant: &Run, base: &Run) -> anyhow::Result<()> {
         .iter()
         .flat_map(|(k, v)| v.iter().zip(&wb[k]).map(|(x, y)| (x - y).abs()))
         .fold(0f32, f32::max);
-    if clipped > 0.0 {
-        some(&s, "actor/clip_bias_scale", |x| x < 1.0)?;
-        anyhow::ensure!(
-            moved > 0.0,
-            "clipped tokens, but the weights equal the base's"
-        );
-    } else {
-        anyhow::ensure!(
-            moved == 0.0,
-            "nothing clipped, yet the weights differ from the base's by {moved}"
-        );
-    }
+    anyhow::ensure!(
+        clipped > 0.0,
+        "no off-policy mini-batch clipped a token in {} steps: nothing for the correction to \
+         act on, so this comparison would show nothing",
+        s.len()
+    );
+    // An off-policy mini-batch without a row to weight (all advantages 0) logs no s̄.
+    let offpolicy: Vec<f64> = s
+        .iter()
+        .filter_map(|m| m.get("actor/clip_bias_scale_offpolicy").copied())
+        .collect();
+    anyhow::ensure!(
+        offpolicy.iter().any(|&x| x < 1.0),
+        "clipped tokens, but no off-policy mini-batch was down-weighted: {offpolicy:?}"
+    );
+    anyhow::ensure!(
+        moved > 0.0,
+        "clipped tokens, but the weights equal the base's"
+    );
     Ok(())
 }
 

@@ -13,19 +13,25 @@
 //!
 //! Two rules turn `C` into the update:
 //!
-//! - **`downweight`** (default). Each sample's *clipping error* is the share of its
-//!   importance-weighted advantage vector that lies outside the trust region,
+//! - **`downweight`** (default): turnwise's down-weighting reading of the paper's prose
+//!   ("reweights each sampled generation according to its clipping error … downweights highly
+//!   off-policy or risk-prone samples", §4.2), not eq. 7/8. Each sample's *clipping error* is
+//!   the share of its importance-weighted advantage vector that lies outside the trust region,
 //!   `ρ_i = ‖C_i‖₂ / ‖G_i‖₂ ∈ [0, 1]` with `G_i = (1/|y_i|)·w_t·Â_t` over all its loss tokens and
-//!   `C_i` its clipped part; the sample's loss weight is `s_i = 1 − ρ_i ≤ 1` (1 when nothing is
-//!   clipped, 0 when all of it is). The effective per-sample gradient is `s_i·∇J_i`: unreliable,
-//!   highly off-policy samples are down-weighted and none is ever up-weighted ("reweights each
-//!   sampled generation according to its clipping error … downweights highly off-policy or
-//!   risk-prone samples", §4.2). So that neither the gradient-norm clip nor AdamW's scale
-//!   invariance erases it, the trainer splits it into a direction and a size: the loss carries
-//!   the weights `s_i`, the mini-batch gradient is divided by their loss-share-weighted mean
-//!   `s̄ ≤ 1` before the norm clip, and the optimizer step is taken with learning rate `s̄·lr`.
-//!   A mini-batch with more clipped off-policy mass therefore moves the weights less, in
-//!   proportion, at any grad clip and with any optimizer (see `turnwise::update`).
+//!   `C_i` its clipped part; the sample's loss row is weighted by `s_i = 1 − ρ_i ≤ 1` (1 when
+//!   nothing is clipped, 0 when all of it is), and nothing else is scaled: the trainer applies
+//!   the gradient of `Σ_i s_i·loss_i` at the run's lr (see `turnwise::update`).
+//!
+//!   What survives AdamW (β1 0.9, β2 0.95): the *mix*. Within a mini-batch the weights set how
+//!   much each sample pulls on the coordinates the samples share, so the update leans away from
+//!   clipped samples. What does not: a *step size*. Adam divides each coordinate by its recent
+//!   RMS and so cancels a factor constant over time (a weight on coordinates only its own
+//!   sample reaches, or a common factor on every gradient); a mini-batch's mean weight `s̄`
+//!   therefore does not make its step `s̄` times smaller. (Before issue 49 the trainer divided
+//!   the gradient by `s̄` and stepped at `lr·s̄`, claiming a per-sample gradient `s_i·∇J_i`
+//!   under AdamW; with β1 = 0.9 the moments carried the `÷ s̄` gradient into later full-lr
+//!   steps, so that claim was false, and the scaling is gone.) `s̄` over the rows with
+//!   `G_i ≠ 0` is logged as `actor/clip_bias_scale`.
 //! - **`inverse_norm`**: eq. 7/8 literally: `scale = 1/‖C‖₂` (1 when ‖C‖₂ < τ, optionally capped at
 //!   `max_scale`) multiplies the mini-batch loss. Kept to reproduce the formula; in training it is
 //!   ≥ 1 (≈ B·|y| for one clipped token) and the gradient-norm clip plus Adam erase it (training-path
@@ -70,7 +76,7 @@ pub enum ClipBiasSpace {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ClipBiasRule {
-    /// Per-sample weights `1 − ‖C_i‖/‖G_i‖ ≤ 1`, and the optimizer step scaled by their mean.
+    /// Per-sample loss weights `1 − ‖C_i‖/‖G_i‖ ≤ 1` (turnwise's reading; no step scaling).
     #[default]
     Downweight,
     /// The loss times `1/‖C‖₂` (eq. 7/8 literally; erased by a gradient-norm clip and Adam).
@@ -185,6 +191,9 @@ pub struct ClipBiasResult {
     /// Per-sample clipping errors `ρ_i = ‖C_i‖₂/‖G_i‖₂ ∈ [0, 1]` (0 for a sample without loss
     /// tokens or with a zero surrogate).
     pub sample_errors: Vec<f64>,
+    /// Per sample: its surrogate `G_i` is non-zero (some loss token with `w·Â ≠ 0`), so its
+    /// weight changes the gradient; false for a row of zero advantages or without loss tokens.
+    pub sample_signal: Vec<bool>,
 }
 
 impl ClipBiasResult {
@@ -209,6 +218,7 @@ pub fn clip_bias(
     let n_seq = row_tokens.iter().filter(|&&n| n > 0.0).count().max(1) as f64;
     let mut n_clipped = 0usize;
     let mut sample_errors = vec![0.0; mask.len()];
+    let mut sample_signal = vec![false; mask.len()];
     // Per-sample components without the 1/B factor.
     let mut sample: Vec<Vec<f64>> = Vec::with_capacity(mask.len());
     for i in 0..mask.len() {
@@ -233,6 +243,7 @@ pub fn clip_bias(
         }
         if all_sq > 0.0 {
             sample_errors[i] = (clipped_sq / all_sq).sqrt().min(1.0);
+            sample_signal[i] = true;
         }
         sample.push(row);
     }
@@ -263,6 +274,7 @@ pub fn clip_bias(
         sample_scales,
         n_clipped,
         sample_errors,
+        sample_signal,
     }
 }
 

@@ -480,16 +480,17 @@ pub struct PolicyLossMetrics {
     pub clip_bias_norm: f64,
     /// ‖∇_θ S‖₂ of the clipped-token surrogate when the `grad` space is configured.
     pub clip_bias_grad_norm: Option<f64>,
-    /// Scale of the update: 1 without correction; `inverse_norm`: the loss scale (mean sample
-    /// scale for `per_sample`); `downweight`: the mean sample weight `s̄` of this call's rows
-    /// (weighted by each row's share of the aggregated loss).
+    /// `actor/clip_bias_scale`: 1 without correction; `inverse_norm`: the loss scale (mean
+    /// sample scale for `per_sample`); `downweight`: the mean sample weight `s̄` of this call's
+    /// rows with a non-zero surrogate (weighted by each row's share of the aggregated loss; 1
+    /// when there is none). A diagnostic: `downweight` scales no step by it (§5.6).
     pub clip_bias_scale: f64,
-    /// `downweight`: `Σ_i share_i·s_i` over this call's rows, where `share_i` is row i's share of
-    /// the aggregated loss before weighting (`W_i·|y_i|`) and `s_i` its weight; 0 otherwise.
-    /// Summed over the pieces of a mini-batch and divided by [`Self::clip_bias_share_sum`], it
-    /// gives the mini-batch's step scale `s̄`.
+    /// `downweight`: `Σ_i share_i·s_i` over this call's rows with a non-zero surrogate `G_i`,
+    /// where `share_i` is row i's share of the aggregated loss before weighting (`W_i·|y_i|`)
+    /// and `s_i` its weight; 0 otherwise. Summed over the pieces of a mini-batch and divided by
+    /// [`Self::clip_bias_share_sum`], it gives the mini-batch's mean weight `s̄`.
     pub clip_bias_weight_sum: f64,
-    /// `downweight`: `Σ_i share_i` over this call's rows; 0 otherwise.
+    /// `downweight`: `Σ_i share_i` over the same rows; 0 otherwise.
     pub clip_bias_share_sum: f64,
     /// Number of loss tokens in the clipped set of §5.6 (non-zero advantage).
     pub clip_bias_num_clipped: usize,
@@ -885,10 +886,22 @@ fn run(
     let (scale, reported_scale) = match r.clip_bias {
         None => (1.0, 1.0),
         Some(c) if c.rule == ClipBiasRule::Downweight => {
-            for (i, (w, s)) in weights.iter_mut().zip(cb.sample_weights()).enumerate() {
-                let share = *w * mask_rows[i].iter().sum::<f64>();
-                cb_share_sum += share;
-                cb_weight_sum += share * s;
+            // The loss rows carry the weights; nothing else is scaled (§5.6: the mix of the
+            // samples' gradients is what survives AdamW). s̄ is a diagnostic over the rows that
+            // have a gradient to weight (G_i ≠ 0): a row whose advantages are all 0 (an
+            // uninformative GRPO group) has weight 1 and would otherwise dilute it.
+            let signal = cb.sample_signal.iter();
+            for (i, ((w, s), &has)) in weights
+                .iter_mut()
+                .zip(cb.sample_weights())
+                .zip(signal)
+                .enumerate()
+            {
+                if has {
+                    let share = *w * mask_rows[i].iter().sum::<f64>();
+                    cb_share_sum += share;
+                    cb_weight_sum += share * s;
+                }
                 *w *= s;
             }
             let mean = if cb_share_sum > 0.0 {
@@ -1333,6 +1346,38 @@ mod tests {
         assert_eq!(
             (o.metrics.clip_bias_scale, o.metrics.clip_bias_num_clipped),
             (1.0, 0)
+        );
+    }
+
+    /// Review F m7: a row whose advantages are all 0 (an uninformative GRPO group) has no
+    /// gradient to weight, so it does not count in s̄: the §5.6 row next to such a row keeps
+    /// s̄ = 0.338783, not (0.338783 + 1)/2; and the loss is the same with or without it.
+    #[test]
+    fn zero_advantage_rows_do_not_dilute_the_mean_weight() {
+        let old2 = t2(&[&[0.0; 7], &[0.0; 7]]);
+        let lp2 = t2(&[&[0.3, 0.0, -0.1, 0.0, 0.0, -0.4, 0.05], &[0.2; 7]]);
+        let adv2 = t2(&[&[1.0, 1.0, 1.0, 0.0, 0.0, -1.0, -1.0], &[0.0; 7]]);
+        let m2 = t2(&[&MASK, &MASK]);
+        let input = PolicyLossInput::new(&lp2, &old2, &adv2, &m2);
+        for name in ["s_ppo", "s_grpo", "st_ppo"] {
+            let o = compute_policy_loss(&input, &cfg(name)).unwrap();
+            assert!(
+                (o.metrics.clip_bias_scale - 0.338783).abs() < 1e-6,
+                "{name}: s̄ {}",
+                o.metrics.clip_bias_scale
+            );
+            assert!((o.metrics.clip_bias_share_sum - 0.5).abs() < 1e-9);
+        }
+        // Only zero-advantage rows: nothing to weight, s̄ reported as 1.
+        let zero = t2(&[&[0.0; 7], &[0.0; 7]]);
+        let o = s_grpo(
+            &PolicyLossInput::new(&lp2, &old2, &zero, &m2),
+            &cfg("s_grpo"),
+        )
+        .unwrap();
+        assert_eq!(
+            (o.metrics.clip_bias_scale, o.metrics.clip_bias_share_sum),
+            (1.0, 0.0)
         );
     }
 

@@ -275,11 +275,11 @@ pub struct MiniBatchGradient {
     /// The mini-batch's metrics (verl names); the clip-bias ones (`actor/clip_bias_norm`,
     /// `actor/clip_bias_scale`, `actor/clip_bias_num_clipped`) are over the whole mini-batch.
     pub metrics: BTreeMap<String, f64>,
-    /// The size of this mini-batch's optimizer step relative to the method without the
-    /// clipping-bias correction: the `downweight` rule's mean sample weight `s̄ ≤ 1` (§5.6), 1
-    /// otherwise. [`actor_update`] divides [`Self::grads`] by it before the norm clip and
-    /// multiplies the learning rate by it, so that the clip and Adam keep the down-weighting.
-    pub step_scale: f64,
+    /// The `downweight` rule's mean sample weight `s̄ ≤ 1` over the mini-batch's rows with a
+    /// gradient to weight (§5.6), `None` without that rule or without such rows. A diagnostic
+    /// only: the weights `s_i` are in the loss, hence in [`Self::grads`], and nothing rescales
+    /// the gradient or the learning rate by `s̄` (AdamW's moments would undo such a factor).
+    pub clip_bias_mean_weight: Option<f64>,
     /// Per row of the mini-batch (row index, per response token): the PPO clip was active.
     pub clipped: Vec<(usize, Vec<bool>)>,
     /// Without behaviour log-probs (on-policy): per row of the mini-batch (row index, per
@@ -693,18 +693,14 @@ pub fn minibatch_gradient(
             shared / total.max(1) as f64,
         );
     }
-    let step_scale = if cb_share > 0.0 {
-        (cb_weight / cb_share).clamp(0.0, 1.0)
-    } else {
-        1.0
-    };
-    if cb_share > 0.0 {
-        metrics.insert("actor/clip_bias_scale".into(), step_scale);
+    let mean_weight = (cb_share > 0.0).then(|| (cb_weight / cb_share).clamp(0.0, 1.0));
+    if let Some(s) = mean_weight {
+        metrics.insert("actor/clip_bias_scale".into(), s);
     }
     Ok(Some(MiniBatchGradient {
         grads: acc.take(),
         metrics,
-        step_scale,
+        clip_bias_mean_weight: mean_weight,
         clipped: clipped_rows,
         forward_logp: forward_rows,
     }))
@@ -714,7 +710,14 @@ pub fn minibatch_gradient(
 /// `ref_logp` when the KL term is on). `order` permutes rows per epoch (seeded by the caller).
 /// `old_logp` may be `None` only for an on-policy update ([`is_on_policy`]): the ratio's
 /// denominator is then the current forward's log-probs, detached. Each mini-batch's gradient
-/// comes from [`minibatch_gradient`]; metrics are averaged over the mini-batches.
+/// comes from [`minibatch_gradient`] and is applied as it is (norm clip, AdamW at `cfg.lr`);
+/// metrics are averaged over the mini-batches, and some are also logged per mini-batch
+/// position `k` (0-based, counted over the epochs: the k-th optimizer step of the update):
+/// `actor/pg_clipfrac_mb{k}` and, with the §5.6 `downweight` correction,
+/// `actor/clip_bias_scale_mb{k}`; `actor/clip_bias_scale_offpolicy` is `s̄` averaged over the
+/// mini-batches that follow an applied optimizer step (the off-policy ones), without the first
+/// mini-batch's exact 1. `actor/grad_norm` is the norm of the gradient the optimizer reads,
+/// before the norm clip.
 pub fn actor_update(
     policy: &Transformer,
     opt: &mut AdamW,
@@ -749,22 +752,24 @@ pub fn actor_update(
         })
         .collect();
     stats.forward_logp = vec![None; n];
+    let mut position = 0usize;
     for _ in 0..cfg.epochs {
         let perm = order(n);
         for mb in perm.chunks(mini) {
+            let mb_index = position;
+            position += 1;
             let Some(g) =
                 minibatch_gradient(policy, opt.vars(), rows, mb, old_logp, ref_logp, cfg)?
             else {
                 stats.skipped += 1;
                 continue;
             };
-            let mut grads = g.grads;
-            // §5.6 `downweight`: the loss weighted each sample by s_i ≤ 1. Keep the weights'
-            // direction in the gradient (÷ s̄) and their size in the step (lr·s̄), so that neither
-            // the norm clip nor Adam's scale invariance undoes the down-weighting.
-            if g.step_scale < 1.0 && g.step_scale > 1e-12 {
-                grads.scale(1.0 / g.step_scale)?;
-            }
+            // §5.6 `downweight`: the loss weighted each sample by s_i ≤ 1, which sets the mix
+            // of the samples' gradients within this mini-batch; that is what survives AdamW.
+            // The gradient and the learning rate are not rescaled by s̄: with β1 > 0 a step-size
+            // factor acts on one step while the moments carry the gradient into later ones at
+            // full lr, and Adam cancels a factor that is constant over time.
+            let grads = g.grads;
             let norm = grads.global_norm()?;
             if !norm.is_finite() {
                 tracing::warn!(
@@ -774,6 +779,7 @@ pub fn actor_update(
                 stats.skipped += 1;
                 continue;
             }
+            let pg_clipfrac = g.metrics.get("actor/pg_clipfrac").copied();
             for (k, v) in g.metrics {
                 let e = sums.entry(k).or_insert((0.0, 0));
                 if v.is_finite() {
@@ -781,12 +787,26 @@ pub fn actor_update(
                     e.1 += 1;
                 }
             }
-            let e = sums.entry("actor/grad_norm".into()).or_insert((0.0, 0));
-            e.0 += norm;
-            e.1 += 1;
+            let mut per_position = vec![("actor/grad_norm".to_string(), norm)];
+            if let Some(f) = pg_clipfrac {
+                per_position.push((format!("actor/pg_clipfrac_mb{mb_index}"), f));
+            }
+            if let Some(s) = g.clip_bias_mean_weight {
+                per_position.push((format!("actor/clip_bias_scale_mb{mb_index}"), s));
+                if stats.applied > 0 {
+                    per_position.push(("actor/clip_bias_scale_offpolicy".to_string(), s));
+                }
+            }
+            for (key, v) in per_position {
+                let e = sums.entry(key).or_insert((0.0, 0));
+                if v.is_finite() {
+                    e.0 += v;
+                    e.1 += 1;
+                }
+            }
             // The clip is applied as the update reads the gradients (the same bits).
             let clip = Gradients::clip_factor(norm, cfg.grad_clip);
-            opt.step_scaled(&grads, cfg.lr * g.step_scale, clip)
+            opt.step_scaled(&grads, cfg.lr, clip)
                 .with_context(|| format!("the policy update (optim.lr = {})", cfg.lr))?;
             stats.applied += 1;
             for (i, lp) in g.forward_logp {
