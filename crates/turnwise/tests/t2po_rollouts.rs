@@ -800,7 +800,7 @@ fn rollout_control_config() {
     assert_eq!((r.tti.alpha, r.tti.window, r.tti.epsilon), (0.4, 2, 0.05));
     assert_eq!(
         (r.tds.rule, r.tds.eta, r.tds.budget),
-        (TdsRule::Paper, 0.3, 2)
+        (TdsRule::Paper, 0.1, 2)
     );
     assert!(!r.train_on_forced);
     // Other presets keep everything off (GiGPO's window of 4 never truncates 4 turns).
