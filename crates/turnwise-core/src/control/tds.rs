@@ -395,7 +395,7 @@ mod tests {
         let mut tr = TdsTracker::new(settings.clone(), 0.4, episodes);
         let (mut first_gaps, mut kept_gaps) = (Vec::new(), Vec::new());
         let (mut accepted_first, mut accepted_later, mut exhausted) = (0, 0, 0);
-        let mut draw = |rng: &mut crate::control::SplitMix64| {
+        let draw = |rng: &mut crate::control::SplitMix64| {
             let scale = 0.3 + 2.7 * rng.next_f64();
             let tokens: Vec<(f64, f64)> = (0..12)
                 .map(|_| {
