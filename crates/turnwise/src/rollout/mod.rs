@@ -1553,12 +1553,9 @@ mod tests {
             .filter(|&k| origins[k] == TokenOrigin::Forced)
             .collect();
         assert_eq!(forced, vec![7, 8]);
-        // M_t of the sampled tokens only (10 of 12), the first seven as in the spec.
-        assert_eq!(row.signal.len(), 10);
-        let want = [0.6, 1.0, 0.5, 0.61, 0.555, 0.566, 0.569];
-        for (m, w) in row.signal.iter().zip(want) {
-            assert!((m - w).abs() < 1e-6, "M = {m}, want {w}");
-        }
+        // The M_t values of this spec vector are checked in turnwise-core's tti tests; TDS
+        // scores turns from the recorded entropies and confidences (TdsTracker::score).
+        assert_eq!(row.seen, 12);
     }
 
     #[test]
