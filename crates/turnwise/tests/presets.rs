@@ -728,6 +728,10 @@ fn signature(name: &str, run: &mut Run) -> anyhow::Result<()> {
             }
             if name == "t2po" {
                 some(s, "rollout/tds_regenerations", pos)?;
+                // TDS selects (review F C1): some eligible turn is accepted on its first
+                // draw, and not every one spends the budget.
+                some(s, "rollout/tds_accepted_first_share", pos)?;
+                every(s, "rollout/tds_budget_exhausted_share", |x| x < 1.0)?;
             }
         }
         other => anyhow::bail!("{other} has no signature"),

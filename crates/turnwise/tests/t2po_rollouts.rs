@@ -300,6 +300,72 @@ fn turn_level_resampling_regenerates_flagged_turns_within_budget() {
     assert!(checked >= 3);
 }
 
+/// Review F C1: at the t2po preset's own settings (its η and budget, TTI and the memory window
+/// on), TDS selects. Some eligible turns are accepted on their first draw, some after a
+/// regeneration before the budget is spent, not every turn spends the budget, and the kept
+/// attempts' Γ is above the first attempts' Γ. With Φ normalised per turn (the old TDS) Γ
+/// stayed below η and every eligible turn spent the budget.
+#[test]
+fn turn_level_resampling_selects_at_the_presets_eta() {
+    let t = trainer();
+    let ctl = RolloutControl::from_config(&t.config.rollout, AgentFormatName::T2po, &t.tokenizer)
+        .unwrap();
+    assert!(ctl.tds.enabled && ctl.tds.rule == TdsRule::Paper);
+    let (eta, budget) = (ctl.tds.eta, ctl.tds.max_try);
+    let out = rollout(&t, specs(&t, 32), &ctl);
+    let (mut first_sum, mut kept_sum, mut eligible) = (0.0, 0.0, 0);
+    let (mut at_once, mut later, mut spent) = (0, 0, 0);
+    for ep in &out.episodes {
+        for (k, tc) in ep.turn_control.iter().enumerate() {
+            assert!(tc.turn_score.is_some(), "{} turn {k}", ep.trajectory.id);
+            let (Some(first), Some(kept)) = (tc.first_gap, tc.kept_gap) else {
+                assert_eq!(k, 0, "only an episode's first turn has no Γ");
+                assert_eq!(tc.regenerations, 0);
+                continue;
+            };
+            eligible += 1;
+            first_sum += first;
+            kept_sum += kept;
+            match tc.regenerations {
+                0 => {
+                    assert!(first >= eta, "accepted at once with Γ = {first}");
+                    at_once += 1;
+                }
+                r if r < budget => {
+                    assert!(kept >= eta, "accepted after {r} with Γ = {kept}");
+                    later += 1;
+                }
+                _ => spent += 1,
+            }
+        }
+    }
+    let m = out.stats.metrics(&ctl);
+    assert_eq!(m["rollout/tds_eligible_turns"], eligible as f64);
+    let share = |n: usize| n as f64 / eligible as f64;
+    assert_eq!(m["rollout/tds_accepted_first_share"], share(at_once));
+    assert_eq!(m["rollout/tds_budget_exhausted_share"], share(spent));
+    assert!(m["rollout/tds_gap_p10"] <= m["rollout/tds_gap_p50"]);
+    assert!(m["rollout/tds_gap_p50"] <= m["rollout/tds_gap_p90"]);
+    eprintln!(
+        "eligible {eligible}: accepted at once {at_once}, after a regeneration {later}, budget \
+         spent {spent}; mean Γ first {:.3}, kept {:.3}; {m:?}",
+        first_sum / eligible as f64,
+        kept_sum / eligible as f64
+    );
+    assert!(eligible >= 20, "only {eligible} eligible turns");
+    assert!(at_once > 0, "no turn accepted on its first draw");
+    assert!(at_once < eligible, "no turn regenerated");
+    assert!(
+        later > 0,
+        "no turn accepted before the budget after a regeneration"
+    );
+    assert!(spent < eligible, "every turn spent the budget");
+    assert!(
+        kept_sum > first_sum,
+        "kept Γ {kept_sum} not above first-draw Γ {first_sum} (sums over {eligible} turns)"
+    );
+}
+
 #[test]
 fn memory_window_limits_the_context_to_the_last_p_turns() {
     let t = trainer();
@@ -634,16 +700,34 @@ fn t2po_step_rewards_carry_the_format_penalty_into_the_advantages() {
     assert_ne!(a, b);
 }
 
-/// Review B 5.3: the format penalty lands on the invalid step only. The episode score of every
-/// step sample is the episode's EM, minus that step's own penalty; the valid steps of a
-/// trajectory with an invalid step are not lowered.
+/// Review B 5.3 and review F m1: the format penalty lands on the invalid step only. The episode
+/// score of every step sample is the episode's EM, minus that step's own penalty; the valid
+/// steps of a trajectory with an invalid step are not lowered. The same holds of the step
+/// returns GiGPO groups by anchor state (verl-agent discounts first, then takes the penalty off
+/// that step's return): a step before an invalid one keeps the discounted return of the EM
+/// rewards, without the γ^{k−j}·λ it lost when the penalty was discounted with the rewards.
 #[test]
 fn t2po_penalty_lowers_only_the_invalid_steps_sample() {
     use turnwise::trainer::advantage::{place_rewards, rollout_of};
     let mut t = trainer();
     t.freeze_reference().unwrap();
     let out = t.rl_step().unwrap();
+    let gamma = t.config.to_toml().parse::<toml::Table>().unwrap()["advantage"]["gamma"]
+        .as_float()
+        .expect("advantage.gamma in the stored config");
+    assert_eq!(gamma, 0.95, "the t2po preset's γ");
+    // What the estimator groups: `R_k = Σ_{j≥k} γ^{j−k} r_j − p_k` (spec §3.7).
+    let returns = |rewards: &[f64], penalties: &[f64]| {
+        let mut out = vec![0.0; rewards.len()];
+        let mut acc = 0.0;
+        for k in (0..rewards.len()).rev() {
+            acc = rewards[k] + gamma * acc;
+            out[k] = acc - penalties.get(k).copied().unwrap_or(0.0);
+        }
+        out
+    };
     let mut mixed = 0;
+    let mut earlier_checked = 0;
     for e in &out.episodes {
         let tr = &e.trajectory.turn_rewards;
         let score = e.trajectory.outcome_reward.unwrap();
@@ -672,9 +756,39 @@ fn t2po_penalty_lowers_only_the_invalid_steps_sample() {
         }
         assert_eq!(penalised, steps.iter().filter(|&&s| s < em - 0.05).count());
         mixed += usize::from(seen.0 && seen.1);
+        // Step returns: from the EM rewards (the penalty added back), minus the own penalty.
+        let invalid: Vec<bool> = tr
+            .iter()
+            .map(|&x| x < -0.05 || (x - 0.9).abs() < 1e-9)
+            .collect();
+        let clean: Vec<f64> = tr
+            .iter()
+            .zip(&invalid)
+            .map(|(&x, &bad)| if bad { x + 0.1 } else { x })
+            .collect();
+        let own: Vec<f64> = invalid
+            .iter()
+            .map(|&bad| if bad { 0.1 } else { 0.0 })
+            .collect();
+        let want = returns(&clean, &own);
+        let got = returns(&r.step_rewards, &r.step_penalties);
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() < 1e-9,
+                "{} step {k}: return {g}, want {w} (rewards {:?}, penalties {:?})",
+                e.trajectory.id,
+                r.step_rewards,
+                r.step_penalties
+            );
+            earlier_checked += usize::from(!invalid[k] && invalid[k + 1..].iter().any(|&b| b));
+        }
     }
     // The tiny model writes trajectories with both valid and invalid steps: the check bites.
     assert!(mixed > 0, "no trajectory mixes valid and invalid steps");
+    assert!(
+        earlier_checked > 0,
+        "no valid step before an invalid one: the return check does not bite"
+    );
 }
 
 #[test]
@@ -686,7 +800,7 @@ fn rollout_control_config() {
     assert_eq!((r.tti.alpha, r.tti.window, r.tti.epsilon), (0.4, 2, 0.05));
     assert_eq!(
         (r.tds.rule, r.tds.eta, r.tds.budget),
-        (TdsRule::Paper, 0.3, 2)
+        (TdsRule::Paper, 0.1, 2)
     );
     assert!(!r.train_on_forced);
     // Other presets keep everything off (GiGPO's window of 4 never truncates 4 turns).

@@ -8,7 +8,9 @@
 //! 1. Episode term (eq. 3): episode reward `s = Σ_k r_k`, normalized in the prompt group, with
 //!    mean/std over all step samples (`cross_steps`, default) or over trajectories;
 //!    `mean_std_norm` `(s − mean)/(std_u + ε)` or `mean_norm` `s − mean`; singleton: mean 0, std 1.
-//! 2. Step returns (eq. 5): `R_k = Σ_{j≥k} γ^{j−k} r_j`.
+//! 2. Step returns (eq. 5): `R_k = Σ_{j≥k} γ^{j−k} r_j`, then minus step k's own penalty
+//!    ([`Rollout::step_penalties`](super::Rollout), verl-agent's invalid-action penalty, which
+//!    it takes off the discounted return of that step only).
 //! 3. Anchor groups (eq. 6): identical anchors, or greedy clustering by
 //!    `SequenceMatcher(None, anchor, representative).ratio() ≥ thresh`, within each anchor
 //!    scope ([`Rollout::anchor_scopes`](super::Rollout), when given): steps of different scopes
@@ -246,6 +248,15 @@ fn gigpo_estimate(
         if let Some(v) = &r.step_scores {
             check_len(name, i, "step_scores", v.len(), r.num_turns)?;
         }
+        if !r.step_penalties.is_empty() {
+            check_len(
+                name,
+                i,
+                "step_penalties",
+                r.step_penalties.len(),
+                r.num_turns,
+            )?;
+        }
     }
     // Episode score of step sample (i, k): `step_scores[k]`, default Σ_j r_j.
     let score = |i: usize, k: usize| -> f64 {
@@ -266,7 +277,8 @@ fn gigpo_estimate(
         {
             owner.push(i);
             step.push(k);
-            returns.push(ret);
+            // After discounting: the penalty lowers this step's return only.
+            returns.push(ret - r.step_penalties.get(k).copied().unwrap_or(0.0));
         }
     }
     let group = |j: usize| batch.rollouts[owner[j]].group;
@@ -517,6 +529,53 @@ mod tests {
         let sd = (s.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / 4.0).sqrt();
         let exp: Vec<f64> = s.iter().map(|x| (x - m) / (sd + 1e-6)).collect();
         assert_all_close(&e, &exp, 1e-12, "penalized episode term");
+    }
+
+    /// The invalid-step penalty lowers only its own step's discounted return (verl-agent), not
+    /// the earlier steps' returns: with a penalty of 0.5 on trajectory a's last step, step 0's
+    /// return stays 0.9025 (subtracted before discounting it would be 0.9025 − 0.9025·0.5).
+    #[test]
+    fn step_penalties_apply_after_discounting() {
+        let cfg = GigpoConfig {
+            mode: GigpoNorm::MeanNorm,
+            step_advantage_w: 1.0,
+            ..GigpoConfig::default()
+        };
+        let mut batch = example();
+        // Episode scores unchanged, so the episode term is the mean_norm_mode one.
+        batch.rollouts[0].step_penalties = vec![0.0, 0.0, 0.5];
+        let j = flat(&cfg.estimate(&batch).unwrap());
+        // Step 0 group {0.9025, 0}: ±0.45125 as without a penalty; step 2 is a singleton.
+        assert_all_close(
+            &j,
+            &[0.4 + 0.45125, 0.4, 0.4, -0.6 - 0.45125, -0.6],
+            TOL,
+            "penalty after discounting",
+        );
+        // A penalty on b's last step, with similarity grouping so that a's and b's step 1 share
+        // a group (exact anchors make them singletons): b1's return is −0.5, a1's 0.95.
+        let sim = GigpoConfig {
+            enable_similarity: true,
+            ..cfg
+        };
+        let mut batch = example();
+        batch.rollouts[1].step_penalties = vec![0.0, 0.5];
+        let j = flat(&sim.estimate(&batch).unwrap());
+        // Step 0 {0.9025, 0} (b's step 0 keeps return 0), step 1 {0.95, −0.5}: ±0.725.
+        assert_all_close(
+            &j,
+            &[
+                0.4 + 0.45125,
+                0.4 + 0.725,
+                0.4,
+                -0.6 - 0.45125,
+                -0.6 - 0.725,
+            ],
+            TOL,
+            "b's step 0 keeps its return",
+        );
+        batch.rollouts[1].step_penalties = vec![0.5];
+        assert!(sim.estimate(&batch).is_err(), "one penalty per step");
     }
 
     #[test]

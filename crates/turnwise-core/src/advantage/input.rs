@@ -69,6 +69,12 @@ pub struct Rollout {
     /// sample's token rewards). `None` = `Σ step_rewards` for every step. Set it to reproduce the
     /// code's per-step invalid-action penalty, which lowers only the invalid step's sample (§2.6).
     pub step_scores: Option<Vec<f64>>,
+    /// GiGPO / T2PO: a penalty taken off each step's **discounted return** `R_k` after
+    /// discounting (verl-agent's `apply_invalid_action_penalty`: only the penalised step's return
+    /// falls; earlier steps' returns keep `Σ_{j≥k} γ^{j−k} r_j` of the unpenalised rewards).
+    /// Empty = no penalty. The episode term reads [`Rollout::step_scores`], which carries the
+    /// same penalty on the penalised step's sample.
+    pub step_penalties: Vec<f64>,
 }
 
 impl Rollout {
@@ -147,6 +153,13 @@ impl Rollout {
     /// Sets the scope of every step's anchor (GiGPO / T2PO): see [`Rollout::anchor_scopes`].
     pub fn with_anchor_scopes(mut self, scopes: Vec<String>) -> Self {
         self.anchor_scopes = scopes;
+        self
+    }
+
+    /// Sets per-step penalties on the discounted step returns (GiGPO / T2PO): see
+    /// [`Rollout::step_penalties`].
+    pub fn with_step_penalties(mut self, penalties: Vec<f64>) -> Self {
+        self.step_penalties = penalties;
         self
     }
 
@@ -344,6 +357,7 @@ pub(crate) fn validate_common(
         check_finite(estimator, i, "turn_rewards", &r.turn_rewards)?;
         check_finite(estimator, i, "info_gain", &r.info_gain)?;
         check_finite(estimator, i, "step_rewards", &r.step_rewards)?;
+        check_finite(estimator, i, "step_penalties", &r.step_penalties)?;
         if let Some(v) = &r.step_scores {
             check_finite(estimator, i, "step_scores", v)?;
         }

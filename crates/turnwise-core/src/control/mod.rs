@@ -20,7 +20,7 @@ pub mod tti;
 pub use dynamic_sampling::{GroupFilter, filter_groups, keep_group, population_std};
 pub use memory::MemoryWindow;
 pub use rng::SplitMix64;
-pub use tds::{TdsRule, TdsSettings, TdsTracker, turn_gap, turn_score};
+pub use tds::{AttemptScore, TdsRule, TdsSettings, TdsTracker, turn_gap, turn_score};
 pub use tree_expansion::{
     ExpansionMode, ExpansionTree, LeafBalance, NodeId, TreeExpansionSettings, TreeNode,
 };
@@ -64,6 +64,14 @@ pub enum ControlError {
         got: usize,
         /// The length it should have.
         expected: usize,
+    },
+    /// A row index does not belong to the batch a tracker was built for.
+    #[error("row {row} does not exist (the batch has {rows} rows)")]
+    UnknownRow {
+        /// The offending row.
+        row: usize,
+        /// Rows of the batch.
+        rows: usize,
     },
     /// A setting is out of its valid range.
     #[error("invalid setting {name}: {reason}")]

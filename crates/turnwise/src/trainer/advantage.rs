@@ -298,12 +298,17 @@ pub fn anchor_scopes(cfg: &TrainConfig, anchors: &[String]) -> Vec<String> {
 /// - An estimator over [step samples](Estimator::step_samples) (GiGPO, T2PO) with a reward
 ///   that places its own [step penalties](turnwise_core::reward::RewardConfig::step_penalties)
 ///   (`t2po_em`): the step rewards are the reward's per-step values (EM minus the format
-///   penalty of each step); with the per-invalid-step placement the episode score of step
-///   sample `k` is the episode's EM minus step `k`'s own penalty, so the penalty lowers only
-///   the invalid step (verl-agent), not every step of the trajectory.
+///   penalty of each step). With the per-invalid-step placement the penalty is verl-agent's
+///   invalid-action penalty, applied after discounting (spec §3.7): the step rewards are the
+///   unpenalised ones, step `k`'s penalty is taken off its own discounted return only
+///   ([`Rollout::step_penalties`](turnwise_core::advantage::Rollout)), and the episode score of
+///   step sample `k` is the episode's EM minus step `k`'s own penalty; no earlier step's return
+///   or score loses anything. With the final-reward placement (the paper's) the penalty is
+///   part of the reward and is discounted like it.
 /// - An estimator over step samples with another reward: the environment's step rewards, with
-///   the estimator's `invalid_action_penalty` taken off the step reward and the episode score
-///   of every step whose action was invalid (GiGPO's −0.1, spec §10).
+///   the estimator's `invalid_action_penalty` taken, after discounting, off the return and the
+///   episode score of every step whose action was invalid, that step's only (GiGPO's −0.1,
+///   spec §10).
 ///
 /// Returns the number of steps whose sample was penalised (logged as
 /// `gigpo/penalised_steps`).
@@ -332,8 +337,14 @@ pub fn place_rewards(cfg: &TrainConfig, ep: &Episode, r: &mut Rollout) -> Result
             pen.resize(n, 0.0);
             penalised = pen.iter().filter(|&&p| p > 0.0).count();
             if own.own_step_only {
-                let raw: f64 = step_rewards.iter().zip(&pen).map(|(s, p)| s + p).sum();
+                // verl-agent: returns from the unpenalised rewards, then each penalty off its own
+                // step's return and episode score.
+                for (s, p) in step_rewards.iter_mut().zip(&pen) {
+                    *s += p;
+                }
+                let raw: f64 = step_rewards.iter().sum();
                 r.step_scores = Some(pen.iter().map(|p| raw - p).collect());
+                r.step_penalties = pen;
             }
             r.step_rewards = step_rewards;
         } else {
@@ -354,11 +365,11 @@ pub fn place_rewards(cfg: &TrainConfig, ep: &Episode, r: &mut Rollout) -> Result
                     .collect();
                 let raw: f64 = r.step_rewards.iter().sum();
                 penalised = invalid.iter().filter(|&&b| b).count();
-                for (k, &bad) in invalid.iter().enumerate() {
-                    if bad {
-                        r.step_rewards[k] -= p;
-                    }
-                }
+                // After discounting, that step's return only (verl-agent).
+                r.step_penalties = invalid
+                    .iter()
+                    .map(|&bad| if bad { p } else { 0.0 })
+                    .collect();
                 r.step_scores = Some(
                     invalid
                         .iter()
