@@ -81,6 +81,24 @@ fn say(quiet: bool, msg: impl AsRef<str>) {
     }
 }
 
+/// The line of the run's output that counts the questions left out for their overlong prompts
+/// (the warning says why), when any was.
+fn say_dropped_prompts(quiet: bool, trainer: &Trainer) {
+    let d = &trainer.task.dropped_prompts;
+    let dropped: usize = d.iter().map(|s| s.dropped).sum();
+    if dropped > 0 {
+        say(
+            quiet,
+            format!(
+                "data: {dropped} of {} questions left out: their prompts leave no room for a \
+                 response (model.max_position_embeddings = {})",
+                d.iter().map(|s| s.total).sum::<usize>(),
+                trainer.model_config.max_position_embeddings
+            ),
+        );
+    }
+}
+
 fn eval_line(name: &str, r: &EvalResult) -> String {
     if let (Some(steps), Some(invalid)) = (r.steps_to_success, r.invalid_actions) {
         return format!(
@@ -152,6 +170,7 @@ pub fn run(cfg: TrainConfig, opts: &RunOptions, overwrite: bool) -> Result<RunSu
     let dir = RunDir::create(&opts.dir, overwrite)?;
     dir.write_config(&cfg.to_toml())?;
     say(quiet, format!("run directory: {}", opts.dir.display()));
+    say_dropped_prompts(quiet, &trainer);
     let log = open_log(&dir, &cfg, None, quiet)?;
     run_from_start(trainer, &cfg, &dir, log, quiet, t_start)
 }

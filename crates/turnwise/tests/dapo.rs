@@ -381,3 +381,37 @@ fn overlong_penalty_lowers_long_responses_only() {
     }
     assert!(!out.metrics.contains_key("reward/overlong_penalty/mean"));
 }
+
+/// A step whose every group ties on the reward learns nothing, and says so
+/// (cli-as-a-user-3.md m3: a tiny run with every group all −1 trained six steps at grad 0
+/// without a word): its metrics carry `batch/zero_signal = 1` (with a warning naming the step),
+/// and a step with signal has no such metric.
+#[test]
+fn a_step_whose_every_group_ties_is_reported() {
+    // The probe's run: a fresh policy and no warm start, so every rollout fails alike.
+    let mut t = Trainer::new(config("grpo", &["sft.steps=0"])).unwrap();
+    t.freeze_reference().unwrap();
+    let (all, selected, m) = t.sample_batch().unwrap();
+    assert!(selected.is_none(), "grpo does not filter");
+    for idx in by_group(&all).values() {
+        assert!(!differ(&all, |e| e.score, idx), "a group with signal");
+    }
+    assert_eq!(m.get("batch/zero_signal"), Some(&1.0), "{m:?}");
+    let out = t.rl_step().unwrap();
+    assert_eq!(out.metrics.get("batch/zero_signal"), Some(&1.0));
+
+    // A policy that is sometimes right: the filter keeps the groups that differ, and a step
+    // is reported only when none of those it trains on differs in the score it reads.
+    let mut t = sometimes_right(&["rollout.prompts_per_step=3", "rollout.group_size=2"]);
+    let mut with_signal = 0;
+    for _ in 0..3 {
+        let (_, selected, m) = t.sample_batch().unwrap();
+        let selected = selected.expect("the filter is on");
+        let signal = by_group(&selected)
+            .values()
+            .any(|idx| differ(&selected, |e| e.score, idx));
+        assert_eq!(m.contains_key("batch/zero_signal"), !signal, "{m:?}");
+        with_signal += usize::from(signal);
+    }
+    assert!(with_signal > 0, "no step with signal to compare with");
+}

@@ -338,3 +338,112 @@ impl turnwise_env::search::Retriever for Empty {
 fn loopback0() -> std::net::SocketAddr {
     std::net::SocketAddr::from(([127, 0, 0, 1], 0))
 }
+
+/// Questions whose prompts leave no room for a response in the model's context are left out
+/// and counted, as verl's `filter_overlong_prompts` does (cli-as-a-user-3.md M1: 3,000-word
+/// questions with a 512-position model trained silently, every rollout ending at once); a file
+/// of nothing else is refused, naming `model.max_position_embeddings`.
+#[test]
+fn questions_longer_than_the_context_are_left_out_and_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let mut sets = search_r1_sets(
+        &data,
+        &[
+            ("train", "train_long.jsonl"),
+            ("test", "test.jsonl"),
+            ("corpus", "corpus.jsonl"),
+        ],
+    );
+    sets.push("model.max_position_embeddings=512".into());
+    let train = std::fs::read_to_string(data.join("train.jsonl")).unwrap();
+    let n = train.lines().count();
+    let long = |i: usize| {
+        let words = vec!["where is the capital city"; 600].join(" ");
+        format!(
+            "{{\"id\": \"long_{i}\", \"question\": \"{words}?\", \"golden_answers\": [\"Paris\"]}}\n"
+        )
+    };
+    std::fs::write(
+        data.join("train_long.jsonl"),
+        format!("{}{train}{}", long(0), long(1)),
+    )
+    .unwrap();
+    let cfg = TrainConfig::resolve(Some("grpo"), None, &sets).unwrap();
+    let mut t = Trainer::new(cfg).unwrap();
+    let train = t.task.questions(Split::Train);
+    assert_eq!(train.len(), n);
+    assert!(train.iter().all(|q| !q.id.starts_with("long_")));
+    let d = t.task.dropped_prompts;
+    assert_eq!((d[0].dropped, d[0].total), (2, n + 2));
+    assert!(d[0].longest >= 512, "{d:?}");
+    assert_eq!((d[2].dropped, d[2].total), (0, 8));
+    let note = turnwise::trainer::overlong_prompts_note(&d, 512).unwrap();
+    assert!(
+        note.contains(&format!("2 of {} train", n + 2))
+            && note.contains("model.max_position_embeddings = 512"),
+        "{note}"
+    );
+    // Every prompt trained on leaves room for a response.
+    t.freeze_reference().unwrap();
+    let out = t.rl_step().unwrap();
+    assert!(
+        out.episodes
+            .iter()
+            .all(|e| e.trajectory.prompt_ids.len() + 1 < 512)
+    );
+
+    // Only overlong questions: refused before anything runs.
+    std::fs::write(
+        data.join("train_long.jsonl"),
+        format!("{}{}", long(0), long(1)),
+    )
+    .unwrap();
+    let cfg = TrainConfig::resolve(Some("grpo"), None, &sets).unwrap();
+    let e = format!("{:#}", Trainer::new(cfg).err().expect("refused"));
+    assert!(
+        e.contains("every one of the 2 train questions' prompts")
+            && e.contains("model.max_position_embeddings = 512"),
+        "{e}"
+    );
+}
+
+/// The probe's question files (cli-as-a-user-3.md M2, M3): an empty gold answer, one that
+/// normalises to nothing, and empty or blank questions are refused when the task is built,
+/// naming the file, the line and the field (an empty `<answer></answer>` would earn 1.0
+/// against such a gold).
+#[test]
+fn empty_questions_and_golds_that_normalise_to_nothing_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let sets = search_r1_sets(&data, &[("train", "bad.jsonl"), ("corpus", "corpus.jsonl")]);
+    let train = std::fs::read_to_string(data.join("train.jsonl")).unwrap();
+    let n = train.lines().count();
+    for (line, field) in [
+        (
+            r#"{"question": "who?", "golden_answers": [""]}"#,
+            "golden_answers",
+        ),
+        (
+            r#"{"question": "who?", "golden_answers": ["The"]}"#,
+            "golden_answers",
+        ),
+        (
+            r#"{"question": "", "golden_answers": ["Paris"]}"#,
+            "question",
+        ),
+        (
+            r#"{"question": "   ", "golden_answers": ["Paris"]}"#,
+            "question",
+        ),
+    ] {
+        let bad = data.join("bad.jsonl");
+        std::fs::write(&bad, format!("{train}{line}\n")).unwrap();
+        let cfg = TrainConfig::resolve(Some("grpo"), None, &sets).unwrap();
+        let e = format!("{:#}", Trainer::new(cfg).err().expect("refused"));
+        assert!(
+            e.contains(&format!("{}:{}: \"{field}\": ", bad.display(), n + 1)),
+            "{line}: {e}"
+        );
+    }
+}

@@ -396,7 +396,34 @@ fn answers_of(value: serde_json::Value, column: &str) -> Result<Vec<String>, Row
     if answers.is_empty() {
         return Err(row_err(column, "is empty"));
     }
+    // A gold answer that the EM normaliser (spec §2.1) turns into "" ("", "the", ".") is matched
+    // by an empty `<answer></answer>`: Search-R1's EM pays 1.0 for it, so it is refused here.
+    if let Some((i, a)) = answers
+        .iter()
+        .enumerate()
+        .find(|(_, a)| turnwise_core::reward::normalize_answer(a).is_empty())
+    {
+        return Err(row_err(
+            column,
+            format!(
+                "answer {i} ({a:?}) is empty once normalised (lower case, no punctuation, no \
+                 articles, spec §2.1), so an empty answer would match it and earn the reward; \
+                 remove it or fix the row"
+            ),
+        ));
+    }
     Ok(answers)
+}
+
+/// `q` when it holds more than whitespace, else an error naming `column`.
+fn non_blank(q: String, column: &str) -> Result<String, RowError> {
+    if q.trim().is_empty() {
+        return Err(row_err(
+            column,
+            format!("is empty or blank ({q:?}): a question needs text"),
+        ));
+    }
+    Ok(q)
 }
 
 /// One question from the fields of a JSON line or a table row (see [`read_qa`]); `stem` and `n`
@@ -414,9 +441,9 @@ pub(crate) fn qa_from_fields(
             .cloned()
     };
     let question = match obj.remove("question") {
-        Some(Value::String(q)) => q,
+        Some(Value::String(q)) => non_blank(q, "question")?,
         Some(Value::Null) | None => match (extra(&obj, "question"), obj.get("prompt")) {
-            (Some(Value::String(q)), _) => q,
+            (Some(Value::String(q)), _) => non_blank(q, "extra_info.question")?,
             (Some(other), _) => {
                 return Err(type_err(
                     "extra_info.question",
@@ -695,7 +722,7 @@ mod tests {
             "\n",
             r#"{"prompt": [{"role": "user", "content": " What is 2+2? Think step by step. "}], "reward_model": {"ground_truth": "4"}, "extra_info": {"index": 3}}"#,
             "\n",
-            r#"{"prompt": "x", "reward_model": {"ground_truth": ["a", 5]}, "extra_info": {"question": "the question"}}"#,
+            r#"{"prompt": "x", "reward_model": {"ground_truth": ["b", 5]}, "extra_info": {"question": "the question"}}"#,
             "\n",
         );
         let qa = read_qa_from(text.as_bytes(), "d/verl.jsonl").unwrap();
@@ -716,7 +743,7 @@ mod tests {
                     "What is 2+2? Think step by step.",
                     vec!["4".into()]
                 ),
-                ("verl_2", "the question", vec!["a".into(), "5".into()]),
+                ("verl_2", "the question", vec!["b".into(), "5".into()]),
             ]
         );
         // The prompt and the rest stay in the metadata.
@@ -767,8 +794,89 @@ mod tests {
     }
 
     #[test]
+    fn blank_questions_and_golds_that_normalise_to_nothing_are_refused_by_line_and_field() {
+        // The probe's files (cli-as-a-user-3.md M2, M3): each bad line is the second of its
+        // file, after a good one.
+        let good = r#"{"question": "capital of france?", "golden_answers": ["Paris"]}"#;
+        let bad = |line: &str| {
+            read_qa_from(format!("{good}\n{line}\n").as_bytes(), "data/q.jsonl")
+                .unwrap_err()
+                .to_string()
+        };
+        for (line, want) in [
+            (
+                r#"{"question": "", "golden_answers": ["a"]}"#,
+                r#"data/q.jsonl:2: "question": is empty or blank (""): a question needs text"#,
+            ),
+            (
+                r#"{"question": "   ", "golden_answers": ["a"]}"#,
+                r#"data/q.jsonl:2: "question": is empty or blank ("   "): a question needs text"#,
+            ),
+            (
+                r#"{"extra_info": {"question": "\t"}, "golden_answers": ["a"]}"#,
+                r#"data/q.jsonl:2: "extra_info.question": is empty or blank ("\t"): a question needs text"#,
+            ),
+        ] {
+            assert_eq!(bad(line), want);
+        }
+        for (line, field, answer) in [
+            (
+                r#"{"question": "q", "golden_answers": [""]}"#,
+                "golden_answers",
+                r#"answer 0 ("")"#,
+            ),
+            (
+                r#"{"question": "q", "golden_answers": ["Paris", "The"]}"#,
+                "golden_answers",
+                r#"answer 1 ("The")"#,
+            ),
+            (
+                r#"{"question": "q", "answer": "."}"#,
+                "answer",
+                r#"answer 0 (".")"#,
+            ),
+            (
+                r#"{"question": "q", "answers": [" a  an "]}"#,
+                "answers",
+                r#"answer 0 (" a  an ")"#,
+            ),
+            // A choice letter "A" is an article to the normaliser: EM cannot score it.
+            (
+                r#"{"question": "q", "answer": "A."}"#,
+                "answer",
+                r#"answer 0 ("A.")"#,
+            ),
+            (
+                r#"{"question": "q", "reward_model": {"ground_truth": {"target": ["the"]}}}"#,
+                "reward_model.ground_truth.target",
+                r#"answer 0 ("the")"#,
+            ),
+            (
+                r#"{"question": "q", "reward_model": {"ground_truth": ""}}"#,
+                "reward_model.ground_truth",
+                r#"answer 0 ("")"#,
+            ),
+        ] {
+            let msg = bad(line);
+            assert!(
+                msg.starts_with(&format!(
+                    "data/q.jsonl:2: \"{field}\": {answer} is empty once normalised"
+                )),
+                "{line}: {msg}"
+            );
+        }
+        // Answers that keep a word, a digit or a non-ASCII letter are accepted.
+        let qa = read_qa_from(
+            r#"{"question": "q", "golden_answers": ["The Who", "2,718", "é", "B.", "theater"]}"#
+                .as_bytes(),
+            "q.jsonl",
+        );
+        assert_eq!(qa.unwrap()[0].golden_answers.len(), 5);
+    }
+
+    #[test]
     fn qa_errors_name_line_and_field() {
-        let text = "{\"question\": \"q\", \"golden_answers\": [\"a\"]}\n{\"question\": \"q2\"}\n";
+        let text = "{\"question\": \"q\", \"golden_answers\": [\"b\"]}\n{\"question\": \"q2\"}\n";
         let msg = read_qa_from(text.as_bytes(), "q.jsonl")
             .unwrap_err()
             .to_string();

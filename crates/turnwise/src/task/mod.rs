@@ -94,6 +94,17 @@ pub struct EncodedDemo {
     pub loss_mask: Vec<u8>,
 }
 
+/// What [`TaskSet::drop_overlong_prompts`] did to one split.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OverlongPrompts {
+    /// Questions dropped: their prompts leave no room for a response.
+    pub dropped: usize,
+    /// Questions the split had before.
+    pub total: usize,
+    /// The longest dropped prompt, in tokens (0 when none was dropped).
+    pub longest: usize,
+}
+
 /// One question of a task.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QaItem {
@@ -183,6 +194,8 @@ pub struct TaskSet {
     /// The oracle's transcripts of the Wikipedia questions (`task.wiki`) of each split, in the
     /// order of `questions`: searched once, when the task is built.
     wiki: Option<[Vec<Transcript>; 3]>,
+    /// Per split: the questions [`TaskSet::drop_overlong_prompts`] dropped.
+    pub dropped_prompts: [OverlongPrompts; 3],
 }
 
 /// Whether `subject` is among the share `fraction` of training subjects reserved for RL: a
@@ -250,6 +263,7 @@ impl TaskSet {
             corpus_texts,
             prompter: plain_prompter(config)?,
             wiki: None,
+            dropped_prompts: Default::default(),
         })
     }
 
@@ -319,6 +333,7 @@ impl TaskSet {
             corpus_texts,
             prompter: plain_prompter(config)?,
             wiki: None,
+            dropped_prompts: Default::default(),
         })
     }
 
@@ -382,6 +397,7 @@ impl TaskSet {
             corpus_texts,
             prompter: plain_prompter(config)?,
             wiki: Some(transcripts),
+            dropped_prompts: Default::default(),
         })
     }
 
@@ -401,6 +417,7 @@ impl TaskSet {
             corpus_texts: Vec::new(),
             prompter: plain_prompter(config)?,
             wiki: None,
+            dropped_prompts: Default::default(),
         })
     }
 
@@ -421,6 +438,7 @@ impl TaskSet {
             rl_reserved,
             prompter: plain_prompter(config)?,
             wiki: None,
+            dropped_prompts: Default::default(),
         })
     }
 
@@ -512,6 +530,67 @@ impl TaskSet {
         self.prompter
             .render(&question.text, question.prompt.as_deref())
             .with_context(|| format!("the prompt of question {}", question.id))
+    }
+
+    /// Drops the questions of data files (`task.search_r1`) whose prompts (`prompt_tokens`
+    /// counts a prompt's tokens) leave no room in a context of `max_positions` tokens for one response token (verl's
+    /// `filter_overlong_prompts`), and returns, per split, how many were dropped of how many
+    /// and the longest such prompt's length. A split whose every question is dropped, and an
+    /// overlong prompt of a generated task (the world, `task.wiki`, a game, OpenEnv: their
+    /// questions are not a data file to filter), are errors that name
+    /// `model.max_position_embeddings`.
+    pub fn drop_overlong_prompts(
+        &mut self,
+        max_positions: usize,
+        mut prompt_tokens: impl FnMut(&str) -> Result<usize>,
+    ) -> Result<[OverlongPrompts; 3]> {
+        let mut out = [OverlongPrompts::default(); 3];
+        let mut keep: [Vec<bool>; 3] = Default::default();
+        for split in Split::ALL {
+            let slot = split_index(split);
+            let o = &mut out[slot];
+            o.total = self.questions[slot].len();
+            for q in &self.questions[slot] {
+                let n = prompt_tokens(&self.prompt(q)?)?;
+                // The rollout ends an episode whose prompt and response fill all but one
+                // position (`rollout::apply_turn_with`): such a prompt never gets a response.
+                let overlong = n + 1 >= max_positions;
+                keep[slot].push(!overlong);
+                if overlong {
+                    o.dropped += 1;
+                    o.longest = o.longest.max(n);
+                    if self.config.search_r1.is_none() {
+                        bail!(
+                            "the prompt of question {} ({} split) is {n} tokens, which \
+                             leaves no room for a response in the model's context \
+                             (model.max_position_embeddings = {max_positions}); raise it or \
+                             shorten the prompt (task.prompt)",
+                            q.id,
+                            split.name()
+                        );
+                    }
+                }
+            }
+            if o.total > 0 && o.dropped == o.total {
+                bail!(
+                    "every one of the {} {} questions' prompts (the longest {} tokens) \
+                     leaves no room for a response in the model's context \
+                     (model.max_position_embeddings = {max_positions}): raise it, or shorten the \
+                     questions",
+                    o.total,
+                    split.name(),
+                    o.longest
+                );
+            }
+        }
+        for (slot, keep) in keep.iter().enumerate() {
+            let mut k = keep.iter();
+            self.questions[slot].retain(|_| *k.next().expect("one flag per question"));
+        }
+        // Data files reserve nothing for RL (every flag false): the flags follow the count.
+        self.rl_reserved.truncate(self.questions[0].len());
+        self.dropped_prompts = out;
+        Ok(out)
     }
 
     /// The first training question (or else the first question of any split) with its

@@ -314,7 +314,7 @@ impl Trainer {
     #[allow(clippy::too_many_arguments)]
     fn assemble(
         config: TrainConfig,
-        task: TaskSet,
+        mut task: TaskSet,
         tokenizer: TextTokenizer,
         model_config: ModelConfig,
         varmap: VarMap,
@@ -322,6 +322,14 @@ impl Trainer {
         optimizer: Option<AdamW>,
         step: u64,
     ) -> Result<Self> {
+        // Prompts with no room for a response are left out (or refused) by every loader alike,
+        // so a resumed run draws from the same questions.
+        let max_positions = model_config.max_position_embeddings;
+        let dropped =
+            task.drop_overlong_prompts(max_positions, |p| Ok(tokenizer.encode(p)?.len()))?;
+        if let Some(note) = overlong_prompts_note(&dropped, max_positions) {
+            tracing::warn!("{note}");
+        }
         // Every loader builds on the CPU in f32; the models move to `model.device` in
         // `model.dtype` once, here, and everything downstream follows their device.
         let placement = config.placement()?;
@@ -1065,6 +1073,36 @@ fn log_first_prompt(task: &TaskSet) -> Result<()> {
         tracing::info!("prompts: {how}; the first question's prompt:\n{prompt}");
     }
     Ok(())
+}
+
+/// What to tell a user whose data files held prompts too long for the model's context
+/// ([`TaskSet::drop_overlong_prompts`] dropped them), `None` when none was.
+pub fn overlong_prompts_note(
+    dropped: &[crate::task::OverlongPrompts; 3],
+    max_positions: usize,
+) -> Option<String> {
+    let parts: Vec<String> = Split::ALL
+        .iter()
+        .zip(dropped)
+        .filter(|(_, d)| d.dropped > 0)
+        .map(|(s, d)| {
+            format!(
+                "{} of {} {} (the longest {} tokens)",
+                d.dropped,
+                d.total,
+                s.name(),
+                d.longest
+            )
+        })
+        .collect();
+    (!parts.is_empty()).then(|| {
+        format!(
+            "filtered overlong prompts: {} questions' prompts leave no room for a response in the \
+             model's context (model.max_position_embeddings = {max_positions}) and are left out, \
+             as verl's data.filter_overlong_prompts does",
+            parts.join(", ")
+        )
+    })
 }
 
 /// Fisher-Yates shuffle with the run's generator.

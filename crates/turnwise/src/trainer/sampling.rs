@@ -410,6 +410,7 @@ impl Trainer {
         let dropped = if filter { total - useful.len() } else { 0 };
         metrics.insert("batch/filtered_groups".into(), dropped as f64);
         if !filter {
+            self.report_zero_signal(&all, &mut metrics);
             return Ok((all, None, metrics));
         }
         if useful.len() < r.prompts_per_step {
@@ -424,6 +425,37 @@ impl Trainer {
         }
         let keep: BTreeSet<usize> = useful.into_iter().take(r.prompts_per_step).collect();
         let selected = all.select(&keep);
+        self.report_zero_signal(&selected, &mut metrics);
         Ok((all, Some(selected), metrics))
+    }
+
+    /// Reports a step that learns nothing: when no group of `trained` (the batch the update
+    /// reads) carries a signal on the score the estimator reads (tied rewards in every group,
+    /// and no turn, step or information-gain signal either; [`super::advantage::informative_groups`]
+    /// on `seq_reward`), the step's metrics get `batch/zero_signal = 1` and a warning names the
+    /// step. The metric is absent from every other step, so the metrics of runs with signal are
+    /// unchanged.
+    fn report_zero_signal(&self, trained: &StepBatch, metrics: &mut BTreeMap<String, f64>) {
+        let mut on_score = self.config.clone();
+        on_score.rollout.filter_metric = FilterMetric::SeqReward;
+        if !super::advantage::informative_groups(&on_score, &trained.episodes).is_empty() {
+            return;
+        }
+        metrics.insert("batch/zero_signal".into(), 1.0);
+        let groups: BTreeSet<usize> = trained.episodes.iter().map(|e| e.group).collect();
+        let which = match groups.len() {
+            0 => "no group is left to train on".to_string(),
+            n => format!(
+                "every group has zero signal (the rollouts of each of the {n} groups tie on \
+                 the reward)"
+            ),
+        };
+        tracing::warn!(
+            "step {}: {which}: the advantages are 0 and the step learns nothing. The questions \
+             may be too hard or too easy for the policy, or the reward may not tell its answers \
+             apart; a warm start, a larger rollout.group_size or \
+             rollout.filter_zero_variance_groups (DAPO's dynamic sampling) can help",
+            self.step + 1,
+        );
     }
 }
