@@ -213,6 +213,20 @@ def test_spec_5_6_clip_bias_rules():
     assert o.metrics["actor/clip_bias_scale"] == 1.0 and o.metrics["actor/clip_bias_num_clipped"] == 0
 
 
+def test_zero_advantage_rows_do_not_dilute_the_mean_clip_bias_weight():
+    # Row 0 is the spec's clipped sample (weight 0.338783); row 1 has advantages 0 everywhere
+    # (an uninformative GRPO group): its weight is 1 and it has no gradient to weight, so the
+    # reported s̄ is row 0's alone, as turnwise-model's (policy.rs,
+    # zero_advantage_rows_do_not_dilute_the_mean_weight).
+    old = t([[0.0] * 7] * 2)
+    lp = t([[0.3, 0.0, -0.1, 0.0, 0.0, -0.4, 0.05]] * 2, True)
+    adv = t([[1.0, 1.0, 1.0, 0.0, 0.0, -1.0, -1.0], [0.0] * 7])
+    m = t([MASK] * 2)
+    for name in ["s_ppo", "s_grpo"]:
+        o = L.policy_loss(lp, old, adv, m, policy_loss=name)
+        assert o.metrics["actor/clip_bias_scale"] == pytest.approx(0.338783, abs=1e-6)
+
+
 def test_st_ppo_takes_its_clipping_error_from_token_ratios():
     old = t([[0.0] * 7])
     lp = t([[0.3, -0.3, 0.0, 0.0, 0.0, 0.0, 0.0]], True)

@@ -499,6 +499,8 @@ def _clip_bias_stats(
         "sample_scales": sample_scales,
         "sample_errors": errs,
         "sample_weights": [1.0 - e for e in errs],
+        # G_i != 0: the row has a gradient for its weight to scale (turnwise-model's sample_signal).
+        "sample_signal": [bool(v > 0) for v in all_sq],
         "n_clipped": int(clipped.sum()),
     }
 
@@ -724,10 +726,14 @@ def policy_loss(
     weight_sum, share_sum = 0.0, 0.0
     rule = None if r["clip_bias"] is None else r["clip_bias"]["rule"]
     if rule == "downweight":
-        for i, s in enumerate(cb["sample_weights"]):
-            share = weights[i] * row_tokens[i]
-            share_sum += share
-            weight_sum += share * s
+        # The rows carry the weights and nothing else is scaled (§5.6: the mix of the samples'
+        # gradients survives AdamW, a step-size factor does not). The reported mean weight s̄ is
+        # taken over rows with a non-zero surrogate, so zero-advantage rows do not dilute it.
+        for i, (s, has) in enumerate(zip(cb["sample_weights"], cb["sample_signal"])):
+            if has:
+                share = weights[i] * row_tokens[i]
+                share_sum += share
+                weight_sum += share * s
             weights[i] *= s
         reported = weight_sum / share_sum if share_sum > 0.0 else 1.0
     elif rule == "inverse_norm" and r["clip_bias"]["norm_scope"] == "minibatch":

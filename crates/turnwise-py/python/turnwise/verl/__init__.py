@@ -59,11 +59,10 @@ How verl's batch maps onto turnwise's inputs:
   scale (another estimator, e.g. verl's ``gae``, which whitens every position), naming the
   estimator it needs.
 - **The clipping-bias correction** (``turnwise_s_ppo``, ``turnwise_st_ppo``,
-  ``turnwise_s_grpo``) weights each sample's loss by ``1 − ρ_i``. turnwise's own trainer also
-  divides the mini-batch gradient by the weights' mean before its norm clip and steps at
-  ``lr·s̄``; a verl policy loss cannot reach the optimizer, so in verl the down-weighting acts
-  through the loss weights only (the relative weight of clipped samples, and the gradient's
-  size wherever ``actor.grad_clip`` does not bind).
+  ``turnwise_s_grpo``) weights each sample's loss by ``1 − ρ_i``, as turnwise's own trainer
+  does (spec §5.6): the weights change the mix of the samples' gradients within a mini-batch,
+  which survives AdamW; neither trainer scales the step (a step-size factor is undone by
+  AdamW's later moments).
 
 Not in verl's registries (they need rollout-side structure verl's ``compute_advantage`` does not
 pass): ``gigpo``/``t2po`` (anchor states per step; verl-agent has its own GiGPO), ``at2po`` and
