@@ -139,9 +139,20 @@ fn update_delta(preset: &str, sets: &[&str], batch: &Fixed) -> Update {
         // One shift per row, so token, turn and sequence ratios all leave 1.
         // Ratios past PPO's 0.2 clip on both sides, and ratios e^∓0.0032, e^+0.0042 that lie
         // outside A2TGPO's bounds 1 − 3e-3, 1 + 4e-3 at c = 1 and inside them at c > 1.1.
-        let shift = [0.3, 0.0032, -0.3, -0.0042][(i / 2) % 4];
-        for x in row.iter_mut() {
-            *x += shift;
+        // The large shifts vary along the row (×−0.5, ×0.5, ×1.5: mean ×0.5), so that a row is
+        // clipped on some of its tokens and not others while its turn and sequence ratios
+        // (e^∓0.15) stay inside PPO's band: the clipping-bias correction's per-sample weight
+        // 1 − ρ_i then lies strictly between 0 and 1 on a row that has a gradient (a row
+        // clipped on every token or on none has weight 0 or 1, and its gradient is the same
+        // with or without the weight).
+        let shift: f32 = [0.3, 0.0032, -0.3, -0.0042][(i / 2) % 4];
+        for (j, x) in row.iter_mut().enumerate() {
+            let along = if shift.abs() > 0.1 {
+                [-0.5, 0.5, 1.5][j % 3]
+            } else {
+                1.0
+            };
+            *x += shift * along;
         }
     }
     let reference = match (&t.reference, cfg.actor.use_kl_loss) {
@@ -315,8 +326,9 @@ fn mt_ppo_counts_the_final_reward_once() {
 }
 
 /// GiGPO's invalid-action penalty (spec §10, verl-agent): every step whose action was invalid
-/// gets its step reward and the episode score of its own step sample lowered by 0.1; the valid
-/// steps of the same trajectory keep the episode score.
+/// gets a penalty taken off its own discounted return (`step_penalties`, applied after
+/// discounting: the step rewards stay the environment's) and off the episode score of its own
+/// step sample; the valid steps of the same trajectory keep the episode score and no penalty.
 #[test]
 fn gigpo_penalises_only_the_invalid_steps() {
     use turnwise::trainer::advantage::{place_rewards, rollout_of};
@@ -335,7 +347,8 @@ fn gigpo_penalises_only_the_invalid_steps() {
             let bad = matches!(turn.action, TurnAction::Invalid { .. });
             // The preset's penalty on search: verl-agent's search script's 0.01.
             let p = if bad { 0.01 } else { 0.0 };
-            assert!((r.step_rewards[k] - (raw_steps[k] - p)).abs() < 1e-12);
+            assert!((r.step_rewards[k] - raw_steps[k]).abs() < 1e-12);
+            assert!((r.step_penalties[k] - p).abs() < 1e-12);
             assert!((scores[k] - (raw - p)).abs() < 1e-12);
             count += usize::from(bad);
         }

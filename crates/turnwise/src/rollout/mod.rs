@@ -30,7 +30,7 @@ use turnwise_model::sampling::{
 use turnwise_model::tokenizer::TextTokenizer;
 
 use crate::config::{AgentFormatName, RolloutConfig};
-use crate::study::stats::quantile;
+use turnwise_core::control::quantile;
 
 /// What the rollout engine needs of the policy.
 pub struct Policy<'a> {

@@ -201,6 +201,11 @@ const LOSS_MECHANISM: &[(&str, &[&str], Better)] = &[
         Better::Neither,
     ),
     (
+        "clipping-bias mean weight, off-policy mini-batches",
+        &["actor/clip_bias_scale_offpolicy"],
+        Better::Neither,
+    ),
+    (
         "clipping-bias clipped tokens",
         &["actor/clip_bias_num_clipped"],
         Better::Neither,
@@ -261,6 +266,21 @@ const ROLLOUT_MECHANISM: &[(&str, &[&str], Better)] = &[
     (
         "turn regenerations",
         &["rollout/tds_regenerations"],
+        Better::Neither,
+    ),
+    (
+        "turns accepted on the first draw (TDS)",
+        &["rollout/tds_accepted_first_share"],
+        Better::Neither,
+    ),
+    (
+        "turns that spent the resampling budget (TDS)",
+        &["rollout/tds_budget_exhausted_share"],
+        Better::Neither,
+    ),
+    (
+        "first-draw turn gap Γ, median (TDS)",
+        &["rollout/tds_gap_p50"],
         Better::Neither,
     ),
     (

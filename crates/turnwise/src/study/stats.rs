@@ -82,19 +82,9 @@ pub fn t_interval(xs: &[f64]) -> Option<Interval> {
     })
 }
 
-/// The `q`-quantile of sorted values by linear interpolation between order statistics (R's and
-/// NumPy's default, type 7): position `q · (n − 1)`.
-pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let pos = q.clamp(0.0, 1.0) * (sorted.len() - 1) as f64;
-    let (i, frac) = (pos.floor() as usize, pos.fract());
-    match sorted.get(i + 1) {
-        Some(next) => sorted[i] + frac * (next - sorted[i]),
-        None => sorted[i],
-    }
-}
+/// The `q`-quantile of sorted values (type 7); it lives in `turnwise-core`, where the rollout's
+/// TDS metrics also read it.
+pub use turnwise_core::control::quantile;
 
 /// SplitMix64: a small, fixed pseudo-random generator, so that a report's intervals never change
 /// with a dependency's version.
