@@ -216,7 +216,8 @@ fn rollouts(
 #[pyo3(signature = (
     name, settings, outcome, group, turn_id=None, lengths=None, num_turns=None,
     turn_rewards=None, info_gain=None, token_rewards=None, values=None, tree=None, leaf=None,
-    step_rewards=None, step_scores=None, anchors=None, anchor_scopes=None, trees_json=None
+    step_rewards=None, step_scores=None, anchors=None, anchor_scopes=None, trees_json=None,
+    step_penalties=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn estimate_arrays<'py>(
@@ -239,6 +240,7 @@ pub fn estimate_arrays<'py>(
     anchors: Option<Vec<Vec<String>>>,
     anchor_scopes: Option<Vec<Vec<String>>>,
     trees_json: Option<&str>,
+    step_penalties: Option<PyReadonlyArray2<'py, f64>>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let cfg = config(name, settings)?;
     let tid = turn_id.as_ref().map(|t| t.as_array());
@@ -259,6 +261,7 @@ pub fn estimate_arrays<'py>(
         ("info_gain", &info_gain, 1),
         ("step_rewards", &step_rewards, 0),
         ("step_scores", &step_scores, 0),
+        ("step_penalties", &step_penalties, 0),
     ] {
         let Some(a) = a else { continue };
         let a = a.as_array();
@@ -269,6 +272,7 @@ pub fn estimate_arrays<'py>(
                 "turn_rewards" => r.turn_rewards = v,
                 "info_gain" => r.info_gain = v,
                 "step_rewards" => r.step_rewards = v,
+                "step_penalties" => r.step_penalties = v,
                 _ => r.step_scores = Some(v),
             }
         }

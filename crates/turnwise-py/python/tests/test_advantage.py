@@ -197,6 +197,19 @@ def test_tree_grpo_and_gigpo_run():
     assert g.turns[0, 1] > g.turns[1, 1]
 
 
+def test_gigpo_step_penalties_lower_only_their_own_steps_return():
+    # Two rollouts through the same anchor states with the same rewards; the first is penalised
+    # at its last step. After discounting (verl-agent), the step-0 returns stay equal, so the
+    # step-0 anchor group gives both 0; subtracting the penalty from the reward instead lowers
+    # the first rollout's step-0 return by γ·p and splits the group.
+    anchors = [["s0", "s1"], ["s0", "s1"]]
+    after = tw.gigpo([[0.0, 1.0], [0.0, 1.0]], anchors, step_penalties=[[0.0, 0.1], [0.0, 0.0]])
+    assert after.turns[0, 0] == pytest.approx(0.0) and after.turns[1, 0] == pytest.approx(0.0)
+    assert after.turns[0, 1] < after.turns[1, 1]
+    before = tw.gigpo([[0.0, 0.9], [0.0, 1.0]], anchors)
+    assert before.turns[0, 0] < before.turns[1, 0]
+
+
 def test_at2po_tree():
     tree = {
         "group": 0,

@@ -102,6 +102,7 @@ def estimate(
     leaf: Any = None,
     step_rewards: Any = None,
     step_scores: Any = None,
+    step_penalties: Any = None,
     anchors: Optional[List[List[str]]] = None,
     anchor_scopes: Optional[List[List[str]]] = None,
     trees: Optional[list] = None,
@@ -136,6 +137,7 @@ def estimate(
         leaf=optional(leaf, int_array, "leaf", 1),
         step_rewards=optional(step_rewards, f2, "step_rewards"),
         step_scores=optional(step_scores, f2, "step_scores"),
+        step_penalties=optional(step_penalties, f2, "step_penalties"),
         anchors=strings(anchors, "anchors"),
         anchor_scopes=strings(anchor_scopes, "anchor_scopes"),
         trees_json=None if trees is None else json.dumps(trees),
@@ -278,11 +280,17 @@ def gigpo(
     turn_id: Any = None,
     *,
     outcome: Any = None,
+    step_penalties: Any = None,
     name: str = "gigpo",
     **settings: Any,
 ) -> Advantages:
     """§3.7 GiGPO (``name="t2po"`` for T2PO's fusion): episode advantages plus anchor-state step
-    advantages from per-step ``step_rewards`` ``[B, T]`` and ``anchors`` (one string per step)."""
+    advantages from per-step ``step_rewards`` ``[B, T]`` and ``anchors`` (one string per step).
+
+    ``step_penalties`` ``[B, T]`` (e.g. the invalid-action penalty) are taken off each step's
+    discounted return after discounting, as verl-agent's ``apply_invalid_action_penalty``: a
+    penalty lowers only its own step's return. Subtracting it from ``step_rewards`` instead
+    would also lower every earlier step's return by ``γ^{k−j}·p``."""
     sr = array(step_rewards, np.float64, "step_rewards", ndim=2, pad=np.nan)
     if outcome is None:
         outcome = np.zeros(sr.shape[0])
@@ -296,6 +304,7 @@ def gigpo(
         group,
         turn_id,
         step_rewards=sr,
+        step_penalties=step_penalties,
         anchors=anchors,
         num_turns=num_turns,
         **settings,
