@@ -274,9 +274,11 @@ fn signed_pct(v: f64, signed: bool) -> String {
     }
 }
 
-/// The verdict of a claim's interval: above 0 reproduced, below reversed, else inconclusive.
+/// The verdict of a claim's interval: above 0 reproduced, below reversed, else inconclusive;
+/// pending until it rests on two paired seeds (with one, the bootstrap over questions holds the
+/// panel's noise but none of the seeds', and would call a verdict a second seed can undo).
 pub fn verdict(i: Option<Interval>) -> &'static str {
-    match i.map(|i| i.sign()) {
+    match i.filter(|i| i.n >= 2).map(|i| i.sign()) {
         None => "pending",
         Some(Some(true)) => "reproduced",
         Some(Some(false)) => "reversed",
@@ -488,7 +490,8 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
          a percentile bootstrap over seeds × questions ({BOOTSTRAP_RESAMPLES} resamples drawing \
          seeds and questions with replacement, SplitMix64 generator seed {BOOTSTRAP_SEED}). A \
          claim is *reproduced* when its interval lies above 0 in the claimed direction, \
-         *reversed* when below, *inconclusive* otherwise.\n"
+         *reversed* when below, *inconclusive* otherwise; it stays *pending* until two paired \
+         seeds have finished (one seed's interval holds the questions' noise, not the seeds').\n"
     );
 
     // Warm starts.
@@ -908,6 +911,8 @@ mod tests {
         assert_eq!(verdict(i(-0.01, 0.05)), "inconclusive");
         assert_eq!(verdict(i(f64::NAN, f64::NAN)), "inconclusive");
         assert_eq!(verdict(None), "pending");
+        let one_seed = i(-0.05, -0.01).map(|i| Interval { n: 1, ..i });
+        assert_eq!(verdict(one_seed), "pending");
     }
 
     #[test]
