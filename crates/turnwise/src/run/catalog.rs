@@ -27,6 +27,9 @@ pub struct RunInfo {
     pub checkpoint: Option<u64>,
     /// Whether summary.json exists (the run ended and wrote its summary).
     pub finished: bool,
+    /// Whether a process holds its [`super::LOCK_FILE`] (a run or resume is writing it now);
+    /// an unfinished run that is not live was stopped (killed, crashed or interrupted).
+    pub live: bool,
     /// Unix seconds of the last metrics line.
     pub last_time: Option<f64>,
     /// Test-split EM `(before, after)` by decoding (`greedy`, `sampled`).
@@ -169,6 +172,7 @@ impl RunInfo {
             steps_done,
             checkpoint: run.latest_checkpoint()?.map(|c| c.step),
             finished: run.root().join("summary.json").is_file(),
+            live: run.is_locked()?,
             last_time: log.records.iter().rev().find_map(|r| r.time),
             test_em,
             test_n,
@@ -178,15 +182,29 @@ impl RunInfo {
         })
     }
 
-    /// `finished`, `step k/N` or `not started`.
+    /// `finished`; `running step k/N` or `running warm start` while a process holds the
+    /// lock; `stopped at step k/N` or `stopped in warm start` when none does and the run wrote
+    /// no summary (killed, crashed or interrupted: `turnwise resume` continues it).
     pub fn status(&self) -> String {
         if self.finished {
-            "finished".into()
-        } else if self.steps_done > 0 || self.checkpoint.is_some() {
-            format!("step {}/{}", self.steps_done, self.steps_planned)
-        } else {
-            "warm start".into()
+            return "finished".into();
         }
+        let state = if self.live { "running" } else { "stopped" };
+        if self.steps_done > 0 || self.checkpoint.is_some() {
+            let at = if self.live { "" } else { " at" };
+            format!(
+                "{state}{at} step {}/{}",
+                self.steps_done, self.steps_planned
+            )
+        } else {
+            let during = if self.live { "" } else { " in" };
+            format!("{state}{during} warm start")
+        }
+    }
+
+    /// Whether the run was stopped before it finished (see [`Self::status`]).
+    pub fn stopped(&self) -> bool {
+        !self.finished && !self.live
     }
 }
 
@@ -218,7 +236,8 @@ fn age(time: Option<f64>, now: f64) -> String {
 }
 
 /// The `turnwise runs` table: one line per run with its preset, status, checkpoint, the last
-/// ten steps' training EM and reward, test EM before → after, and when it last logged.
+/// ten steps' training EM and reward, test EM before → after, and when it last logged; then,
+/// per stopped run, the `turnwise resume` command that continues it.
 pub fn runs_table(runs: &[RunInfo]) -> String {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -227,14 +246,14 @@ pub fn runs_table(runs: &[RunInfo]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<32} {:<11} {:<13} {:>5} {:>8} {:>7} {:>15} {:>9}",
+        "{:<32} {:<11} {:<24} {:>5} {:>8} {:>7} {:>15} {:>9}",
         "run", "preset", "status", "ckpt", "train em", "reward", "test greedy EM", "last log"
     );
     for r in runs {
         let (b, a) = r.test_em.get("greedy").copied().unwrap_or((None, None));
         let _ = writeln!(
             out,
-            "{:<32} {:<11} {:<13} {:>5} {:>8} {:>7} {:>15} {:>9}",
+            "{:<32} {:<11} {:<24} {:>5} {:>8} {:>7} {:>15} {:>9}",
             r.dir.display(),
             r.preset,
             r.status(),
@@ -245,6 +264,16 @@ pub fn runs_table(runs: &[RunInfo]) -> String {
             num(r.recent.get("critic/score/mean"), 3),
             format!("{} -> {}", pct(b), pct(a)),
             age(r.last_time, now),
+        );
+    }
+    for r in runs.iter().filter(|r| r.stopped()) {
+        let _ = writeln!(
+            out,
+            "{}: stopped (no process holds its {} and it wrote no summary.json); continue it \
+             with `turnwise resume {}`",
+            r.dir.display(),
+            super::LOCK_FILE,
+            r.dir.display()
         );
     }
     out
