@@ -398,3 +398,33 @@ fn runs_tells_a_live_run_from_a_stopped_one() {
         "{table}"
     );
 }
+
+#[test]
+fn compare_notes_runs_from_different_worlds() {
+    // Review cli-as-a-user-3 m5: runs on different `task.world.seed` were set side by side
+    // without a note (only differing test n was noted).
+    let tmp = tempfile::tempdir().unwrap();
+    let infos: Vec<RunInfo> = [("a", 0), ("b", 7), ("c", 0)]
+        .iter()
+        .map(|(name, seed)| {
+            let dir = tmp.path().join(name);
+            let run = RunDir::create(&dir, false).unwrap();
+            run.write_config(&format!(
+                "preset = \"grpo\"\n\n[run]\nsteps = 2\n\n[task]\nenv = \"search\"\ntopk = {}\n\n\
+                 [task.world]\nseed = {seed}\n",
+                if *name == "c" { 5 } else { 3 }
+            ))
+            .unwrap();
+            drop(run);
+            RunInfo::read(&dir).unwrap()
+        })
+        .collect();
+    let same = compare_table(&[infos[0].clone(), infos[2].clone()]);
+    assert!(!same.contains("Note:"), "topk is not the world: {same}");
+    let cmp = compare_table(&infos);
+    assert!(
+        cmp.contains("different worlds") && cmp.contains("task.world.seed"),
+        "{cmp}"
+    );
+    assert!(!cmp.contains("task.topk"), "{cmp}");
+}

@@ -43,6 +43,28 @@ pub struct RunInfo {
     pub rl_seconds: f64,
     /// The log itself, for charts.
     pub log: MetricsLog,
+    /// The settings of its config that decide its questions ([`WORLD_KEYS`] of `[task]`),
+    /// flattened to dotted keys (`task.world.seed`) with their TOML values.
+    pub world: BTreeMap<String, String>,
+}
+
+/// The keys of `[task]` that decide a run's questions (the environment, the generated world,
+/// the data files, the game maps, the OpenEnv server): runs that differ in one are not
+/// evaluated on the same test questions.
+pub const WORLD_KEYS: &[&str] = &["env", "world", "search_r1", "wiki", "game", "openenv"];
+
+/// Adds `value` under `key` to `out`, tables flattened to dotted keys.
+fn flatten(key: String, value: &toml::Value, out: &mut BTreeMap<String, String>) {
+    match value {
+        toml::Value::Table(t) => {
+            for (k, v) in t {
+                flatten(format!("{key}.{k}"), v, out);
+            }
+        }
+        v => {
+            out.insert(key, v.to_string());
+        }
+    }
 }
 
 /// The training metrics a listing or a comparison summarises (mean of the last ten steps).
@@ -165,6 +187,14 @@ impl RunInfo {
                 test_em.insert(mode.to_string(), (before, after));
             }
         }
+        let mut world = BTreeMap::new();
+        if let Some(task) = table.get("task").and_then(|t| t.as_table()) {
+            for key in WORLD_KEYS {
+                if let Some(v) = task.get(*key) {
+                    flatten(format!("task.{key}"), v, &mut world);
+                }
+            }
+        }
         Ok(Self {
             dir: dir.to_path_buf(),
             preset,
@@ -179,6 +209,7 @@ impl RunInfo {
             recent,
             rl_seconds,
             log,
+            world,
         })
     }
 
@@ -327,7 +358,30 @@ pub fn compare_table(runs: &[RunInfo]) -> String {
             list.join(", ")
         );
     }
+    let differing = differing_world_keys(runs);
+    if !differing.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nNote: these runs come from different worlds ({} differ): their test questions are \
+             not the same.",
+            differing.join(", ")
+        );
+    }
     out
+}
+
+/// The dotted world keys ([`RunInfo::world`]) whose values (or presence) differ between runs.
+pub fn differing_world_keys(runs: &[RunInfo]) -> Vec<String> {
+    let keys: std::collections::BTreeSet<&String> =
+        runs.iter().flat_map(|r| r.world.keys()).collect();
+    keys.into_iter()
+        .filter(|k| {
+            let vals: std::collections::BTreeSet<Option<&String>> =
+                runs.iter().map(|r| r.world.get(*k)).collect();
+            vals.len() > 1
+        })
+        .cloned()
+        .collect()
 }
 
 /// One chart per [`COMPARE_CHARTS`] entry that some run logged, with a curve per run that
