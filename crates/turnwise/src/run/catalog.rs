@@ -53,6 +53,29 @@ pub struct RunInfo {
 /// evaluated on the same test questions.
 pub const WORLD_KEYS: &[&str] = &["env", "world", "search_r1", "wiki", "game", "openenv"];
 
+/// The world settings of a config's TOML text (see [`RunInfo::world`]).
+pub fn world_settings(config_toml: &str) -> RunResult<BTreeMap<String, String>> {
+    let table: toml::Table = config_toml.parse().map_err(|e| RunError::BadLine {
+        path: "config".into(),
+        line: 0,
+        message: format!("not TOML: {e}"),
+    })?;
+    Ok(world_of(&table))
+}
+
+/// The world settings of a parsed config (see [`RunInfo::world`]).
+fn world_of(table: &toml::Table) -> BTreeMap<String, String> {
+    let mut world = BTreeMap::new();
+    if let Some(task) = table.get("task").and_then(|t| t.as_table()) {
+        for key in WORLD_KEYS {
+            if let Some(v) = task.get(*key) {
+                flatten(format!("task.{key}"), v, &mut world);
+            }
+        }
+    }
+    world
+}
+
 /// Adds `value` under `key` to `out`, tables flattened to dotted keys.
 fn flatten(key: String, value: &toml::Value, out: &mut BTreeMap<String, String>) {
     match value {
@@ -187,14 +210,7 @@ impl RunInfo {
                 test_em.insert(mode.to_string(), (before, after));
             }
         }
-        let mut world = BTreeMap::new();
-        if let Some(task) = table.get("task").and_then(|t| t.as_table()) {
-            for key in WORLD_KEYS {
-                if let Some(v) = task.get(*key) {
-                    flatten(format!("task.{key}"), v, &mut world);
-                }
-            }
-        }
+        let world = world_of(&table);
         Ok(Self {
             dir: dir.to_path_buf(),
             preset,
@@ -358,7 +374,8 @@ pub fn compare_table(runs: &[RunInfo]) -> String {
             list.join(", ")
         );
     }
-    let differing = differing_world_keys(runs);
+    let worlds: Vec<BTreeMap<String, String>> = runs.iter().map(|r| r.world.clone()).collect();
+    let differing = differing_world_keys(&worlds);
     if !differing.is_empty() {
         let _ = writeln!(
             out,
@@ -370,14 +387,14 @@ pub fn compare_table(runs: &[RunInfo]) -> String {
     out
 }
 
-/// The dotted world keys ([`RunInfo::world`]) whose values (or presence) differ between runs.
-pub fn differing_world_keys(runs: &[RunInfo]) -> Vec<String> {
-    let keys: std::collections::BTreeSet<&String> =
-        runs.iter().flat_map(|r| r.world.keys()).collect();
+/// The dotted world keys ([`RunInfo::world`], [`world_settings`]) whose values (or presence)
+/// differ between `worlds`.
+pub fn differing_world_keys(worlds: &[BTreeMap<String, String>]) -> Vec<String> {
+    let keys: std::collections::BTreeSet<&String> = worlds.iter().flat_map(|w| w.keys()).collect();
     keys.into_iter()
         .filter(|k| {
             let vals: std::collections::BTreeSet<Option<&String>> =
-                runs.iter().map(|r| r.world.get(*k)).collect();
+                worlds.iter().map(|w| w.get(*k)).collect();
             vals.len() > 1
         })
         .cloned()
