@@ -179,15 +179,43 @@ fn eval_config(source: &EvalSource<'_>) -> Result<TrainConfig> {
         return run_config(&RunDir::open(run)?);
     }
     if explicit {
-        return Ok(TrainConfig::resolve(
-            source.preset,
-            source.config,
-            source.sets,
-        )?);
+        let cfg = TrainConfig::resolve(source.preset, source.config, source.sets)?;
+        if let Some(ck) = source.checkpoint
+            && let Ok(Some(own)) = checkpoint_config(ck)
+        {
+            let differing = crate::run::differing_world_keys(&[
+                crate::run::world_settings(&cfg.to_toml())?,
+                crate::run::world_settings(&own.to_toml())?,
+            ]);
+            if !differing.is_empty() {
+                tracing::warn!(
+                    "--preset/--config replace the config {} was trained with, and its world \
+                     differs ({} differ): the questions are not the ones it was trained and \
+                     evaluated on; leave out --preset and --config to use its own",
+                    ck.display(),
+                    differing.join(", ")
+                );
+            }
+        }
+        return Ok(cfg);
     }
     let Some(ck) = source.checkpoint else {
         bail!("give --run DIR or --checkpoint PATH");
     };
+    if let Some(cfg) = checkpoint_config(ck)? {
+        return Ok(cfg);
+    }
+    bail!(
+        "{} has no {EXPORT_CONFIG_FILE} and is not inside a run directory: give --preset or \
+         --config to say which task to evaluate on",
+        ck.display()
+    )
+}
+
+/// The config a checkpoint carries: its own [`EXPORT_CONFIG_FILE`] (an exported model), or
+/// its run's config.toml (`checkpoints/step-NNNNN` inside a run directory); `None` without
+/// either.
+fn checkpoint_config(ck: &Path) -> Result<Option<TrainConfig>> {
     let own = ck.join(EXPORT_CONFIG_FILE);
     if own.is_file() {
         let text =
@@ -195,19 +223,14 @@ fn eval_config(source: &EvalSource<'_>) -> Result<TrainConfig> {
         let table = text
             .parse::<toml::Table>()
             .with_context(|| format!("parsing {}", own.display()))?;
-        return Ok(TrainConfig::from_table(table)?);
+        return Ok(Some(TrainConfig::from_table(table)?));
     }
-    // checkpoints/step-NNNNN inside a run directory.
     if let Some(run) = ck.parent().and_then(Path::parent)
         && run.join("config.toml").is_file()
     {
-        return run_config(&RunDir::open(run)?);
+        return Ok(Some(run_config(&RunDir::open(run)?)?));
     }
-    bail!(
-        "{} has no {EXPORT_CONFIG_FILE} and is not inside a run directory: give --preset or \
-         --config to say which task to evaluate on",
-        ck.display()
-    )
+    Ok(None)
 }
 
 /// Opens what `source` names for evaluation; returns the trainer and a description of the

@@ -408,12 +408,16 @@ fn calibrate_judge(trainer: &Trainer, log: &mut MetricsWriter, quiet: bool) -> R
 
 /// The checks of a run that need its task or the file system, made before the run directory is
 /// created or an old run in it is deleted (and by `turnwise config`): the judge, when on, has an
-/// endpoint ([`crate::config::JudgeSettings::require_endpoint`]), `model.init_from` exists
+/// endpoint ([`crate::config::JudgeSettings::require_endpoint`]), a fresh tokenizer's
+/// `model.vocab_size` is large enough ([`TaskSet::check_vocab_size`]), `model.init_from` exists
 /// (or is a packaged model's name), the warm start has demonstrations, every
 /// `eval.base_shots` entry has that many training examples, and with `run.wandb` on, the
 /// `wandb` Python package imports.
 pub fn preflight(cfg: &TrainConfig, task: &TaskSet) -> Result<()> {
     cfg.judge.require_endpoint()?;
+    if cfg.model.init_from.is_none() {
+        task.check_vocab_size(cfg.model.tokenizer, cfg.model.vocab_size)?;
+    }
     if let Some(p) = &cfg.model.init_from
         && !crate::model_source::is_model_name(&p.to_string_lossy())
         && !p.exists()

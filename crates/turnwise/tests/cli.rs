@@ -86,6 +86,45 @@ fn config_makes_the_checks_that_need_the_task() {
 }
 
 #[test]
+fn config_refuses_the_vocabulary_sizes_train_refuses() {
+    // Review cli-as-a-user-3 m1: `config` passed `model.vocab_size=1`, which `train` refuses
+    // when it trains the tokenizer. Both now give the same message, and `config` writes nothing.
+    let tmp = tempfile::tempdir().unwrap();
+    for sets in [
+        &["model.vocab_size=1"][..],
+        &["model.tokenizer=\"bpe\"", "model.vocab_size=100"][..],
+    ] {
+        let mut args = vec!["config", "--preset", "grpo"];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        let config = turnwise(&args, tmp.path());
+        assert!(!config.status.success(), "{sets:?}: config accepted it");
+        let config_err = text(&config.stderr);
+        assert!(config_err.contains("vocab_size"), "{sets:?}: {config_err}");
+        assert!(
+            std::fs::read_dir(tmp.path()).unwrap().next().is_none(),
+            "config wrote a file"
+        );
+
+        args[0] = "train";
+        args.extend(["--out", "run", "-q"]);
+        let train = turnwise(&args, tmp.path());
+        assert!(!train.status.success(), "{sets:?}: train accepted it");
+        let train_err = text(&train.stderr);
+        let message = config_err
+            .lines()
+            .find(|l| l.contains("vocab_size"))
+            .unwrap();
+        assert!(
+            train_err.contains(message),
+            "{sets:?}: config said {config_err:?}, train said {train_err:?}"
+        );
+        assert!(!tmp.path().join("run").exists(), "train wrote a run");
+    }
+}
+
+#[test]
 fn train_overwrite_never_deletes_a_project_folder() {
     // The review's reproduction: a folder with a config.toml that is not a run's.
     let tmp = tempfile::tempdir().unwrap();

@@ -450,3 +450,39 @@ fn resume_continues_it_to_the_logged_step_3() {
     assert!(run.join("checkpoints/step-00003/COMPLETE").is_file());
     assert!(run.join("summary.json").is_file());
 }
+
+#[test]
+fn eval_warns_when_preset_or_config_change_the_checkpoints_world() {
+    // Review cli-as-a-user-3 m6: `eval --checkpoint X --preset P` silently evaluated on P's
+    // world instead of the one X was trained on.
+    let (tmp, run) = copy_of_fixture();
+    let ck = run.join("checkpoints/step-00002");
+    let config = run.join("config.toml");
+    let eval = |sets: &[&str]| {
+        let mut args: Vec<String> = [
+            "-q",
+            "eval",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+            "--questions",
+            "1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        for s in sets {
+            args.extend(["--set".to_string(), s.to_string()]);
+        }
+        let out = common::turnwise_in(&args, tmp.path());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let same = eval(&[]);
+    assert!(!same.contains("world"), "{same}");
+    let other = eval(&["task.world.questions.test=4"]);
+    assert!(
+        other.contains("its world differs") && other.contains("task.world.questions.test"),
+        "{other}"
+    );
+}

@@ -357,3 +357,74 @@ fn walk(dir: &Path) -> Vec<String> {
     }
     out
 }
+
+#[test]
+fn runs_tells_a_live_run_from_a_stopped_one() {
+    // Review cli-as-a-user-3 m4: a killed run was listed as `step 17/40`, like a live one.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("r");
+    let run = RunDir::create(&dir, false).unwrap();
+    run.write_config("preset = \"grpo\"\n\n[run]\nsteps = 40\n")
+        .unwrap();
+    std::fs::write(
+        run.metrics_path(),
+        "{\"step\":17,\"phase\":\"train\",\"time\":1795749476.0,\"train/em\":0.5}\n",
+    )
+    .unwrap();
+
+    // This process holds the lock, as a live run does.
+    let live = RunInfo::read(&dir).unwrap();
+    assert!(live.live && !live.finished);
+    let table = runs_table(&[live]);
+    assert!(table.contains("running step 17/40"), "{table}");
+    assert!(!table.contains("turnwise resume"), "{table}");
+
+    // The process is gone (the lock is free) and there is no summary.json.
+    drop(run);
+    let stopped = RunInfo::read(&dir).unwrap();
+    assert!(!stopped.live);
+    let table = runs_table(&[stopped]);
+    assert!(table.contains("stopped at step 17/40"), "{table}");
+    assert!(
+        table.contains(&format!("turnwise resume {}", dir.display())),
+        "{table}"
+    );
+
+    // A finished run is finished whether or not its lock file is left.
+    std::fs::write(dir.join("summary.json"), "{}").unwrap();
+    let table = runs_table(&[RunInfo::read(&dir).unwrap()]);
+    assert!(
+        table.contains("finished") && !table.contains("turnwise resume"),
+        "{table}"
+    );
+}
+
+#[test]
+fn compare_notes_runs_from_different_worlds() {
+    // Review cli-as-a-user-3 m5: runs on different `task.world.seed` were set side by side
+    // without a note (only differing test n was noted).
+    let tmp = tempfile::tempdir().unwrap();
+    let infos: Vec<RunInfo> = [("a", 0), ("b", 7), ("c", 0)]
+        .iter()
+        .map(|(name, seed)| {
+            let dir = tmp.path().join(name);
+            let run = RunDir::create(&dir, false).unwrap();
+            run.write_config(&format!(
+                "preset = \"grpo\"\n\n[run]\nsteps = 2\n\n[task]\nenv = \"search\"\ntopk = {}\n\n\
+                 [task.world]\nseed = {seed}\n",
+                if *name == "c" { 5 } else { 3 }
+            ))
+            .unwrap();
+            drop(run);
+            RunInfo::read(&dir).unwrap()
+        })
+        .collect();
+    let same = compare_table(&[infos[0].clone(), infos[2].clone()]);
+    assert!(!same.contains("Note:"), "topk is not the world: {same}");
+    let cmp = compare_table(&infos);
+    assert!(
+        cmp.contains("different worlds") && cmp.contains("task.world.seed"),
+        "{cmp}"
+    );
+    assert!(!cmp.contains("task.topk"), "{cmp}");
+}

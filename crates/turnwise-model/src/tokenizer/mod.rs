@@ -94,6 +94,22 @@ impl TextTokenizer {
             .map_err(|e| tok_err(&format!("cannot save {}", path.display()), e))
     }
 
+    /// Checks, without training anything, that a byte-level BPE vocabulary of `vocab_size`
+    /// entries holds the byte symbols and `n_special` special tokens, as
+    /// [`Self::train_byte_level_bpe`] requires.
+    pub fn check_byte_level_bpe_vocab(vocab_size: usize, n_special: usize) -> Result<()> {
+        let n_bytes = ByteLevel::alphabet().len();
+        if vocab_size < n_bytes + n_special {
+            return Err(ModelError::invalid_input(
+                "vocab_size",
+                format!(
+                    "{vocab_size} is below the {n_bytes} byte symbols plus {n_special} special tokens"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Trains a byte-level BPE tokenizer (GPT-2 / Qwen style: every byte is in the base
     /// alphabet, so nothing is unknown; decoding is exact) with `vocab_size` entries in total,
     /// special tokens included (ids `0..special_tokens.len()`).
@@ -102,17 +118,8 @@ impl TextTokenizer {
         vocab_size: usize,
         special_tokens: &[&str],
     ) -> Result<Self> {
+        Self::check_byte_level_bpe_vocab(vocab_size, special_tokens.len())?;
         let alphabet = ByteLevel::alphabet();
-        if vocab_size < alphabet.len() + special_tokens.len() {
-            return Err(ModelError::invalid_input(
-                "vocab_size",
-                format!(
-                    "{vocab_size} is below the {} byte symbols plus {} special tokens",
-                    alphabet.len(),
-                    special_tokens.len()
-                ),
-            ));
-        }
         let mut tokenizer = Tokenizer::new(BPE::default());
         tokenizer.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
         tokenizer.with_decoder(Some(ByteLevelDecoder::default()));

@@ -27,6 +27,9 @@ pub struct RunInfo {
     pub checkpoint: Option<u64>,
     /// Whether summary.json exists (the run ended and wrote its summary).
     pub finished: bool,
+    /// Whether a process holds its [`super::LOCK_FILE`] (a run or resume is writing it now);
+    /// an unfinished run that is not live was stopped (killed, crashed or interrupted).
+    pub live: bool,
     /// Unix seconds of the last metrics line.
     pub last_time: Option<f64>,
     /// Test-split EM `(before, after)` by decoding (`greedy`, `sampled`).
@@ -40,6 +43,51 @@ pub struct RunInfo {
     pub rl_seconds: f64,
     /// The log itself, for charts.
     pub log: MetricsLog,
+    /// The settings of its config that decide its questions ([`WORLD_KEYS`] of `[task]`),
+    /// flattened to dotted keys (`task.world.seed`) with their TOML values.
+    pub world: BTreeMap<String, String>,
+}
+
+/// The keys of `[task]` that decide a run's questions (the environment, the generated world,
+/// the data files, the game maps, the OpenEnv server): runs that differ in one are not
+/// evaluated on the same test questions.
+pub const WORLD_KEYS: &[&str] = &["env", "world", "search_r1", "wiki", "game", "openenv"];
+
+/// The world settings of a config's TOML text (see [`RunInfo::world`]).
+pub fn world_settings(config_toml: &str) -> RunResult<BTreeMap<String, String>> {
+    let table: toml::Table = config_toml.parse().map_err(|e| RunError::BadLine {
+        path: "config".into(),
+        line: 0,
+        message: format!("not TOML: {e}"),
+    })?;
+    Ok(world_of(&table))
+}
+
+/// The world settings of a parsed config (see [`RunInfo::world`]).
+fn world_of(table: &toml::Table) -> BTreeMap<String, String> {
+    let mut world = BTreeMap::new();
+    if let Some(task) = table.get("task").and_then(|t| t.as_table()) {
+        for key in WORLD_KEYS {
+            if let Some(v) = task.get(*key) {
+                flatten(format!("task.{key}"), v, &mut world);
+            }
+        }
+    }
+    world
+}
+
+/// Adds `value` under `key` to `out`, tables flattened to dotted keys.
+fn flatten(key: String, value: &toml::Value, out: &mut BTreeMap<String, String>) {
+    match value {
+        toml::Value::Table(t) => {
+            for (k, v) in t {
+                flatten(format!("{key}.{k}"), v, out);
+            }
+        }
+        v => {
+            out.insert(key, v.to_string());
+        }
+    }
 }
 
 /// The training metrics a listing or a comparison summarises (mean of the last ten steps).
@@ -162,6 +210,7 @@ impl RunInfo {
                 test_em.insert(mode.to_string(), (before, after));
             }
         }
+        let world = world_of(&table);
         Ok(Self {
             dir: dir.to_path_buf(),
             preset,
@@ -169,24 +218,40 @@ impl RunInfo {
             steps_done,
             checkpoint: run.latest_checkpoint()?.map(|c| c.step),
             finished: run.root().join("summary.json").is_file(),
+            live: run.is_locked()?,
             last_time: log.records.iter().rev().find_map(|r| r.time),
             test_em,
             test_n,
             recent,
             rl_seconds,
             log,
+            world,
         })
     }
 
-    /// `finished`, `step k/N` or `not started`.
+    /// `finished`; `running step k/N` or `running warm start` while a process holds the
+    /// lock; `stopped at step k/N` or `stopped in warm start` when none does and the run wrote
+    /// no summary (killed, crashed or interrupted: `turnwise resume` continues it).
     pub fn status(&self) -> String {
         if self.finished {
-            "finished".into()
-        } else if self.steps_done > 0 || self.checkpoint.is_some() {
-            format!("step {}/{}", self.steps_done, self.steps_planned)
-        } else {
-            "warm start".into()
+            return "finished".into();
         }
+        let state = if self.live { "running" } else { "stopped" };
+        if self.steps_done > 0 || self.checkpoint.is_some() {
+            let at = if self.live { "" } else { " at" };
+            format!(
+                "{state}{at} step {}/{}",
+                self.steps_done, self.steps_planned
+            )
+        } else {
+            let during = if self.live { "" } else { " in" };
+            format!("{state}{during} warm start")
+        }
+    }
+
+    /// Whether the run was stopped before it finished (see [`Self::status`]).
+    pub fn stopped(&self) -> bool {
+        !self.finished && !self.live
     }
 }
 
@@ -218,7 +283,8 @@ fn age(time: Option<f64>, now: f64) -> String {
 }
 
 /// The `turnwise runs` table: one line per run with its preset, status, checkpoint, the last
-/// ten steps' training EM and reward, test EM before → after, and when it last logged.
+/// ten steps' training EM and reward, test EM before → after, and when it last logged; then,
+/// per stopped run, the `turnwise resume` command that continues it.
 pub fn runs_table(runs: &[RunInfo]) -> String {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -227,14 +293,14 @@ pub fn runs_table(runs: &[RunInfo]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<32} {:<11} {:<13} {:>5} {:>8} {:>7} {:>15} {:>9}",
+        "{:<32} {:<11} {:<24} {:>5} {:>8} {:>7} {:>15} {:>9}",
         "run", "preset", "status", "ckpt", "train em", "reward", "test greedy EM", "last log"
     );
     for r in runs {
         let (b, a) = r.test_em.get("greedy").copied().unwrap_or((None, None));
         let _ = writeln!(
             out,
-            "{:<32} {:<11} {:<13} {:>5} {:>8} {:>7} {:>15} {:>9}",
+            "{:<32} {:<11} {:<24} {:>5} {:>8} {:>7} {:>15} {:>9}",
             r.dir.display(),
             r.preset,
             r.status(),
@@ -245,6 +311,16 @@ pub fn runs_table(runs: &[RunInfo]) -> String {
             num(r.recent.get("critic/score/mean"), 3),
             format!("{} -> {}", pct(b), pct(a)),
             age(r.last_time, now),
+        );
+    }
+    for r in runs.iter().filter(|r| r.stopped()) {
+        let _ = writeln!(
+            out,
+            "{}: stopped (no process holds its {} and it wrote no summary.json); continue it \
+             with `turnwise resume {}`",
+            r.dir.display(),
+            super::LOCK_FILE,
+            r.dir.display()
         );
     }
     out
@@ -298,7 +374,31 @@ pub fn compare_table(runs: &[RunInfo]) -> String {
             list.join(", ")
         );
     }
+    let worlds: Vec<BTreeMap<String, String>> = runs.iter().map(|r| r.world.clone()).collect();
+    let differing = differing_world_keys(&worlds);
+    if !differing.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nNote: these runs come from different worlds ({} differ): their test questions are \
+             not the same.",
+            differing.join(", ")
+        );
+    }
     out
+}
+
+/// The dotted world keys ([`RunInfo::world`], [`world_settings`]) whose values (or presence)
+/// differ between `worlds`.
+pub fn differing_world_keys(worlds: &[BTreeMap<String, String>]) -> Vec<String> {
+    let keys: std::collections::BTreeSet<&String> = worlds.iter().flat_map(|w| w.keys()).collect();
+    keys.into_iter()
+        .filter(|k| {
+            let vals: std::collections::BTreeSet<Option<&String>> =
+                worlds.iter().map(|w| w.get(*k)).collect();
+            vals.len() > 1
+        })
+        .cloned()
+        .collect()
 }
 
 /// One chart per [`COMPARE_CHARTS`] entry that some run logged, with a curve per run that

@@ -413,6 +413,23 @@ impl RunDir {
         Self::open_with(root.into(), false)
     }
 
+    /// Whether a process holds the directory's lock ([`LOCK_FILE`]), i.e. a run or resume is
+    /// writing it now. A missing lock file is free. The check takes a shared lock for an
+    /// instant, which a run starting at that very moment would see as held.
+    pub fn is_locked(&self) -> RunResult<bool> {
+        let path = self.root.join(LOCK_FILE);
+        let f = match fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(RunError::io("open the lock file", &path)(e)),
+        };
+        match f.try_lock_shared() {
+            Ok(()) => Ok(false),
+            Err(fs::TryLockError::WouldBlock) => Ok(true),
+            Err(fs::TryLockError::Error(e)) => Err(RunError::io("test the lock", &path)(e)),
+        }
+    }
+
     /// Opens an existing run directory to resume it, taking its lock ([`RunError::Locked`] while
     /// another process holds it). It must hold `config.toml`; missing subdirectories are created.
     pub fn open_locked(root: impl Into<PathBuf>) -> RunResult<Self> {

@@ -42,8 +42,8 @@ pub(crate) mod wandb;
 use std::path::{Path, PathBuf};
 
 pub use catalog::{
-    COMPARE_CHARTS, RunInfo, SUMMARY_KEYS, compare_charts, compare_table, find_runs, runs_table,
-    write_compare_charts,
+    COMPARE_CHARTS, RunInfo, SUMMARY_KEYS, WORLD_KEYS, compare_charts, compare_table,
+    differing_world_keys, find_runs, runs_table, world_settings, write_compare_charts,
 };
 pub(crate) use dir::read_json_lines;
 pub(crate) use dir::remove_entry;

@@ -742,6 +742,41 @@ impl TaskSet {
             .collect()
     }
 
+    /// The special tokens of a fresh tokenizer for this task's agent format.
+    fn tokenizer_specials(&self) -> Vec<&'static str> {
+        let format_tokens: &[&str] = match self.config.format {
+            AgentFormatName::Boxed => &[BOXED_OPEN_TOKEN],
+            AgentFormatName::Verifiers => VERIFIERS_SPECIAL_TOKENS,
+            AgentFormatName::SearchR1 | AgentFormatName::T2po => &[],
+        };
+        DEFAULT_SPECIAL_TOKENS
+            .iter()
+            .chain(EXTRA_SPECIAL_TOKENS)
+            .chain(format_tokens)
+            .copied()
+            .collect()
+    }
+
+    /// Checks `model.vocab_size` for a fresh tokenizer of `kind` without training it (as
+    /// [`Self::train_tokenizer`] does first, and `turnwise config` through
+    /// [`crate::pipeline::preflight`]): it must exceed the special tokens, and a byte-level
+    /// BPE's must also hold the 256 byte symbols.
+    pub fn check_vocab_size(&self, kind: TokenizerKind, vocab_size: usize) -> Result<()> {
+        let specials = self.tokenizer_specials();
+        if vocab_size <= specials.len() {
+            bail!(
+                "config field `model.vocab_size`: must exceed the tokenizer's {} special tokens \
+                 (and leave room for the corpus's words), got {vocab_size}",
+                specials.len()
+            );
+        }
+        if kind == TokenizerKind::Bpe {
+            TextTokenizer::check_byte_level_bpe_vocab(vocab_size, specials.len())
+                .map_err(|e| anyhow::anyhow!("config field `model.vocab_size`: {e}"))?;
+        }
+        Ok(())
+    }
+
     /// Trains the tokenizer of a fresh model on the passages, the questions and the
     /// demonstrations (so every tag and think phrase is in the vocabulary).
     pub fn train_tokenizer(
@@ -759,24 +794,8 @@ impl TaskSet {
                 .iter()
                 .flat_map(|d| d.segments.iter().map(|(s, _)| s.clone())),
         );
-        let format_tokens: &[&str] = match self.config.format {
-            AgentFormatName::Boxed => &[BOXED_OPEN_TOKEN],
-            AgentFormatName::Verifiers => VERIFIERS_SPECIAL_TOKENS,
-            AgentFormatName::SearchR1 | AgentFormatName::T2po => &[],
-        };
-        let specials: Vec<&str> = DEFAULT_SPECIAL_TOKENS
-            .iter()
-            .chain(EXTRA_SPECIAL_TOKENS)
-            .chain(format_tokens)
-            .copied()
-            .collect();
-        if vocab_size <= specials.len() {
-            bail!(
-                "config field `model.vocab_size`: must exceed the tokenizer's {} special tokens \
-                 (and leave room for the corpus's words), got {vocab_size}",
-                specials.len()
-            );
-        }
+        self.check_vocab_size(kind, vocab_size)?;
+        let specials = self.tokenizer_specials();
         let tok = match kind {
             TokenizerKind::WordLevel => {
                 TextTokenizer::train_word_level(&corpus, vocab_size, &specials)
