@@ -56,13 +56,7 @@ fn stand_in_judge(fail_every: usize) -> (BackgroundServer, Arc<AtomicUsize>) {
             }
         }),
     );
-    let server = BackgroundServer::start_router(
-        "judge",
-        app,
-        "127.0.0.1:0".parse().unwrap(),
-        std::time::Duration::from_secs(30),
-    )
-    .unwrap();
+    let server = start_judge(app);
     (server, hits)
 }
 
@@ -478,13 +472,7 @@ fn table_judge() -> (BackgroundServer, Table, Arc<AtomicUsize>) {
             }
         }),
     );
-    let server = BackgroundServer::start_router(
-        "judge",
-        app,
-        "127.0.0.1:0".parse().unwrap(),
-        std::time::Duration::from_secs(30),
-    )
-    .unwrap();
+    let server = start_judge(app);
     (server, table, hits)
 }
 
@@ -618,4 +606,15 @@ fn the_judge_preset_refuses_to_start_without_a_judge() {
     sets.push(format!("judge.base_url=\"{}/v1\"", server.url()));
     let cfg = TrainConfig::resolve(Some("mt-ppo-judge"), None, &sets).unwrap();
     Trainer::new(cfg).expect("a named judge starts");
+}
+
+/// Serves a fake judge's router on a free local port.
+fn start_judge(app: axum::Router) -> BackgroundServer {
+    BackgroundServer::start_router(
+        "judge",
+        app,
+        "127.0.0.1:0".parse().unwrap(),
+        std::time::Duration::from_secs(30),
+    )
+    .unwrap()
 }
