@@ -668,7 +668,7 @@ fn the_shipped_paper_claims_study_resolves_and_validates() {
         .iter()
         .filter(|l| l.contains("--run warm/"))
         .count();
-    assert_eq!((warm, commands.len()), (6, 6 + 23 * 3), "{plan}");
+    assert_eq!((warm, commands.len()), (6, 6 + 25 * 3), "{plan}");
     // The three search-world warm starts ask the same 800 questions, so their arms pair.
     let p = &panels["panels"];
     assert_eq!(p["boxed"]["questions"].as_array().unwrap().len(), 800);
