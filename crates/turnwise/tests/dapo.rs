@@ -415,3 +415,45 @@ fn a_step_whose_every_group_ties_is_reported() {
     }
     assert!(with_signal > 0, "no step with signal to compare with");
 }
+
+/// A DAPO step whose filter keeps at most one mini-batch of rows trains one on-policy optimizer
+/// step instead of the preset's structure (review E, P3: it used to do so without a word): its
+/// metrics carry `actor/on_policy_fallback = 1` (with a warning naming the step and the counts),
+/// and a step that keeps more rows has no such metric and its several optimizer steps.
+#[test]
+fn a_step_shrunk_to_one_on_policy_mini_batch_is_reported() {
+    // A full batch is 4 groups of 3 rows in mini-batches of 6 (2 optimizer steps). Without a
+    // refill a step trains on the 0-4 informative groups of one round; without the filter, on
+    // all 4.
+    let structure = [
+        "rollout.prompts_per_step=4",
+        "rollout.group_size=3",
+        "optim.mini_batch_size=6",
+    ];
+    let mut shrunk_steps = 0;
+    for filter in [true, false] {
+        let mut sets = structure.to_vec();
+        sets.push("rollout.max_num_gen_batches=1");
+        if !filter {
+            sets.push("rollout.filter_zero_variance_groups=false");
+        }
+        let mut t = sometimes_right(&sets);
+        for _ in 0..3 {
+            let out = t.rl_step().unwrap();
+            let m = &out.metrics;
+            let kept = if filter {
+                m["batch/informative_groups"].min(4.0) as usize
+            } else {
+                4
+            };
+            let shrunk = kept > 0 && kept * 3 <= 6;
+            assert_eq!(m.contains_key("actor/on_policy_fallback"), shrunk, "{m:?}");
+            let steps = if shrunk { 1.0 } else { 2.0 };
+            if kept > 0 {
+                assert_eq!(m["actor/optimizer_steps"], steps, "{m:?}");
+            }
+            shrunk_steps += usize::from(shrunk);
+        }
+    }
+    assert!(shrunk_steps > 0, "no step kept at most one mini-batch");
+}

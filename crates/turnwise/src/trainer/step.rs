@@ -172,6 +172,37 @@ impl Trainer {
         }
     }
 
+    /// Reports a step whose update structure shrank to one on-policy optimizer step (review E,
+    /// P3): the configured update splits a full batch (`rollout.prompts_per_step` ×
+    /// `rollout.group_size` rows) into several mini-batches, the first on-policy and the rest
+    /// off-policy, but this step has at most one mini-batch of rows (DAPO's filter kept few
+    /// groups), so it takes a single on-policy step. The step's metrics get
+    /// `actor/on_policy_fallback = 1` and a warning names the step and the counts; the metric is
+    /// absent from every other step, so the metrics of runs that keep their structure are
+    /// unchanged.
+    fn report_on_policy_fallback(
+        &self,
+        cfg: &TrainConfig,
+        upd: &ActorUpdate<'_>,
+        rows: usize,
+        metrics: &mut BTreeMap<String, f64>,
+    ) {
+        let full = cfg.rollout.prompts_per_step * cfg.rollout.group_size;
+        if rows == 0 || is_on_policy(upd, full) || !is_on_policy(upd, rows) {
+            return;
+        }
+        metrics.insert("actor/on_policy_fallback".into(), 1.0);
+        tracing::warn!(
+            "step {}: {rows} rows to train on, at most one mini-batch of \
+             optim.mini_batch_size = {}: this step takes 1 on-policy optimizer step instead of \
+             the {} a full batch of {full} rows takes (the group filter kept few groups; \
+             rollout.max_num_gen_batches refills more)",
+            self.step + 1,
+            upd.mini_batch,
+            full.div_ceil(upd.mini_batch) * upd.epochs,
+        );
+    }
+
     /// The actor update on `rows`, then the critic's (`values`: its values of the trajectory
     /// rows before the update), each after `self.config`'s warm-up; their metrics go into
     /// `metrics`. Returns the clip counts of every row. Stops the run after
@@ -218,6 +249,7 @@ impl Trainer {
         // the rollout recorded (`optim.old_logprobs`; already there with KL in the reward), or,
         // for an on-policy update, taken from the update's own forward pass.
         let from_rollout = cfg.optim.old_logprobs == OldLogprobs::Rollout;
+        self.report_on_policy_fallback(cfg, &upd, rows.len(), metrics);
         let old = match old_logp {
             _ if is_on_policy(&upd, rows.len()) => None,
             Some(old) => Some(old),
