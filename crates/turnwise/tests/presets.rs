@@ -587,6 +587,42 @@ fn against_base(variant: &Run, base: &Run) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// DAPO's decoupled clip at the trainer level (review E, R9: setting `clip_ratio_high = 0.2`
+/// passed every trainer-level test): `dapo` against the same run with a symmetric ε_high = 0.2.
+/// The two are identical up to the first step with an off-policy mini-batch (the ratios of an
+/// on-policy mini-batch are 1, inside either clip); in that step's later mini-batches the same
+/// ratios meet the two upper bounds, so a token with A > 0 and ratio in (1.2, 1.28] is clipped by
+/// the symmetric run only: its upper clip fraction must be the larger, and the weights differ.
+fn decoupled_clip_binds_later(dapo: &Run, symmetric: &Run) -> anyhow::Result<()> {
+    let (sd, ss) = (dapo.metrics(), symmetric.metrics());
+    let first = sd
+        .iter()
+        .position(|m| m.get("actor/optimizer_steps").is_some_and(|&n| n > 1.0))
+        .ok_or_else(|| anyhow::anyhow!("no dapo step had an off-policy mini-batch"))?;
+    for (i, (a, b)) in sd.iter().zip(&ss).take(first).enumerate() {
+        for key in ["actor/pg_loss", "batch/train_rows"] {
+            anyhow::ensure!(
+                a.get(key) == b.get(key),
+                "step {}: {key} differs before any off-policy mini-batch",
+                i + 1
+            );
+        }
+    }
+    let high = |m: &BTreeMap<String, f64>| get(m, "actor/pg_clipfrac_high");
+    let (hd, hs) = (high(&sd[first])?, high(&ss[first])?);
+    anyhow::ensure!(
+        hs > hd,
+        "step {}: the upper clip fraction at ε_high 0.2 ({hs}) is not above dapo's at 0.28 \
+         ({hd}): no token with a ratio in (1.2, 1.28] and A > 0 tells the two clips apart",
+        first + 1
+    );
+    anyhow::ensure!(
+        weights(&dapo.trainer) != weights(&symmetric.trainer),
+        "the weights equal the symmetric clip's"
+    );
+    Ok(())
+}
+
 /// What only preset `name` does, shown on its run at its own settings (tiny world and model,
 /// the warm start of its agent format, whole turns). The optimizer steps of every preset are
 /// checked first ([`optimizer_steps`]).
@@ -809,6 +845,14 @@ fn outcome_group_presets_run_with_their_own_settings() {
     let mut failures = Vec::new();
     // Several steps: the tiny model ties every outcome of a group in many steps.
     let runs = run_and_check(&OUTCOME, 3, &mut failures);
+    if let Some(dapo) = runs.get("dapo") {
+        let steps = dapo.metrics().len();
+        let r = run_preset("dapo", steps, &["actor.policy.clip_ratio_high=0.2"])
+            .and_then(|symmetric| decoupled_clip_binds_later(dapo, &symmetric));
+        if let Err(e) = r {
+            failures.push(format!("dapo against a symmetric clip: {e:#}"));
+        }
+    }
     if let Some(variant) = runs.get("s-grpo") {
         let r = run_preset("s-grpo", 3, &["actor.policy.policy_loss=\"vanilla\""])
             .and_then(|base| against_base(variant, &base));
