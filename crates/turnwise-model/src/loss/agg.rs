@@ -6,12 +6,15 @@
 //! token-mean:               W_i = 1 / Σ_{i,t} m                       (global over the mini-batch)
 //! seq-mean-token-sum:       W_i = 1 / #{i : Σ_t m > 0}
 //! seq-mean-token-mean:      W_i = 1 / ((Σ_t m_i + 1e-8) · #{i : Σ_t m > 0})
-//! seq-mean-token-sum-norm:  W_i = 1 / K                               (Dr.GRPO; K = mask width)
+//! seq-mean-token-sum-norm:  W_i = 1 / (K · #{i : Σ_t m > 0})          (Dr.GRPO; K = mask width)
 //! loss = Σ_{i,t} W_i · m_{i,t} · l_{i,t}
 //! ```
 //!
 //! Fully masked sequences are excluded from the `seq-mean-*` denominators and contribute 0 to
-//! `token-mean` (§1.2). The per-sequence weights are also what the clipping-bias correction and the
+//! `token-mean` (§1.2). `seq-mean-token-sum-norm` is Dr.GRPO's `(1/G) Σ_i Σ_t l / K`: a mean
+//! over sequences of their token sums, each divided by the constant K, as verl 0.9.1's `agg_loss`
+//! and TRL's `dr_grpo` compute it (review E, R1: without the 1/B the gradient was about B times
+//! a token-mean loss's and the grad clip bound on every step). The per-sequence weights are also what the clipping-bias correction and the
 //! gradient property tests use: `∂loss/∂l_{i,t} = W_i · m_{i,t}`.
 
 use std::fmt;
@@ -35,7 +38,8 @@ pub enum LossAggMode {
     /// Mean over non-empty sequences of Σ_t m·l / (Σ_t m + 1e-8) (GSPO, ATPO, A2TGPO, ST-PPO).
     #[serde(rename = "seq-mean-token-mean")]
     SeqMeanTokenMean,
-    /// Σ m·l / K with a constant K (Dr.GRPO; K defaults to the mask width L).
+    /// Mean over non-empty sequences of Σ_t m·l / K with a constant K (Dr.GRPO; K defaults to
+    /// the mask width L).
     #[serde(rename = "seq-mean-token-sum-norm")]
     SeqMeanTokenSumNorm,
 }
@@ -128,7 +132,7 @@ pub(crate) fn agg_row_weights(
                     "seq-mean-token-sum-norm needs a positive finite constant K, got {k}"
                 )));
             }
-            vec![1.0 / k; mask.len()]
+            vec![1.0 / (k * safe(seqs)); mask.len()]
         }
     };
     Ok(w)
@@ -185,7 +189,8 @@ mod tests {
             (LossAggMode::TokenMean, 1.75),
             (LossAggMode::SeqMeanTokenSum, 3.5),
             (LossAggMode::SeqMeanTokenMean, 2.5),
-            (LossAggMode::SeqMeanTokenSumNorm, 1.75),
+            // Σ m·l = 7 over 2 sequences, K = the mask width 4.
+            (LossAggMode::SeqMeanTokenSumNorm, 0.875),
         ];
         for (mode, want) in cases {
             let got = scalar(&agg_loss(&l, &m, mode, &o).unwrap());
@@ -196,7 +201,13 @@ mod tests {
             ..AggOptions::default()
         };
         let got = scalar(&agg_loss(&l, &m, LossAggMode::SeqMeanTokenSumNorm, &k4).unwrap());
-        assert!((got - 1.75).abs() < 1e-6);
+        assert!((got - 0.875).abs() < 1e-6);
+        let k7 = AggOptions {
+            norm_constant: Some(7.0),
+            ..AggOptions::default()
+        };
+        let got = scalar(&agg_loss(&l, &m, LossAggMode::SeqMeanTokenSumNorm, &k7).unwrap());
+        assert!((got - 0.5).abs() < 1e-6, "1/G: {got}");
     }
 
     #[test]

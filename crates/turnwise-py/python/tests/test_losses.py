@@ -249,10 +249,12 @@ def test_spec_5_7_aggregation_modes():
         ("token-mean", 1.75),
         ("seq-mean-token-sum", 3.5),
         ("seq-mean-token-mean", 2.5),
-        ("seq-mean-token-sum-norm", 1.75),
+        # Dr.GRPO: Σ m·l = 7 over 2 sequences, K = the mask width 4
+        ("seq-mean-token-sum-norm", 0.875),
     ]:
         assert L.agg_loss(loss, mask, mode).item() == pytest.approx(want, abs=1e-6)
-    assert L.agg_loss(loss, mask, "seq-mean-token-sum-norm", norm_constant=4.0).item() == pytest.approx(1.75)
+    assert L.agg_loss(loss, mask, "seq-mean-token-sum-norm", norm_constant=4.0).item() == pytest.approx(0.875)
+    assert L.agg_loss(loss, mask, "seq-mean-token-sum-norm", norm_constant=7.0).item() == pytest.approx(0.5)
     # a fully masked row is excluded from the seq-mean denominators
     loss3 = torch.cat([loss, t([[5.0] * 4])])
     mask3 = torch.cat([mask, t([[0.0] * 4])])

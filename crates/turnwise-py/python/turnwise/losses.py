@@ -80,10 +80,10 @@ AGG_MODES = (
     "seq-mean-token-sum-norm",
 )
 
-#: Aggregation conventions: ``turnwise`` (turnwise-model's, spec §5.7: ``seq-mean-token-sum-norm``
-#: is ``Σ m·l / K``) and ``verl`` (verl 0.9.1's ``core_algos.agg_loss``: ``seq-mean-token-sum-norm``
-#: is ``seq-mean-token-sum / K``, i.e. also divided by the sequence count, and ``token-sum`` is
-#: ``Σ m·l`` times the data-parallel size).
+#: Aggregation conventions: ``turnwise`` (turnwise-model's, spec §5.7) and ``verl`` (verl 0.9.1's
+#: ``core_algos.agg_loss``). Both compute ``seq-mean-token-sum-norm`` as ``seq-mean-token-sum / K``
+#: (Dr.GRPO's 1/G; turnwise-model's had no 1/B before review E, R1); only ``verl`` has
+#: ``token-sum`` (``Σ m·l`` times the data-parallel size).
 AGG_CONVENTIONS = ("turnwise", "verl")
 
 # name -> (ratio level, default (ε_low, ε_high))
@@ -358,10 +358,9 @@ def _row_weights(
             raise ValueError(
                 f"invalid loss config: seq-mean-token-sum-norm needs a positive finite constant K, got {k}"
             )
-        if convention == "verl":
-            # verl 0.9.1 agg_loss: seq-mean-token-sum (Σ_i Σ_t m·l / sequences), then / K.
-            return [1.0 / (safe(seqs) * k)] * len(row_tokens)
-        return [1.0 / k] * len(row_tokens)
+        # Dr.GRPO's (1/G) Σ_i Σ_t l / K, as verl 0.9.1's agg_loss and turnwise-model compute it:
+        # seq-mean-token-sum (Σ_i Σ_t m·l / sequences), then / K.
+        return [1.0 / (safe(seqs) * k)] * len(row_tokens)
     raise ValueError(f"unknown loss_agg_mode {mode!r}; known: {', '.join(AGG_MODES)}")
 
 
@@ -385,8 +384,8 @@ def agg_loss(
         token-mean:               Σ m·l / Σ m  (over the whole mini-batch)
         seq-mean-token-sum:       mean over non-empty rows of Σ_t m·l
         seq-mean-token-mean:      mean over non-empty rows of Σ_t m·l / (Σ_t m + 1e-8)
-        seq-mean-token-sum-norm:  Σ m·l / K  (Dr.GRPO; K = norm_constant, default L)
-                                  verl convention: mean over non-empty rows of Σ_t m·l, / K
+        seq-mean-token-sum-norm:  mean over non-empty rows of Σ_t m·l, / K  (Dr.GRPO;
+                                  K = norm_constant, default L)
         token-sum:                Σ m·l · dp_size  (verl convention only)
 
     ``denominators = (tokens, sequences)`` are mini-batch totals when ``loss_mat`` is one
@@ -608,8 +607,7 @@ def policy_loss(
     - ``denominators = (tokens, sequences)``: mini-batch totals for a micro-batch;
       ``clip_bias_scale``: a precomputed mini-batch ``inverse_norm`` scale.
     - ``agg_convention``: ``"turnwise"`` (turnwise-model's §5.7) or ``"verl"`` (verl 0.9.1's
-      ``agg_loss``: ``seq-mean-token-sum-norm`` also divides by the sequence count, and
-      ``token-sum`` is allowed, times ``dp_size``); see :data:`AGG_CONVENTIONS`.
+      ``agg_loss``: ``token-sum`` is allowed, times ``dp_size``); see :data:`AGG_CONVENTIONS`.
     """
     kind = "dapo" if policy_loss == "decoupled_clip" else policy_loss
     if kind not in _KINDS:

@@ -532,16 +532,18 @@ def test_turnwise_loss_in_verl_equals_verls_vanilla_in_every_mode(mode, info):
     assert float((g1 - g2).abs().max()) < tol
 
 
-def test_turnwise_convention_keeps_turnwise_models_sum_norm():
-    """Outside verl the Python losses stay equal to turnwise-model's (Σ m·l / K, no 1/B), and
-    token-sum is refused there: the verl convention is opt-in."""
+def test_turnwise_convention_has_dr_grpos_one_over_b():
+    """Outside verl the Python losses stay equal to turnwise-model's, whose
+    seq-mean-token-sum-norm has Dr.GRPO's 1/B as verl 0.9.1's does (review E, R1):
+    Σ m·l / K / (non-empty rows); token-sum is refused there: the verl convention is opt-in."""
     bt = Batch(19)
     mat = torch.randn(bt.b, bt.width, dtype=F64)
     mask = torch.tensor(bt.mask, dtype=F64)
+    rows = float((mask.sum(1) > 0).sum())
     tw = L.agg_loss(mat, mask, "seq-mean-token-sum-norm")
-    assert abs(float(tw) - float((mat * mask).sum() / bt.width)) < 1e-12
+    assert abs(float(tw) - float((mat * mask).sum() / bt.width / rows)) < 1e-12
     verl = L.agg_loss(mat, mask, "seq-mean-token-sum-norm", agg_convention="verl")
-    assert abs(float(tw) / bt.b - float(verl)) < 1e-12
+    assert abs(float(tw) - float(verl)) < 1e-12
     with pytest.raises(ValueError, match="token-sum"):
         L.agg_loss(mat, mask, "token-sum")
 

@@ -42,8 +42,8 @@ How verl's batch maps onto turnwise's inputs:
 - **Losses** read verl's ``ActorConfig`` (``clip_ratio``, ``clip_ratio_low``/``_high``,
   ``clip_ratio_c``, ``loss_agg_mode``, ``loss_scale_factor``) and aggregate exactly as verl
   0.9.1's ``core_algos.agg_loss`` (value and gradient, every mode including ``token-sum`` and
-  ``seq-mean-token-sum-norm``'s division by the sequence count; turnwise's own trainer's
-  ``seq-mean-token-sum-norm`` has no such division) with verl's global batch denominators
+  ``seq-mean-token-sum-norm``'s division by the sequence count, which turnwise's own trainer
+  shares) with verl's global batch denominators
   (``global_batch_info``), so a micro-batch loss sums to the mini-batch loss and verl's entropy
   and KL terms keep their weight. Set the clip ratios as the method needs them (turn-GSPO and
   A2TGPO: ``3e-3``/``4e-3``; verl's ``ActorConfig`` always supplies PPO's 0.2, so turnwise's own
