@@ -21,7 +21,11 @@
 //! [`ServeConfig::max_queue`] sequences wait or run; a request that would exceed it while others
 //! run gets 503, one that alone exceeds it 400. A malformed request gets 400 naming the field
 //! (`sampling_params.temperature: must be >= 0`), and so does a field turnwise does not
-//! implement unless it holds its neutral value.
+//! implement unless it holds its neutral value, a `max_tokens` that the prompt leaves no room
+//! for in the context (naming the numbers; an omitted one is cut to what the context leaves),
+//! and a `guided_choice` beyond [`ServeConfig::max_guided_choices`] or
+//! [`ServeConfig::max_guided_choice_bytes`]. The `n` samples of a prompt prefill it once and
+//! share its keys and values ([`EngineConfig::share_prompts`]).
 //!
 //! Log-probs are those of the distribution each token was drawn from: the temperature-scaled
 //! softmax before top-k/top-p truncation (temperature 1 when greedy), the log-probs a policy
