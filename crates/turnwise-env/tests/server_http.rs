@@ -731,3 +731,59 @@ fn startup_check_accepts_our_server_and_a_retrieve_only_server_and_names_a_dead_
         "{err}"
     );
 }
+
+/// Review cli-as-a-user-3, M5: one request within the limits (8,192 queries at top-k 100) took
+/// 1.7 GB and answered 153 MB. Queries × top-k beyond the server's `max_results` gets a 422
+/// naming the flag at once, and an answer growing past `max_response_bytes` too; what fits is
+/// served.
+#[test]
+fn results_and_answer_bytes_are_capped_with_a_422_naming_the_flag() {
+    // The review's request, against the default limits.
+    let server = start(ServerConfig::with_addr(loopback(0)));
+    let queries = vec!["Rada Cradovel company born"; 8192];
+    let t0 = Instant::now();
+    let (status, v) = post_raw(
+        &server,
+        json!({"queries": queries, "topk": 100, "return_scores": true}).to_string(),
+    );
+    assert_eq!(status, 422, "{v}");
+    assert_eq!(v["error"]["field"], "topk", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("819200 results") && msg.contains("--max-results"),
+        "{msg}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "refused at once");
+    // Within the default cap: served.
+    let (status, v) = post_raw(
+        &server,
+        json!({"queries": vec!["capital"; 160], "topk": 100}).to_string(),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"].as_array().unwrap().len(), 160);
+    server.shutdown().unwrap();
+
+    // An answer that grows past the byte cap.
+    let server = start(ServerConfig {
+        max_response_bytes: 400,
+        ..ServerConfig::with_addr(loopback(0))
+    });
+    let (status, v) = post_raw(
+        &server,
+        json!({"queries": ["capital", "Paris", "Germany"], "topk": 3, "return_scores": true})
+            .to_string(),
+    );
+    assert_eq!(status, 422, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("400 bytes") && msg.contains("--max-response-bytes"),
+        "{msg}"
+    );
+    let (status, v) = post_raw(
+        &server,
+        json!({"queries": ["Hamlet"], "topk": 1}).to_string(),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"][0][0]["id"], "2", "{v}");
+    server.shutdown().unwrap();
+}

@@ -281,6 +281,12 @@ pub enum Command {
         /// the connection is closed.
         #[arg(long, default_value_t = turnwise_env::server::DEFAULT_READ_TIMEOUT.as_secs_f64())]
         read_timeout_secs: f64,
+        /// Most results in one answer, queries × topk (422 beyond).
+        #[arg(long, default_value_t = turnwise_env::server::DEFAULT_MAX_RESULTS)]
+        max_results: usize,
+        /// Largest answer in bytes (422 once an answer grows past it; default 64 MiB).
+        #[arg(long, default_value_t = turnwise_env::server::DEFAULT_MAX_RESPONSE_BYTES)]
+        max_response_bytes: usize,
     },
     /// Serve a task's environment (the search world, frozen_lake, sokoban, two_turn) with
     /// OpenEnv's protocol: the WebSocket session `/ws` (reset with split and index or seed, step
@@ -303,6 +309,10 @@ pub enum Command {
         /// Most WebSocket sessions (episodes played) at once.
         #[arg(long, default_value_t = 256)]
         max_sessions: usize,
+        /// Seconds a WebSocket session may go without sending a message (pings do not count)
+        /// before it is closed with SESSION_TIMEOUT and its capacity freed.
+        #[arg(long, default_value_t = turnwise_env::server::openenv::DEFAULT_IDLE_TIMEOUT.as_secs_f64())]
+        idle_timeout_secs: f64,
     },
     /// Serve a policy over HTTP: SGLang's `/generate` (token ids and log-probs in and out),
     /// OpenAI's `/v1/completions` and `/v1/chat/completions`, `/update_weights_from_disk`,
@@ -351,6 +361,14 @@ pub enum Command {
         /// The weights' dtype: auto (f32 on the CPU, bf16 on CUDA), f32 or bf16.
         #[arg(long, default_value = "auto")]
         dtype: String,
+        /// Most `guided_choice` strings in one request (400 beyond): every step of a
+        /// constrained sequence checks each choice on the engine thread all requests share.
+        #[arg(long, default_value_t = turnwise::serve::DEFAULT_MAX_GUIDED_CHOICES)]
+        max_guided_choices: usize,
+        /// Most bytes of `guided_choice` strings in one request, all together (400 beyond;
+        /// default 64 KiB).
+        #[arg(long, default_value_t = turnwise::serve::DEFAULT_MAX_GUIDED_CHOICE_BYTES)]
+        max_guided_choice_bytes: usize,
     },
 }
 
@@ -944,6 +962,8 @@ pub fn run(cli: Cli) -> Result<()> {
             max_queries,
             max_body_bytes,
             read_timeout_secs,
+            max_results,
+            max_response_bytes,
         } => {
             let addr = resolve_addr(&addr).context("--addr")?;
             let read_timeout = Duration::try_from_secs_f64(read_timeout_secs)
@@ -960,8 +980,14 @@ pub fn run(cli: Cli) -> Result<()> {
                 max_queries,
                 max_body_bytes,
                 read_timeout,
+                max_results,
+                max_response_bytes,
                 ..ServerConfig::default()
             };
+            if max_results == 0 || max_response_bytes == 0 {
+                bail!("--max-results and --max-response-bytes must be at least 1");
+            }
+            turnwise::serve::memory::release_when_idle();
             let runtime = tokio_runtime()?;
             runtime
                 .block_on(serve(
@@ -981,10 +1007,17 @@ pub fn run(cli: Cli) -> Result<()> {
             sets,
             addr,
             max_sessions,
+            idle_timeout_secs,
         } => {
             if max_sessions == 0 {
                 bail!("--max-sessions must be at least 1");
             }
+            let idle_timeout = Duration::try_from_secs_f64(idle_timeout_secs)
+                .ok()
+                .filter(|t| !t.is_zero())
+                .with_context(|| {
+                    format!("--idle-timeout-secs must be positive, got {idle_timeout_secs}")
+                })?;
             let addr = resolve_addr(&addr).context("--addr")?;
             let cfg = resolve_train_config(preset.as_deref(), config.as_deref(), &sets)?;
             let task = turnwise::task::TaskSet::build(&cfg.task).context("building the task")?;
@@ -994,9 +1027,11 @@ pub fn run(cli: Cli) -> Result<()> {
                 source.into_source(),
                 turnwise_env::server::openenv::EnvServerConfig {
                     max_sessions,
+                    idle_timeout,
                     ..Default::default()
                 },
             );
+            turnwise::serve::memory::release_when_idle();
             let runtime = tokio_runtime()?;
             runtime
                 .block_on(turnwise_env::server::serve_router(
@@ -1031,6 +1066,8 @@ pub fn run(cli: Cli) -> Result<()> {
             read_timeout_secs,
             memory_budget_mb,
             prefill_chunk_tokens,
+            max_guided_choices,
+            max_guided_choice_bytes,
         } => {
             let memory_budget = match memory_budget_mb {
                 Some(0) => bail!("--memory-budget-mb must be at least 1"),
@@ -1066,7 +1103,12 @@ pub fn run(cli: Cli) -> Result<()> {
                 prefill_chunk: prefill_chunk_tokens,
                 weight_version,
                 placement: turnwise_model::device::Placement { device, dtype },
+                max_guided_choices,
+                max_guided_choice_bytes,
             };
+            if max_guided_choices == 0 || max_guided_choice_bytes == 0 {
+                bail!("--max-guided-choices and --max-guided-choice-bytes must be at least 1");
+            }
             let t = Instant::now();
             let served = turnwise::serve::load_served(&model)
                 .with_context(|| format!("loading --model {}", model.display()))?;
@@ -1184,6 +1226,10 @@ fn bench(
 fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        // An idle blocking-pool thread exits after a second instead of ten: its allocator heap
+        // holds what a large retrieval freed until it does (measured in tests/server_load.rs:
+        // 93 MiB held for 10 s after a load, 40 MiB once the threads exit; idle is 30).
+        .thread_keep_alive(Duration::from_secs(1))
         .build()
         .context("building the async runtime")
 }

@@ -575,3 +575,63 @@ fn openenv_clients_play_turnwise_serve_env() {
         "{stdout}"
     );
 }
+
+/// Review cli-as-a-user-3, M6: idle WebSocket sessions never timed out, so eight idle clients
+/// locked `--max-sessions 8` out for good. A session that sends nothing for the idle timeout
+/// is answered SESSION_TIMEOUT and closed, its capacity freed; one that keeps talking stays.
+#[test]
+fn idle_sessions_are_closed_and_their_capacity_freed() {
+    let source = turnwise::task::openenv::TaskEpisodes::new(served_task("frozen_lake"))
+        .unwrap()
+        .into_source();
+    let idle = Duration::from_secs(3);
+    let app = router(
+        source,
+        EnvServerConfig {
+            max_sessions: 2,
+            idle_timeout: idle,
+            ..Default::default()
+        },
+    );
+    let server = BackgroundServer::start_router(
+        "openenv",
+        app,
+        "127.0.0.1:0".parse().unwrap(),
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    let url = server.url();
+    let kwargs = json!({"split": "test", "index": 0})
+        .as_object()
+        .unwrap()
+        .clone();
+    let open = || {
+        let mut s = OpenEnvSession::connect(&url, OpenEnvTimeouts::default()).unwrap();
+        let r = s.reset(&kwargs, "reset");
+        (s, r)
+    };
+    let (mut busy, r) = open();
+    r.unwrap();
+    let (mut quiet, r) = open();
+    r.unwrap();
+    // Both held: a third client is refused.
+    let (_, r) = open();
+    let err = r.unwrap_err().to_string();
+    assert!(err.contains("CAPACITY_REACHED"), "{err}");
+    // One session talks halfway through the timeout; the other stays silent past it.
+    std::thread::sleep(idle / 2);
+    busy.state().unwrap();
+    std::thread::sleep(idle * 2 / 3);
+    busy.state().expect("a session that talks is kept");
+    let err = quiet.state().unwrap_err().to_string();
+    assert!(
+        err.contains("SESSION_TIMEOUT") && err.contains("--idle-timeout-secs"),
+        "{err}"
+    );
+    // Its capacity is free again.
+    let (mut fresh, r) = open();
+    r.expect("the idle session's capacity was freed");
+    fresh.close();
+    busy.close();
+    server.shutdown().unwrap();
+}

@@ -804,3 +804,205 @@ fn continue_final_message_continues_the_assistant_text() {
     // is checked on a word-level vocabulary in turnwise-model's choice tests.
     server.shutdown().unwrap();
 }
+
+/// The served model's context length (`/get_model_info`).
+fn context_length(server: &PolicyServer) -> usize {
+    let v: Value = client()
+        .get(format!("{}/get_model_info", server.url()))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    v["max_context_length"].as_u64().unwrap() as usize
+}
+
+fn prefill_tokens(server: &PolicyServer) -> u64 {
+    let v: Value = client()
+        .get(format!("{}/get_server_info", server.url()))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    v["engine"]["prefill_tokens"].as_u64().unwrap()
+}
+
+/// A prompt of `n` token ids of the fixture's 301-token vocabulary.
+fn long_prompt(n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 13 + 5) % 290 + 4).collect()
+}
+
+/// Review cli-as-a-user-3, M4: `n` samples of one prompt prefilled it `n` times
+/// (`prefill_tokens` grew by 64 × 505). Now the prompt is prefilled once and its keys and
+/// values shared; each sample prefills only the prompt's last token.
+#[test]
+fn n_samples_of_a_prompt_prefill_it_once() {
+    let server = start(1024);
+    let p = long_prompt(200.min(context_length(&server) - 8));
+    for (route, body) in [
+        (
+            "/v1/completions",
+            json!({"prompt": p, "n": 8, "max_tokens": 3, "temperature": 1.0, "seed": 5}),
+        ),
+        (
+            "/generate",
+            json!({"input_ids": p, "sampling_params": {"n": 8, "max_new_tokens": 3,
+                    "temperature": 1.0, "sampling_seed": 5}}),
+        ),
+    ] {
+        let before = prefill_tokens(&server);
+        let (s, v) = post(&format!("{}{route}", server.url()), &body);
+        assert_eq!(s, 200, "{v}");
+        let grew = prefill_tokens(&server) - before;
+        eprintln!(
+            "{route}: n = 8 of a {}-token prompt prefilled {grew} tokens",
+            p.len()
+        );
+        assert_eq!(
+            grew,
+            (p.len() - 1 + 8) as u64,
+            "{route}: the prompt once, then each sample's last prompt token"
+        );
+    }
+    // Greedy samples of a shared prompt are the greedy answer of the prompt alone.
+    let url = format!("{}/v1/completions", server.url());
+    let (s, alone) = post(
+        &url,
+        &json!({"prompt": p, "max_tokens": 6, "temperature": 0, "return_token_ids": true}),
+    );
+    assert_eq!(s, 200, "{alone}");
+    let (s, many) = post(
+        &url,
+        &json!({"prompt": p, "n": 4, "max_tokens": 6, "temperature": 0,
+                "return_token_ids": true}),
+    );
+    assert_eq!(s, 200, "{many}");
+    for c in many["choices"].as_array().unwrap() {
+        assert_eq!(c["token_ids"], alone["choices"][0]["token_ids"], "{c}");
+    }
+    server.shutdown().unwrap();
+}
+
+/// Review cli-as-a-user-3, M7: `guided_choice` had no cap (20,000 choices never finished and
+/// stalled every other request). A list beyond the server's limits is refused at once, naming
+/// the field and the flag; one within them is served.
+#[test]
+fn guided_choice_beyond_the_limits_gets_a_400_naming_the_flag() {
+    let cfg = ServeConfig {
+        max_guided_choices: 16,
+        max_guided_choice_bytes: 1_000,
+        ..config(64)
+    };
+    let server = PolicyServer::start(load_served(&fixture()).unwrap(), &cfg).unwrap();
+    let base = server.url();
+    let many: Vec<String> = (0..17).map(|i| format!("c{i}")).collect();
+    let long: Vec<String> = vec!["x".repeat(600), "y".repeat(600)];
+    let chat = format!("{base}/v1/chat/completions");
+    let comp = format!("{base}/v1/completions");
+    let msgs = json!([{"role": "user", "content": "Pick."}]);
+    for (url, body, flag) in [
+        (
+            &chat,
+            json!({"messages": msgs, "guided_choice": many, "max_tokens": 4}),
+            "--max-guided-choices",
+        ),
+        (
+            &comp,
+            json!({"prompt": "a", "structured_outputs": {"choice": many}, "max_tokens": 4}),
+            "--max-guided-choices",
+        ),
+        (
+            &chat,
+            json!({"messages": msgs, "guided_choice": long, "max_tokens": 4}),
+            "--max-guided-choice-bytes",
+        ),
+    ] {
+        let t0 = std::time::Instant::now();
+        let (s, v) = post(url, &body);
+        assert_eq!(s, 400, "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.starts_with("guided_choice:") && msg.contains(flag),
+            "{msg} should name guided_choice and {flag}"
+        );
+        assert!(t0.elapsed().as_secs_f64() < 5.0, "refused at once");
+    }
+    // At the limits: served.
+    let ok: Vec<String> = (0..16).map(|i| format!("c{i}")).collect();
+    let (s, v) = post(
+        &chat,
+        &json!({"messages": msgs, "guided_choice": ok, "max_tokens": 8}),
+    );
+    assert_eq!(s, 200, "{v}");
+    server.shutdown().unwrap();
+}
+
+/// Review cli-as-a-user-3, m9: `max_tokens = 1e9` was accepted (it generated until the
+/// context was full). A prompt plus `max_tokens` beyond the context gets a 400 naming the
+/// numbers, as vLLM and OpenAI answer; a request that gives no limit still gets an answer,
+/// cut to what the context leaves.
+#[test]
+fn max_tokens_beyond_the_context_gets_a_400_and_an_omitted_one_fits() {
+    let server = start(64);
+    let base = server.url();
+    let ctx = context_length(&server);
+    let chat = format!("{base}/v1/chat/completions");
+    let comp = format!("{base}/v1/completions");
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let p = long_prompt(ctx - 3);
+    for (url, body, field) in [
+        (
+            &comp,
+            json!({"prompt": [5, 6, 7], "max_tokens": 1_000_000_000u64}),
+            "max_tokens",
+        ),
+        (&comp, json!({"prompt": p, "max_tokens": 4}), "max_tokens"),
+        (
+            &chat,
+            json!({"messages": msgs, "max_completion_tokens": ctx}),
+            "max_completion_tokens",
+        ),
+        (
+            &chat,
+            json!({"messages": msgs, "max_tokens": ctx}),
+            "max_tokens",
+        ),
+        (
+            &format!("{base}/generate"),
+            json!({"input_ids": p, "sampling_params": {"max_new_tokens": 4}}),
+            "sampling_params.max_new_tokens",
+        ),
+    ] {
+        let (s, v) = post(url, &body);
+        assert_eq!(s, 400, "{body} → {v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.starts_with(&format!("{field}:")) && msg.contains(&format!("context of {ctx}")),
+            "{msg}"
+        );
+    }
+    let (s, v) = post(&comp, &json!({"prompt": p, "max_tokens": 4}));
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert_eq!(s, 400);
+    assert!(
+        msg.contains(&format!("{} prompt tokens + 4", ctx - 3)) && msg.contains("at most 3"),
+        "{msg}"
+    );
+    // No limit given: the answer stops at the context.
+    let (s, v) = post(
+        &comp,
+        &json!({"prompt": p, "ignore_eos": true, "return_token_ids": true}),
+    );
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert!(
+        v["usage"]["completion_tokens"].as_u64().unwrap() <= 3,
+        "{v}"
+    );
+    // Exactly at the context: served.
+    let (s, v) = post(
+        &comp,
+        &json!({"prompt": p, "max_tokens": 3, "ignore_eos": true}),
+    );
+    assert_eq!(s, 200, "{v}");
+    server.shutdown().unwrap();
+}

@@ -136,10 +136,15 @@ fn prompt(n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| (i * 13 + 5) % 290 + 4).collect()
 }
 
-/// POSTs the review's request shape: 64 sequences of one 500-token prompt.
+/// POSTs 64 sequences of 500 prompt tokens at once: 64 different prompts, so that each is
+/// prefilled (the `n` samples of one prompt share one prefill since review
+/// cli-as-a-user-3's M4; tests/serve.rs checks that).
 fn sixty_four(server: &Server) -> reqwest::Result<reqwest::blocking::Response> {
+    let prompts: Vec<Vec<u32>> = (0..64u32)
+        .map(|k| prompt(500).into_iter().map(|t| (t + k) % 290 + 4).collect())
+        .collect();
     server.complete(
-        &json!({"prompt": prompt(500), "max_tokens": 4, "n": 64, "temperature": 0}),
+        &json!({"prompt": prompts, "max_tokens": 4, "temperature": 0}),
         Duration::from_secs(600),
     )
 }

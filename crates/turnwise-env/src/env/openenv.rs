@@ -18,7 +18,8 @@
 //! - `{"type": "close"}` ends the session;
 //! - a failure is answered `{"type": "error", "data": {"message": "…", "code": "…"}}` (codes
 //!   `INVALID_JSON`, `UNKNOWN_TYPE`, `VALIDATION_ERROR`, `EXECUTION_ERROR`,
-//!   `CAPACITY_REACHED`, `FACTORY_ERROR`, `SESSION_ERROR`).
+//!   `CAPACITY_REACHED`, `FACTORY_ERROR`, `SESSION_ERROR`; `turnwise serve-env` adds
+//!   `SESSION_TIMEOUT` for a session idle past its `--idle-timeout-secs`).
 //!
 //! The observation's `reward` and `done` travel beside it (its `metadata` is not sent). The
 //! server allows `max_concurrent_envs` sessions at once (1 by default): a rollout keeps one

@@ -39,6 +39,7 @@
 //! |---|---|
 //! | body is not valid JSON, or not a JSON object | 400 |
 //! | missing field, wrong type, `topk` negative, fractional or above [`ServerConfig::max_topk`], too many queries, query too long | 422 |
+//! | queries × `topk` above [`ServerConfig::max_results`], or an answer growing past [`ServerConfig::max_response_bytes`] | 422 |
 //! | body larger than [`ServerConfig::max_body_bytes`] | 413 |
 //! | headers or body not received within [`ServerConfig::read_timeout`] | 408 (body) or connection closed (headers) |
 //! | the retriever rejects a query ([`RetrievalError::BadQuery`]) | 422 |
@@ -112,6 +113,14 @@ pub struct ServerConfig {
     pub max_queries: usize,
     /// Largest accepted `topk`. Default 100.
     pub max_topk: usize,
+    /// Most results in one answer, queries × `topk` (422 beyond, naming `--max-results`): one
+    /// request of 8,192 queries at top-k 100 took 1.7 GB and answered 153 MB. Default
+    /// [`DEFAULT_MAX_RESULTS`].
+    pub max_results: usize,
+    /// Largest answer body in bytes (422 once the answer grows past it, naming
+    /// `--max-response-bytes`; long passages make a few results large). Default
+    /// [`DEFAULT_MAX_RESPONSE_BYTES`].
+    pub max_response_bytes: usize,
     /// `topk` used when the request omits it (or sends `null` or 0). Default 3 (Search-R1's
     /// `--topk`).
     pub default_topk: usize,
@@ -131,6 +140,11 @@ pub struct ServerConfig {
 pub const DEFAULT_MAX_QUERIES: usize = 8192;
 /// Default [`ServerConfig::max_body_bytes`].
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
+/// Default [`ServerConfig::max_results`]: Search-R1's turn (2,560 queries at its top-k 3) six
+/// times over, or 163 queries at top-k 100.
+pub const DEFAULT_MAX_RESULTS: usize = 16_384;
+/// Default [`ServerConfig::max_response_bytes`] (64 MiB: 16,384 passages of 4 KB).
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 64 << 20;
 /// Default [`ServerConfig::read_timeout`].
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -141,6 +155,8 @@ impl Default for ServerConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_queries: DEFAULT_MAX_QUERIES,
             max_topk: 100,
+            max_results: DEFAULT_MAX_RESULTS,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             default_topk: 3,
             max_query_chars: 4096,
             max_in_flight: 64,
@@ -169,6 +185,12 @@ impl ServerConfig {
         }
         if self.max_topk == 0 {
             return Err(bad("max_topk", "must be at least 1".into()));
+        }
+        if self.max_results == 0 {
+            return Err(bad("max_results", "must be at least 1".into()));
+        }
+        if self.max_response_bytes == 0 {
+            return Err(bad("max_response_bytes", "must be at least 1".into()));
         }
         if self.default_topk == 0 || self.default_topk > self.max_topk {
             return Err(bad(
@@ -479,11 +501,78 @@ fn parse_request(body: &[u8], config: &ServerConfig) -> Result<RetrieveRequest, 
         }
     };
 
+    let results = queries.len().saturating_mul(topk);
+    if results > config.max_results {
+        return Err(ApiError::invalid(
+            "topk",
+            format!(
+                "{} queries × topk {topk} = {results} results, more than one answer may hold \
+                 ({}; send fewer queries or a smaller topk, or raise the limit with `turnwise \
+                 serve-retriever --max-results N`, ServerConfig::max_results)",
+                queries.len(),
+                config.max_results
+            ),
+        ));
+    }
+
     Ok(RetrieveRequest {
         queries,
         topk,
         return_scores,
     })
+}
+
+/// A `Vec<u8>` that refuses to grow past `limit` bytes (the answer's size cap).
+struct CappedBuffer {
+    bytes: Vec<u8>,
+    limit: usize,
+}
+
+impl std::io::Write for CappedBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > self.limit {
+            return Err(std::io::Error::other("answer too large"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `{"result": lists}` as JSON bytes, or a 422 naming `--max-response-bytes` once it grows past
+/// `limit`. Written straight from the hits, without a JSON tree in between.
+fn answer_bytes<T: Serialize>(lists: &[Vec<T>], limit: usize) -> Result<Vec<u8>, ApiError> {
+    #[derive(Serialize)]
+    struct Answer<'a, T> {
+        result: &'a [Vec<T>],
+    }
+    let mut out = CappedBuffer {
+        bytes: Vec::new(),
+        limit,
+    };
+    match serde_json::to_writer(&mut out, &Answer { result: lists }) {
+        Ok(()) => Ok(out.bytes),
+        Err(e) if e.is_io() => {
+            let results: usize = lists.iter().map(Vec::len).sum();
+            Err(ApiError::invalid(
+                "topk",
+                format!(
+                    "the answer ({} queries, {results} results) grows past {limit} bytes \
+                     (send fewer queries or a smaller topk, or raise the limit with `turnwise \
+                     serve-retriever --max-response-bytes N`, ServerConfig::max_response_bytes)",
+                    lists.len()
+                ),
+            ))
+        }
+        Err(e) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            None,
+            format!("encoding the answer: {e}"),
+        )),
+    }
 }
 
 /// One entry of a `return_scores: true` answer.
@@ -591,53 +680,71 @@ async fn retrieve_handler(
         return_scores,
         ..
     } = request;
-    let hits = tokio::task::spawn_blocking(move || retriever.retrieve(&queries, topk))
-        .await
-        .map_err(|e| {
-            tracing::error!(error = %e, "retriever panicked");
-            ApiError::new(
+    let limit = state.config.max_response_bytes;
+    // Retrieval and the answer's encoding both run on the blocking pool: a large answer is
+    // CPU work too.
+    let answered = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, AnswerError> {
+        let hits = retriever
+            .retrieve(&queries, topk)
+            .map_err(AnswerError::Retrieval)?;
+        drop(queries);
+        if hits.len() != n_queries {
+            return Err(AnswerError::Api(ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 None,
-                format!("retriever panicked: {e}"),
-            )
-        })?
-        .map_err(|e| {
-            if let RetrievalError::BadQuery { .. } = e {
-                let e = ApiError::invalid("queries", e.to_string());
-                state.log_rejection(&e);
-                return e;
-            }
-            tracing::error!(error = %e, "retrieval failed");
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, None, e.to_string())
-        })?;
-    if hits.len() != n_queries {
-        return Err(ApiError::new(
+                format!(
+                    "retriever returned {} result lists for {n_queries} queries",
+                    hits.len()
+                ),
+            )));
+        }
+        if return_scores {
+            let lists: Vec<Vec<ScoredDocument>> = hits
+                .into_iter()
+                .map(|list| {
+                    list.into_iter()
+                        .take(topk)
+                        .map(|Hit { document, score }| ScoredDocument { document, score })
+                        .collect()
+                })
+                .collect();
+            answer_bytes(&lists, limit).map_err(AnswerError::Api)
+        } else {
+            let lists: Vec<Vec<Document>> = hits
+                .into_iter()
+                .map(|list| list.into_iter().take(topk).map(|h| h.document).collect())
+                .collect();
+            answer_bytes(&lists, limit).map_err(AnswerError::Api)
+        }
+    })
+    .await
+    .map_err(|e| {
+        tracing::error!(error = %e, "retriever panicked");
+        ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             None,
-            format!(
-                "retriever returned {} result lists for {n_queries} queries",
-                hits.len()
-            ),
-        ));
-    }
-
-    let result = if return_scores {
-        let lists: Vec<Vec<ScoredDocument>> = hits
-            .into_iter()
-            .map(|list| {
-                list.into_iter()
-                    .take(topk)
-                    .map(|Hit { document, score }| ScoredDocument { document, score })
-                    .collect()
-            })
-            .collect();
-        json!({ "result": lists })
-    } else {
-        let lists: Vec<Vec<Document>> = hits
-            .into_iter()
-            .map(|list| list.into_iter().take(topk).map(|h| h.document).collect())
-            .collect();
-        json!({ "result": lists })
+            format!("retriever panicked: {e}"),
+        )
+    })?;
+    let body = match answered {
+        Ok(body) => body,
+        Err(AnswerError::Retrieval(e @ RetrievalError::BadQuery { .. })) => {
+            let e = ApiError::invalid("queries", e.to_string());
+            state.log_rejection(&e);
+            return Err(e);
+        }
+        Err(AnswerError::Retrieval(e)) => {
+            tracing::error!(error = %e, "retrieval failed");
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                None,
+                e.to_string(),
+            ));
+        }
+        Err(AnswerError::Api(e)) => {
+            state.log_rejection(&e);
+            return Err(e);
+        }
     };
     tracing::debug!(
         queries = n_queries,
@@ -646,7 +753,22 @@ async fn retrieve_handler(
         elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
         "served /retrieve"
     );
-    Ok(axum::Json(result).into_response())
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response())
+}
+
+/// Why an answer could not be made on the blocking pool.
+enum AnswerError {
+    /// The retriever failed.
+    Retrieval(RetrievalError),
+    /// Anything else, as its HTTP answer.
+    Api(ApiError),
 }
 
 async fn health_handler() -> axum::Json<Value> {

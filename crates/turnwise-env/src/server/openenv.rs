@@ -36,7 +36,11 @@
 //! environment's (EM of an answer, a game's return).
 //!
 //! At most [`EnvServerConfig::max_sessions`] sessions run at once; a further connection is
-//! answered `CAPACITY_REACHED` and closed.
+//! answered `CAPACITY_REACHED` and closed. A session that sends no message for
+//! [`EnvServerConfig::idle_timeout`] (pings do not count: a client library pings on its own
+//! while its program hangs), or does not take an answer within it, is answered
+//! `SESSION_TIMEOUT` and closed, and its capacity freed: a hung trainer, a half-open connection
+//! or a client holding sessions it never uses cannot lock the server out.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,13 +89,22 @@ pub struct EnvServerConfig {
     pub max_sessions: usize,
     /// Largest WebSocket message in bytes. Default 16 MiB.
     pub max_message_bytes: usize,
+    /// How long a session may go without sending a message (pings aside), or take to receive
+    /// an answer, before it is closed and its capacity freed. Default
+    /// [`DEFAULT_IDLE_TIMEOUT`].
+    pub idle_timeout: std::time::Duration,
 }
+
+/// Default [`EnvServerConfig::idle_timeout`]: 10 minutes, longer than a trainer's generation
+/// step between two actions of one episode on a CPU.
+pub const DEFAULT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl Default for EnvServerConfig {
     fn default() -> Self {
         Self {
             max_sessions: 256,
             max_message_bytes: 16 << 20,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
         }
     }
 }
@@ -392,15 +405,22 @@ async fn ws_handler(ws: WebSocketUpgrade, State(state): State<Arc<EnvState>>) ->
         .on_upgrade(move |socket| session(socket, state))
 }
 
-async fn send(socket: &mut WebSocket, value: &Value) -> bool {
-    socket
-        .send(Message::Text(value.to_string().into()))
-        .await
-        .is_ok()
+/// Sends `value`; `false` when the connection failed or the client did not take it within
+/// `timeout` (a client that stopped reading).
+async fn send(socket: &mut WebSocket, value: &Value, timeout: std::time::Duration) -> bool {
+    matches!(
+        tokio::time::timeout(
+            timeout,
+            socket.send(Message::Text(value.to_string().into()))
+        )
+        .await,
+        Ok(Ok(()))
+    )
 }
 
 /// One WebSocket session: its own environment, until `close` or the connection ends.
 async fn session(mut socket: WebSocket, state: Arc<EnvState>) {
+    let idle = state.config.idle_timeout;
     let Ok(_permit) = state.sessions.clone().try_acquire_owned() else {
         let max = state.config.max_sessions;
         let e = json!({"type": "error", "data": {
@@ -409,8 +429,8 @@ async fn session(mut socket: WebSocket, state: Arc<EnvState>) {
             "active_sessions": max,
             "max_sessions": max,
         }});
-        send(&mut socket, &e).await;
-        let _ = socket.send(Message::Close(None)).await;
+        send(&mut socket, &e, idle).await;
+        let _ = tokio::time::timeout(idle, socket.send(Message::Close(None))).await;
         return;
     };
     let source = Arc::clone(&state.source);
@@ -421,31 +441,55 @@ async fn session(mut socket: WebSocket, state: Arc<EnvState>) {
             send(
                 &mut socket,
                 &SessionError::new("FACTORY_ERROR", m).to_json(),
+                idle,
             )
             .await;
-            let _ = socket.send(Message::Close(None)).await;
+            let _ = tokio::time::timeout(idle, socket.send(Message::Close(None))).await;
             return;
         }
         Err(e) => {
             let e = SessionError::new("FACTORY_ERROR", format!("the factory panicked: {e}"));
-            send(&mut socket, &e.to_json()).await;
-            let _ = socket.send(Message::Close(None)).await;
+            send(&mut socket, &e.to_json(), idle).await;
+            let _ = tokio::time::timeout(idle, socket.send(Message::Close(None))).await;
             return;
         }
     };
     let mut current: Option<Current> = None;
-    while let Some(received) = socket.recv().await {
+    // The idle deadline moves with each message, not with pings.
+    let mut deadline = tokio::time::Instant::now() + idle;
+    loop {
+        let received = match tokio::time::timeout_at(deadline, socket.recv()).await {
+            Ok(Some(received)) => received,
+            Ok(None) => break,
+            Err(_) => {
+                tracing::debug!(
+                    idle_secs = idle.as_secs_f64(),
+                    "closing an idle OpenEnv session"
+                );
+                let e = SessionError::new(
+                    "SESSION_TIMEOUT",
+                    format!(
+                        "no message for {:.0} s: the session is closed and its capacity freed \
+                         (turnwise serve-env --idle-timeout-secs)",
+                        idle.as_secs_f64()
+                    ),
+                );
+                send(&mut socket, &e.to_json(), idle).await;
+                break;
+            }
+        };
         let text = match received {
             Ok(Message::Text(t)) => t.as_str().to_owned(),
             Ok(Message::Binary(b)) => String::from_utf8_lossy(&b).into_owned(),
             Ok(Message::Ping(_) | Message::Pong(_)) => continue,
             Ok(Message::Close(_)) | Err(_) => break,
         };
+        deadline = tokio::time::Instant::now() + idle;
         let message: Value = match serde_json::from_str(&text) {
             Ok(v) => v,
             Err(e) => {
                 let e = SessionError::new("INVALID_JSON", format!("Invalid JSON: {e}"));
-                if !send(&mut socket, &e.to_json()).await {
+                if !send(&mut socket, &e.to_json(), idle).await {
                     break;
                 }
                 continue;
@@ -462,7 +506,7 @@ async fn session(mut socket: WebSocket, state: Arc<EnvState>) {
                 let (back, result) = reset_env(&state, env, data).await;
                 let Some(back) = back else {
                     let e = result.err().map_or(Value::Null, |e| e.to_json());
-                    send(&mut socket, &e).await;
+                    send(&mut socket, &e, idle).await;
                     break;
                 };
                 env = back;
@@ -506,7 +550,7 @@ async fn session(mut socket: WebSocket, state: Arc<EnvState>) {
                                 "SESSION_ERROR",
                                 "the environment's step panicked",
                             );
-                            send(&mut socket, &e.to_json()).await;
+                            send(&mut socket, &e.to_json(), idle).await;
                             break;
                         };
                         env = back;
@@ -540,11 +584,12 @@ async fn session(mut socket: WebSocket, state: Arc<EnvState>) {
             )),
         };
         let reply = answer.unwrap_or_else(|e| e.to_json());
-        if !send(&mut socket, &reply).await {
+        if !send(&mut socket, &reply, idle).await {
             break;
         }
+        deadline = tokio::time::Instant::now() + idle;
     }
-    let _ = socket.send(Message::Close(None)).await;
+    let _ = tokio::time::timeout(idle, socket.send(Message::Close(None))).await;
 }
 
 /// `POST /reset`: one reset on a fresh environment, as OpenEnv 0.3's stateless HTTP route.

@@ -105,7 +105,13 @@ type Prefilled = (Vec<LayerKv>, Vec<Vec<u8>>, Vec<Vec<f32>>);
 pub struct PrefixKv {
     tokens: Vec<u32>,
     layers: Vec<SeqKv>,
+    /// Identifies the storage: every sequence started from this prefix (or a clone of it)
+    /// holds views of the same tensors, which a memory budget counts once.
+    share: ShareKey,
 }
+
+/// Identity of key/value storage several sequences hold views of (compared by address).
+type ShareKey = Arc<()>;
 
 impl PrefixKv {
     /// The tokens whose keys and values these are.
@@ -436,6 +442,16 @@ pub struct EngineConfig {
     /// sequence removed between steps (its client gone) stops at the next chunk.
     #[serde(default = "default_prefill_chunk")]
     pub prefill_chunk: usize,
+    /// Prefill a prompt that several waiting sequences share once: when the sequence first in
+    /// line has uncached tokens and other waiting sequences hold the same tokens (the `n`
+    /// samples of one prompt), all but its last token are prefilled for it alone (a chunk per
+    /// step), and the others start from views of those keys and values
+    /// ([`SamplingEngine::add_sequence_with_prefix`]'s mechanism), so each prefills only the
+    /// last token. The memory budget counts the shared columns once while they wait. `false`:
+    /// every sequence prefills its own prompt (callers that share prompts themselves, as the
+    /// trainer's rollouts do with [`super::prefill_prefix`]).
+    #[serde(default)]
+    pub share_prompts: bool,
 }
 
 fn default_prefill_chunk() -> usize {
@@ -448,6 +464,7 @@ impl Default for EngineConfig {
             max_batch_size: 64,
             memory_budget: None,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            share_prompts: false,
         }
     }
 }
@@ -494,6 +511,9 @@ struct SeqState {
     generated: usize,
     /// The compiled `guided_choice` of its parameters.
     choice: Option<ChoiceConstraint>,
+    /// The leading columns of `cache` whose storage other sequences hold views of too (a
+    /// shared prompt, a fork's parent), and its identity: the memory budget counts them once.
+    shared: Option<(ShareKey, usize)>,
 }
 
 /// The running rows: row `r` is sequence `rows[r]`, its cache row `r` and key mask `mask[r]`,
@@ -650,6 +670,7 @@ impl<'a> SamplingEngine<'a> {
                 room: None,
                 generated: 0,
                 choice,
+                shared: None,
             },
         );
         self.waiting.push_back(id);
@@ -718,6 +739,8 @@ impl<'a> SamplingEngine<'a> {
         }
         st.cache = Some(cache);
         st.cached = n;
+        st.room = None;
+        st.shared = Some((Arc::clone(&p.share), n));
         Ok(())
     }
 
@@ -732,6 +755,11 @@ impl<'a> SamplingEngine<'a> {
         Some(PrefixKv {
             tokens: st.seq.tokens[..st.cached].to_vec(),
             layers: st.cache.clone()?,
+            share: st
+                .shared
+                .as_ref()
+                .filter(|(_, cols)| *cols == st.cached)
+                .map_or_else(|| Arc::new(()), |(key, _)| Arc::clone(key)),
         })
     }
 
@@ -832,11 +860,23 @@ impl<'a> SamplingEngine<'a> {
             ),
             _ => None,
         };
+        // The children hold views of the parent's first `cached` columns: one storage, which
+        // the budget counts once (under the parent's key when it already shares them).
+        let shared = match (&cache, &parent.shared) {
+            (None, _) => None,
+            (Some(_), Some((key, cols))) => Some((Arc::clone(key), (*cols).min(cached))),
+            (Some(_), None) => Some((Arc::new(()), cached)),
+        };
         let mut seq = parent.seq.clone();
         seq.truncate(len);
         let generated = seq.num_generated();
         let draw = parent.draw.clone();
         let choice = parent.choice.clone();
+        if let Some((key, cols)) = &shared
+            && self.seqs[&id].shared.is_none()
+        {
+            self.state_mut(id)?.shared = Some((Arc::clone(key), *cols));
+        }
         let mut ids = Vec::with_capacity(seeds.len());
         for &seed in seeds {
             let child = SeqId(self.next_id);
@@ -854,6 +894,7 @@ impl<'a> SamplingEngine<'a> {
                     room: None,
                     generated,
                     choice: choice.clone(),
+                    shared: shared.clone(),
                 },
             );
             ids.push(child);
@@ -883,6 +924,7 @@ impl<'a> SamplingEngine<'a> {
             st.cache = None;
             st.cached = 0;
             st.room = None;
+            st.shared = None;
         }
         Ok(())
     }
@@ -1063,6 +1105,7 @@ impl<'a> SamplingEngine<'a> {
             st.cached = self.batch.mask[r].iter().filter(|&&m| m != 0).count();
             debug_assert_eq!(st.cached + 1, st.seq.tokens.len());
             st.cache = cache;
+            st.shared = None;
             ends.push(TurnEnd {
                 id,
                 reason: reason.clone(),
@@ -1096,14 +1139,7 @@ impl<'a> SamplingEngine<'a> {
         // (counted only under a budget: nothing reads it otherwise).
         let parked: u64 = match self.config.memory_budget {
             None => 0,
-            Some(_) => {
-                self.seqs
-                    .values()
-                    .filter(|s| s.seq.status != SeqStatus::Running)
-                    .map(|s| s.cached as u64)
-                    .sum::<u64>()
-                    * self.kv_column_bytes()
-            }
+            Some(_) => self.parked_columns() * self.kv_column_bytes(),
         };
         let running_left = self
             .batch
@@ -1140,6 +1176,34 @@ impl<'a> SamplingEngine<'a> {
             let (cached, len) = (st.cached, st.seq.tokens.len());
             let left = turn_left(st, max_pos);
             let first = self.batch.rows.is_empty() && group.is_empty();
+            let sharers = if self.config.share_prompts && len - cached > 1 {
+                self.same_prompt_waiting(id)
+            } else {
+                Vec::new()
+            };
+            if !sharers.is_empty() {
+                // A prompt other waiting sequences share: all but its last token are prefilled
+                // once, for this one alone (a chunk a step), then shared with them.
+                if !group.is_empty() {
+                    break;
+                }
+                let n = chunk.min(len - 1 - cached);
+                let need = self.memory_need(
+                    self.batch.rows.len() + 1,
+                    self.batch.width().max(len) + left_max.max(left),
+                    1,
+                    n,
+                    cached + n,
+                ) + parked;
+                if !first && self.over_budget(need) {
+                    break;
+                }
+                self.prefill_chunk_of(id, n)?;
+                if self.seqs[&id].cached == len - 1 {
+                    self.share_prompt(id, &sharers)?;
+                }
+                return Ok(true);
+            }
             if len - cached > chunk {
                 // A long prefill runs a chunk a step, alone.
                 if !group.is_empty() {
@@ -1189,6 +1253,7 @@ impl<'a> SamplingEngine<'a> {
             st.cache = None;
             st.cached = 0;
             st.room = None;
+            st.shared = None;
         }
         self.merge(group, layers, mask, logits)?;
         Ok(true)
@@ -1233,8 +1298,62 @@ impl<'a> SamplingEngine<'a> {
         st.cache = Some(views);
         st.room = Some(room);
         st.cached = c + n;
+        st.shared = None;
         self.stats.prefill_tokens += n as u64;
         Ok(())
+    }
+
+    /// The other waiting sequences whose tokens equal those of waiting sequence `id` and that
+    /// have cached no more of them ([`EngineConfig::share_prompts`]).
+    fn same_prompt_waiting(&self, id: SeqId) -> Vec<SeqId> {
+        let st = &self.seqs[&id];
+        self.waiting
+            .iter()
+            .filter(|&&w| w != id)
+            .filter(|w| {
+                let o = &self.seqs[w];
+                o.cached <= st.cached && o.seq.tokens == st.seq.tokens
+            })
+            .copied()
+            .collect()
+    }
+
+    /// Starts `sharers` from the keys and values waiting sequence `id` has cached (views of
+    /// one storage, as [`SamplingEngine::add_sequence_with_prefix`] does): each then prefills
+    /// only what follows them.
+    fn share_prompt(&mut self, id: SeqId, sharers: &[SeqId]) -> Result<()> {
+        let prefix = self.prefix_of(id).ok_or_else(|| {
+            ModelError::invalid_input("id", format!("{id} has no cache to share"))
+        })?;
+        for &s in sharers {
+            self.attach_prefix(s, &prefix)?;
+        }
+        let st = self.state_mut(id)?;
+        st.shared = Some((Arc::clone(&prefix.share), prefix.len()));
+        Ok(())
+    }
+
+    /// Key/value columns cached by sequences not running, columns that several sequences hold
+    /// views of counted once.
+    fn parked_columns(&self) -> u64 {
+        let mut own = 0u64;
+        let mut shared: BTreeMap<usize, usize> = BTreeMap::new();
+        for s in self.seqs.values() {
+            if s.seq.status == SeqStatus::Running {
+                continue;
+            }
+            let cols = match &s.shared {
+                Some((key, cols)) => {
+                    let cols = (*cols).min(s.cached);
+                    let e = shared.entry(Arc::as_ptr(key) as usize).or_default();
+                    *e = (*e).max(cols);
+                    cols
+                }
+                None => 0,
+            };
+            own += (s.cached - cols) as u64;
+        }
+        own + shared.values().map(|&c| c as u64).sum::<u64>()
     }
 
     /// Bytes one cached position of one sequence takes over all layers (keys and values).

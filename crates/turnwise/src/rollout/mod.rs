@@ -984,7 +984,8 @@ fn generate_turns(
         if control.needs_signal() {
             bail!("the thinking intervention and turn resampling need the local sampling engine");
         }
-        let turns = remote.generate(contexts, seeds, params, budgets)?;
+        let context_len = policy.model.config().max_position_embeddings;
+        let turns = remote.generate(contexts, seeds, params, budgets, context_len)?;
         return Ok(turns
             .into_iter()
             .map(|t| TurnOutput {

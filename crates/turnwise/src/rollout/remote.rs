@@ -113,13 +113,17 @@ impl RemoteBackend {
     /// Generates one turn per context (`seeds[i]` seeds context `i`), concurrently over the
     /// servers; the answers come back in the order of `contexts`. Each request asks for its own
     /// most tokens, `min(params.max_new_tokens, budgets[i])` (an episode's turn budget: the
-    /// response room it has left, whatever the other episodes' lengths).
+    /// response room it has left, whatever the other episodes' lengths), cut to the room the
+    /// model's context of `context_len` tokens leaves it: inference servers refuse a request
+    /// whose prompt and `max_tokens` exceed the context (vLLM, SGLang and `turnwise serve`
+    /// answer 400), and a turn cut there ends as [`FinishReason::ContextFull`], as locally.
     pub fn generate(
         &self,
         contexts: &[Vec<u32>],
         seeds: &[u64],
         params: &SamplingParams,
         budgets: &[usize],
+        context_len: usize,
     ) -> Result<Vec<RemoteTurn>> {
         if contexts.len() != seeds.len() {
             bail!("{} seeds for {} contexts", seeds.len(), contexts.len());
@@ -136,11 +140,13 @@ impl RemoteBackend {
             n,
             self.config.concurrency,
             |i| {
+                let want = params.max_new_tokens.min(budgets[i]);
+                let room = context_len.saturating_sub(contexts[i].len()).max(1);
                 let p = SamplingParams {
-                    max_new_tokens: params.max_new_tokens.min(budgets[i]),
+                    max_new_tokens: want.min(room),
                     ..params.clone()
                 };
-                self.generate_one(&contexts[i], seeds[i], &p)
+                self.generate_one(&contexts[i], seeds[i], &p, want > room)
             },
             // Stop handing out work once a turn failed: the step fails anyway.
             Result::is_err,
@@ -173,7 +179,15 @@ impl RemoteBackend {
         .map_err(|f| anyhow!("rollout server {url}{route}: {}", f.message))
     }
 
-    fn generate_one(&self, context: &[u32], seed: u64, p: &SamplingParams) -> Result<RemoteTurn> {
+    /// One turn of at most `p.max_new_tokens` tokens; `context_cut`: that limit is the room the
+    /// model's context leaves (reaching it ends the turn as [`FinishReason::ContextFull`]).
+    fn generate_one(
+        &self,
+        context: &[u32],
+        seed: u64,
+        p: &SamplingParams,
+        context_cut: bool,
+    ) -> Result<RemoteTurn> {
         let url = self.pick();
         let (tokens, logprobs, version, length_stop) = match self.config.protocol {
             RemoteProtocol::Sglang => {
@@ -270,7 +284,9 @@ impl RemoteBackend {
         }
         let finish = match tokens.last() {
             Some(t) if p.stop_token_ids.contains(t) => FinishReason::StopToken(*t),
-            _ if tokens.len() < p.max_new_tokens && length_stop => FinishReason::ContextFull,
+            _ if length_stop && (tokens.len() < p.max_new_tokens || context_cut) => {
+                FinishReason::ContextFull
+            }
             _ => FinishReason::Length,
         };
         Ok(RemoteTurn {

@@ -54,6 +54,11 @@ pub struct App {
     pub base: std::collections::HashMap<String, candle_core::Tensor>,
     /// Where the served model lives (the server's `--device` and `--dtype`).
     pub placement: turnwise_model::device::Placement,
+    /// Most `guided_choice` strings in one request (`--max-guided-choices`).
+    pub max_guided_choices: usize,
+    /// Most bytes of `guided_choice` strings in one request, all together
+    /// (`--max-guided-choice-bytes`).
+    pub max_guided_choice_bytes: usize,
 }
 
 /// A JSON error answer: `{"error": {"message", "type", "param", "code"}}` (OpenAI's shape).
@@ -135,7 +140,11 @@ fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 /// The sampling settings common to every route, named as the route names them.
 struct Sampling<'a> {
     prefix: &'a str,
+    /// The request's token limit, or the route's default when it gives none.
     max_new_tokens: usize,
+    /// Whether the request gave `max_new_tokens` (refused beyond the context) or the route's
+    /// default stands (cut to what the context leaves).
+    max_given: bool,
     max_name: &'a str,
     temperature: f64,
     top_p: f64,
@@ -214,6 +223,27 @@ impl App {
         if let Some(i) = s.stop.iter().position(String::is_empty) {
             return Err(ApiError::bad(format!("{}[{i}]", f("stop")), "is empty"));
         }
+        if let Some(choices) = &s.guided_choice {
+            self.check_choices(choices)?;
+        }
+        let context = self.config.max_position_embeddings;
+        if s.max_given
+            && let Some(longest) = prompts.iter().map(Vec::len).max()
+            && longest + s.max_new_tokens > context
+        {
+            return Err(ApiError::bad(
+                f(s.max_name),
+                format!(
+                    "{} prompt tokens + {} = {} exceed the model's context of {context} tokens: \
+                     at most {} can be generated (omit {} to generate up to the context)",
+                    longest,
+                    s.max_new_tokens,
+                    longest + s.max_new_tokens,
+                    context.saturating_sub(longest),
+                    s.max_name
+                ),
+            ));
+        }
         let vocab = self.config.vocab_size;
         if let Some(&t) = s.stop_token_ids.iter().find(|t| **t as usize >= vocab) {
             return Err(ApiError::bad(
@@ -249,6 +279,12 @@ impl App {
             .unwrap_or_else(|| self.seeds.fetch_add(s.n as u64, Ordering::Relaxed));
         let mut out = Vec::with_capacity(prompts.len() * s.n);
         for prompt in prompts {
+            // A default limit is what the context leaves (vLLM's rule for an omitted max_tokens).
+            let mut params = params.clone();
+            params.sampling.max_new_tokens = s
+                .max_new_tokens
+                .min(context.saturating_sub(prompt.len()))
+                .max(1);
             for i in 0..s.n {
                 out.push(GenRequest {
                     prompt: prompt.clone(),
@@ -258,6 +294,34 @@ impl App {
             }
         }
         Ok(out)
+    }
+
+    /// Refuses a `guided_choice` list beyond the server's limits: every step of a constrained
+    /// sequence checks each choice, on the engine thread every request shares.
+    fn check_choices(&self, choices: &[String]) -> Result<(), ApiError> {
+        if choices.len() > self.max_guided_choices {
+            return Err(ApiError::bad(
+                "guided_choice",
+                format!(
+                    "{} choices, more than this server allows ({}; turnwise serve \
+                     --max-guided-choices N)",
+                    choices.len(),
+                    self.max_guided_choices
+                ),
+            ));
+        }
+        let bytes: usize = choices.iter().map(String::len).sum();
+        if bytes > self.max_guided_choice_bytes {
+            return Err(ApiError::bad(
+                "guided_choice",
+                format!(
+                    "the choices take {bytes} bytes together, more than this server allows \
+                     ({}; turnwise serve --max-guided-choice-bytes N)",
+                    self.max_guided_choice_bytes
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Admits and runs `requests`.
@@ -430,6 +494,7 @@ async fn generate(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, 
     let sampling = Sampling {
         prefix: "sampling_params.",
         max_new_tokens: sp.max_new_tokens.unwrap_or(128),
+        max_given: sp.max_new_tokens.is_some(),
         max_name: "max_new_tokens",
         temperature: sp.temperature,
         top_p: sp.top_p,
@@ -588,6 +653,7 @@ async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Respons
     let sampling = Sampling {
         prefix: "",
         max_new_tokens: req.max_tokens.unwrap_or(16),
+        max_given: req.max_tokens.is_some(),
         max_name: "max_tokens",
         temperature: req.temperature.unwrap_or(1.0),
         top_p: req.top_p.unwrap_or(1.0),
@@ -744,6 +810,7 @@ async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Re
     let sampling = Sampling {
         prefix: "",
         max_new_tokens: req.max_completion_tokens.or(req.max_tokens).unwrap_or(512),
+        max_given: req.max_completion_tokens.or(req.max_tokens).is_some(),
         max_name: if req.max_completion_tokens.is_some() {
             "max_completion_tokens"
         } else {
@@ -952,6 +1019,7 @@ async fn health_generate(State(app): State<Arc<App>>) -> Result<StatusCode, ApiE
     let sampling = Sampling {
         prefix: "",
         max_new_tokens: 1,
+        max_given: false,
         max_name: "max_new_tokens",
         temperature: 0.0,
         top_p: 1.0,

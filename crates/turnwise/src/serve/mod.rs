@@ -21,7 +21,11 @@
 //! [`ServeConfig::max_queue`] sequences wait or run; a request that would exceed it while others
 //! run gets 503, one that alone exceeds it 400. A malformed request gets 400 naming the field
 //! (`sampling_params.temperature: must be >= 0`), and so does a field turnwise does not
-//! implement unless it holds its neutral value.
+//! implement unless it holds its neutral value, a `max_tokens` that the prompt leaves no room
+//! for in the context (naming the numbers; an omitted one is cut to what the context leaves),
+//! and a `guided_choice` beyond [`ServeConfig::max_guided_choices`] or
+//! [`ServeConfig::max_guided_choice_bytes`]. The `n` samples of a prompt prefill it once and
+//! share its keys and values ([`EngineConfig::share_prompts`]).
 //!
 //! Log-probs are those of the distribution each token was drawn from: the temperature-scaled
 //! softmax before top-k/top-p truncation (temperature 1 when greedy), the log-probs a policy
@@ -32,6 +36,7 @@
 //! [`SamplingEngine`]: turnwise_model::sampling::SamplingEngine
 
 pub(crate) mod http;
+pub mod memory;
 pub use crate::rollout::protocol;
 pub(crate) mod worker;
 
@@ -85,7 +90,19 @@ pub struct ServeConfig {
     /// Where the served model lives (`--device`, `--dtype`); reloaded weights and merged LoRA
     /// adapters go there too.
     pub placement: Placement,
+    /// Most `guided_choice` strings in one request (400 beyond, naming
+    /// `--max-guided-choices`): each step of a constrained sequence checks every choice on the
+    /// engine thread all requests share. Default [`DEFAULT_MAX_GUIDED_CHOICES`].
+    pub max_guided_choices: usize,
+    /// Most bytes of `guided_choice` strings in one request, all together (400 beyond, naming
+    /// `--max-guided-choice-bytes`). Default [`DEFAULT_MAX_GUIDED_CHOICE_BYTES`].
+    pub max_guided_choice_bytes: usize,
 }
+
+/// Default [`ServeConfig::max_guided_choices`].
+pub const DEFAULT_MAX_GUIDED_CHOICES: usize = 256;
+/// Default [`ServeConfig::max_guided_choice_bytes`] (64 KiB).
+pub const DEFAULT_MAX_GUIDED_CHOICE_BYTES: usize = 64 << 10;
 
 impl Default for ServeConfig {
     fn default() -> Self {
@@ -100,6 +117,8 @@ impl Default for ServeConfig {
             prefill_chunk: turnwise_model::sampling::DEFAULT_PREFILL_CHUNK,
             weight_version: "0".into(),
             placement: Placement::cpu(),
+            max_guided_choices: DEFAULT_MAX_GUIDED_CHOICES,
+            max_guided_choice_bytes: DEFAULT_MAX_GUIDED_CHOICE_BYTES,
         }
     }
 }
@@ -127,6 +146,12 @@ impl ServeConfig {
         }
         if self.read_timeout.is_zero() {
             bail!("read_timeout must be positive");
+        }
+        if self.max_guided_choices == 0 {
+            bail!("max_guided_choices must be at least 1");
+        }
+        if self.max_guided_choice_bytes == 0 {
+            bail!("max_guided_choice_bytes must be at least 1");
         }
         Ok(())
     }
@@ -347,6 +372,8 @@ fn build_app(
             max_batch_size: config.max_batch_size,
             memory_budget: Some(config.memory_budget),
             prefill_chunk: config.prefill_chunk,
+            // The `n` samples of a prompt (and identical prompts of one batch) prefill it once.
+            share_prompts: true,
         },
         Arc::clone(&shared),
     )
@@ -370,6 +397,8 @@ fn build_app(
         requests: AtomicU64::new(0),
         base: tensors.tensors,
         placement: config.placement.clone(),
+        max_guided_choices: config.max_guided_choices,
+        max_guided_choice_bytes: config.max_guided_choice_bytes,
     });
     Ok((app, engine))
 }
@@ -377,6 +406,7 @@ fn build_app(
 /// Serves `model` in the foreground until Ctrl-C; prints the address once bound.
 pub fn serve_foreground(model: ServedModel, config: &ServeConfig) -> Result<()> {
     let (app, engine) = build_app(model, config)?;
+    memory::release_when_idle();
     let router = http::router(app, config.max_body_bytes);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

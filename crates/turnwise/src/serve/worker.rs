@@ -378,7 +378,8 @@ impl<'a> Engine<'a> {
                 if let Some((weights, _, reply)) = reload.take() {
                     return Some((weights, aborted, reply));
                 }
-                // Nothing to do: wait for the next job.
+                // Nothing to do: give the load's memory back, wait for the next job.
+                super::memory::release_now();
                 match rx.recv() {
                     Ok(job) => backlog.push_back(job),
                     Err(_) => return None,

@@ -645,3 +645,54 @@ fn the_memory_budget_queues_what_does_not_fit_and_refuses_what_never_can() {
     );
     assert!(eng.add_sequence(long_prompt(30), free(10), 0).is_ok());
 }
+
+/// `share_prompts` (review cli-as-a-user-3, M4): the samples of one prompt prefill it once (all
+/// but its last token, in chunks when it is long), draw the tokens each would draw from its own
+/// prefill, and while they wait the memory budget counts the shared columns once.
+#[test]
+fn a_prompt_shared_by_waiting_sequences_is_prefilled_once_and_counted_once() {
+    let cfg = ModelConfig::tiny_qwen2(96);
+    let (_vm, model) = detached(&cfg, DType::F32, 9);
+    let prompt = long_prompt(70);
+    let run = |share: bool, chunk: usize| {
+        let config = EngineConfig {
+            share_prompts: share,
+            prefill_chunk: chunk,
+            memory_budget: Some(1 << 30),
+            ..EngineConfig::default()
+        };
+        let mut eng = SamplingEngine::new(&model, None, config);
+        let ids: Vec<SeqId> = (0..5)
+            .map(|s| eng.add_sequence(prompt.clone(), free(6), s).unwrap())
+            .collect();
+        // A different prompt queued behind them is served as before.
+        let other = eng.add_sequence(long_prompt(20), greedy(4), 9).unwrap();
+        let mut parked_when_shared = None;
+        while !eng.is_idle() {
+            eng.step(None).unwrap();
+            if parked_when_shared.is_none() && ids.iter().all(|&id| eng.cached_len(id) == Some(69))
+            {
+                parked_when_shared = Some(eng.parked_columns());
+            }
+        }
+        let out: Vec<Vec<u32>> = ids
+            .iter()
+            .chain([&other])
+            .map(|&id| generated(eng.sequence(id).unwrap()))
+            .collect();
+        (out, eng.stats().prefill_tokens, parked_when_shared)
+    };
+    let (alone, prefilled_alone, parked) = run(false, 0);
+    assert_eq!(prefilled_alone, 5 * 70 + 20);
+    assert_eq!(parked, None);
+    for chunk in [0, 16] {
+        let (shared, prefilled, parked) = run(true, chunk);
+        assert_eq!(prefilled, 69 + 5 + 20, "chunk {chunk}: the prompt once");
+        assert_eq!(shared, alone, "chunk {chunk}: sharing changes no token");
+        assert_eq!(
+            parked,
+            Some(69),
+            "chunk {chunk}: five waiting sequences hold one 69-column prefix"
+        );
+    }
+}
