@@ -102,6 +102,8 @@ fn credit_audit_writes_its_tables_for_a_tiny_checkpoint() {
     assert_eq!(r["cost_bound"].as_u64(), Some(turns as u64 * 3 * 2));
     let density = r["realised_density"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&density));
+    // The built-in world states its density (the default, 1).
+    assert_eq!(r["stated_density"].as_f64(), Some(1.0));
     // The markdown: one row per estimator in the main table, one per estimator and depth below.
     let md = std::fs::read_to_string(dir.join("audit.md")).unwrap();
     assert!(md.contains("Realised decision density"), "{md}");

@@ -199,6 +199,9 @@ pub struct AuditReport {
     /// The realised decision density: the share of turns whose replay advantage is non-zero
     /// beyond twice its standard error.
     pub realised_density: f64,
+    /// The decision density the world states (`task.world.decision_density`; `None` for a
+    /// task that is not the built-in world).
+    pub stated_density: Option<f64>,
     /// The replay per depth.
     pub depths: Vec<DepthSummary>,
     /// Every audited turn.
@@ -384,6 +387,7 @@ pub fn audit(trainer: &Trainer, source: &str, s: &AuditSettings) -> Result<Audit
         cost_bound: s.replay.cost(turns),
         mean_return: taken.iter().sum::<f64>() / taken.len().max(1) as f64,
         realised_density: decisive as f64 / turns.max(1) as f64,
+        stated_density: trainer.task.world_config().map(|w| w.decision_density),
         depths,
         audited,
         estimators,
@@ -435,13 +439,14 @@ pub fn estimator_credit(
     let mut gains: Option<Result<Vec<Vec<f64>>, String>> = None;
     let env_set = format!("task.env=\"{}\"", cfg.task.env.name());
     for &preset in ESTIMATOR_PRESETS {
-        let preset_cfg = match TrainConfig::resolve(Some(preset), None, &[env_set.clone()]) {
-            Ok(c) => c,
-            Err(e) => {
-                skipped.push((preset.into(), format!("its preset does not resolve: {e}")));
-                continue;
-            }
-        };
+        let preset_cfg =
+            match TrainConfig::resolve(Some(preset), None, std::slice::from_ref(&env_set)) {
+                Ok(c) => c,
+                Err(e) => {
+                    skipped.push((preset.into(), format!("its preset does not resolve: {e}")));
+                    continue;
+                }
+            };
         let mut est_cfg = cfg.clone();
         est_cfg.advantage = preset_cfg.advantage.clone();
         let needs = est_cfg.advantage.needs();

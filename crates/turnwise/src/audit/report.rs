@@ -48,10 +48,14 @@ pub fn markdown(r: &AuditReport) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    let stated = match r.stated_density {
+        Some(rho) => format!(" The world states ρ = {rho} (`task.world.decision_density`)."),
+        None => String::new(),
+    };
     let _ = writeln!(
         s,
         "**Realised decision density ρ = {:.2}**: the share of turns whose replay advantage is \
-         non-zero beyond twice its standard error.\n",
+         non-zero beyond twice its standard error.{stated}\n",
         r.realised_density
     );
     let _ = writeln!(s, "## The replay by turn depth\n");
