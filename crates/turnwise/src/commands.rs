@@ -176,6 +176,55 @@ pub enum Command {
         #[arg(long)]
         dump: Option<PathBuf>,
     },
+    /// Audit a checkpoint's turn credit against executed replays (docs/credit-audit.md): at
+    /// every turn of a panel of episodes, K alternative turns sampled from the exact state and
+    /// the taken turn and each alternative rolled forward M times to the end give the taken
+    /// turn's replay advantage; each estimator's per-turn advantage, computed in its own groups
+    /// as in training, is scored against it. Writes audit.md, audit.json and an SVG plot to
+    /// `--out`. Cost: episodes × turns × (K + 1) × M rollouts at most.
+    CreditAudit {
+        /// The run directory (its latest complete checkpoint and its config).
+        #[arg(long, required_unless_present = "checkpoint")]
+        run: Option<PathBuf>,
+        /// A checkpoint folder or Hugging Face model folder. Its task comes from `--run`,
+        /// `--preset`/`--config`, the folder's turnwise.toml or its run directory.
+        #[arg(long)]
+        checkpoint: Option<PathBuf>,
+        /// Preset giving the task of a folder that carries no config.
+        #[arg(long)]
+        preset: Option<String>,
+        /// Config file giving the task of a folder that carries no config.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// `key=value` overrides (with `--preset` or `--config`).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+        /// train, validation or test.
+        #[arg(long, default_value = "test")]
+        split: String,
+        /// Audited episodes: one per question, the split's first questions.
+        #[arg(long, default_value_t = 16)]
+        episodes: usize,
+        /// Episodes per question the estimators normalise over (default: the run's
+        /// rollout.group_size).
+        #[arg(long)]
+        group: Option<usize>,
+        /// Alternative turns sampled at each turn (K).
+        #[arg(long, default_value_t = 4)]
+        alternatives: usize,
+        /// Continuations rolled from the taken turn and from each alternative (M).
+        #[arg(long, default_value_t = 4)]
+        rollouts: usize,
+        /// Seed of the panel's and the replays' sampling.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Bootstrap resamples of the intervals.
+        #[arg(long, default_value_t = 1000)]
+        bootstrap: usize,
+        /// Output folder (audit.md, audit.json, spearman_by_depth.svg).
+        #[arg(long, default_value = "credit-audit")]
+        out: PathBuf,
+    },
     /// Write one checkpoint of a run as a clean Hugging Face folder (config.json,
     /// model.safetensors, tokenizer and generation configs; no optimizer or trainer state).
     Export {
@@ -812,6 +861,63 @@ pub fn run(cli: Cli) -> Result<()> {
                 );
             }
             println!("{}", serde_json::to_string_pretty(&r)?);
+            Ok(())
+        }
+        Command::CreditAudit {
+            run,
+            checkpoint,
+            preset,
+            config,
+            sets,
+            split,
+            episodes,
+            group,
+            alternatives,
+            rollouts,
+            seed,
+            bootstrap,
+            out,
+        } => {
+            let split = match split.as_str() {
+                "train" => Split::Train,
+                "validation" => Split::Validation,
+                "test" => Split::Test,
+                other => bail!("--split must be train, validation or test, got {other:?}"),
+            };
+            let (trainer, what) =
+                turnwise::checkpoints::open_for_eval(&turnwise::checkpoints::EvalSource {
+                    run: run.as_deref(),
+                    checkpoint: checkpoint.as_deref(),
+                    preset: preset.as_deref(),
+                    config: config.as_deref(),
+                    sets: &sets,
+                })?;
+            let settings = turnwise::audit::AuditSettings {
+                split,
+                episodes,
+                group: group.unwrap_or(trainer.config.rollout.group_size),
+                replay: turnwise::audit::replay::ReplaySettings {
+                    alternatives,
+                    rollouts,
+                    seed,
+                    chunk: 256,
+                },
+                bootstrap,
+            };
+            settings.validate()?;
+            eprintln!("auditing {what}");
+            let t0 = Instant::now();
+            let report = turnwise::audit::audit(&trainer, &what, &settings)?;
+            turnwise::audit::report::write(&report, &out)?;
+            eprintln!(
+                "audited {} turns of {} in {:.1} s: realised decision density {:.2}; wrote {}",
+                report.turns,
+                turnwise::pipeline::count(report.episodes as u64, "episode", "episodes"),
+                t0.elapsed().as_secs_f64(),
+                report.realised_density,
+                out.display()
+            );
+            print!("{}", turnwise::audit::report::markdown(&report));
             Ok(())
         }
         Command::Export {

@@ -9,6 +9,7 @@
 //! ([`trainer`]). [`config`] resolves presets and overrides; [`serve`] puts the policy behind
 //! the HTTP APIs of the inference engines.
 
+pub mod audit;
 pub mod bench;
 pub mod checkpoints;
 pub mod config;

@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 
 pub use http::{HttpEnv, ResetRequest, ResetResponse, StepRequest, StepResponse};
 pub use openenv::{OpenEnvEnv, OpenEnvSettings};
-pub use search::{SearchEnv, SearchEnvConfig};
+pub use search::{ROUTINE_TURNS_PARAM, SearchEnv, SearchEnvConfig};
 
 /// What one episode is about: its id, a seed for generated content, and task data.
 ///

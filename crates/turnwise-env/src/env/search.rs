@@ -20,7 +20,9 @@ use turnwise_core::reward::em;
 
 use super::{EnvError, Environment, Observation, StepInfo, StepResult, Task};
 use crate::search::Retriever;
-use crate::search::format::{ObservationStyle, TextBudget, format_observation, passages_text};
+use crate::search::format::{
+    ObservationStyle, TextBudget, format_observation, passages_text, routine_observation,
+};
 
 const NAME: &str = "SearchEnv";
 
@@ -69,7 +71,15 @@ struct SearchEpisode {
     steps: usize,
     searches: usize,
     done: bool,
+    /// Routine turns of the task (`params.routine_turns`), and how many are done.
+    routine: usize,
+    routine_done: usize,
 }
+
+/// The task parameter giving an episode's routine turns (`task.world.decision_density`): the
+/// first that many steps are acknowledged with [`routine_observation`] whatever the action,
+/// change nothing and do not count towards `max_turns`.
+pub const ROUTINE_TURNS_PARAM: &str = "routine_turns";
 
 impl std::fmt::Debug for SearchEnv {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -111,11 +121,21 @@ impl Environment for SearchEnv {
             field: "prompt".into(),
             message: "a search task needs a question".into(),
         })?;
+        let routine = match task.params.get(ROUTINE_TURNS_PARAM) {
+            None => 0,
+            Some(v) => v.as_u64().ok_or_else(|| EnvError::BadTask {
+                env: NAME.into(),
+                field: format!("params.{ROUTINE_TURNS_PARAM}"),
+                message: format!("must be a non-negative integer, got {v}"),
+            })? as usize,
+        };
         self.episode = Some(SearchEpisode {
             answers: task.answers.clone(),
             steps: 0,
             searches: 0,
             done: false,
+            routine,
+            routine_done: 0,
         });
         Ok(Observation::new(question))
     }
@@ -138,8 +158,28 @@ impl Environment for SearchEnv {
         if e.done {
             return Err(EnvError::EpisodeOver { env: NAME.into() });
         }
-        e.steps += 1;
         let parsed = parse_turn(format, action_text);
+        if e.routine_done < e.routine {
+            // A routine turn: whatever the action, the same acknowledgement.
+            e.routine_done += 1;
+            let info = StepInfo {
+                format_ok: parsed.verdict.is_valid(),
+                searches_so_far: e.searches,
+                action: Some("routine".into()),
+                ..StepInfo::default()
+            };
+            return Ok(StepResult {
+                observation: Observation::new(routine_observation(
+                    style,
+                    e.routine_done,
+                    e.routine,
+                )),
+                reward: 0.0,
+                done: false,
+                info,
+            });
+        }
+        e.steps += 1;
         let mut info = StepInfo {
             format_ok: parsed.verdict.is_valid(),
             searches_so_far: e.searches,
@@ -252,6 +292,48 @@ mod tests {
             answers: vec!["Paris".into()],
             ..Task::default()
         }
+    }
+
+    /// Routine turns (`params.routine_turns`): whatever the action (a search, an answer,
+    /// nonsense), the same acknowledgement, nothing ends and nothing counts towards
+    /// `max_turns`; then the episode runs as without them.
+    #[test]
+    fn routine_turns_acknowledge_any_action_alike() {
+        let mut env = env(Format::SearchR1);
+        let mut t = task();
+        t.params.insert(ROUTINE_TURNS_PARAM.into(), 3.into());
+        env.reset(&t).unwrap();
+        let mut seen = Vec::new();
+        for (k, action) in [
+            "<search>Paris</search>",
+            "<answer>Berlin</answer>",
+            "no tags at all",
+        ]
+        .iter()
+        .enumerate()
+        {
+            let s = env.step(action).unwrap();
+            assert!(!s.done && s.reward == 0.0, "routine turn {k}");
+            assert_eq!(s.info.action.as_deref(), Some("routine"));
+            assert_eq!(
+                s.observation.text,
+                routine_observation(ObservationStyle::SearchR1, k + 1, 3)
+            );
+            seen.push(s.observation.text);
+        }
+        // Then three ordinary turns (max_turns = 3): two searches and a right answer.
+        for _ in 0..2 {
+            let s = env.step("<search>France capital</search>").unwrap();
+            assert!(!s.done && s.info.query.is_some());
+        }
+        let s = env.step("<answer>Paris</answer>").unwrap();
+        assert!(s.done && s.reward == 1.0);
+        // Without the parameter, the first step is an ordinary one.
+        env.reset(&task()).unwrap();
+        let s = env.step("<answer>Berlin</answer>").unwrap();
+        assert!(s.done && s.reward == 0.0);
+        t.params.insert(ROUTINE_TURNS_PARAM.into(), "two".into());
+        assert!(env.reset(&t).is_err());
     }
 
     #[test]

@@ -147,6 +147,16 @@ pub fn format_observation(
     }
 }
 
+/// The observation of routine turn `k` of `n` (1-based; `task.world.decision_density`): the
+/// same text whatever the agent wrote, in the observation wrapper of `style`.
+pub fn routine_observation(style: ObservationStyle, k: usize, n: usize) -> String {
+    let text = format!("Doc 1(Title: Routine check) Routine check {k} of {n} is done.");
+    match style {
+        ObservationStyle::SearchR1 => format!("\n\n<information>{text}</information>\n\n"),
+        ObservationStyle::Result => format!(" <result>\n{text}\n</result>"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -429,6 +429,16 @@ pub struct WorldConfig {
     /// [`ThoughtStyle`]). It changes no entity, passage or question, only the text inside the
     /// oracle's `<think>` (or `<reasoning>`) tags, and so what a warm-started model writes there.
     pub thoughts: ThoughtStyle,
+    /// Decision density ρ in (0, 1]: the share of an episode's turns whose action decides its
+    /// return. Below 1, every h-hop question gets `round((h + 1)(1 − ρ)/ρ)` routine turns
+    /// before its h searches and its answer ([`WorldConfig::routine_turns`]): confirmations
+    /// whatever the agent writes acknowledges, whose observation is fixed
+    /// ([`crate::search::format::routine_observation`]) and which do not count towards
+    /// `task.max_turns`; the oracle's demonstrations make them. 1 (the default) adds none and
+    /// changes nothing. It changes no entity, passage or question. Whether the routine turns
+    /// really decide nothing for a policy is what `turnwise credit-audit`'s realised density
+    /// measures.
+    pub decision_density: f64,
 }
 
 impl Default for WorldConfig {
@@ -447,11 +457,23 @@ impl Default for WorldConfig {
             validation_fraction: None,
             questions: QuestionConfig::default(),
             thoughts: ThoughtStyle::Short,
+            decision_density: 1.0,
         }
     }
 }
 
 impl WorldConfig {
+    /// The routine turns of an `hops`-hop question under [`WorldConfig::decision_density`] ρ:
+    /// its `hops + 1` deciding turns (the searches and the answer) are a share ρ of its turns,
+    /// so `round((hops + 1)(1 − ρ)/ρ)` turns are routine (0 at ρ = 1).
+    pub fn routine_turns(&self, hops: usize) -> usize {
+        let rho = self.decision_density;
+        if !(rho > 0.0 && rho < 1.0) {
+            return 0;
+        }
+        ((hops + 1) as f64 * (1.0 - rho) / rho).round() as usize
+    }
+
     /// Checks the settings' ranges and consistency (what [`World::generate`] checks first).
     pub fn validate(&self) -> Result<(), WorldError> {
         let bad = |field, message: &str| {
@@ -484,6 +506,9 @@ impl WorldConfig {
                 "the pool must make at least twice as many full names as persons \
                  (person_name_pool² ≥ 2 × persons), or be 0",
             );
+        }
+        if !(self.decision_density > 0.0 && self.decision_density <= 1.0) {
+            return bad("decision_density", "must be in (0, 1]");
         }
         if !(0.0..1.0).contains(&self.heldout_fraction) {
             return bad("heldout_fraction", "must be in [0, 1)");

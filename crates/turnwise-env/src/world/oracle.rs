@@ -15,7 +15,9 @@
 //! drawn with the given probabilities (whose sum must be at most 1) from a generator seeded by
 //! the oracle seed and the question id, so a transcript is reproducible on its own.
 
-use crate::search::format::{ObservationStyle, TextBudget, format_observation};
+use crate::search::format::{
+    ObservationStyle, TextBudget, format_observation, routine_observation,
+};
 use crate::search::{Hit, RetrievalError, Retriever};
 
 use super::rng::{SplitMix64, fnv1a};
@@ -344,6 +346,19 @@ impl<'a> Oracle<'a> {
         let hops = question.hops();
         let noise = self.draw_noise(&mut rng, hops);
         let mut turns = Vec::new();
+        // Routine turns first (`decision_density` < 1): any action is acknowledged alike.
+        let routine = self.world.config.routine_turns(hops);
+        for k in 1..=routine {
+            turns.push(Turn {
+                think: "This is a routine check.".into(),
+                action: Action::Search("routine check".into()),
+                observation: Some(routine_observation(
+                    self.config.format.observation_style(),
+                    k,
+                    routine,
+                )),
+            });
+        }
         let mut current = question.subject_name.clone();
         // The fact the last hop gave (read from a passage, or guessed by a skipped search), and
         // the hop whose fact could not be read.

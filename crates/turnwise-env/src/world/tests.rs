@@ -615,3 +615,99 @@ fn long_thoughts_reason_for_tens_of_tokens_and_change_nothing_else() {
         assert!(wordings.len() >= 6, "{format:?}: {wordings:?}");
     }
 }
+
+/// `decision_density` ρ < 1 adds `round((h + 1)(1 − ρ)/ρ)` routine turns to an h-hop question
+/// and changes no entity, passage or question; the oracle makes them first, and the search
+/// environment, given the question's routine turns, answers every turn of the oracle's
+/// transcript with the observation the transcript holds (routine turns not counting towards
+/// `max_turns`). ρ = 1, the default, adds none.
+#[test]
+fn decision_density_adds_routine_turns_and_changes_nothing_else() {
+    use crate::env::{Environment, ROUTINE_TURNS_PARAM, SearchEnv, SearchEnvConfig, Task};
+    let base = World::generate(&small_config(5)).unwrap();
+    let sparse_cfg = WorldConfig {
+        decision_density: 0.5,
+        ..small_config(5)
+    };
+    let sparse = World::generate(&sparse_cfg).unwrap();
+    assert_eq!(base.documents(), sparse.documents());
+    assert_eq!(base.questions, sparse.questions);
+    for h in 1..=4 {
+        assert_eq!(WorldConfig::default().routine_turns(h), 0);
+        assert_eq!(sparse_cfg.routine_turns(h), h + 1);
+    }
+    let quarter = WorldConfig {
+        decision_density: 0.25,
+        ..WorldConfig::default()
+    };
+    assert_eq!(quarter.routine_turns(1), 6);
+    for bad in [0.0, -0.5, 1.5, f64::NAN] {
+        let c = WorldConfig {
+            decision_density: bad,
+            ..WorldConfig::default()
+        };
+        let msg = c.validate().unwrap_err().to_string();
+        assert!(msg.contains("decision_density"), "{bad}: {msg}");
+    }
+    let index = InMemoryBm25::new(base.documents());
+    let shared: std::sync::Arc<dyn Retriever> =
+        std::sync::Arc::new(InMemoryBm25::new(base.documents()));
+    for (format, grammar) in [
+        (
+            AgentFormat::SearchR1,
+            turnwise_core::grammar::Format::SearchR1,
+        ),
+        (AgentFormat::Boxed, turnwise_core::grammar::Format::Boxed),
+    ] {
+        let cfg = OracleConfig {
+            format,
+            ..OracleConfig::default()
+        };
+        let plain = Oracle::new(&base, &index, cfg.clone());
+        let routine = Oracle::new(&sparse, &index, cfg);
+        let mut env = SearchEnv::new(
+            shared.clone(),
+            SearchEnvConfig {
+                format: grammar,
+                max_turns: 5,
+                ..SearchEnvConfig::default()
+            },
+        )
+        .unwrap();
+        let mut beyond_max_turns = 0;
+        for q in base.questions.iter().take(60) {
+            let (p, r) = (plain.answer(q).unwrap(), routine.answer(q).unwrap());
+            let n = sparse_cfg.routine_turns(q.hops());
+            assert_eq!(r.turns.len(), p.turns.len() + n, "{}", q.id);
+            assert_eq!(&r.turns[n..], &p.turns[..], "{}", q.id);
+            assert_eq!(r.answer, p.answer);
+            beyond_max_turns += usize::from(r.turns.len() > 5);
+            let mut task = Task {
+                id: q.id.clone(),
+                prompt: Some(q.text.clone()),
+                answers: q.golden_answers.clone(),
+                ..Task::default()
+            };
+            task.params.insert(ROUTINE_TURNS_PARAM.into(), n.into());
+            env.reset(&task).unwrap();
+            for (k, turn) in r.turns.iter().enumerate() {
+                let step = env
+                    .step(&format.render_action(&turn.think, &turn.action))
+                    .unwrap();
+                match &turn.observation {
+                    Some(obs) => {
+                        assert!(!step.done, "{} turn {k}", q.id);
+                        assert_eq!(&step.observation.text, obs, "{} turn {k}", q.id);
+                    }
+                    None => {
+                        assert!(step.done && step.reward == 1.0, "{} turn {k}", q.id);
+                    }
+                }
+            }
+        }
+        assert!(
+            beyond_max_turns > 0,
+            "no transcript was longer than max_turns"
+        );
+    }
+}

@@ -237,6 +237,11 @@ impl EpisodeState {
         self.live.kv = None;
     }
 
+    /// The environment task of the episode.
+    pub fn task(&self) -> &Task {
+        &self.live.spec.task
+    }
+
     /// The episode's seed.
     pub fn seed(&self) -> u64 {
         self.live.spec.seed

@@ -254,6 +254,7 @@ impl GameTask {
                 hops: 0,
                 prompt: None,
                 seed: m.seed,
+                routine_turns: 0,
             })
             .collect()
     }

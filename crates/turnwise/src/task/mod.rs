@@ -17,7 +17,7 @@ use turnwise_env::env::{Environment, SearchEnv, SearchEnvConfig, Task};
 use turnwise_env::search::Retriever;
 use turnwise_env::search::bm25_mem::InMemoryBm25;
 use turnwise_env::world::oracle::{AgentFormat, Oracle, OracleConfig, OracleNoise, Transcript};
-use turnwise_env::world::{Question, Split, World};
+use turnwise_env::world::{Question, Split, World, WorldConfig};
 use turnwise_model::tokenizer::{ChatMessage, ChatTemplate, DEFAULT_SPECIAL_TOKENS, TextTokenizer};
 
 use crate::config::{AgentFormatName, TaskConfig, TokenizerKind};
@@ -120,6 +120,9 @@ pub struct QaItem {
     pub prompt: Option<Vec<ChatMessage>>,
     /// The seed the environment generates the episode's map from (games; 0 for questions).
     pub seed: u64,
+    /// Routine turns before the question's deciding ones (the built-in world's
+    /// `task.world.decision_density`; 0 otherwise).
+    pub routine_turns: usize,
 }
 
 impl QaItem {
@@ -128,7 +131,7 @@ impl QaItem {
         self.hops
     }
 
-    fn from_world(q: &Question) -> Self {
+    fn from_world(q: &Question, world: &WorldConfig) -> Self {
         Self {
             id: q.id.clone(),
             text: q.text.clone(),
@@ -136,6 +139,7 @@ impl QaItem {
             hops: q.hops(),
             prompt: None,
             seed: 0,
+            routine_turns: world.routine_turns(q.hops()),
         }
     }
 
@@ -150,6 +154,7 @@ impl QaItem {
             hops,
             prompt,
             seed: 0,
+            routine_turns: 0,
         })
     }
 }
@@ -247,7 +252,12 @@ impl TaskSet {
         let docs = world.documents();
         let corpus_texts = docs.iter().map(|d| d.contents.clone()).collect();
         let retriever: Arc<dyn Retriever> = Arc::new(InMemoryBm25::new(docs));
-        let questions = Split::ALL.map(|s| world.questions_in(s).map(QaItem::from_world).collect());
+        let questions = Split::ALL.map(|s| {
+            world
+                .questions_in(s)
+                .map(|q| QaItem::from_world(q, &config.world))
+                .collect()
+        });
         let rl_reserved = world
             .questions_in(Split::Train)
             .map(|q| rl_reserved_subject(q.subject, config.world.seed, config.rl_subject_fraction))
@@ -371,6 +381,7 @@ impl TaskSet {
                         hops: 1,
                         prompt: None,
                         seed: 0,
+                        routine_turns: 0,
                     });
                     transcripts[slot].push(t);
                 }
@@ -446,6 +457,11 @@ impl TaskSet {
     /// rate (the games and OpenEnv servers) rather than by their answers.
     pub fn scored_by_return(&self) -> bool {
         self.game.is_some() || self.openenv.is_some()
+    }
+
+    /// The generated world's settings, when the task is the built-in world.
+    pub fn world_config(&self) -> Option<&WorldConfig> {
+        self.world.as_ref().map(|w| &w.config)
     }
 
     /// Whether [`TaskSet::demonstrations`] can write demonstrations (the built-in world's
@@ -661,7 +677,13 @@ impl TaskSet {
             prompt: Some(question.text.clone()),
             answers: question.golden_answers.clone(),
             seed: question.seed,
-            ..Task::default()
+            params: match question.routine_turns {
+                0 => serde_json::Map::new(),
+                n => serde_json::Map::from_iter([(
+                    turnwise_env::env::ROUTINE_TURNS_PARAM.to_string(),
+                    n.into(),
+                )]),
+            },
         }
     }
 

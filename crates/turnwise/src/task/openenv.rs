@@ -87,6 +87,7 @@ impl OpenEnvTask {
                     hops: 0,
                     prompt: None,
                     seed,
+                    routine_turns: 0,
                 });
             }
         }

@@ -715,7 +715,8 @@ impl Trainer {
         Ok(())
     }
 
-    fn decoding(&self, temperature: f64) -> Decoding {
+    /// The decoding settings of the run's rollouts at `temperature` (greedy without top-p/top-k).
+    pub(crate) fn decoding(&self, temperature: f64) -> Decoding {
         let r = &self.config.rollout;
         Decoding {
             temperature,
