@@ -1268,6 +1268,7 @@ mod tests {
         // Packed by hand, the .gz files are not in the manifest: while the run holds it, they
         // are not deleted; a folder nobody holds is cleaned by name.
         assert!(run.remove_samples_after(1).is_err());
+        run.write_config("a = 1\n").unwrap();
         let root = run.root().to_path_buf();
         drop(run);
         assert_eq!(
