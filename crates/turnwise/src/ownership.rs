@@ -48,6 +48,9 @@ pub enum Kind {
     Export,
     /// A generated world (`data world`).
     World,
+    /// A method comparison study (`study run`, `plan`, `run-one`, `report`): its own files;
+    /// each run under it is a run directory with its own manifest.
+    Study,
 }
 
 impl std::fmt::Display for Kind {
@@ -56,6 +59,7 @@ impl std::fmt::Display for Kind {
             Kind::Run => "run directory",
             Kind::Export => "model export",
             Kind::World => "world",
+            Kind::Study => "study",
         })
     }
 }

@@ -83,8 +83,26 @@ struct Bases {
 fn bases() -> &'static Bases {
     static BASES: OnceLock<Bases> = OnceLock::new();
     BASES.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("ownership-bases-{}", std::process::id()));
+        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        // Bases of earlier test processes (an hour old at least) go.
+        for e in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
+            let old = e
+                .metadata()
+                .ok()
+                .and_then(|m| m.modified().ok())
+                .is_some_and(|t| {
+                    t.elapsed()
+                        .is_ok_and(|d| d > std::time::Duration::from_secs(3600))
+                });
+            if old
+                && e.file_name()
+                    .to_string_lossy()
+                    .starts_with("ownership-bases-")
+            {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        let dir = tmp.join(format!("ownership-bases-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let out = run_cli(&train_args(&["--out", "run", "-q"]), &dir);
@@ -322,6 +340,99 @@ fn m12_index_refuses_a_non_empty_folder() {
     assert_eq!(snapshot(&tmp.path().join("mydir")), before);
     let out = tw(&["index", "--corpus", corpus, "--out", "fresh"], tmp.path());
     assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// A run of an earlier turnwise (its `.turnwise-run` marker, no manifest) still resumes,
+/// writing no manifest; its `--overwrite` deletes only turnwise's exact layout, and refuses,
+/// naming it, a folder of another tool's inside `checkpoints/`.
+#[test]
+fn runs_of_earlier_versions_resume_and_are_replaced_by_their_layout() {
+    let b = bases();
+    let tmp = tempfile::tempdir().unwrap();
+    let old = tmp.path().join("old");
+    common::copy_dir(&b.run, &old);
+    std::fs::remove_file(old.join(".turnwise-manifest.json")).unwrap();
+    std::fs::remove_dir_all(old.join("checkpoints/step-00002")).unwrap();
+    std::fs::remove_file(old.join("summary.json")).unwrap();
+    write(&old.join("NOTES.md"), b"mine");
+    let out = tw(&["resume", "old", "-q"], tmp.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(old.join("summary.json").is_file());
+    assert!(!old.join(".turnwise-manifest.json").exists());
+    assert_eq!(std::fs::read(old.join("NOTES.md")).unwrap(), b"mine");
+
+    write(&old.join("checkpoints/global_step_100/actor.pt"), b"verl");
+    let before = snapshot(&old);
+    let out = run_cli(
+        &train_args(&["--out", "old", "--overwrite", "-q"]),
+        tmp.path(),
+    );
+    let err = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("checkpoints/global_step_100"), "{err}");
+    // Nothing changed but the lock file the refusal took.
+    let mut after = snapshot(&old);
+    after.insert("run.lock".into(), before["run.lock"].clone());
+    assert_eq!(after, before, "{err}");
+
+    std::fs::remove_dir_all(old.join("checkpoints/global_step_100")).unwrap();
+    let out = run_cli(
+        &train_args(&["--out", "old", "--overwrite", "-q"]),
+        tmp.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read(old.join("NOTES.md")).unwrap(), b"mine");
+    assert!(old.join(".turnwise-manifest.json").is_file());
+}
+
+/// A study folder records what the study writes: `study report` replaces its own report, but
+/// refuses, naming it, a report.md the user wrote over it.
+#[test]
+fn a_study_replaces_only_its_own_report() {
+    let tmp = tempfile::tempdir().unwrap();
+    let study = r#"
+name = "tiny"
+seeds = [0]
+baseline = "grpo"
+sets = ["task.world.countries=4", "task.world.cities=8", "task.world.companies=6",
+  "task.world.persons=16", "task.world.questions.train=40",
+  "task.world.questions.validation=8", "task.world.questions.test=8",
+  "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.num_kv_heads=2",
+  "model.intermediate_size=64"]
+[budget]
+steps = 2
+prompts_per_step = 2
+group_size = 3
+[panel]
+questions = 6
+[warm_start.boxed]
+preset = "grpo"
+sets = ["sft.steps=3"]
+[[arm]]
+name = "grpo"
+preset = "grpo"
+"#;
+    write(&tmp.path().join("s.toml"), study.as_bytes());
+    let out = tw(&["study", "plan", "s.toml", "--out", "st"], tmp.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let manifest = std::fs::read_to_string(tmp.path().join("st/.turnwise-manifest.json")).unwrap();
+    assert!(
+        manifest.contains("study.toml") && manifest.contains("panel.json"),
+        "{manifest}"
+    );
+    for _ in 0..2 {
+        let out = tw(&["study", "report", "st"], tmp.path());
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    write(&tmp.path().join("st/report.md"), b"my notes\n");
+    let out = tw(&["study", "report", "st"], tmp.path());
+    let err = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("report.md"), "{err}");
+    assert_eq!(
+        std::fs::read(tmp.path().join("st/report.md")).unwrap(),
+        b"my notes\n"
+    );
 }
 
 /// Names a user's files could have, turnwise's own among them.
