@@ -117,9 +117,9 @@ pub fn legacy_run_class(rel: &str, path: &Path, meta: &fs::Metadata) -> Class {
         ("", n) if folder && n.starts_with(CORRUPT_PREFIX) => Class::OwnedTree,
         (CHECKPOINTS, n) if folder => {
             let step = n.strip_prefix(WARM_START_PREFIX).unwrap_or(n);
-            if n.starts_with(CORRUPT_PREFIX) {
-                Class::OwnedTree
-            } else if parse_step(step, None).is_some() && path.join(COMPLETE_MARKER).is_file() {
+            let complete_step =
+                parse_step(step, None).is_some() && path.join(COMPLETE_MARKER).is_file();
+            if n.starts_with(CORRUPT_PREFIX) || complete_step {
                 Class::OwnedTree
             } else {
                 Class::Foreign
