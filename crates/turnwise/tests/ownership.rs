@@ -313,6 +313,20 @@ fn c4_data_world_never_replaces_files_it_did_not_write() {
         tmp.path(),
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
+    // `data wiki --out FILE` refuses an existing file without --overwrite (before fetching
+    // anything).
+    write(&tmp.path().join("wiki.jsonl"), b"mine\n");
+    let out = tw(&["data", "wiki", "--out", "wiki.jsonl"], tmp.path());
+    let err = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("wiki.jsonl") && err.contains("--overwrite"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(tmp.path().join("wiki.jsonl")).unwrap(),
+        b"mine\n"
+    );
     // A non-empty folder holding none of its files is written into, without a manifest.
     write(&tmp.path().join("w2/other.txt"), b"mine");
     let out = tw(&["data", "world", "--out", "w2", "-q"], tmp.path());
