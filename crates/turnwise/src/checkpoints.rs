@@ -13,6 +13,7 @@ use turnwise_model::tokenizer::TextTokenizer;
 
 use crate::config::TrainConfig;
 pub use crate::config::run_config;
+use crate::ownership::{self, Prepared};
 pub use crate::run::pick_checkpoint;
 use crate::run::{Checkpoint, RunDir};
 use crate::trainer::{
@@ -34,71 +35,65 @@ pub const EXPORT_ENTRIES: &[&str] = &[
 ];
 
 /// Checks that `out` may receive a model export: absent, an empty directory, or, with
-/// `overwrite`, an earlier turnwise export (it holds [`EXPORT_CONFIG_FILE`], which every export
-/// writes) that holds none of `keep` (the checkpoint exported, its run). Anything else is refused
-/// by name, so a mistyped path (a project folder, a downloaded model) is never written into.
-/// Returns whether `out` holds an earlier export to clear ([`clear_export_dir`]).
-pub fn check_export_dir(out: &Path, overwrite: bool, keep: &[&Path]) -> Result<bool> {
-    if !out.exists() {
-        return Ok(false);
-    }
-    if !out.is_dir() {
-        bail!("{} exists and is not a directory", out.display());
-    }
-    let non_empty = std::fs::read_dir(out)
-        .with_context(|| format!("listing {}", out.display()))?
-        .next()
-        .is_some();
-    if !non_empty {
-        return Ok(false);
-    }
-    if !overwrite {
+/// `overwrite`, an earlier turnwise export, recognised by its ownership manifest
+/// ([`crate::ownership`]), whose files are all as the export wrote them and that holds none of
+/// `keep` (the checkpoint exported, its run). Anything else is refused by name, so a mistyped
+/// path (a project folder, a downloaded model, a folder that only holds a `turnwise.toml`) is
+/// never written into. Nothing is deleted yet: [`Prepared::clear`] does it, once there is a
+/// model to write.
+pub fn check_export_dir(out: &Path, overwrite: bool, keep: &[&Path]) -> Result<Prepared> {
+    if out.is_dir() && !overwrite && !ownership::is_empty_but(out, &[])? {
         bail!(
-            "{} is not empty (pass --overwrite to replace the model exported there)",
+            "{} is not empty (pass --overwrite to replace the model turnwise exported there)",
             out.display()
         );
     }
-    let out_abs = out
-        .canonicalize()
-        .with_context(|| format!("resolving {}", out.display()))?;
-    for k in keep {
-        if let Ok(k) = k.canonicalize()
-            && k.starts_with(&out_abs)
-        {
-            bail!(
-                "refusing to replace {}: it holds {}",
-                out.display(),
-                k.display()
-            );
+    if out.is_dir()
+        && overwrite
+        && !ownership::is_empty_but(out, &[])?
+        && !out.join(ownership::MANIFEST_FILE).exists()
+    {
+        bail!(
+            "{} holds no model export turnwise made (no {}, which lists the files of every \
+             export), so nothing in it is replaced; move or delete its contents by hand, or give \
+             another --out",
+            out.display(),
+            ownership::MANIFEST_FILE
+        );
+    }
+    if out.is_dir() {
+        let out_abs = out
+            .canonicalize()
+            .with_context(|| format!("resolving {}", out.display()))?;
+        for k in keep {
+            if let Ok(k) = k.canonicalize()
+                && k.starts_with(&out_abs)
+            {
+                bail!(
+                    "refusing to replace {}: it holds {}",
+                    out.display(),
+                    k.display()
+                );
+            }
         }
     }
-    if !out.join(EXPORT_CONFIG_FILE).is_file() {
-        bail!(
-            "{} holds no model export (no {EXPORT_CONFIG_FILE}, which every turnwise export \
-             writes), so it is not overwritten",
-            out.display()
-        );
-    }
-    Ok(true)
+    Ok(ownership::prepare(
+        out,
+        ownership::Kind::Export,
+        EXPORT_ENTRIES,
+        overwrite,
+        false,
+    )?)
 }
 
-/// Deletes what an earlier export wrote in `out` ([`EXPORT_ENTRIES`]) and nothing else; the
-/// other entries stay, named in a warning.
-pub fn clear_export_dir(out: &Path) -> Result<()> {
-    let mut kept = Vec::new();
-    for entry in std::fs::read_dir(out).with_context(|| format!("listing {}", out.display()))? {
-        let entry = entry.with_context(|| format!("listing {}", out.display()))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !EXPORT_ENTRIES.contains(&name.as_str()) {
-            kept.push(name);
-            continue;
-        }
-        let path = entry.path();
-        crate::run::remove_entry(&path).with_context(|| format!("removing {}", path.display()))?;
-    }
-    if !kept.is_empty() {
-        kept.sort();
-        tracing::warn!(dir = %out.display(), "kept what no export writes: {}", kept.join(", "));
+/// Records what an export wrote in the folder of `owner` ([`EXPORT_ENTRIES`], and whatever
+/// else is new since `before`, e.g. a source model's extra tokenizer files) in its manifest.
+pub fn record_export(
+    owner: Option<&ownership::Owner>,
+    before: &std::collections::BTreeSet<String>,
+) -> Result<()> {
+    if let Some(owner) = owner {
+        ownership::note_new_outputs(owner, EXPORT_ENTRIES, before)?;
     }
     Ok(())
 }
@@ -117,9 +112,7 @@ pub fn export_checkpoint(
     let dir = RunDir::open(run)?;
     let cfg = run_config(&dir)?;
     let ck = pick_checkpoint(&dir, step)?;
-    if check_export_dir(out, overwrite, &[&ck.path, dir.root()])? {
-        clear_export_dir(out)?;
-    }
+    let prepared = check_export_dir(out, overwrite, &[&ck.path, dir.root()])?;
     let (mc, tensors) = load_hf(&ck.path, DType::F32, &Device::Cpu)
         .with_context(|| format!("loading the checkpoint {}", ck.path.display()))?;
     // Checks the names and shapes of the weights.
@@ -139,12 +132,15 @@ pub fn export_checkpoint(
     };
     let tokenizer = TextTokenizer::from_file(ck.path.join("tokenizer.json"))?;
     let meta = checkpoint_metadata(&ck.path, cfg.model.init_from.as_deref())?;
+    let owner = prepared.clear()?;
+    let before = ownership::top_level_names(out);
     export_hf_folder_tensors(out, &mc, &tensors, &tokenizer, &meta)
         .with_context(|| format!("exporting to {}", out.display()))?;
     if let Some((lc, adapters)) = &lora {
         write_export_adapter(out, lc, adapters, &cfg)?;
     }
     write_export_config(out, &cfg)?;
+    record_export(owner.as_ref(), &before)?;
     Ok(ck)
 }
 

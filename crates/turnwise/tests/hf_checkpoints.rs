@@ -223,11 +223,13 @@ fn export_and_evaluate_checkpoints() {
         prompt_text(&first.text)
     );
 
-    // Export step 1: a clean folder with the same weights.
+    // Export step 1: a clean folder with the same weights (and the manifest of what turnwise
+    // wrote there, which `--overwrite` replaces by).
     let out = tmp.path().join("export");
     let ck = export_checkpoint(&run_dir, Some(1), &out, false).unwrap();
     assert_eq!(ck.step, 1);
     let expected: BTreeSet<String> = [
+        turnwise::ownership::MANIFEST_FILE,
         "config.json",
         "model.safetensors",
         "tokenizer.json",

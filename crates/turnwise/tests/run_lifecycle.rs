@@ -264,9 +264,11 @@ fn resumes_keep_the_warm_start_the_summary_and_the_log() {
     assert_eq!(train.1.series.len(), 3);
 }
 
-/// A non-empty directory that is not replaced: the old run's files are left as they were.
+/// A non-empty directory that is not replaced: the old run's files are left as they were (a run
+/// of an earlier turnwise: its marker, no manifest).
 fn old_run(dir: &Path) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join(".turnwise-run"), "a turnwise run directory\n").unwrap();
     std::fs::write(dir.join("config.toml"), "preset = \"old\"\n").unwrap();
     std::fs::write(dir.join("metrics.jsonl"), "{\"step\":1}\n").unwrap();
     dir.join("config.toml")

@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 
 use super::metrics::MetricsWriter;
 use super::{RunError, RunResult};
+use crate::ownership::{self, Class, Kind, MANIFEST_FILE, Owner, Plan};
 
 /// Name of the marker file that makes a checkpoint directory complete.
 pub const COMPLETE_MARKER: &str = "COMPLETE";
@@ -27,11 +28,13 @@ const TENSORBOARD: &str = "tensorboard";
 const WANDB: &str = "wandb";
 /// The lock file: one process at a time writes a run directory.
 pub const LOCK_FILE: &str = "run.lock";
-/// The marker every run directory holds from its creation: `--overwrite` replaces only a
-/// directory that holds it (or a run written before it existed, see [`RunDir::create`]).
+/// The marker every run directory holds from its creation. Runs written since the ownership
+/// manifest ([`crate::ownership`]) are replaced by their manifest; a run of an earlier
+/// turnwise, with this marker and no manifest, by the names turnwise gives its files
+/// ([`legacy_run_class`]).
 pub const RUN_MARKER: &str = ".turnwise-run";
-/// What a run writes at its top level (besides `corrupt-step-N` folders that `resume` sets
-/// aside): `--overwrite` deletes these and nothing else. The pipeline's own names
+/// What a run writes at its top level: `--overwrite` refuses when one of these holds what the
+/// run did not write (and keeps every other name). The pipeline's own names
 /// (`summary.json`, `first_prompt.txt`, `warm-start-model`, `weights`) are listed here too; a
 /// test checks them against the pipeline's constants.
 pub const RUN_ENTRIES: &[&str] = &[
@@ -57,33 +60,84 @@ pub const CORRUPT_PREFIX: &str = "corrupt-step-";
 /// (`warm-start-step-00100`: after warm-start step 100).
 pub const WARM_START_PREFIX: &str = "warm-start-";
 
-/// Whether a top-level entry of a run directory is one a run writes ([`RUN_ENTRIES`], the
-/// set-aside checkpoints, and the `.tmp` files of atomic writes).
-fn is_run_entry(name: &str) -> bool {
-    let base = name.strip_suffix(".tmp").unwrap_or(name);
-    RUN_ENTRIES.contains(&base) || base.starts_with(CORRUPT_PREFIX)
-}
-
-/// Why `root` is not a run directory `--overwrite` may replace, or `None` when it is one: it
-/// holds [`RUN_MARKER`], or, written before the marker existed, a `config.toml` with a top-level
-/// `preset` key beside `checkpoints/` or `metrics.jsonl`.
-fn not_a_run(root: &Path) -> Option<String> {
-    if root.join(RUN_MARKER).is_file() {
-        return None;
+/// How an earlier turnwise's run directory (it holds [`RUN_MARKER`] but no manifest) is
+/// replaced: only the paths of turnwise's exact layout, with contents turnwise writes, are
+/// deleted (`rel` is the path inside the run, `/`-separated). A `config.toml` with a `preset`
+/// key, a `metrics.jsonl` whose every line has a `step` and a `phase`, a `report.md` that starts
+/// with "# Run report", `summary.json`, `first_prompt.txt`; `checkpoints/step-N` and
+/// `checkpoints/warm-start-step-N` holding [`COMPLETE_MARKER`], `corrupt-step-N` folders;
+/// `samples/step-N.jsonl`, `evals/*-step-N.jsonl` (or gzipped), `plots/*.svg`,
+/// `tensorboard/events.out.tfevents.*`, `view/step-N.html`; and the folders the pipeline fills
+/// as a whole (`warm-start-model`, `weights`, `wandb`). Anything else inside those folders, or at
+/// those names, is in the way: the overwrite refuses, naming it.
+pub fn legacy_run_class(rel: &str, path: &Path, meta: &fs::Metadata) -> Class {
+    let changed = |why: &str| Class::Changed(why.to_string());
+    let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
+    let file = meta.is_file();
+    let folder = meta.is_dir() && !meta.is_symlink();
+    match (dir, name) {
+        ("", RUN_MARKER | "summary.json" | "first_prompt.txt") if file => Class::Owned,
+        ("", CONFIG) if file => {
+            let has_preset = fs::read_to_string(path)
+                .ok()
+                .and_then(|t| t.parse::<toml::Table>().ok())
+                .is_some_and(|t| t.get("preset").is_some_and(|v| v.is_str()));
+            if has_preset {
+                Class::Owned
+            } else {
+                changed("not a run's config (no `preset` key)")
+            }
+        }
+        ("", METRICS) if file => {
+            let ok = fs::read_to_string(path).is_ok_and(|text| {
+                text.lines().filter(|l| !l.trim().is_empty()).all(|l| {
+                    serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| {
+                        v.get("phase").is_some_and(|p| p.is_string())
+                            && v.get("step").is_some_and(|s| s.is_u64())
+                    })
+                })
+            });
+            if ok {
+                Class::Owned
+            } else {
+                changed("holds lines a run does not write (each has a `step` and a `phase`)")
+            }
+        }
+        ("", REPORT) if file => {
+            if fs::read_to_string(path).is_ok_and(|t| t.starts_with("# Run report")) {
+                Class::Owned
+            } else {
+                changed("not a run's report")
+            }
+        }
+        ("", SAMPLES | EVALS | PLOTS | TENSORBOARD | VIEW | CHECKPOINTS) if folder => {
+            Class::OwnedDir
+        }
+        ("", "warm-start-model" | "weights" | WANDB) if folder => Class::OwnedTree,
+        ("", n) if folder && n.starts_with(CORRUPT_PREFIX) => Class::OwnedTree,
+        (CHECKPOINTS, n) if folder => {
+            let step = n.strip_prefix(WARM_START_PREFIX).unwrap_or(n);
+            let complete_step =
+                parse_step(step, None).is_some() && path.join(COMPLETE_MARKER).is_file();
+            if n.starts_with(CORRUPT_PREFIX) || complete_step {
+                Class::OwnedTree
+            } else {
+                Class::Foreign
+            }
+        }
+        (SAMPLES, n) if file && parse_jsonl_step(n).is_some() => Class::Owned,
+        (EVALS, n)
+            if file
+                && n.find("step-")
+                    .is_some_and(|i| parse_jsonl_step(&n[i..]).is_some()) =>
+        {
+            Class::Owned
+        }
+        (PLOTS, n) if file && n.ends_with(".svg") => Class::Owned,
+        (TENSORBOARD, n) if file && n.starts_with("events.out.tfevents.") => Class::Owned,
+        (VIEW, n) if file && parse_step(n, Some("html")).is_some() => Class::Owned,
+        _ => Class::Foreign,
     }
-    let config = root.join(CONFIG);
-    let has_preset = fs::read_to_string(&config)
-        .ok()
-        .and_then(|t| t.parse::<toml::Table>().ok())
-        .is_some_and(|t| t.get("preset").is_some_and(|v| v.is_str()));
-    if has_preset && (root.join(CHECKPOINTS).is_dir() || root.join(METRICS).is_file()) {
-        return None;
-    }
-    Some(format!(
-        "it holds no {RUN_MARKER} marker and is not a run written before the marker existed (a \
-         config.toml with a `preset` key beside checkpoints/ or metrics.jsonl), so it is not \
-         overwritten"
-    ))
 }
 
 /// One `checkpoints/step-N/` directory.
@@ -104,6 +158,9 @@ pub struct RunDir {
     /// The held lock on [`LOCK_FILE`] (runs and resumes; readers hold none), released when the
     /// last clone is dropped.
     _lock: Option<std::sync::Arc<fs::File>>,
+    /// The run's ownership manifest, where what this process writes is recorded (`None` for a
+    /// reader, and for a run of an earlier turnwise, which has none).
+    owner: Option<Owner>,
 }
 
 /// Takes the exclusive lock of the run directory `root` (creating [`LOCK_FILE`]) and writes
@@ -238,16 +295,21 @@ fn write_json_lines<T: Serialize>(path: &Path, items: &[T]) -> RunResult<()> {
 /// Deletes a checkpoint directory, its completion marker first, so that a crash midway never
 /// leaves a half-deleted folder that looks complete.
 fn remove_checkpoint(c: &Checkpoint) -> RunResult<()> {
+    ownership::may_remove(&c.path)?;
     let marker = c.path.join(COMPLETE_MARKER);
     if c.complete {
         fs::remove_file(&marker).map_err(RunError::io("remove", &marker))?;
     }
     fs::remove_dir_all(&c.path).map_err(RunError::io("remove", &c.path))?;
+    ownership::removed(&c.path)?;
     tracing::debug!(dir = %c.path.display(), "deleted an old checkpoint");
     Ok(())
 }
 
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> RunResult<()> {
+    // Inside a folder turnwise owns, only what it wrote is replaced; what it writes is
+    // recorded (crate::ownership).
+    ownership::may_write(path)?;
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
@@ -259,6 +321,7 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> RunResult<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         sync_dir(parent)?;
     }
+    ownership::wrote(path, bytes)?;
     Ok(())
 }
 
@@ -279,16 +342,6 @@ fn sync_tree(dir: &Path) -> RunResult<()> {
     sync_dir(dir)
 }
 
-/// Deletes a directory entry: a folder with its contents, or a file or symlink (a symlink to a
-/// folder is removed, not followed).
-pub(crate) fn remove_entry(path: &Path) -> std::io::Result<()> {
-    if path.is_dir() && !path.is_symlink() {
-        fs::remove_dir_all(path)
-    } else {
-        fs::remove_file(path)
-    }
-}
-
 /// Whether `path` holds nothing but (at most) a [`LOCK_FILE`] left by an earlier process.
 fn is_empty_dir_but_lock(path: &Path) -> RunResult<bool> {
     for entry in fs::read_dir(path).map_err(RunError::io("list", path))? {
@@ -306,10 +359,14 @@ fn begin_checkpoint_at(path: PathBuf) -> RunResult<PathBuf> {
         return Err(RunError::CheckpointExists { path });
     }
     if path.exists() {
+        ownership::may_remove(&path)?;
         tracing::warn!(dir = %path.display(), "deleting an incomplete checkpoint");
         fs::remove_dir_all(&path).map_err(RunError::io("remove", &path))?;
+        ownership::removed(&path)?;
     }
     fs::create_dir_all(&path).map_err(RunError::io("create the directory", &path))?;
+    // Filled by the trainer; recorded file by file once complete.
+    ownership::staging(&path)?;
     Ok(path)
 }
 
@@ -333,19 +390,29 @@ fn mark_complete_at(path: &Path, step: u64) -> RunResult<()> {
     write_atomic(
         &path.join(COMPLETE_MARKER),
         format!("step = {step}\ntime = {time}\n").as_bytes(),
-    )
+    )?;
+    // The checkpoint is owned file by file from now on, and the log up to it with it.
+    ownership::wrote_tree(path)?;
+    if let Some(owner) = ownership::owner_of(path) {
+        owner.refresh_growing()?;
+    }
+    Ok(())
 }
 
 impl RunDir {
     /// Creates a new run directory at `root` (and its parents), with empty `samples/`,
-    /// `checkpoints/` and `plots/` and its [`RUN_MARKER`].
+    /// `checkpoints/` and `plots/`, its [`RUN_MARKER`] and its ownership manifest
+    /// ([`crate::ownership`]), where every file the run writes is recorded.
     ///
     /// An existing empty directory is used as it is. A non-empty one is refused with
-    /// [`RunError::NotEmpty`], unless `overwrite` is set and it is a run directory (it holds
-    /// [`RUN_MARKER`], or is a run written before the marker: see [`not_a_run`]): then what a run
-    /// writes ([`RUN_ENTRIES`], set-aside `corrupt-step-N` folders) is deleted, and nothing else:
-    /// the user's own files stay, named in a warning. Anything else is refused with
-    /// [`RunError::NotARunDir`], so a mistyped path never deletes anything.
+    /// [`RunError::NotEmpty`], unless `overwrite` is set and it is a run directory: then what
+    /// its manifest lists, unchanged, is deleted (a run of an earlier turnwise, with the marker
+    /// and no manifest: only the paths of turnwise's layout, [`legacy_run_class`]), and nothing
+    /// else; the user's own files stay, named in a warning. Anything in the way (a file the run
+    /// wrote and the user edited since, a file the run did not write inside a folder it made
+    /// or at a name it writes) makes it refuse, naming each, before anything is deleted. A
+    /// folder with neither manifest nor marker is refused with [`RunError::NotARunDir`], so a
+    /// mistyped path never deletes anything.
     ///
     /// The directory's lock ([`LOCK_FILE`]) is taken before anything in it is deleted, and held
     /// as long as the returned value (or a clone) lives: a run directory another process is
@@ -360,49 +427,49 @@ impl RunDir {
                 if !overwrite {
                     return Err(RunError::NotEmpty { path: root });
                 }
-                if let Some(reason) = not_a_run(&root) {
-                    return Err(RunError::NotARunDir { path: root, reason });
+                let owner = Owner::load(&root, Kind::Run)?;
+                if owner.is_none() && !root.join(RUN_MARKER).is_file() {
+                    return Err(RunError::NotARunDir {
+                        path: root,
+                        reason: format!(
+                            "it holds neither {MANIFEST_FILE} nor {RUN_MARKER}, so turnwise did \
+                             not write it and nothing in it is deleted (a run of a turnwise \
+                             from before the marker: delete it by hand)"
+                        ),
+                    });
                 }
                 let lock = lock(&root)?;
                 tracing::warn!(dir = %root.display(), "overwriting the previous run");
-                let mut kept = Vec::new();
-                for entry in fs::read_dir(&root).map_err(RunError::io("list", &root))? {
-                    let entry = entry.map_err(RunError::io("list", &root))?;
-                    let name = entry.file_name().to_string_lossy().into_owned();
-                    if name == LOCK_FILE {
-                        continue;
+                let owner = match owner {
+                    Some(owner) => {
+                        ownership::replace(&owner, RUN_ENTRIES, &[LOCK_FILE])?;
+                        owner
                     }
-                    if !is_run_entry(&name) {
-                        kept.push(name);
-                        continue;
+                    None => {
+                        Plan::with(&root, RUN_ENTRIES, &[LOCK_FILE], &legacy_run_class)?
+                            .execute(&root)?;
+                        Owner::start(&root, Kind::Run)?
                     }
-                    let path = entry.path();
-                    remove_entry(&path).map_err(RunError::io("remove", &path))?;
-                }
-                if !kept.is_empty() {
-                    kept.sort();
-                    tracing::warn!(
-                        dir = %root.display(),
-                        "kept what no run writes: {}",
-                        kept.join(", ")
-                    );
-                }
+                };
                 let run = Self {
                     root,
                     _lock: Some(std::sync::Arc::new(lock)),
+                    owner: Some(owner),
                 };
-                run.create_subdirs()?;
+                run.create_subdirs(true)?;
                 return Ok(run);
             }
         } else {
             fs::create_dir_all(&root).map_err(RunError::io("create the directory", &root))?;
         }
         let lock = lock(&root)?;
+        let owner = Owner::start(&root, Kind::Run)?;
         let run = Self {
             root,
             _lock: Some(std::sync::Arc::new(lock)),
+            owner: Some(owner),
         };
-        run.create_subdirs()?;
+        run.create_subdirs(true)?;
         Ok(run)
     }
 
@@ -453,29 +520,93 @@ impl RunDir {
             });
         }
         if !locked {
-            return Ok(Self { root, _lock: None });
+            return Ok(Self {
+                root,
+                _lock: None,
+                owner: None,
+            });
+        }
+        // Only a folder turnwise made is written into: its manifest, or (a run of an earlier
+        // turnwise) its marker, says so. Nothing is written before this check.
+        let owner = Owner::load(&root, Kind::Run)?;
+        if owner.is_none() && !root.join(RUN_MARKER).is_file() {
+            return Err(RunError::NotARunDir {
+                path: root,
+                reason: format!(
+                    "it holds neither {MANIFEST_FILE} nor {RUN_MARKER}, so it is not a run \
+                     turnwise wrote (resume writes only into a run directory `turnwise train` \
+                     created); nothing was changed"
+                ),
+            });
         }
         let lock = lock(&root)?;
         let run = Self {
             root,
             _lock: Some(std::sync::Arc::new(lock)),
+            owner,
         };
-        run.create_subdirs()?;
+        run.create_subdirs(false)?;
         Ok(run)
     }
 
-    fn create_subdirs(&self) -> RunResult<()> {
-        for dir in [self.samples_dir(), self.checkpoints_dir(), self.plots_dir()] {
-            fs::create_dir_all(&dir).map_err(RunError::io("create the directory", &dir))?;
+    /// Makes the owned folder of a run that no process is writing this process's, so that
+    /// what a reader command writes into it (`report`, `view`) is recorded in its manifest.
+    /// A run being written keeps its own record (its process holds the manifest).
+    pub fn adopt_manifest(&mut self) -> RunResult<()> {
+        if self.owner.is_none() && !self.is_locked()? {
+            self.owner = Owner::load(&self.root, Kind::Run)?;
         }
-        let marker = self.root.join(RUN_MARKER);
-        if !marker.is_file() {
-            fs::write(
-                &marker,
-                "a turnwise run directory: `turnwise train --overwrite` replaces what the run \
-                 wrote here, and nothing else\n",
-            )
-            .map_err(RunError::io("write", &marker))?;
+        Ok(())
+    }
+
+    /// The run's ownership manifest, when this process holds it.
+    pub fn owner(&self) -> Option<&Owner> {
+        self.owner.as_ref()
+    }
+
+    /// Checks that `metrics.jsonl` may be rewritten (a resume drops the lines past its
+    /// checkpoint): it is the run's own log (its beginning as the manifest recorded it; in a
+    /// run of an earlier turnwise, every line with a `step` and a `phase`). Refuses, naming it,
+    /// otherwise.
+    pub fn check_metrics_rewritable(&self) -> RunResult<()> {
+        let path = self.metrics_path();
+        if !path.exists() {
+            return Ok(());
+        }
+        match &self.owner {
+            Some(owner) => owner.check_removable(&path, true)?,
+            None => {
+                let meta = fs::symlink_metadata(&path).map_err(RunError::io("inspect", &path))?;
+                if let Class::Changed(why) = legacy_run_class(METRICS, &path, &meta) {
+                    return Err(crate::ownership::OwnershipError::InTheWay {
+                        path: self.root.clone(),
+                        action: "resume",
+                        conflicts: vec![crate::ownership::Conflict { path, why }],
+                    }
+                    .into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates the missing subfolders (recorded as the run's) and, for a new run (`marker`),
+    /// the [`RUN_MARKER`]; a resume never writes the marker.
+    fn create_subdirs(&self, marker: bool) -> RunResult<()> {
+        for dir in [self.samples_dir(), self.checkpoints_dir(), self.plots_dir()] {
+            if dir.is_dir() {
+                continue;
+            }
+            fs::create_dir_all(&dir).map_err(RunError::io("create the directory", &dir))?;
+            ownership::made_dir(&dir)?;
+        }
+        let path = self.root.join(RUN_MARKER);
+        if marker && !path.is_file() {
+            write_atomic(
+                &path,
+                b"a turnwise run directory: `turnwise train --overwrite` replaces what the run \
+                  wrote here (listed in .turnwise-manifest.json), and nothing else\n",
+            )?;
         }
         Ok(())
     }
@@ -521,6 +652,7 @@ impl RunDir {
         }
         fs::rename(&ck.path, &aside).map_err(RunError::io("move aside", &ck.path))?;
         sync_dir(&self.checkpoints_dir())?;
+        ownership::renamed(&ck.path, &aside)?;
         Ok(aside)
     }
 
@@ -662,7 +794,9 @@ impl RunDir {
                 // `step-N.jsonl`, or an evaluation's `<split>-<mode>-step-N.jsonl` (or either gzipped).
                 let name = name.find("step-").map_or(name, |i| &name[i..]);
                 if parse_jsonl_step(name).is_some_and(|s| s > step) {
+                    ownership::may_remove(&path)?;
                     fs::remove_file(&path).map_err(RunError::io("remove", &path))?;
+                    ownership::removed(&path)?;
                     removed += 1;
                 }
             }
@@ -761,6 +895,7 @@ impl RunDir {
             return Ok(None);
         };
         if self.metrics_path().exists() {
+            self.check_metrics_rewritable()?;
             self.metrics_writer()?
                 .truncate_phases_after(ck.step, phases)?;
         }
@@ -902,8 +1037,18 @@ mod tests {
         let run = RunDir::create(tmp.path().join("run"), false).unwrap();
         run.write_config("preset = \"grpo\"\n").unwrap();
         write_ckpt(&run, 1, true);
-        fs::write(run.metrics_path(), b"{}\n").unwrap();
-        fs::create_dir(run.root().join("corrupt-step-00003")).unwrap();
+        let aside = write_ckpt(&run, 3, true);
+        let aside = run
+            .set_aside(&Checkpoint {
+                step: 3,
+                path: aside,
+                complete: true,
+            })
+            .unwrap();
+        run.metrics_writer()
+            .unwrap()
+            .write(1, "train", [("r", 1.0)])
+            .unwrap();
         fs::write(run.root().join("NOTES.md"), b"mine").unwrap();
         fs::create_dir(run.root().join("analysis")).unwrap();
         fs::write(run.root().join("analysis/plot.py"), b"mine too").unwrap();
@@ -914,7 +1059,7 @@ mod tests {
         assert!(!again.config_path().exists());
         assert!(!again.metrics_path().exists());
         assert!(again.checkpoints().unwrap().is_empty());
-        assert!(!root.join("corrupt-step-00003").exists());
+        assert!(!aside.exists());
         assert_eq!(fs::read(root.join("NOTES.md")).unwrap(), b"mine");
         assert_eq!(
             fs::read(root.join("analysis/plot.py")).unwrap(),
@@ -924,7 +1069,7 @@ mod tests {
     }
 
     #[test]
-    fn overwrite_needs_the_marker_or_an_old_run() {
+    fn overwrite_needs_a_manifest_or_an_earlier_runs_marker() {
         let tmp = tempfile::tempdir().unwrap();
         // The review's project folder: a config.toml that is not a run's.
         let proj = tmp.path().join("proj");
@@ -936,13 +1081,63 @@ mod tests {
         assert!(matches!(err, RunError::NotARunDir { .. }), "{err}");
         assert!(err.to_string().contains(RUN_MARKER), "{err}");
         assert!(proj.join("thesis.tex").exists() && proj.join("config.toml").exists());
-        // A run written before the marker: config.toml with `preset`, and checkpoints/.
+        // What the rule for runs written before the marker used to replace (cli-as-a-user-3
+        // C2: a config.toml with `preset` beside another tool's checkpoints/) is refused, and
+        // nothing is written into it.
         let old = tmp.path().join("old");
-        fs::create_dir_all(old.join("checkpoints/step-00001")).unwrap();
+        fs::create_dir_all(old.join("checkpoints/global_step_100")).unwrap();
         fs::write(old.join("config.toml"), b"preset = \"grpo\"\nseed = 0\n").unwrap();
-        RunDir::create(&old, true).unwrap();
-        assert!(!old.join("config.toml").exists());
-        assert!(old.join(RUN_MARKER).is_file());
+        let err = RunDir::create(&old, true).unwrap_err();
+        assert!(matches!(err, RunError::NotARunDir { .. }), "{err}");
+        assert!(old.join("checkpoints/global_step_100").is_dir());
+        assert!(!old.join(LOCK_FILE).exists() && !old.join(MANIFEST_FILE).exists());
+        // A run of an earlier turnwise (the marker, no manifest): turnwise's exact layout is
+        // replaced, the rest kept; a foreign folder in checkpoints/ refuses the overwrite.
+        let legacy = tmp.path().join("legacy");
+        fs::create_dir_all(legacy.join("checkpoints/step-00002")).unwrap();
+        fs::write(
+            legacy.join("checkpoints/step-00002/COMPLETE"),
+            b"step = 2\n",
+        )
+        .unwrap();
+        fs::write(legacy.join(RUN_MARKER), b"x").unwrap();
+        fs::write(legacy.join("config.toml"), b"preset = \"grpo\"\n").unwrap();
+        fs::write(
+            legacy.join("metrics.jsonl"),
+            b"{\"step\":1,\"phase\":\"train\"}\n",
+        )
+        .unwrap();
+        fs::write(legacy.join("NOTES.md"), b"mine").unwrap();
+        fs::create_dir_all(legacy.join("checkpoints/global_step_100")).unwrap();
+        let err = RunDir::create(&legacy, true).unwrap_err().to_string();
+        assert!(err.contains("global_step_100"), "{err}");
+        assert!(legacy.join("checkpoints/step-00002/COMPLETE").is_file());
+        fs::remove_dir(legacy.join("checkpoints/global_step_100")).unwrap();
+        let run = RunDir::create(&legacy, true).unwrap();
+        assert!(!legacy.join("config.toml").exists() && !legacy.join("metrics.jsonl").exists());
+        assert!(run.checkpoints().unwrap().is_empty());
+        assert_eq!(fs::read(legacy.join("NOTES.md")).unwrap(), b"mine");
+        assert!(legacy.join(MANIFEST_FILE).is_file() && legacy.join(RUN_MARKER).is_file());
+    }
+
+    #[test]
+    fn resume_opens_only_a_run_turnwise_made_and_writes_no_marker() {
+        let tmp = tempfile::tempdir().unwrap();
+        let foreign = tmp.path().join("foreign");
+        fs::create_dir_all(&foreign).unwrap();
+        fs::write(foreign.join("config.toml"), b"preset = \"grpo\"\n").unwrap();
+        let err = RunDir::open_locked(&foreign).unwrap_err();
+        assert!(matches!(err, RunError::NotARunDir { .. }), "{err}");
+        let names: Vec<_> = fs::read_dir(&foreign).unwrap().collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        // An earlier turnwise's run (marker, no manifest) resumes, and gets no manifest.
+        fs::write(foreign.join(RUN_MARKER), b"x").unwrap();
+        let run = RunDir::open_locked(&foreign).unwrap();
+        assert!(run.owner().is_none() && !foreign.join(MANIFEST_FILE).exists());
+        // Its metrics are cut only when every line is a run's.
+        fs::write(run.metrics_path(), b"{\"step\":1,\"loss\":0.5}\n").unwrap();
+        let err = run.check_metrics_rewritable().unwrap_err().to_string();
+        assert!(err.contains("metrics.jsonl"), "{err}");
     }
 
     #[test]
@@ -1070,7 +1265,19 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("step-00002.jsonl.gz"), "{err}");
-        assert_eq!(run.remove_samples_after(1).unwrap(), 2);
+        // Packed by hand, the .gz files are not in the manifest: while the run holds it, they
+        // are not deleted; a folder nobody holds is cleaned by name.
+        assert!(run.remove_samples_after(1).is_err());
+        run.write_config("a = 1\n").unwrap();
+        let root = run.root().to_path_buf();
+        drop(run);
+        assert_eq!(
+            RunDir::open(&root)
+                .unwrap()
+                .remove_samples_after(1)
+                .unwrap(),
+            2
+        );
     }
 
     /// Evaluation files are named by split, mode and step, read back as written, and a resume

@@ -265,8 +265,12 @@ impl MetricsWriter {
     /// so the next line does not join it.
     pub fn open(path: impl Into<PathBuf>) -> RunResult<Self> {
         let path = path.into();
+        // Inside a folder turnwise owns, only its own log is appended to; the log is recorded
+        // as a growing file (crate::ownership).
+        crate::ownership::may_write(&path)?;
         repair_tail(&path)?;
         let file = open_append(&path)?;
+        crate::ownership::wrote_growing(&path)?;
         Ok(Self {
             path,
             file,

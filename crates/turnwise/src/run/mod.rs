@@ -46,9 +46,8 @@ pub use catalog::{
     differing_world_keys, find_runs, runs_table, world_settings, write_compare_charts,
 };
 pub(crate) use dir::read_json_lines;
-pub(crate) use dir::remove_entry;
 pub(crate) use dir::write_atomic;
-pub use dir::{COMPLETE_MARKER, Checkpoint, LOCK_FILE, RunDir};
+pub use dir::{COMPLETE_MARKER, Checkpoint, LOCK_FILE, RUN_MARKER, RunDir, legacy_run_class};
 pub use metrics::{MetricsLog, MetricsRecord, MetricsWriter, PairedGain, read_metrics};
 pub use open::{REFERENCE_DIR, pick_checkpoint};
 pub use plots::{PlotFile, PlotSpec, SeriesSpec, default_plot_specs, plot_records, write_plots};
@@ -135,6 +134,10 @@ pub enum RunError {
         /// What went wrong.
         message: String,
     },
+    /// A path turnwise did not write (or that changed since) is in the way, or the ownership
+    /// manifest cannot be read or written ([`crate::ownership`]).
+    #[error(transparent)]
+    Ownership(#[from] crate::ownership::OwnershipError),
     /// A value could not be serialized.
     #[error("cannot serialize a line for {}: {cause}", path.display())]
     Serialize {

@@ -435,9 +435,13 @@ impl TensorBoardWriter {
             .flush()
             .and_then(|_| w.file.get_ref().sync_all())
             .map_err(RunError::io("write", &tmp))?;
+        crate::ownership::may_write(&path)?;
         fs::rename(&tmp, &path).map_err(RunError::io("rename into place", &tmp))?;
+        crate::ownership::wrote_growing(&path)?;
         for p in old.into_iter().filter(|p| *p != path) {
+            crate::ownership::may_remove(&p)?;
             fs::remove_file(&p).map_err(RunError::io("remove", &p))?;
+            crate::ownership::removed(&p)?;
         }
         if !records.is_empty() {
             tracing::debug!(file = %path.display(), lines = records.len(), "TensorBoard events rewritten from the metrics");

@@ -529,6 +529,8 @@ pub fn write_view(dir: &Path, step: Option<u64>, out: Option<&Path>) -> ViewResu
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(write_err)?;
     }
+    crate::ownership::may_write(&path)
+        .map_err(|e| write_err(std::io::Error::other(e.to_string())))?;
     std::fs::write(&path, html).map_err(write_err)?;
     Ok((path, data.step))
 }

@@ -97,6 +97,10 @@ pub enum StudyError {
         /// The study's run names.
         known: String,
     },
+    /// The study folder's ownership manifest cannot be read or written, or a path turnwise
+    /// did not write is in the way ([`crate::ownership`]).
+    #[error(transparent)]
+    Ownership(#[from] crate::ownership::OwnershipError),
     /// An I/O operation failed.
     #[error("cannot {action} {}: {cause}", path.display())]
     Io {
@@ -500,11 +504,12 @@ impl Study {
             message,
         };
         let marker = out.join(STUDY_MARKER);
+        let mut empty = true;
         if out.exists() {
             if !out.is_dir() {
                 return Err(refuse("exists and is not a folder".into()));
             }
-            let empty = std::fs::read_dir(out)
+            empty = std::fs::read_dir(out)
                 .map_err(StudyError::io("list", out))?
                 .next()
                 .is_none();
@@ -516,6 +521,17 @@ impl Study {
             }
         }
         std::fs::create_dir_all(out).map_err(StudyError::io("create", out))?;
+        // What the study writes here is recorded in its manifest: started in a folder it
+        // created or found empty, kept (when there is one: studies of an earlier turnwise have
+        // none) while the files below are written.
+        let _owner = if empty {
+            Some(crate::ownership::Owner::start(
+                out,
+                crate::ownership::Kind::Study,
+            )?)
+        } else {
+            crate::ownership::Owner::load(out, crate::ownership::Kind::Study)?
+        };
         let stored = out.join(STUDY_FILE);
         if stored.is_file() {
             let theirs = StudyFile::read(&stored)?;
@@ -577,8 +593,11 @@ impl Study {
 /// processes preparing the same folder at once never see a partial file.
 fn write_new(path: &Path, bytes: &[u8]) -> Result<(), StudyError> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    crate::ownership::may_write(path)?;
     std::fs::write(&tmp, bytes).map_err(StudyError::io("write", &tmp))?;
-    std::fs::rename(&tmp, path).map_err(StudyError::io("rename into place", path))
+    std::fs::rename(&tmp, path).map_err(StudyError::io("rename into place", path))?;
+    crate::ownership::wrote(path, bytes)?;
+    Ok(())
 }
 
 /// Reads `panel.json` of the study directory `out`.

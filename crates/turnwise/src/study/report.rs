@@ -424,6 +424,8 @@ fn run_turn_health(dir: &Path, steps: u64) -> [[TurnHealth; HEALTH_TURNS]; 2] {
 /// the report's path.
 pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
     let panels = read_panels(out)?;
+    // The report's files are recorded in the study's manifest while it is written.
+    let _owner = crate::ownership::Owner::load(out, crate::ownership::Kind::Study)?;
     let arms = collect(study, out, &panels)?;
     let by_name: BTreeMap<&str, &ArmData> = arms.iter().map(|a| (a.name.as_str(), a)).collect();
     let file = &study.file;
@@ -665,8 +667,7 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
             }
             let name = format!("{ws}-{stem}.svg");
             let path = plots.join(&name);
-            std::fs::write(&path, chart.to_svg())
-                .with_context(|| format!("writing {}", path.display()))?;
+            write_owned(&path, chart.to_svg().as_bytes())?;
             let _ = writeln!(md, "![{title}, warm start {ws}](plots/{name})\n");
         }
     }
@@ -882,14 +883,22 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
     }
 
     let path = out.join("report.md");
-    std::fs::write(&path, md).with_context(|| format!("writing {}", path.display()))?;
+    write_owned(&path, md.as_bytes())?;
     let json = out.join("report.json");
-    std::fs::write(
+    write_owned(
         &json,
-        serde_json::to_string_pretty(&numbers).expect("numbers serialize") + "\n",
-    )
-    .with_context(|| format!("writing {}", json.display()))?;
+        (serde_json::to_string_pretty(&numbers).expect("numbers serialize") + "\n").as_bytes(),
+    )?;
     Ok(path)
+}
+
+/// Writes a file of the study's report, when the study's manifest (if it has one: studies of
+/// an earlier turnwise have none) says turnwise wrote what is there, and records it.
+fn write_owned(path: &Path, bytes: &[u8]) -> Result<()> {
+    crate::ownership::may_write(path)?;
+    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))?;
+    crate::ownership::wrote(path, bytes)?;
+    Ok(())
 }
 
 #[cfg(test)]
