@@ -221,9 +221,13 @@ pub enum Command {
         /// Bootstrap resamples of the intervals.
         #[arg(long, default_value_t = 1000)]
         bootstrap: usize,
-        /// Output folder (audit.md, audit.json, spearman_by_depth.svg).
+        /// Output folder (audit.md, audit.json, spearman_by_depth.svg): absent, empty, or
+        /// without any of those files (then they are added beside the folder's own files).
         #[arg(long, default_value = "credit-audit")]
         out: PathBuf,
+        /// Replace an earlier audit's files in `--out` (only what turnwise wrote there).
+        #[arg(long)]
+        overwrite: bool,
     },
     /// Write one checkpoint of a run as a clean Hugging Face folder (config.json,
     /// model.safetensors, tokenizer and generation configs; no optimizer or trainer state).
@@ -905,7 +909,17 @@ pub fn run(cli: Cli) -> Result<()> {
             seed,
             bootstrap,
             out,
+            overwrite,
         } => {
+            // Refused before the audit runs: an existing report file there, unless
+            // --overwrite and turnwise wrote it (its manifest says so).
+            let prepared = turnwise::ownership::prepare(
+                &out,
+                turnwise::ownership::Kind::Audit,
+                &turnwise::audit::report::FILES,
+                overwrite,
+                true,
+            )?;
             let split = match split.as_str() {
                 "train" => Split::Train,
                 "validation" => Split::Validation,
@@ -936,7 +950,11 @@ pub fn run(cli: Cli) -> Result<()> {
             eprintln!("auditing {what}");
             let t0 = Instant::now();
             let report = turnwise::audit::audit(&trainer, &what, &settings)?;
+            let owner = prepared.clear()?;
             turnwise::audit::report::write(&report, &out)?;
+            if let Some(owner) = &owner {
+                turnwise::ownership::note_outputs(owner, &turnwise::audit::report::FILES)?;
+            }
             eprintln!(
                 "audited {} turns of {} in {:.1} s: realised decision density {:.2}; wrote {}",
                 report.turns,

@@ -48,6 +48,8 @@ pub enum Kind {
     Export,
     /// A generated world (`data world`).
     World,
+    /// A credit audit's report (`credit-audit --out`).
+    Audit,
     /// A method comparison study (`study run`, `plan`, `run-one`, `report`): its own files;
     /// each run under it is a run directory with its own manifest.
     Study,
@@ -59,6 +61,7 @@ impl std::fmt::Display for Kind {
             Kind::Run => "run directory",
             Kind::Export => "model export",
             Kind::World => "world",
+            Kind::Audit => "credit audit",
             Kind::Study => "study",
         })
     }

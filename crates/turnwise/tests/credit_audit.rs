@@ -116,4 +116,48 @@ fn credit_audit_writes_its_tables_for_a_tiny_checkpoint() {
     }
     let svg = std::fs::read_to_string(dir.join("spearman_by_depth.svg")).unwrap();
     assert!(svg.starts_with("<svg") || svg.starts_with("<?xml"), "{svg}");
+
+    // The report's files are turnwise's own (issue 50, ownership by manifest): a second audit
+    // into the folder is refused without --overwrite and replaces them with it; a folder of the
+    // user's holding an audit.md of its own is never written into, --overwrite or not.
+    let again = common::turnwise_in(&audit, tmp.path());
+    assert!(
+        !again.status.success(),
+        "a second audit overwrote the first"
+    );
+    assert!(
+        text(&again.stderr).contains("audit.md"),
+        "{}",
+        text(&again.stderr)
+    );
+    let mut overwrite = audit.clone();
+    overwrite.push("--overwrite".into());
+    let again = common::turnwise_in(&overwrite, tmp.path());
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    let mine = tmp.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    std::fs::write(mine.join("audit.md"), "my notes").unwrap();
+    std::fs::write(mine.join("keep.txt"), "mine too").unwrap();
+    let into_mine = |extra: &[&str]| {
+        let mut a = audit.clone();
+        *a.last_mut().unwrap() = "mine".into();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        common::turnwise_in(&a, tmp.path())
+    };
+    for extra in [&[][..], &["--overwrite"][..]] {
+        let o = into_mine(extra);
+        assert!(
+            !o.status.success(),
+            "{extra:?}: wrote into the user's folder"
+        );
+        assert!(text(&o.stderr).contains("audit.md"), "{}", text(&o.stderr));
+    }
+    assert_eq!(
+        std::fs::read_to_string(mine.join("audit.md")).unwrap(),
+        "my notes"
+    );
+    assert_eq!(
+        std::fs::read_to_string(mine.join("keep.txt")).unwrap(),
+        "mine too"
+    );
 }
