@@ -105,7 +105,8 @@ fn column_err(path: &Path, column: &str, message: impl Into<String>) -> CorpusEr
 pub fn read_qa(path: &Path, split: Option<&str>) -> Result<Vec<QaExample>, CorpusError> {
     let (parts, stem) = read_parts(path, split, None)?;
     let mut out = Vec::new();
-    for part in &parts {
+    let mut rows: std::collections::HashMap<String, (usize, usize)> = Default::default();
+    for (part_no, part) in parts.iter().enumerate() {
         let schema = &part.schema;
         let mut keep = Vec::new();
         for (i, field) in schema.fields().iter().enumerate() {
@@ -148,6 +149,19 @@ pub fn read_qa(path: &Path, split: Option<&str>) -> Result<Vec<QaExample>, Corpu
                     message: with_column_type(&e, schema),
                     column: Some(e.column),
                 })?;
+                if let Some((p, r)) = rows.insert(ex.id.clone(), (part_no, row)) {
+                    let first = if p == part_no {
+                        format!("row {r}")
+                    } else {
+                        format!("row {r} of {}", parts[p].file.display())
+                    };
+                    return Err(CorpusError::Table {
+                        path: part.file.clone(),
+                        row: Some(row),
+                        column: Some("id".into()),
+                        message: super::duplicate_id(&ex.id, &first),
+                    });
+                }
                 out.push(ex);
                 row += 1;
             }
