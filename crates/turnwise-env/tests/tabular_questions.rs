@@ -352,6 +352,24 @@ fn a_byte_order_mark_at_the_start_of_a_json_lines_file_is_skipped() {
     assert!(err(&path).contains(":2: invalid JSON"), "{}", err(&path));
 }
 
+#[test]
+fn a_parquet_footer_with_a_negative_column_offset_is_an_error_not_a_panic() {
+    // Found by the qa_parquet fuzz target: the parquet crate asserts on a column chunk whose
+    // offset or size is negative (`ColumnChunkMetaData::byte_range`), which aborted the run.
+    // The input as the fuzzer wrote it (tests/fixtures/fuzz/, beside the generated fixtures).
+    let bad = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fuzz/qa_parquet-negative_offset.parquet");
+    for e in [
+        err(&bad),
+        read_corpus(&bad).expect_err("a corrupt file").to_string(),
+    ] {
+        assert!(
+            e.starts_with(&format!("{}: not a readable Parquet file", bad.display())),
+            "{e}"
+        );
+    }
+}
+
 /// The fixture files the fresh files are compared with, read as questions or as a corpus.
 const QUESTION_FILES: &[&str] = &[
     "nq_search/train.parquet",

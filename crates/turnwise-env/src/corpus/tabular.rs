@@ -454,10 +454,49 @@ fn projection(schema: &SchemaRef, columns: Option<&[&str]>) -> Option<Vec<usize>
     })
 }
 
+/// Reads a Parquet file. A corrupt footer that the `parquet` crate would panic on (a column
+/// chunk with a negative offset or size: `ColumnChunkMetaData::byte_range` asserts) is refused
+/// first, and any other panic inside the reader becomes an error naming the file, so a damaged
+/// file never aborts a run (found by the `qa_parquet` fuzz target).
 fn read_parquet(path: &Path, columns: Option<&[&str]>) -> Result<Part, CorpusError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        read_parquet_unguarded(path, columns)
+    }))
+    .unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(table_err(
+            path,
+            format!("not a readable Parquet file: the reader failed on it ({why})"),
+        ))
+    })
+}
+
+fn read_parquet_unguarded(path: &Path, columns: Option<&[&str]>) -> Result<Part, CorpusError> {
     let file = File::open(path).map_err(|e| CorpusError::io(path, e))?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(file)
         .map_err(|e| table_err(path, format!("not a readable Parquet file: {e}")))?;
+    for (r, group) in builder.metadata().row_groups().iter().enumerate() {
+        for column in group.columns() {
+            let start = column
+                .dictionary_page_offset()
+                .unwrap_or(column.data_page_offset());
+            if start < 0 || column.compressed_size() < 0 {
+                return Err(table_err(
+                    path,
+                    format!(
+                        "not a readable Parquet file: row group {r}, column {}: negative offset \
+                         {start} or size {} in the footer",
+                        column.column_path(),
+                        column.compressed_size()
+                    ),
+                ));
+            }
+        }
+    }
     let builder = match projection(builder.schema(), columns) {
         Some(idx) => {
             let mask = ProjectionMask::roots(builder.parquet_schema(), idx);
