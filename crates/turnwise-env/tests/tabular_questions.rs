@@ -370,6 +370,22 @@ fn a_parquet_footer_with_a_negative_column_offset_is_an_error_not_a_panic() {
     }
 }
 
+#[test]
+fn a_parquet_row_group_with_a_negative_row_count_is_an_error_not_an_endless_read() {
+    // Found by the qa_parquet fuzz target: a row group whose footer says -8 rows was read as
+    // an endless run of batches (24 GB before the kernel's OOM killer stopped it).
+    let bad = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fuzz/qa_parquet-negative_row_count.parquet");
+    let e = err(&bad);
+    assert!(
+        e.starts_with(&format!(
+            "{}: not a readable Parquet file: row group 0 has a negative row count (-8)",
+            bad.display()
+        )),
+        "{e}"
+    );
+}
+
 /// The fixture files the fresh files are compared with, read as questions or as a corpus.
 const QUESTION_FILES: &[&str] = &[
     "nq_search/train.parquet",

@@ -6,10 +6,55 @@
 //!
 //! The long, coverage-guided runs use the cargo-fuzz package in `fuzz/` (README: "Fuzzing").
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use turnwise_fuzz::mutate::{Rng, mutate};
+
+/// The most bytes this test process may hold at once (4 GiB): an input that makes a reader
+/// allocate without bound (the qa_parquet target once took 24 GB and was killed by the OOM
+/// killer) aborts the pass with "memory allocation of N bytes failed" instead of taking the
+/// machine's memory; the input it ran on is in `fuzz-failures/<target>-current`.
+const MEMORY_CAP: usize = 4 << 30;
+
+/// The system allocator, refusing allocations beyond [`MEMORY_CAP`] live bytes.
+struct Capped;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call forwards to `System` with the same layout; the counter only decides
+// whether to forward an allocation or report it failed (null), which GlobalAlloc allows.
+unsafe impl GlobalAlloc for Capped {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size() > MEMORY_CAP {
+            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+            return std::ptr::null_mut();
+        }
+        // SAFETY: the caller's layout, as GlobalAlloc::alloc requires.
+        let p = unsafe { System.alloc(layout) };
+        if p.is_null() {
+            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: `ptr` was allocated by `alloc` above with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Capped = Capped;
+
+fn failures() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fuzz-failures");
+    std::fs::create_dir_all(&dir).expect("a folder for failing inputs");
+    dir
+}
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -71,6 +116,8 @@ fn dictionary(target: &str) -> Vec<Vec<u8>> {
 }
 
 fn check(target: &str, run: turnwise_fuzz::Target, input: &[u8], origin: &str) {
+    // Kept until the next input: the one to replay when the process dies (out of memory).
+    let _ = std::fs::write(failures().join(format!("{target}-current")), input);
     let result = std::panic::catch_unwind(|| run(input));
     if let Err(e) = result {
         let why = e
@@ -78,9 +125,7 @@ fn check(target: &str, run: turnwise_fuzz::Target, input: &[u8], origin: &str) {
             .cloned()
             .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
             .unwrap_or_default();
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fuzz-failures");
-        std::fs::create_dir_all(&dir).expect("a folder for failing inputs");
-        let file = dir.join(format!("{target}-{:016x}", fnv(input)));
+        let file = failures().join(format!("{target}-{:016x}", fnv(input)));
         std::fs::write(&file, input).expect("write the failing input");
         panic!(
             "fuzz target {target} failed on {origin} (saved as {}; replay with `cargo fuzz run \
@@ -116,6 +161,7 @@ fn pass(target: &str) {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(1, |d| d.as_nanos() as u64)
         });
+    eprintln!("{target}: TURNWISE_FUZZ_SEED={seed}, {seconds} s");
     let dict = dictionary(target);
     let dict: Vec<&[u8]> = dict.iter().map(Vec::as_slice).collect();
     let mut rng = Rng::new(seed ^ fnv(target.as_bytes()));
