@@ -267,6 +267,125 @@ fn corpora_in_parquet() {
     assert_eq!(read_corpus(fx("corpus_title_text.parquet")).unwrap(), docs);
 }
 
+#[test]
+fn whole_float_answers_read_as_integers() {
+    // cli-as-a-user-3 m9: the Parquet float answer [2.0] became the gold "2.0", which the EM
+    // normaliser turns into "20": an answer of 2 could never match it.
+    let qa = read_qa(fx("float_answers.parquet")).unwrap();
+    assert_eq!(qa[0].golden_answers, ["2"]);
+    assert_eq!(qa[1].golden_answers, ["2.5", "1000"]);
+    // The same numbers in JSON lines read the same.
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("numbers.jsonl");
+    std::fs::write(
+        &path,
+        "{\"question\": \"two?\", \"golden_answers\": [2.0, 2, 2.5, -0.0]}\n\
+         {\"question\": \"big?\", \"answer\": 1e300}\n",
+    )
+    .unwrap();
+    let qa = read_qa(&path).unwrap();
+    assert_eq!(qa[0].golden_answers, ["2", "2", "2.5", "0"]);
+    assert_eq!(qa[1].golden_answers, ["1e+300"]);
+}
+
+#[test]
+fn duplicate_question_ids_are_refused_naming_the_file_both_rows_and_the_id() {
+    // cli-as-a-user-3 m8: a split of 4 rows all with id "same" was accepted, although evaluation
+    // files and study panels are keyed by id.
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("dup_ids.jsonl");
+    let rows: String = (0..4)
+        .map(|i| {
+            format!("{{\"id\": \"same\", \"question\": \"q{i}?\", \"golden_answers\": [\"x\"]}}\n")
+        })
+        .collect();
+    std::fs::write(&path, rows).unwrap();
+    let e = err(&path);
+    assert!(
+        e.starts_with(&format!(
+            "{}:2: duplicate id \"same\": line 1 has it too; question ids key evaluation files",
+            path.display()
+        )),
+        "{e}"
+    );
+    // A default id that repeats an explicit one is a duplicate too.
+    std::fs::write(
+        &path,
+        "{\"question\": \"a?\", \"answer\": \"x\"}\n{\"id\": \"dup_ids_0\", \"question\": \"b?\", \"answer\": \"y\"}\n",
+    )
+    .unwrap();
+    assert!(err(&path).contains(":2: duplicate id \"dup_ids_0\": line 1 has it too"));
+    // Parquet: the file, the row and the first row.
+    let bad = fx("bad/dup_ids.parquet");
+    let e = err(&bad);
+    assert!(
+        e.starts_with(&format!(
+            "{}: row 2, column id: duplicate id \"a\": row 0 has it too",
+            bad.display()
+        )),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_byte_order_mark_at_the_start_of_a_json_lines_file_is_skipped() {
+    // cli-as-a-user-3 m7: a UTF-8 BOM (Windows tools, Excel) gave "invalid JSON: expected value
+    // at line 1 column 1".
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("bom.jsonl");
+    std::fs::write(
+        &path,
+        "\u{feff}{\"question\": \"who?\", \"golden_answers\": [\"Ada\"]}\r\n",
+    )
+    .unwrap();
+    let qa = read_qa(&path).unwrap();
+    assert_eq!(summary(&qa), [("bom_0", "who?", vec!["Ada"])]);
+    let corpus = tmp.path().join("corpus.jsonl");
+    std::fs::write(&corpus, "\u{feff}{\"id\": 1, \"contents\": \"T\\ntext\"}\n").unwrap();
+    assert_eq!(read_corpus(&corpus).unwrap()[0].id, "1");
+    // Only at the start: a BOM inside the file is still malformed JSON, named by its line.
+    std::fs::write(
+        &path,
+        "{\"question\": \"a?\", \"answer\": \"x\"}\n\u{feff}{\"question\": \"b?\", \"answer\": \"y\"}\n",
+    )
+    .unwrap();
+    assert!(err(&path).contains(":2: invalid JSON"), "{}", err(&path));
+}
+
+#[test]
+fn a_parquet_footer_with_a_negative_column_offset_is_an_error_not_a_panic() {
+    // Found by the qa_parquet fuzz target: the parquet crate asserts on a column chunk whose
+    // offset or size is negative (`ColumnChunkMetaData::byte_range`), which aborted the run.
+    // The input as the fuzzer wrote it (tests/fixtures/fuzz/, beside the generated fixtures).
+    let bad = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fuzz/qa_parquet-negative_offset.parquet");
+    for e in [
+        err(&bad),
+        read_corpus(&bad).expect_err("a corrupt file").to_string(),
+    ] {
+        assert!(
+            e.starts_with(&format!("{}: not a readable Parquet file", bad.display())),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn a_parquet_row_group_with_a_negative_row_count_is_an_error_not_an_endless_read() {
+    // Found by the qa_parquet fuzz target: a row group whose footer says -8 rows was read as
+    // an endless run of batches (24 GB before the kernel's OOM killer stopped it).
+    let bad = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fuzz/qa_parquet-negative_row_count.parquet");
+    let e = err(&bad);
+    assert!(
+        e.starts_with(&format!(
+            "{}: not a readable Parquet file: row group 0 has a negative row count (-8)",
+            bad.display()
+        )),
+        "{e}"
+    );
+}
+
 /// The fixture files the fresh files are compared with, read as questions or as a corpus.
 const QUESTION_FILES: &[&str] = &[
     "nq_search/train.parquet",
@@ -279,12 +398,14 @@ const QUESTION_FILES: &[&str] = &[
     "hf_dataset_dict/train",
     "hf_dataset_dict/test",
     "bad/no_rows.parquet",
+    "float_answers.parquet",
 ];
 const BAD_FILES: &[&str] = &[
     "bad/no_answers.parquet",
     "bad/question_int.parquet",
     "bad/null_answers.parquet",
     "bad/ground_truth_bool.parquet",
+    "bad/dup_ids.parquet",
 ];
 const CORPUS_FILES: &[&str] = &["corpus.parquet", "corpus_title_text.parquet"];
 

@@ -244,8 +244,15 @@ pub enum Command {
         #[arg(long)]
         overwrite: bool,
     },
-    /// List the presets and what each reproduces.
-    Presets,
+    /// List the presets: one line each (name, method, what it does); `--verbose` or a NAME
+    /// prints the full descriptions and the papers.
+    Presets {
+        /// Only this preset, with its full description and papers.
+        name: Option<String>,
+        /// The full description and the papers of every preset.
+        #[arg(long, short)]
+        verbose: bool,
+    },
     /// Print the resolved configuration of a preset, a config file and overrides, as a run
     /// would store it in config.toml, without running anything (a dry run: every check a run
     /// makes on its config is made).
@@ -670,6 +677,9 @@ pub fn run(cli: Cli) -> Result<()> {
         } => {
             let cfg =
                 TrainConfig::resolve(Some(turnwise::config::presets::QUICKSTART), None, &sets)?;
+            for warning in cfg.schedule_warnings() {
+                tracing::warn!("{warning}");
+            }
             let summary = turnwise::pipeline::run(cfg, &RunOptions { dir: out, quiet }, overwrite)?;
             print_summary(&summary, quiet);
             Ok(())
@@ -981,18 +991,47 @@ pub fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Command::Presets => {
-            for (name, _) in turnwise::config::presets::PRESETS {
+        Command::Presets { name, verbose } => {
+            use turnwise::config::presets::{
+                PRESETS, QUICKSTART, QUICKSTART_DESCRIPTION, QUICKSTART_SUMMARY, SUMMARIES,
+            };
+            let paragraph = |name: &str| -> Result<()> {
                 let cfg = TrainConfig::resolve(Some(name), None, &[])?;
-                println!("{name:<10} {}", cfg.description);
+                let description = if name == QUICKSTART {
+                    QUICKSTART_DESCRIPTION.to_string()
+                } else {
+                    cfg.description.clone()
+                };
+                println!("{name:<12} {description}");
                 for paper in &cfg.papers {
-                    println!("{:<10}   paper: {paper}", "");
+                    println!("{:<12}   paper: {paper}", "");
                 }
+                Ok(())
+            };
+            if let Some(name) = name {
+                return paragraph(&name);
+            }
+            if verbose {
+                for (name, _) in PRESETS {
+                    paragraph(name)?;
+                }
+                return paragraph(QUICKSTART);
+            }
+            let rows: Vec<(&str, &str, &str)> = SUMMARIES
+                .iter()
+                .copied()
+                .chain([(QUICKSTART, QUICKSTART_SUMMARY.0, QUICKSTART_SUMMARY.1)])
+                .collect();
+            let width = rows.iter().map(|r| r.1.chars().count()).max().unwrap_or(0);
+            println!(
+                "{:<12} {:<width$}  what it does",
+                "preset", "method (paper)"
+            );
+            for (name, method, what) in rows {
+                println!("{name:<12} {method:<width$}  {what}");
             }
             println!(
-                "{:<10} {}",
-                turnwise::config::presets::QUICKSTART,
-                turnwise::config::presets::QUICKSTART_DESCRIPTION
+                "\n`turnwise presets NAME` (or --verbose) prints the full description and papers"
             );
             Ok(())
         }
@@ -1325,7 +1364,11 @@ fn resolve_train_config(
     if preset.is_none() && config.is_none() {
         bail!("give --preset NAME or --config FILE (see `turnwise presets`)");
     }
-    Ok(TrainConfig::resolve(preset, config, sets)?)
+    let cfg = TrainConfig::resolve(preset, config, sets)?;
+    for warning in cfg.schedule_warnings() {
+        tracing::warn!("{warning}");
+    }
+    Ok(cfg)
 }
 
 fn print_summary(s: &turnwise::pipeline::RunSummary, quiet: bool) {

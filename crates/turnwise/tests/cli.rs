@@ -504,3 +504,149 @@ fn index_refuses_an_empty_corpus_and_warns_of_repeated_ids() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn a_warm_up_longer_than_its_phase_is_named_not_silent() {
+    // cli-as-a-user-3 m2: `sft.warmup_steps = 50` with `sft.steps = 30` was accepted without a
+    // word, and the warm start never reached its peak learning rate.
+    let tmp = tempfile::tempdir().unwrap();
+    let out = turnwise(
+        &[
+            "config",
+            "--preset",
+            "grpo",
+            "--set",
+            "sft.warmup_steps=50",
+            "--set",
+            "sft.steps=30",
+            "--set",
+            "optim.warmup_steps=5",
+            "--set",
+            "run.steps=4",
+        ],
+        tmp.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(
+            "sft.warmup_steps = 50 exceeds sft.steps = 30: the learning rate never reaches \
+             sft.lr = 0.002 (the last step runs at 1.200e-3, 60 % of it); set sft.warmup_steps \
+             to at most 30"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("optim.warmup_steps = 5 exceeds run.steps = 4"),
+        "{err}"
+    );
+    // A warm-up within its phase says nothing.
+    let out = turnwise(
+        &[
+            "config",
+            "--preset",
+            "grpo",
+            "--set",
+            "sft.steps=30",
+            "--set",
+            "sft.warmup_steps=30",
+        ],
+        tmp.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stderr).contains("warmup_steps"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn the_cuda_error_points_to_the_section_that_exists() {
+    // cli-as-a-user-3 m10: the error (and docs/config.md) sent users to README, "Building with
+    // CUDA", a section that is in docs/scaling.md.
+    if turnwise_model::device::cuda_compiled() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = turnwise(
+        &[
+            "config",
+            "--preset",
+            "grpo",
+            "--set",
+            "model.device=\"cuda\"",
+        ],
+        tmp.path(),
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("docs/scaling.md, \"Building with CUDA\""),
+        "{err}"
+    );
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let scaling = std::fs::read_to_string(root.join("docs/scaling.md")).unwrap();
+    assert!(scaling.lines().any(|l| l == "## Building with CUDA"));
+    let config = std::fs::read_to_string(root.join("docs/config.md")).unwrap();
+    assert!(!config.contains("README, \"Building with CUDA\""));
+    assert!(config.contains("docs/scaling.md, \"Building with CUDA\""));
+}
+
+#[test]
+fn presets_lists_one_line_each_and_the_paragraphs_on_request() {
+    // cli-as-a-user-3 m11: `turnwise presets` printed about 40 lines of paragraphs; a new user
+    // wants README's one-line table, with the paragraphs under --verbose.
+    let tmp = tempfile::tempdir().unwrap();
+    let out = turnwise(&["presets"], tmp.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listing = text(&out.stdout);
+    let names: Vec<&str> = turnwise::config::presets::PRESETS
+        .iter()
+        .map(|(n, _)| *n)
+        .chain(["quickstart"])
+        .collect();
+    // A header, one line per preset, a blank line and a hint.
+    assert_eq!(listing.lines().count(), names.len() + 3, "{listing}");
+    assert!(!listing.contains("paper:"), "{listing}");
+    for name in &names {
+        assert_eq!(
+            listing
+                .lines()
+                .filter(|l| l.split_whitespace().next() == Some(name))
+                .count(),
+            1,
+            "{name}: {listing}"
+        );
+    }
+    // The lines are README's table of presets.
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
+            .unwrap();
+    for (name, method, what) in turnwise::config::presets::SUMMARIES {
+        assert!(
+            readme.contains(&format!("| `{name}` | {method} | {what} |")),
+            "README's table of presets lacks the row of {name} ({method} | {what})"
+        );
+        let line = listing
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap();
+        assert!(line.contains(method) && line.ends_with(what), "{line}");
+    }
+    assert_eq!(turnwise::config::presets::SUMMARIES.len(), names.len() - 1);
+    // --verbose: the paragraphs and papers of every preset; NAME: one preset's.
+    let out = turnwise(&["presets", "--verbose"], tmp.path());
+    let verbose = text(&out.stdout);
+    assert!(out.status.success());
+    assert!(verbose.contains("paper: DeepSeekMath"), "{verbose}");
+    assert!(verbose.lines().count() > listing.lines().count());
+    let out = turnwise(&["presets", "grpo"], tmp.path());
+    let one = text(&out.stdout);
+    assert!(out.status.success());
+    assert!(one.starts_with("grpo         GRPO (DeepSeekMath"), "{one}");
+    assert!(!one.contains("dr-grpo"), "{one}");
+    let out = turnwise(&["presets", "nope"], tmp.path());
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("grpo"), "{}", text(&out.stderr));
+}

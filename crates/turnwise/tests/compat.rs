@@ -123,10 +123,11 @@ fn json_lines(path: &Path) -> Vec<Value> {
         .collect()
 }
 
-/// `v` without its wall-clock keys (`time`, `timing_s/*`), which differ run to run.
+/// `v` without its wall-clock keys (`time`, `timing_s/*`, `perf/throughput`), which differ run
+/// to run.
 fn without_clock(mut v: Value) -> Value {
     if let Some(o) = v.as_object_mut() {
-        o.retain(|k, _| k != "time" && !k.starts_with("timing_s/"));
+        o.retain(|k, _| k != "time" && !k.starts_with("timing_s/") && k != "perf/throughput");
     }
     v
 }
@@ -407,6 +408,34 @@ fn resume_continues_it_to_the_logged_step_3() {
         &after[..before.len()],
         &before,
     );
+    // The train line carries verl's names (cli-as-a-user-3 m14): prompt lengths, the longest
+    // and shortest response and the share at the budget, the rewards as the estimator gets
+    // them, the throughput and the actor's update time.
+    let train = after[before.len()..]
+        .iter()
+        .find(|l| l["phase"] == "train")
+        .expect("the resumed train line");
+    let f = |k: &str| {
+        train[k]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{k} missing from {train}"))
+    };
+    for key in [
+        "prompt_length",
+        "response_length",
+        "critic/rewards",
+        "critic/score",
+    ] {
+        assert!(
+            f(&format!("{key}/min")) <= f(&format!("{key}/mean"))
+                && f(&format!("{key}/mean")) <= f(&format!("{key}/max")),
+            "{key}: {train}"
+        );
+    }
+    assert!(f("prompt_length/min") > 0.0);
+    assert!((0.0..=1.0).contains(&f("response_length/clip_ratio")));
+    assert!(f("perf/throughput") > 0.0);
+    assert!(f("timing_s/update_actor") <= f("timing_s/update"));
     let resumed: Vec<Value> = after[before.len()..]
         .iter()
         .cloned()

@@ -25,7 +25,7 @@
 //!    [`t2po::v_strict`] / [`t2po::relaxed_action`] / [`t2po::project_search_action`] (§2.6).
 //!
 //! Everything here is a linear scan over the text (see [`scan`]); no function panics or
-//! backtracks on arbitrary input, which the property tests and the `parse_any` fuzz target check.
+//! backtracks on arbitrary input, which the property tests and the `tags` fuzz target (crates/turnwise-fuzz) check.
 
 pub mod boxed;
 pub mod mt_ppo;

@@ -229,13 +229,17 @@ pub struct QaExample {
 /// - the question is `question`, else `extra_info.question`, else the last user message of
 ///   `prompt` (the text after its final `Question:` when there is one, as in Search-R1's
 ///   instruction template);
-/// - the answers are `golden_answers` (or `answers`, `answer`): a list of strings or one string,
-///   else `reward_model.ground_truth`: Search-R1's `{"target": [...]}`, a list or a string;
+/// - the answers are `golden_answers` (or `answers`, `answer`): a list of strings or one string
+///   (numbers are read as text, a whole number as an integer even when stored as a float:
+///   `2.0` → `"2"`), else `reward_model.ground_truth`: Search-R1's `{"target": [...]}`, a list or a string;
 /// - the id is `id`, else `{extra_info.split}_{extra_info.index}` (or `{file stem}_{index}`),
 ///   else `{file stem}_{n}` for the n-th question;
 /// - every field other than `id`, `question` and the answer field goes to
 ///   [`QaExample::metadata`] (a `metadata` object is taken as is), among them `prompt` (the
 ///   `data` prompt template's messages) and `data_source`.
+///
+/// Ids must be unique within the file (or folder): a repeated id is refused, naming both lines
+/// (rows).
 ///
 /// A `DatasetDict` folder must have a single split here; [`read_qa_split`] picks one by name.
 pub fn read_qa(path: impl AsRef<Path>) -> Result<Vec<QaExample>, CorpusError> {
@@ -268,6 +272,7 @@ pub fn read_qa_from(
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "qa".to_string());
     let mut out = Vec::new();
+    let mut lines = std::collections::HashMap::new();
     for_each_json_line(reader, name, |line_no, text| {
         let err = |message: String| CorpusError::Parse {
             path: name.to_path_buf(),
@@ -281,10 +286,22 @@ pub fn read_qa_from(
         };
         let ex = qa_from_fields(obj, &stem, out.len())
             .map_err(|e| err(format!("\"{}\": {}", e.column, e.message)))?;
+        if let Some(first) = lines.insert(ex.id.clone(), line_no) {
+            return Err(err(duplicate_id(&ex.id, &format!("line {first}"))));
+        }
         out.push(ex);
         Ok(())
     })?;
     Ok(out)
+}
+
+/// The message for a question whose id `id` an earlier line or row (`first`) already has.
+pub(crate) fn duplicate_id(id: &str, first: &str) -> String {
+    format!(
+        "duplicate id {id:?}: {first} has it too; question ids key evaluation files and study \
+         panels, so each question of a split needs its own (remove the repeated row or give it \
+         another id)"
+    )
 }
 
 /// What is wrong with one line or row of a QA file: the field (`a.b` for field `b` of object
@@ -370,16 +387,29 @@ fn question_from_prompt(prompt: &serde_json::Value) -> Result<String, RowError> 
     Ok(q.to_string())
 }
 
-/// Answers from a value: a string, or a list of strings or numbers.
+/// A numeric gold answer as text: a whole number is written as an integer even when it is
+/// stored as a float (`2.0` → `"2"`, as a Parquet `double` column holds GSM8K-style answers),
+/// since the EM normaliser would turn `"2.0"` into `"20"`; other numbers as JSON writes them
+/// (`2.5`).
+fn number_answer(n: &serde_json::Number) -> String {
+    match n.as_f64() {
+        Some(x) if n.is_f64() && x.fract() == 0.0 && x.abs() < 9.007_199_254_740_992e15 => {
+            format!("{}", x as i64)
+        }
+        _ => n.to_string(),
+    }
+}
+
+/// Answers from a value: a string, or a list of strings or numbers ([`number_answer`]).
 fn answers_of(value: serde_json::Value, column: &str) -> Result<Vec<String>, RowError> {
     let answers = match value {
         serde_json::Value::String(s) => vec![s],
-        serde_json::Value::Number(n) => vec![n.to_string()],
+        serde_json::Value::Number(n) => vec![number_answer(&n)],
         serde_json::Value::Array(items) => items
             .into_iter()
             .map(|v| match v {
                 serde_json::Value::String(s) => Ok(s),
-                serde_json::Value::Number(n) => Ok(n.to_string()),
+                serde_json::Value::Number(n) => Ok(number_answer(&n)),
                 other => Err(type_err(
                     column,
                     format!("items must be strings, found {other}"),
@@ -562,7 +592,8 @@ pub fn write_qa<'a>(
 pub const MAX_JSON_LINE_BYTES: usize = 64 << 20;
 
 /// Calls `f(line_number, line)` for each non-blank line; I/O errors, lines longer than
-/// [`MAX_JSON_LINE_BYTES`] and lines that are not UTF-8 name the file and line.
+/// [`MAX_JSON_LINE_BYTES`] and lines that are not UTF-8 name the file and line. A UTF-8 byte
+/// order mark at the start of the file is skipped.
 pub fn for_each_json_line(
     mut reader: impl BufRead,
     name: &Path,
@@ -591,6 +622,12 @@ pub fn for_each_json_line(
             )));
         }
         let text = std::str::from_utf8(&buf).map_err(|e| err(format!("not UTF-8: {e}")))?;
+        // A UTF-8 byte order mark (Windows tools and Excel write one) is not part of the data.
+        let text = if line_no == 1 {
+            text.strip_prefix('\u{feff}').unwrap_or(text)
+        } else {
+            text
+        };
         let trimmed = text.trim();
         if trimmed.is_empty() {
             continue;

@@ -105,7 +105,8 @@ fn column_err(path: &Path, column: &str, message: impl Into<String>) -> CorpusEr
 pub fn read_qa(path: &Path, split: Option<&str>) -> Result<Vec<QaExample>, CorpusError> {
     let (parts, stem) = read_parts(path, split, None)?;
     let mut out = Vec::new();
-    for part in &parts {
+    let mut rows: std::collections::HashMap<String, (usize, usize)> = Default::default();
+    for (part_no, part) in parts.iter().enumerate() {
         let schema = &part.schema;
         let mut keep = Vec::new();
         for (i, field) in schema.fields().iter().enumerate() {
@@ -148,6 +149,19 @@ pub fn read_qa(path: &Path, split: Option<&str>) -> Result<Vec<QaExample>, Corpu
                     message: with_column_type(&e, schema),
                     column: Some(e.column),
                 })?;
+                if let Some((p, r)) = rows.insert(ex.id.clone(), (part_no, row)) {
+                    let first = if p == part_no {
+                        format!("row {r}")
+                    } else {
+                        format!("row {r} of {}", parts[p].file.display())
+                    };
+                    return Err(CorpusError::Table {
+                        path: part.file.clone(),
+                        row: Some(row),
+                        column: Some("id".into()),
+                        message: super::duplicate_id(&ex.id, &first),
+                    });
+                }
                 out.push(ex);
                 row += 1;
             }
@@ -440,10 +454,61 @@ fn projection(schema: &SchemaRef, columns: Option<&[&str]>) -> Option<Vec<usize>
     })
 }
 
+/// Reads a Parquet file. A corrupt footer that the `parquet` crate would panic on (a column
+/// chunk with a negative offset or size: `ColumnChunkMetaData::byte_range` asserts) or read
+/// without end (a row group with a negative row count) is refused first, and any other panic inside the reader becomes an error naming the file, so a damaged
+/// file never aborts a run (found by the `qa_parquet` fuzz target).
 fn read_parquet(path: &Path, columns: Option<&[&str]>) -> Result<Part, CorpusError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        read_parquet_unguarded(path, columns)
+    }))
+    .unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(table_err(
+            path,
+            format!("not a readable Parquet file: the reader failed on it ({why})"),
+        ))
+    })
+}
+
+fn read_parquet_unguarded(path: &Path, columns: Option<&[&str]>) -> Result<Part, CorpusError> {
     let file = File::open(path).map_err(|e| CorpusError::io(path, e))?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(file)
         .map_err(|e| table_err(path, format!("not a readable Parquet file: {e}")))?;
+    for (r, group) in builder.metadata().row_groups().iter().enumerate() {
+        // A negative row count reads as an endless run of batches (24 GB before the OOM
+        // killer, in the fuzzer), not as an error.
+        if group.num_rows() < 0 {
+            return Err(table_err(
+                path,
+                format!(
+                    "not a readable Parquet file: row group {r} has a negative row count ({}) in \
+                     the footer",
+                    group.num_rows()
+                ),
+            ));
+        }
+        for column in group.columns() {
+            let start = column
+                .dictionary_page_offset()
+                .unwrap_or(column.data_page_offset());
+            if start < 0 || column.compressed_size() < 0 {
+                return Err(table_err(
+                    path,
+                    format!(
+                        "not a readable Parquet file: row group {r}, column {}: negative offset \
+                         {start} or size {} in the footer",
+                        column.column_path(),
+                        column.compressed_size()
+                    ),
+                ));
+            }
+        }
+    }
     let builder = match projection(builder.schema(), columns) {
         Some(idx) => {
             let mask = ProjectionMask::roots(builder.parquet_schema(), idx);

@@ -241,6 +241,44 @@ impl TrainConfig {
         Ok(cfg)
     }
 
+    /// Settings that are valid but almost surely not meant, one sentence each: a warm-up longer
+    /// than its phase (`sft.warmup_steps` > `sft.steps`, `optim.warmup_steps` > `run.steps`), so
+    /// that the learning rate never reaches its peak. `train`, `quickstart` and `config` log them
+    /// as warnings. They are not errors: the default `sft.warmup_steps` (50) exceeds the short
+    /// warm starts of many configs and tests, and runs made before must still resume.
+    pub fn schedule_warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut check =
+            |warmup_key: &str, warmup: u64, steps_key: &str, steps: u64, lr_key: &str, lr: f64| {
+                if steps > 0 && warmup > steps {
+                    let last = lr * steps as f64 / warmup as f64;
+                    out.push(format!(
+                        "{warmup_key} = {warmup} exceeds {steps_key} = {steps}: the learning rate \
+                     never reaches {lr_key} = {lr} (the last step runs at {last:.3e}, {:.0} % of \
+                     it); set {warmup_key} to at most {steps}",
+                        100.0 * steps as f64 / warmup as f64
+                    ));
+                }
+            };
+        check(
+            "sft.warmup_steps",
+            self.sft.warmup_steps,
+            "sft.steps",
+            self.sft.steps,
+            "sft.lr",
+            self.sft.lr,
+        );
+        check(
+            "optim.warmup_steps",
+            self.optim.warmup_steps,
+            "run.steps",
+            self.run.steps,
+            "optim.lr",
+            self.optim.lr,
+        );
+        out
+    }
+
     /// Checks made when a config is resolved for a new run (not when a run's own config.toml is
     /// read back): `model.init_from` is not empty. Whether it exists is checked before a run
     /// touches its directory and by `turnwise config` ([`crate::pipeline::preflight`]).

@@ -71,7 +71,7 @@ pub struct ModelSpec {
     pub lora: LoraSpec,
     /// Where the policy (and the reference policy and critic) live and run: `cpu` (the
     /// default), `cuda`, `cuda:N` (also `gpu`, `gpu:N`). A CUDA device needs a binary built
-    /// with the `cuda` feature (README, "Building with CUDA"). Training, the warm start,
+    /// with the `cuda` feature (docs/scaling.md, "Building with CUDA"). Training, the warm start,
     /// evaluation and local rollouts all run there; checkpoints and exports are written the
     /// same way on every device and load on any.
     pub device: String,
@@ -164,7 +164,7 @@ impl ModelSpec {
                 field: "model.device",
                 message: format!(
                     "`{}` needs a CUDA device, but this turnwise was built without the `cuda` \
-                     feature (cargo build --release -p turnwise --features cuda; README, \
+                     feature (cargo build --release -p turnwise --features cuda; docs/scaling.md, \
                      \"Building with CUDA\")",
                     self.device
                 ),

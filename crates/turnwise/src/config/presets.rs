@@ -113,6 +113,109 @@ pub const QUICKSTART: &str = "quickstart";
 /// The method preset the quickstart builds on.
 pub const QUICKSTART_BASE: &str = "a2tgpo";
 
+/// One line per preset for `turnwise presets`: its name, its method (paper) and what it does,
+/// as README's table of presets has them (`tests/cli.rs` keeps the two equal).
+pub const SUMMARIES: &[(&str, &str, &str)] = &[
+    (
+        "grpo",
+        "GRPO (Search-R1's baseline)",
+        "group-normalised outcome reward, token clip 0.2 with dual clip 3, KL in the loss",
+    ),
+    (
+        "dr-grpo",
+        "Dr.GRPO",
+        "GRPO without the std normalisation, summed over tokens with one constant length",
+    ),
+    ("rloo", "RLOO", "leave-one-out baseline over the group"),
+    (
+        "dapo",
+        "DAPO",
+        "clip-higher 0.2/0.28, dynamic sampling of informative groups, overlong reward shaping",
+    ),
+    (
+        "gspo",
+        "GSPO",
+        "one sequence-level ratio per rollout, clip 3e-4/4e-4",
+    ),
+    (
+        "ppo",
+        "PPO (Search-R1's)",
+        "a critic with GAE γ = λ = 1, KL in the reward",
+    ),
+    (
+        "mt-ppo",
+        "MT-PPO (turn-level-rewards.md)",
+        "verifiable turn rewards at turn ends, GAE over a critic",
+    ),
+    (
+        "mt-ppo-judge",
+        "MT-PPO with an LLM judge (turn-level-rewards.md)",
+        "a judge's rubric scores replace the rules' intermediate turn rewards (the outcome stays verifiable); calibrated against the rules before RL; ships no judge: needs `judge.base_url`",
+    ),
+    (
+        "mt-grpo",
+        "MT-GRPO (turn-level-rewards.md)",
+        "outcome and turn rewards normalised in separate groups; with `task.env = \"two_turn\"`, the paper's own two-turn experiment",
+    ),
+    (
+        "igpo",
+        "IGPO",
+        "information gain of the gold answer after each turn as turn rewards",
+    ),
+    (
+        "a2tgpo",
+        "A2TGPO (a2tgpo.md)",
+        "information gain, turn-group normalisation, √n rescaling, an adaptive turn-level clip",
+    ),
+    (
+        "at2po",
+        "AT2PO (at2po.md)",
+        "entropy-guided tree rollouts, tree node values as turn credit, a turn-level loss",
+    ),
+    (
+        "tree-grpo",
+        "Tree-GRPO",
+        "random tree rollouts, advantages within and across trees",
+    ),
+    (
+        "turn-ppo",
+        "Turn-PPO (st-ppo.md)",
+        "PPO with a turn-level ratio",
+    ),
+    (
+        "s-ppo",
+        "S-PPO (st-ppo.md)",
+        "token-ratio PPO, clipped samples down-weighted by their clipping error",
+    ),
+    (
+        "st-ppo",
+        "ST-PPO (st-ppo.md)",
+        "turn-ratio PPO with the same clipping-bias correction",
+    ),
+    (
+        "s-grpo",
+        "S-GRPO (st-ppo.md)",
+        "GRPO advantages with the clipping-bias correction",
+    ),
+    (
+        "gigpo",
+        "GiGPO",
+        "episode groups plus step groups of identical states; every environment step its own training row",
+    ),
+    (
+        "t2po",
+        "T2PO (t2po.md)",
+        "thinking intervention, turn-level resampling, a memory window, a rejection-sampling warm start",
+    ),
+];
+
+/// The quickstart's line in `turnwise presets` (method, what it does).
+pub const QUICKSTART_SUMMARY: (&str, &str) = (
+    "A2TGPO (a2tgpo.md)",
+    "the a2tgpo preset in Search-R1's agent format with plain EM: 1,100 warm-start steps, 70 RL \
+     steps, 800 test questions (`turnwise quickstart`)",
+);
+
 /// What `turnwise presets` says of the quickstart.
 pub const QUICKSTART_DESCRIPTION: &str = "The quickstart (`turnwise quickstart`): the a2tgpo preset \
      with its update structure, on the generated world with Search-R1's agent format and plain \

@@ -266,6 +266,25 @@ fn pct_interval(i: Option<Interval>, signed: bool) -> String {
     }
 }
 
+/// An arm's cell: the mean over seeds with its Student-t interval clipped to the metric's range
+/// [0, 100] % and marked `*` when clipped (two or three seeds give wide intervals that reach
+/// past it); `(n seeds, all equal)` when the seeds agree, since a zero spread is not a
+/// certainty; the mean alone with one seed.
+fn arm_cell(i: Option<Interval>) -> String {
+    let Some(i) = i else {
+        return "–".into();
+    };
+    if i.n >= 2 && (i.hi - i.lo).abs() < 1e-12 {
+        return format!("{} ({} seeds, all equal)", pct(i.mean), i.n);
+    }
+    if !(i.lo.is_finite() && i.hi.is_finite()) {
+        return pct_interval(Some(i), false);
+    }
+    let (lo, hi) = (i.lo.clamp(0.0, 1.0), i.hi.clamp(0.0, 1.0));
+    let clipped = if lo != i.lo || hi != i.hi { "*" } else { "" };
+    format!("{} [{}, {}]{clipped}", pct(i.mean), pct(lo), pct(hi))
+}
+
 fn signed_pct(v: f64, signed: bool) -> String {
     if signed {
         format!("{:+.1}", v * 100.0)
@@ -487,7 +506,11 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
     let _ = writeln!(
         md,
         "Figures are percentages on the panel after RL. Per arm: the mean over its finished \
-         seeds with a 95 % Student-t interval (`[lo, hi]`, none with one seed). Differences \
+         seeds with a 95 % Student-t interval (`[lo, hi]`, none with one seed), clipped to \
+         [0, 100] and marked `*` where clipped (two or three seeds give intervals that reach \
+         past the range); an arm whose seeds all scored the same shows `(n seeds, all equal)`: \
+         its spread is 0, which is not a certainty. The seeds of an arm share one warm start, so \
+         the spread over seeds leaves out the warm start's own variance. Differences \
          between arms are paired: the same seeds and the same questions; their 95 % interval is \
          a percentile bootstrap over seeds × questions ({BOOTSTRAP_RESAMPLES} resamples drawing \
          seeds and questions with replacement, SplitMix64 generator seed {BOOTSTRAP_SEED}). A \
@@ -554,7 +577,7 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
         let mut per = BTreeMap::new();
         for &m in &metrics {
             let i = arm_interval(a, m);
-            let _ = write!(row, " {} |", pct_interval(i, false));
+            let _ = write!(row, " {} |", arm_cell(i));
             if let Some(i) = i {
                 per.insert(m.name().to_string(), JsonInterval::from(i));
             }
@@ -974,5 +997,47 @@ mod tests {
         };
         assert_eq!(pct_interval(Some(one), false), "50.0");
         assert_eq!(pct_interval(None, false), "–");
+    }
+
+    #[test]
+    fn arm_cells_are_clipped_to_the_range_and_name_equal_seeds() {
+        // cli-as-a-user-3 m13: `8.3 [-55.2, 71.9]` with two seeds, `0.0 [0.0, 0.0]` when both
+        // seeds scored 0.
+        let wide = Interval {
+            mean: 0.083,
+            lo: -0.552,
+            hi: 0.719,
+            n: 2,
+        };
+        assert_eq!(arm_cell(Some(wide)), "8.3 [0.0, 71.9]*");
+        let high = Interval {
+            mean: 0.95,
+            lo: 0.8,
+            hi: 1.1,
+            n: 2,
+        };
+        assert_eq!(arm_cell(Some(high)), "95.0 [80.0, 100.0]*");
+        let inside = Interval {
+            mean: 0.54,
+            lo: 0.441,
+            hi: 0.639,
+            n: 3,
+        };
+        assert_eq!(arm_cell(Some(inside)), "54.0 [44.1, 63.9]");
+        let zero = Interval {
+            mean: 0.0,
+            lo: 0.0,
+            hi: 0.0,
+            n: 2,
+        };
+        assert_eq!(arm_cell(Some(zero)), "0.0 (2 seeds, all equal)");
+        let one = Interval {
+            mean: 0.5,
+            lo: f64::NAN,
+            hi: f64::NAN,
+            n: 1,
+        };
+        assert_eq!(arm_cell(Some(one)), "50.0");
+        assert_eq!(arm_cell(None), "–");
     }
 }

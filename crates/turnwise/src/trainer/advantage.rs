@@ -442,6 +442,29 @@ pub fn compute(
         Some(k) => Some(subtract_reward_kl(cfg, episodes, &mut rollouts, k)?),
         None => None,
     };
+    // verl's `critic/rewards/*`: each rollout's reward as the estimator receives it (the sum of
+    // its token rewards, KL in the reward included; else its outcome plus its turn rewards).
+    let rewards: Vec<f64> = rollouts
+        .iter()
+        .map(|r| match &r.token_rewards {
+            Some(t) => t.iter().sum(),
+            None => r.outcome + r.turn_rewards.iter().sum::<f64>(),
+        })
+        .collect();
+    if !rewards.is_empty() {
+        metrics.insert(
+            "critic/rewards/mean".into(),
+            rewards.iter().sum::<f64>() / rewards.len() as f64,
+        );
+        metrics.insert(
+            "critic/rewards/max".into(),
+            rewards.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        );
+        metrics.insert(
+            "critic/rewards/min".into(),
+            rewards.iter().copied().fold(f64::INFINITY, f64::min),
+        );
+    }
     let batch = match trees {
         Some(t) => {
             // Each rollout is labelled with its own tree (Tree-GRPO's intra-tree group; AT2PO's

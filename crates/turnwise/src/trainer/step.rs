@@ -137,7 +137,18 @@ impl Trainer {
         metrics.insert("timing_s/update".into(), t2.elapsed().as_secs_f64());
         let samples = samples::sample_records(&self.tokenizer, &all, trained_samples)
             .context("the step's samples")?;
-        metrics.insert("timing_s/step".into(), t0.elapsed().as_secs_f64());
+        let step_seconds = t0.elapsed().as_secs_f64();
+        metrics.insert("timing_s/step".into(), step_seconds);
+        // verl's `perf/throughput`: the step's prompt and response tokens (every generated
+        // episode, refill rounds included) per second of the whole step, on this process.
+        let tokens: usize = all
+            .episodes
+            .iter()
+            .map(|e| e.episode.trajectory.prompt_ids.len() + e.episode.trajectory.response_len())
+            .sum();
+        if step_seconds > 0.0 {
+            metrics.insert("perf/throughput".into(), tokens as f64 / step_seconds);
+        }
         Ok(StepOutput {
             metrics,
             episodes: all.episodes.into_iter().map(|e| e.episode).collect(),
@@ -273,6 +284,7 @@ impl Trainer {
             shuffle(&mut v, &mut rng);
             v
         };
+        let actor_start = Instant::now();
         let mut stats = if actor_warm {
             actor_update(
                 &self.policy,
@@ -286,6 +298,14 @@ impl Trainer {
         } else {
             UpdateStats::default()
         };
+        if actor_warm {
+            // verl's `timing_s/update_actor`: the actor's update alone (the behaviour log-probs'
+            // recomputation and the critic's update are timed apart).
+            metrics.insert(
+                "timing_s/update_actor".into(),
+                actor_start.elapsed().as_secs_f64(),
+            );
+        }
         metrics.extend(std::mem::take(&mut stats.metrics));
         // The sampler–trainer mismatch: the recorded log-probs against the trainer's, from the
         // recomputation of an off-policy update or the on-policy update's own forward pass.
@@ -420,6 +440,19 @@ fn generated_metrics(
     }
     let lens = of(&|e| e.episode.trajectory.response_len() as f64);
     metrics.insert("response_length/mean".into(), mean(&lens));
+    // verl's names: the longest and shortest response, and the share that reached the response
+    // budget (`rollout.max_response_tokens`); the prompts' lengths.
+    let max = |v: &[f64]| v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+    metrics.insert("response_length/max".into(), max(&lens));
+    metrics.insert("response_length/min".into(), min(&lens));
+    let budget = cfg.rollout.max_response_tokens as f64;
+    let clipped = lens.iter().filter(|&&l| l >= budget).count();
+    metrics.insert("response_length/clip_ratio".into(), clipped as f64 / n);
+    let prompts = of(&|e| e.episode.trajectory.prompt_ids.len() as f64);
+    metrics.insert("prompt_length/mean".into(), mean(&prompts));
+    metrics.insert("prompt_length/max".into(), max(&prompts));
+    metrics.insert("prompt_length/min".into(), min(&prompts));
     let agent = of(&|e| e.episode.trajectory.agent_token_count() as f64);
     metrics.insert("response_length/agent_mean".into(), mean(&agent));
     let turns = of(&|e| e.episode.trajectory.num_turns() as f64);
