@@ -30,6 +30,7 @@
 # of values stripped):
 #   time        (every metrics line: seconds since the Unix epoch)
 #   timing_s/*  (timing_s/setup, warm_start, eval, gen, update, step, info_gain, ...: seconds)
+#   perf/throughput (verl's: the step's tokens per second)
 # Everything else must be identical; a key present on one side only is a difference.
 #
 # Prints one line per warm start and per preset (identical, or the first difference: file, line,
@@ -105,7 +106,7 @@ import glob, json, os, sys
 
 def stripped(key):
     """The wall-clock keys (the script's header lists them)."""
-    return key == "time" or key.startswith("timing_s/")
+    return key == "time" or key.startswith("timing_s/") or key == "perf/throughput"
 
 class Raw(str):
     """A number's JSON text as written (never re-serialised)."""

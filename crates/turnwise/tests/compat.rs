@@ -127,7 +127,7 @@ fn json_lines(path: &Path) -> Vec<Value> {
 /// to run.
 fn without_clock(mut v: Value) -> Value {
     if let Some(o) = v.as_object_mut() {
-        o.retain(|k, _| k != "time" && !k.starts_with("timing_s/") && k != "perf/throughput");
+        o.retain(|k, _| !common::wall_clock(k));
     }
     v
 }

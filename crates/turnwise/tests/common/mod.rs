@@ -45,8 +45,15 @@ pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     }
 }
 
-/// The lines of `phase` in the metrics file `path`, without their wall-clock fields (`time`,
-/// `timing_s/*`), so that two runs' lines compare equal when their numbers do.
+/// Whether a metrics key is a wall-clock figure, which differs from run to run of the same
+/// computation: `time`, `timing_s/*` and `perf/throughput` (tokens per second of the step).
+#[allow(dead_code)]
+pub fn wall_clock(key: &str) -> bool {
+    key == "time" || key.starts_with("timing_s/") || key == "perf/throughput"
+}
+
+/// The lines of `phase` in the metrics file `path`, without their wall-clock fields
+/// ([`wall_clock`]), so that two runs' lines compare equal when their numbers do.
 #[allow(dead_code)]
 pub fn phase_lines(path: &std::path::Path, phase: &str) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
@@ -55,9 +62,7 @@ pub fn phase_lines(path: &std::path::Path, phase: &str) -> Vec<serde_json::Value
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .filter(|v| v["phase"] == phase)
         .map(|mut v| {
-            v.as_object_mut()
-                .unwrap()
-                .retain(|k, _| !k.starts_with("timing_s/") && k != "time");
+            v.as_object_mut().unwrap().retain(|k, _| !wall_clock(k));
             v
         })
         .collect()
