@@ -87,6 +87,26 @@ fn dechunk(mut rest: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
+/// `POST path` with `body` ([`post`]), checked as every fuzzed server must answer: never a 500
+/// (nor a code beyond 599), always a JSON body, and an error answer with its message
+/// ([`error_message`]). The JSON of a 200; `None` for a checked error answer.
+pub fn post_checked(addr: SocketAddr, path: &str, body: &[u8]) -> Option<serde_json::Value> {
+    let reply = post(addr, path, body);
+    let what = format!("POST {path}");
+    assert!(
+        reply.status != 500 && reply.status < 600,
+        "{what}: status {}: {}",
+        reply.status,
+        String::from_utf8_lossy(&reply.body)
+    );
+    let v = reply.json(&what);
+    if reply.status != 200 {
+        error_message(&v, &what);
+        return None;
+    }
+    Some(v)
+}
+
 /// An error answer in OpenAI's shape (`{"error": {"message": …}}`) or FastAPI's
 /// (`{"detail": …}`): its message, or a panic (a finding).
 pub fn error_message(v: &serde_json::Value, what: &str) -> String {

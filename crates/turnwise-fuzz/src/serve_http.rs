@@ -51,19 +51,10 @@ pub fn run(data: &[u8]) {
         return;
     };
     let path = ROUTES[usize::from(route) % ROUTES.len()];
-    let reply = crate::http::post(server(), path, body);
     let what = format!("POST {path}");
-    assert!(
-        reply.status != 500 && reply.status < 600,
-        "{what}: status {}: {}",
-        reply.status,
-        String::from_utf8_lossy(&reply.body)
-    );
-    let v = reply.json(&what);
-    if reply.status != 200 {
-        crate::http::error_message(&v, &what);
+    let Some(v) = crate::http::post_checked(server(), path, body) else {
         return;
-    }
+    };
     match path {
         "/generate" => {
             let answers = match &v {

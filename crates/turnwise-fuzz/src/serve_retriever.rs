@@ -41,19 +41,10 @@ fn server() -> SocketAddr {
 
 /// One input (see the module docs).
 pub fn run(data: &[u8]) {
-    let reply = crate::http::post(server(), "/retrieve", data);
     let what = "POST /retrieve";
-    assert!(
-        reply.status != 500 && reply.status < 600,
-        "{what}: status {}: {}",
-        reply.status,
-        String::from_utf8_lossy(&reply.body)
-    );
-    let v = reply.json(what);
-    if reply.status != 200 {
-        crate::http::error_message(&v, what);
+    let Some(v) = crate::http::post_checked(server(), "/retrieve", data) else {
         return;
-    }
+    };
     let request: Value = serde_json::from_slice(data).expect("an accepted body is JSON");
     let queries = request["queries"]
         .as_array()

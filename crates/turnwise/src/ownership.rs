@@ -854,87 +854,63 @@ pub fn owner_of(path: &Path) -> Option<Owner> {
         .map(Owner)
 }
 
+/// `f` on the registered owner of the folder that holds `path`; `Ok` (nothing to record or
+/// check) outside every owned folder.
+fn in_owner(path: &Path, f: impl FnOnce(&Owner) -> OwnResult<()>) -> OwnResult<()> {
+    owner_of(path).map_or(Ok(()), |o| f(&o))
+}
+
 /// Records that turnwise wrote `bytes` to `path` (no-op outside every owned folder).
 pub fn wrote(path: &Path, bytes: &[u8]) -> OwnResult<()> {
-    match owner_of(path) {
-        Some(o) => o.note_bytes(path, bytes),
-        None => Ok(()),
-    }
+    in_owner(path, |o| o.note_bytes(path, bytes))
 }
 
 /// Records the file `path` as it is now (no-op outside every owned folder).
 pub fn wrote_file(path: &Path) -> OwnResult<()> {
-    match owner_of(path) {
-        Some(o) => o.note_file(path),
-        None => Ok(()),
-    }
+    in_owner(path, |o| o.note_file(path))
 }
 
 /// Records the growing file `path` as it is now (no-op outside every owned folder).
 pub fn wrote_growing(path: &Path) -> OwnResult<()> {
-    match owner_of(path) {
-        Some(o) => o.note_growing(path),
-        None => Ok(()),
-    }
+    in_owner(path, |o| o.note_growing(path))
 }
 
 /// Records the folder `dir` and everything in it (no-op outside every owned folder).
 pub fn wrote_tree(dir: &Path) -> OwnResult<()> {
-    match owner_of(dir) {
-        Some(o) => o.note_tree(dir),
-        None => Ok(()),
-    }
+    in_owner(dir, |o| o.note_tree(dir))
 }
 
 /// Records the folder `dir` turnwise made (no-op outside every owned folder).
 pub fn made_dir(dir: &Path) -> OwnResult<()> {
-    match owner_of(dir) {
-        Some(o) => o.note_dir(dir),
-        None => Ok(()),
-    }
+    in_owner(dir, |o| o.note_dir(dir))
 }
 
 /// Records `dir` as a folder being filled as a whole (no-op outside every owned folder).
 pub fn staging(dir: &Path) -> OwnResult<()> {
-    match owner_of(dir) {
-        Some(o) => o.note_staging(dir),
-        None => Ok(()),
-    }
+    in_owner(dir, |o| o.note_staging(dir))
 }
 
 /// Checks that `path` may be written ([`Owner::check_writable`]; anything may be written
 /// outside every owned folder).
 pub fn may_write(path: &Path) -> OwnResult<()> {
-    match owner_of(path) {
-        Some(o) => o.check_writable(path),
-        None => Ok(()),
-    }
+    in_owner(path, |o| o.check_writable(path))
 }
 
 /// Checks that `path` may be deleted ([`Owner::check_removable`], by name and length), then
 /// after the caller deleted it, [`removed`] forgets it. Outside every owned folder this is
 /// `Ok` (a folder of an older turnwise, whose callers check names).
 pub fn may_remove(path: &Path) -> OwnResult<()> {
-    match owner_of(path) {
-        Some(o) => o.check_removable(path, false),
-        None => Ok(()),
-    }
+    in_owner(path, |o| o.check_removable(path, false))
 }
 
 /// Forgets `path` after turnwise deleted it.
 pub fn removed(path: &Path) -> OwnResult<()> {
-    match owner_of(path) {
-        Some(o) => o.forget(path),
-        None => Ok(()),
-    }
+    in_owner(path, |o| o.forget(path))
 }
 
 /// Moves the record of `from` to `to` after turnwise renamed it.
 pub fn renamed(from: &Path, to: &Path) -> OwnResult<()> {
-    match owner_of(from) {
-        Some(o) => o.rename(from, to),
-        None => Ok(()),
-    }
+    in_owner(from, |o| o.rename(from, to))
 }
 
 /// Whether `dir` holds nothing but the names in `ignore`.

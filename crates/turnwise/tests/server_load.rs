@@ -117,16 +117,13 @@ fn concurrently(clients: usize, job: impl Fn(usize) + Sync) {
     });
 }
 
-/// Prints and checks a load's memory figures.
-fn check_memory(
-    what: &str,
-    idle: u64,
-    peak: u64,
-    after: u64,
-    ceiling: u64,
-    margin: u64,
-    took: Duration,
-) {
+/// Prints and checks a load's memory figures: the server's peak RSS within `ceiling`, its RSS
+/// back within 48 MiB of `idle` after the load (waiting up to 5 s for it), and the whole test
+/// (started at `t0`) within 60 s.
+fn check_load(server: &Server, what: &str, idle: u64, ceiling: u64, took: Duration, t0: Instant) {
+    let peak = server.peak();
+    let margin = 48 * MIB;
+    let after = server.settled_rss(idle, margin, Duration::from_secs(5));
     eprintln!(
         "{what}: idle {} MiB, peak {} MiB (ceiling {} MiB), after {} MiB (idle + {} MiB \
          allowed), {:.1} s",
@@ -149,6 +146,11 @@ fn check_memory(
         after / MIB,
         margin / MIB,
         idle / MIB
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(60),
+        "the load test took {:.0} s",
+        t0.elapsed().as_secs_f64()
     );
 }
 
@@ -228,22 +230,13 @@ fn serve_under_load_stays_under_its_ceiling_and_returns_to_idle() {
     let grew = prefilled() - prefilled_before;
     eprintln!("serve: {grew} prompt tokens prefilled");
     assert!(grew < 8 * 2 * 500, "{grew} prompt tokens prefilled");
-    let peak = server.peak();
-    let margin = 48 * MIB;
-    let after = server.settled_rss(idle, margin, Duration::from_secs(5));
-    check_memory(
+    check_load(
+        &server,
         "serve: 8 x n=16 x 500 tokens + 2 guided_choice",
         idle,
-        peak,
-        after,
         idle + 256 * MIB + 64 * MIB,
-        margin,
         took,
-    );
-    assert!(
-        t0.elapsed() < Duration::from_secs(60),
-        "the load test took {:.0} s",
-        t0.elapsed().as_secs_f64()
+        t0,
     );
 }
 
@@ -363,22 +356,13 @@ fn serve_retriever_under_load_stays_under_its_ceiling_and_returns_to_idle() {
         }
     });
     let took = load.elapsed();
-    let peak = server.peak();
-    let margin = 48 * MIB;
-    let after = server.settled_rss(idle, margin, Duration::from_secs(5));
-    check_memory(
+    check_load(
+        &server,
         "serve-retriever: 8 clients x 3 x (163 queries x top-k 100)",
         idle,
-        peak,
-        after,
         idle + 512 * MIB,
-        margin,
         took,
-    );
-    assert!(
-        t0.elapsed() < Duration::from_secs(60),
-        "the load test took {:.0} s",
-        t0.elapsed().as_secs_f64()
+        t0,
     );
 }
 
@@ -446,21 +430,12 @@ fn serve_env_under_load_stays_under_its_ceiling_and_frees_idle_sessions() {
     fresh.close();
     drop(idle_sessions);
     let took = load.elapsed();
-    let peak = server.peak();
-    let margin = 48 * MIB;
-    let after = server.settled_rss(idle, margin, Duration::from_secs(5));
-    check_memory(
+    check_load(
+        &server,
         "serve-env: 8 x a 15 MB step, 8 idle sessions timed out",
         idle,
-        peak,
-        after,
         idle + 512 * MIB,
-        margin,
         took,
-    );
-    assert!(
-        t0.elapsed() < Duration::from_secs(60),
-        "the load test took {:.0} s",
-        t0.elapsed().as_secs_f64()
+        t0,
     );
 }
