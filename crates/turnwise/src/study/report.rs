@@ -928,6 +928,11 @@ fn write_owned(path: &Path, bytes: &[u8]) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// An interval of `n` seeds.
+    fn iv(mean: f64, lo: f64, hi: f64, n: usize) -> Interval {
+        Interval { mean, lo, hi, n }
+    }
+
     #[test]
     fn verdicts_follow_the_interval() {
         let i = |lo, hi| {
@@ -975,26 +980,11 @@ mod tests {
 
     #[test]
     fn interval_cells() {
-        let i = Interval {
-            mean: 0.54,
-            lo: 0.441,
-            hi: 0.639,
-            n: 3,
-        };
+        let i = iv(0.54, 0.441, 0.639, 3);
         assert_eq!(pct_interval(Some(i), false), "54.0 [44.1, 63.9]");
-        let d = Interval {
-            mean: 0.012,
-            lo: -0.004,
-            hi: 0.03,
-            n: 3,
-        };
+        let d = iv(0.012, -0.004, 0.03, 3);
         assert_eq!(pct_interval(Some(d), true), "+1.2 [-0.4, +3.0]");
-        let one = Interval {
-            mean: 0.5,
-            lo: f64::NAN,
-            hi: f64::NAN,
-            n: 1,
-        };
+        let one = iv(0.5, f64::NAN, f64::NAN, 1);
         assert_eq!(pct_interval(Some(one), false), "50.0");
         assert_eq!(pct_interval(None, false), "–");
     }
@@ -1003,40 +993,15 @@ mod tests {
     fn arm_cells_are_clipped_to_the_range_and_name_equal_seeds() {
         // cli-as-a-user-3 m13: `8.3 [-55.2, 71.9]` with two seeds, `0.0 [0.0, 0.0]` when both
         // seeds scored 0.
-        let wide = Interval {
-            mean: 0.083,
-            lo: -0.552,
-            hi: 0.719,
-            n: 2,
-        };
+        let wide = iv(0.083, -0.552, 0.719, 2);
         assert_eq!(arm_cell(Some(wide)), "8.3 [0.0, 71.9]*");
-        let high = Interval {
-            mean: 0.95,
-            lo: 0.8,
-            hi: 1.1,
-            n: 2,
-        };
+        let high = iv(0.95, 0.8, 1.1, 2);
         assert_eq!(arm_cell(Some(high)), "95.0 [80.0, 100.0]*");
-        let inside = Interval {
-            mean: 0.54,
-            lo: 0.441,
-            hi: 0.639,
-            n: 3,
-        };
+        let inside = iv(0.54, 0.441, 0.639, 3);
         assert_eq!(arm_cell(Some(inside)), "54.0 [44.1, 63.9]");
-        let zero = Interval {
-            mean: 0.0,
-            lo: 0.0,
-            hi: 0.0,
-            n: 2,
-        };
+        let zero = iv(0.0, 0.0, 0.0, 2);
         assert_eq!(arm_cell(Some(zero)), "0.0 (2 seeds, all equal)");
-        let one = Interval {
-            mean: 0.5,
-            lo: f64::NAN,
-            hi: f64::NAN,
-            n: 1,
-        };
+        let one = iv(0.5, f64::NAN, f64::NAN, 1);
         assert_eq!(arm_cell(Some(one)), "50.0");
         assert_eq!(arm_cell(None), "–");
     }
