@@ -80,6 +80,15 @@ fn credit_audit_writes_its_tables_for_a_tiny_checkpoint() {
         "{names:?}"
     );
     assert_eq!(names.last(), Some(&turnwise::audit::RANDOM));
+    // A warm start has no critic: PPO's GAE is left out, saying where one comes from.
+    assert!(!names.contains(&"ppo"), "{names:?}");
+    let skipped = r["skipped"].as_array().unwrap();
+    assert!(
+        skipped.iter().any(|s| s[0] == "ppo"
+            && s[1].as_str().unwrap().contains("trained critic")
+            && s[1].as_str().unwrap().contains("--run")),
+        "{skipped:?}"
+    );
     let max_depth = audited
         .iter()
         .map(|t| t["turn"].as_u64().unwrap() as usize + 1)
@@ -160,4 +169,80 @@ fn credit_audit_writes_its_tables_for_a_tiny_checkpoint() {
         std::fs::read_to_string(mine.join("keep.txt")).unwrap(),
         "mine too"
     );
+}
+
+/// A run of the PPO family holds a trained critic: auditing it scores PPO's GAE (the turn's
+/// advantage at its first token, from the critic's values) beside the others; before this it
+/// was always left out.
+#[test]
+fn credit_audit_scores_ppo_from_the_critic_of_a_ppo_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args: Vec<String> = ["train", "--preset", "ppo", "--out", "run"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for s in common::tiny_overrides() {
+        args.push("--set".into());
+        args.push(s);
+    }
+    for s in ["run.steps=1", "eval.greedy=false", "eval.sampled=false"] {
+        args.push("--set".into());
+        args.push(s.into());
+    }
+    let out = common::turnwise_in(&args, tmp.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let audit: Vec<String> = [
+        "credit-audit",
+        "--run",
+        "run",
+        "--split",
+        "validation",
+        "--episodes",
+        "3",
+        "--group",
+        "3",
+        "--alternatives",
+        "2",
+        "--rollouts",
+        "2",
+        "--bootstrap",
+        "20",
+        "--out",
+        "audit",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let out = common::turnwise_in(&audit, tmp.path());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(tmp.path().join("audit/audit.json")).unwrap(),
+    )
+    .unwrap();
+    let skipped = r["skipped"].as_array().unwrap();
+    assert!(skipped.iter().all(|s| s[0] != "ppo"), "{skipped:?}");
+    let ppo = r["estimators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "ppo")
+        .unwrap_or_else(|| panic!("no ppo row: {}", r["estimators"]));
+    let turns = r["turns"].as_u64().unwrap();
+    assert_eq!(ppo["overall"]["turns"].as_u64(), Some(turns));
+    // GAE's credit varies with the critic's values: not the outcome broadcast (one value per
+    // episode) on every turn.
+    let audited = r["audited"].as_array().unwrap();
+    let credit = |t: &serde_json::Value, n: &str| t["credit"][n].as_f64().unwrap();
+    assert!(
+        audited.iter().all(|t| credit(t, "ppo").is_finite()),
+        "{audited:?}"
+    );
+    assert!(
+        audited
+            .iter()
+            .any(|t| (credit(t, "ppo") - credit(t, "grpo")).abs() > 1e-9),
+        "PPO's credit equals GRPO's broadcast on every turn"
+    );
+    let md = std::fs::read_to_string(tmp.path().join("audit/audit.md")).unwrap();
+    assert!(md.lines().any(|l| l.starts_with("| ppo |")), "{md}");
 }

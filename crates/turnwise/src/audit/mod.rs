@@ -16,9 +16,10 @@
 //! 3. **Estimators** ([`estimator_credit`]). Each estimator's per-turn advantage of the audited
 //!    episodes, computed over the panel's groups exactly as a training step computes it
 //!    ([`crate::trainer::advantage::compute`]): GRPO's broadcast, MT-GRPO's turn rewards,
-//!    IGPO's and A2TGPO's information gain (the probes run here), GiGPO's anchor groups, and a
-//!    seeded random baseline. An estimator the run cannot feed (a critic it does not have, a
-//!    tree it did not grow) is listed as skipped, with the reason.
+//!    IGPO's and A2TGPO's information gain (the probes run here), GiGPO's anchor groups, PPO's
+//!    GAE over the checkpoint's own trained critic (a run of the PPO family), and a seeded
+//!    random baseline. An estimator the run cannot feed (a critic it does not have, a tree it
+//!    did not grow) is listed as skipped, with the reason.
 //! 4. **Scores** ([`score`]). Per estimator, Spearman's rank correlation with the replay
 //!    advantage and the share of decisive turns whose sign it gets right, overall and per
 //!    turn depth, with bootstrap intervals over episodes; and the realised decision density
@@ -51,12 +52,16 @@ use crate::rollout::{Decoding, Episode, EpisodeSpec, EpisodeState, Policy, step_
 use crate::task::TaskSet;
 use crate::trainer::Trainer;
 use crate::trainer::sampling::ScoredEpisode;
+use crate::update::Row;
 use replay::{ReplaySettings, Replayer, TurnReplay};
 use score::{Agreement, ScoredTurn};
 
 /// The estimators the audit scores, by the preset whose `[advantage]` (and, for turn rewards,
 /// `[reward]`) each one is computed with.
-pub const ESTIMATOR_PRESETS: &[&str] = &["grpo", "rloo", "mt-grpo", "igpo", "a2tgpo", "gigpo"];
+/// `ppo` (GAE over a critic's values) is scored when the audited checkpoint holds a trained
+/// critic (a run of the PPO family), and listed as left out otherwise.
+pub const ESTIMATOR_PRESETS: &[&str] =
+    &["grpo", "rloo", "mt-grpo", "igpo", "a2tgpo", "gigpo", "ppo"];
 
 /// The label of the seeded random baseline.
 pub const RANDOM: &str = "random";
@@ -450,10 +455,12 @@ pub fn estimator_credit(
         let mut est_cfg = cfg.clone();
         est_cfg.advantage = preset_cfg.advantage.clone();
         let needs = est_cfg.advantage.needs();
-        if needs.critic_values {
+        if needs.critic_values && trainer.critic.is_none() {
             skipped.push((
                 preset.into(),
-                "needs a trained critic, which the audit does not load".into(),
+                "needs a trained critic: audit a checkpoint of a PPO-family run (`--run`), \
+                 which holds one"
+                    .into(),
             ));
             continue;
         }
@@ -518,8 +525,28 @@ pub fn estimator_credit(
                 }
             }
         }
-        let rows = crate::trainer::advantage::compute(&est_cfg, &scored, None, None, None)
-            .with_context(|| format!("the {preset} estimator on the audit's panel"))?;
+        // GAE reads the checkpoint's critic at every response token of the panel's episodes,
+        // as a training step does (without KL in the reward: the credit of the outcome).
+        let values = match (&trainer.critic, needs.critic_values) {
+            (Some(critic), true) => {
+                let rows: Vec<Row> = scored
+                    .iter()
+                    .map(|e| {
+                        Row::from_trajectory(&e.episode.trajectory, cfg.rollout.train_on_forced)
+                    })
+                    .collect();
+                tracing::info!(episodes = rows.len(), "credit audit: the critic's values");
+                Some(
+                    critic
+                        .values(&rows, 64, cfg.optim.share_prefix)
+                        .context("the critic's values of the audit's panel")?,
+                )
+            }
+            _ => None,
+        };
+        let rows =
+            crate::trainer::advantage::compute(&est_cfg, &scored, None, values.as_deref(), None)
+                .with_context(|| format!("the {preset} estimator on the audit's panel"))?;
         out.push((
             preset.to_string(),
             audited
