@@ -450,7 +450,8 @@ pub enum StudyCommand {
         jobs: usize,
     },
     /// Print one shell command per run for a scheduler over a shared directory (GNU parallel,
-    /// a Slurm job array): the warm starts (stage 1) before the arm × seed runs (stage 2).
+    /// a Slurm job array): the warm starts (stage 1) before the arm × seed runs (stage 2), and
+    /// the replay audits (`[[audit]]`, stage 3) after the runs they read.
     /// Validates the study and prepares OUT (study.toml, panel.json) first.
     Plan {
         /// The study file.
@@ -458,19 +459,20 @@ pub enum StudyCommand {
         /// The study directory.
         #[arg(long)]
         out: PathBuf,
-        /// Only one stage's commands, without comments: `warm` or `runs`.
-        #[arg(long, value_parser = ["all", "warm", "runs"], default_value = "all")]
+        /// Only one stage's commands, without comments: `warm`, `runs` or `audits`.
+        #[arg(long, value_parser = ["all", "warm", "runs", "audits"], default_value = "all")]
         stage: String,
     },
     /// Run one run of a study in this process (what `plan`'s commands and `run`'s children
-    /// call): `warm/NAME` or `ARM/seed-S`. Skips a finished run, resumes an unfinished one.
+    /// call): `warm/NAME`, `ARM/seed-S` or `audit/NAME`. Skips a finished run, resumes an
+    /// unfinished one (an unfinished audit starts again).
     RunOne {
         /// The study file.
         file: PathBuf,
         /// The study directory.
         #[arg(long)]
         out: PathBuf,
-        /// The run: `warm/NAME` or `ARM/seed-S`.
+        /// The run: `warm/NAME`, `ARM/seed-S` or `audit/NAME`.
         #[arg(long)]
         run: String,
     },
@@ -513,6 +515,7 @@ fn study(cmd: StudyCommand, quiet: bool) -> Result<()> {
             let stage = match stage.as_str() {
                 "warm" => runner::Stage::Warm,
                 "runs" => runner::Stage::Runs,
+                "audits" => runner::Stage::Audits,
                 _ => runner::Stage::All,
             };
             let exe = std::env::current_exe().context("finding this binary")?;
@@ -921,33 +924,16 @@ pub fn run(cli: Cli) -> Result<()> {
             out,
             overwrite,
         } => {
-            // Refused before the audit runs: an existing report file there, unless
-            // --overwrite and turnwise wrote it (its manifest says so).
-            let prepared = turnwise::ownership::prepare(
-                &out,
-                turnwise::ownership::Kind::Audit,
-                &turnwise::audit::report::FILES,
-                overwrite,
-                true,
-            )?;
             let split = match split.as_str() {
                 "train" => Split::Train,
                 "validation" => Split::Validation,
                 "test" => Split::Test,
                 other => bail!("--split must be train, validation or test, got {other:?}"),
             };
-            let (trainer, what) =
-                turnwise::checkpoints::open_for_eval(&turnwise::checkpoints::EvalSource {
-                    run: run.as_deref(),
-                    checkpoint: checkpoint.as_deref(),
-                    preset: preset.as_deref(),
-                    config: config.as_deref(),
-                    sets: &sets,
-                })?;
-            let settings = turnwise::audit::AuditSettings {
+            let request = turnwise::audit::AuditRequest {
                 split,
                 episodes,
-                group: group.unwrap_or(trainer.config.rollout.group_size),
+                group,
                 replay: turnwise::audit::replay::ReplaySettings {
                     alternatives,
                     rollouts,
@@ -956,15 +942,19 @@ pub fn run(cli: Cli) -> Result<()> {
                 },
                 bootstrap,
             };
-            settings.validate()?;
-            eprintln!("auditing {what}");
             let t0 = Instant::now();
-            let report = turnwise::audit::audit(&trainer, &what, &settings)?;
-            let owner = prepared.clear()?;
-            turnwise::audit::report::write(&report, &out)?;
-            if let Some(owner) = &owner {
-                turnwise::ownership::note_outputs(owner, &turnwise::audit::report::FILES)?;
-            }
+            let (report, _) = turnwise::audit::audit_into(
+                &turnwise::checkpoints::EvalSource {
+                    run: run.as_deref(),
+                    checkpoint: checkpoint.as_deref(),
+                    preset: preset.as_deref(),
+                    config: config.as_deref(),
+                    sets: &sets,
+                },
+                &request,
+                &out,
+                overwrite,
+            )?;
             eprintln!(
                 "audited {} turns of {} in {:.1} s: realised decision density {:.2}; wrote {}",
                 report.turns,

@@ -541,6 +541,29 @@ fn malformed_study_files_are_refused_naming_the_key() {
             &["budget.steps", "invalid type"],
         ),
         (
+            format!("{TINY}\n[[audit]]\nname = \"a\"\nrun = \"ppo/seed-0\"\n"),
+            &["`audit[0].run`", "no run \"ppo/seed-0\""],
+        ),
+        (
+            format!("{TINY}\n[[audit]]\nname = \"a\"\nrun = \"grpo/seed-7\"\n"),
+            &["`audit[0].run`", "seeds [0, 1]"],
+        ),
+        (
+            format!(
+                "{TINY}\n[[audit]]\nname = \"a\"\nrun = \"warm/boxed\"\n\
+                 [[audit]]\nname = \"a\"\nrun = \"grpo/seed-0\"\n"
+            ),
+            &["`audit[1].name`", "named twice"],
+        ),
+        (
+            format!("{TINY}\n[[audit]]\nname = \"a\"\nrun = \"warm/boxed\"\nrollouts = 1\n"),
+            &["`audit[0]`", "--rollouts must be at least 2"],
+        ),
+        (
+            format!("{TINY}\n[[audit]]\nname = \"a\"\nrun = \"warm/boxed\"\nk = 3\n"),
+            &["audit[0]", "unknown field"],
+        ),
+        (
             TINY.replace(
                 "name = \"dapo\"\npreset = \"dapo\"",
                 "name = \"dapo\"\npreset = \"dapo\"\nsets = [\"run.steps=9\"]",
@@ -645,6 +668,99 @@ fn malformed_study_files_are_refused_naming_the_key() {
     );
 }
 
+/// Replay audits (`[[audit]]`) added to a study that has run: the study file with them takes
+/// over the folder (any other change is still refused), `study run` runs only the audits, after
+/// the runs they read, and the report scores every estimator against each, PPO's critic
+/// included for a PPO run.
+#[test]
+fn audits_added_to_a_finished_study_run_and_reach_its_report() {
+    let tmp = tempfile::tempdir().unwrap();
+    let body = TINY
+        .replace("seeds = [0, 1]", "seeds = [0]")
+        .replace(
+            "name = \"dapo\"\npreset = \"dapo\"",
+            "name = \"ppo\"\npreset = \"ppo\"",
+        )
+        .replace("better = \"dapo\"", "better = \"ppo\"")
+        .replace("steps = 2\n", "steps = 1\n");
+    let file = write_study(tmp.path(), &body);
+    let f = file.to_str().unwrap();
+    ok(&turnwise(&["study", "run", f, "--out", "s"], tmp.path()));
+    let audits = "\n[[audit]]\nname = \"warm\"\nrun = \"warm/boxed\"\nepisodes = 3\n\
+                  alternatives = 2\nrollouts = 2\nbootstrap = 20\n\n\
+                  [[audit]]\nname = \"ppo\"\nrun = \"ppo/seed-0\"\nepisodes = 3\n\
+                  alternatives = 2\nrollouts = 2\nbootstrap = 20\n";
+    let with = format!("{body}{audits}");
+    // Another change than the audits is refused as before.
+    write_study(tmp.path(), &with.replace("questions = 6", "questions = 5"));
+    let out = turnwise(&["study", "run", f, "--out", "s"], tmp.path());
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("differs"),
+        "{}",
+        text(&out.stderr)
+    );
+    write_study(tmp.path(), &with);
+    let plan = ok(&turnwise(&["study", "plan", f, "--out", "s"], tmp.path()));
+    assert!(plan.contains("# stage 3"), "{plan}");
+    let audit_lines: Vec<&str> = plan
+        .lines()
+        .filter(|l| l.contains("--run audit/"))
+        .collect();
+    assert_eq!(audit_lines.len(), 2, "{plan}");
+    let only = ok(&turnwise(
+        &["study", "plan", f, "--out", "s", "--stage", "audits"],
+        tmp.path(),
+    ));
+    assert_eq!(only.lines().collect::<Vec<_>>(), audit_lines);
+    let stdout = ok(&turnwise(&["study", "run", f, "--out", "s"], tmp.path()));
+    assert!(stdout.contains("(3 finished already)"), "{stdout}");
+    let s = tmp.path().join("s");
+    for a in ["warm", "ppo"] {
+        assert!(s.join("audit").join(a).join("audit.json").is_file(), "{a}");
+    }
+    assert!(
+        std::fs::read_to_string(s.join("study.toml"))
+            .unwrap()
+            .contains("[[audit]]"),
+        "the folder's study file took the audits"
+    );
+    ok(&turnwise(&["study", "report", "s"], tmp.path()));
+    let report = std::fs::read_to_string(s.join("report.md")).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(s.join("report.json")).unwrap()).unwrap();
+    // The audits are not counted among the trained runs.
+    assert_eq!(
+        (json["finished"].as_u64(), json["runs"].as_u64()),
+        (Some(3), Some(3))
+    );
+    for section in [
+        "## Turn credit against the replay oracle",
+        "| `warm` | `warm/boxed` | 2 × 2 | 3 |",
+        "| `ppo` | `ppo/seed-0` | 2 × 2 | 3 |",
+        "Spearman's ρ of each estimator",
+        "Sign agreement on the decisive turns",
+        "- ppo left out: needs a trained critic",
+    ] {
+        assert!(
+            report.contains(section),
+            "report.md lacks {section:?}:\n{report}"
+        );
+    }
+    let a = &json["audits"];
+    assert_eq!(a["warm"]["run"], "warm/boxed");
+    assert!(a["warm"]["skipped"]["ppo"].is_string(), "{a}");
+    for name in ["grpo", "gigpo", "random"] {
+        assert!(a["warm"]["estimators"][name].is_object(), "{name}: {a}");
+    }
+    // The PPO run's audit reads its critic.
+    assert!(a["ppo"]["estimators"]["ppo"].is_object(), "{a}");
+    assert_eq!(a["ppo"]["stated_density"].as_f64(), Some(1.0));
+    // Run again: nothing left to do.
+    let again = ok(&turnwise(&["study", "run", f, "--out", "s"], tmp.path()));
+    assert!(again.contains("(5 finished already)"), "{again}");
+}
+
 /// `study plan` of the shipped study file `studies/NAME` (which validates it): the plan and the
 /// panels it wrote.
 fn plan_shipped(name: &str) -> (String, serde_json::Value) {
@@ -700,4 +816,21 @@ fn the_shipped_world_pilot_resolves_and_validates() {
         })
         .collect();
     assert_eq!(prints.len(), 3, "{panels}");
+}
+
+/// The shipped credit-density study resolves and validates: three decision densities, each
+/// its own warm start, baseline and panel; six arms each; an audit per density.
+#[test]
+fn the_shipped_credit_density_study_resolves_and_validates() {
+    let (plan, panels) = plan_shipped("credit-density.toml");
+    let commands: Vec<&str> = plan.lines().filter(|l| !l.starts_with('#')).collect();
+    let audits = commands
+        .iter()
+        .filter(|l| l.contains("--run audit/"))
+        .count();
+    assert_eq!((commands.len(), audits), (3 + 18 * 3 + 3, 3), "{plan}");
+    for w in ["rho-1", "rho-0.5", "rho-0.33"] {
+        let q = &panels["panels"][w]["questions"];
+        assert_eq!(q.as_array().unwrap().len(), 400, "{w}");
+    }
 }

@@ -96,6 +96,60 @@ impl AuditSettings {
     }
 }
 
+/// What `turnwise credit-audit` (and a study's `[[audit]]`) asks: [`AuditSettings`] with the
+/// group left to the audited run's `rollout.group_size` when `None`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditRequest {
+    /// The split the panel's questions come from.
+    pub split: Split,
+    /// Audited episodes.
+    pub episodes: usize,
+    /// Episodes per question; the run's `rollout.group_size` when `None`.
+    pub group: Option<usize>,
+    /// The replay's settings.
+    pub replay: ReplaySettings,
+    /// Bootstrap resamples.
+    pub bootstrap: usize,
+}
+
+/// Audits the checkpoint of `source` (as `turnwise eval` opens it) and writes the report into
+/// `out`, a folder turnwise owns ([`crate::ownership`]: an earlier audit's files there are
+/// replaced only with `overwrite`, a folder of the user's holding one of [`report::FILES`] is
+/// never written into). Returns the report and what was audited.
+pub fn audit_into(
+    source: &crate::checkpoints::EvalSource<'_>,
+    request: &AuditRequest,
+    out: &std::path::Path,
+    overwrite: bool,
+) -> Result<(AuditReport, String)> {
+    // Refused before the audit runs: an existing report file there, unless overwriting what
+    // turnwise wrote (its manifest says so).
+    let prepared = crate::ownership::prepare(
+        out,
+        crate::ownership::Kind::Audit,
+        &report::FILES,
+        overwrite,
+        true,
+    )?;
+    let (trainer, what) = crate::checkpoints::open_for_eval(source)?;
+    let settings = AuditSettings {
+        split: request.split,
+        episodes: request.episodes,
+        group: request.group.unwrap_or(trainer.config.rollout.group_size),
+        replay: request.replay,
+        bootstrap: request.bootstrap,
+    };
+    settings.validate()?;
+    eprintln!("auditing {what}");
+    let report = audit(&trainer, &what, &settings)?;
+    let owner = prepared.clear()?;
+    report::write(&report, out)?;
+    if let Some(owner) = &owner {
+        crate::ownership::note_outputs(owner, &report::FILES)?;
+    }
+    Ok((report, what))
+}
+
 /// The policy and environment of a checkpoint as the replay oracle drives them.
 pub struct ModelReplayer<'a> {
     /// The policy (local sampling).

@@ -42,6 +42,59 @@ pub struct StudyFile {
     /// The claims the report checks.
     #[serde(rename = "claim", default)]
     pub claims: Vec<Claim>,
+    /// Replay audits of some of the study's runs (`turnwise credit-audit` on each one's latest
+    /// checkpoint), run after the runs they read; the report scores every estimator against
+    /// each. They change no run, so they may be added to a study that has started.
+    #[serde(rename = "audit", default, skip_serializing_if = "Vec::is_empty")]
+    pub audits: Vec<Audit>,
+}
+
+/// A replay audit of one of the study's runs: [`crate::audit`] on the run's latest checkpoint
+/// (a warm start's model, or an arm × seed run's last checkpoint, whose critic a PPO-family
+/// run's audit reads), over the first `episodes` questions of the test split, written to
+/// `audit/<name>/` in the study directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Audit {
+    /// The audit's name (a folder name, as an arm's).
+    pub name: String,
+    /// The run it audits, as `run-one --run` names it: `warm/<name>` or `<arm>/seed-<s>`.
+    pub run: String,
+    /// Audited episodes (the first test questions; `--episodes`).
+    #[serde(default = "default_audit_episodes")]
+    pub episodes: usize,
+    /// Episodes per question's group, the estimators' groups (`--group`); the run's
+    /// `rollout.group_size` when unset.
+    #[serde(default)]
+    pub group: Option<usize>,
+    /// Alternative turns sampled at each audited turn (`K`, `--alternatives`).
+    #[serde(default = "default_audit_alternatives")]
+    pub alternatives: usize,
+    /// Continuations of the taken turn and of each alternative (`M`, `--rollouts`).
+    #[serde(default = "default_audit_rollouts")]
+    pub rollouts: usize,
+    /// The seed of the panel's and the replay's sampling (`--seed`).
+    #[serde(default)]
+    pub seed: u64,
+    /// Bootstrap resamples of the intervals (`--bootstrap`).
+    #[serde(default = "default_audit_bootstrap")]
+    pub bootstrap: usize,
+}
+
+fn default_audit_episodes() -> usize {
+    16
+}
+
+fn default_audit_alternatives() -> usize {
+    8
+}
+
+fn default_audit_rollouts() -> usize {
+    4
+}
+
+fn default_audit_bootstrap() -> usize {
+    1000
 }
 
 /// The RL budget of every arm.
@@ -479,7 +532,73 @@ impl StudyFile {
                 ));
             }
         }
+        let mut audit_names = BTreeSet::new();
+        for (i, a) in self.audits.iter().enumerate() {
+            let key = format!("audit[{i}]");
+            if !folder_name_ok(&a.name) {
+                return Err(bad(
+                    format!("{key}.name"),
+                    format!(
+                        "{:?} cannot name a folder (1 to 64 of A-Z a-z 0-9 - _ ., not starting \
+                         with .)",
+                        a.name
+                    ),
+                ));
+            }
+            if !audit_names.insert(a.name.as_str()) {
+                return Err(bad(
+                    format!("{key}.name"),
+                    format!("the audit {:?} is named twice", a.name),
+                ));
+            }
+            let known = match a.run.split_once('/') {
+                Some(("warm", w)) => self.warm_start.contains_key(w),
+                Some((arm, seed)) => {
+                    names.contains_key(arm)
+                        && seed
+                            .strip_prefix("seed-")
+                            .and_then(|s| s.parse::<u64>().ok())
+                            .is_some_and(|s| self.seeds.contains(&s))
+                }
+                None => false,
+            };
+            if !known {
+                return Err(bad(
+                    format!("{key}.run"),
+                    format!(
+                        "no run {:?} in the study: give `warm/<warm start>` ({}) or \
+                         `<arm>/seed-<seed>` (seeds {:?})",
+                        a.run,
+                        self.warm_start_names(),
+                        self.seeds
+                    ),
+                ));
+            }
+            let settings = crate::audit::AuditSettings {
+                split: turnwise_env::world::Split::Test,
+                episodes: a.episodes,
+                group: a.group.unwrap_or(2),
+                replay: crate::audit::replay::ReplaySettings {
+                    alternatives: a.alternatives,
+                    rollouts: a.rollouts,
+                    seed: a.seed,
+                    chunk: 256,
+                },
+                bootstrap: a.bootstrap,
+            };
+            if let Err(e) = settings.validate() {
+                return Err(bad(key, format!("{e:#}")));
+            }
+        }
         Ok(())
+    }
+
+    /// The same study without its audits: what its runs depend on.
+    pub fn without_audits(&self) -> Self {
+        Self {
+            audits: Vec::new(),
+            ..self.clone()
+        }
     }
 
     /// The warm starts' names, comma-separated.

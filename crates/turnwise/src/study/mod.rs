@@ -31,7 +31,7 @@ use crate::config::{ConfigError, TrainConfig, presets};
 use crate::task::TaskSet;
 use turnwise_env::world::Split;
 
-pub use file::{Arm, Budget, Claim, Metric, Panel, StudyFile, WarmStart};
+pub use file::{Arm, Audit, Budget, Claim, Metric, Panel, StudyFile, WarmStart};
 
 /// The marker file of a study directory.
 pub const STUDY_MARKER: &str = ".turnwise-study";
@@ -142,6 +142,8 @@ pub enum RunId {
     Warm(String),
     /// An arm × seed.
     Arm(String, u64),
+    /// A replay audit (`[[audit]]`), by name.
+    Audit(String),
 }
 
 impl RunId {
@@ -150,6 +152,7 @@ impl RunId {
         match self {
             RunId::Warm(w) => format!("warm/{w}"),
             RunId::Arm(a, s) => format!("{a}/seed-{s}"),
+            RunId::Audit(a) => format!("audit/{a}"),
         }
     }
 
@@ -158,6 +161,9 @@ impl RunId {
         let (head, tail) = s.split_once('/')?;
         if head == "warm" {
             return Some(RunId::Warm(tail.to_string()));
+        }
+        if head == "audit" && !tail.starts_with("seed-") {
+            return Some(RunId::Audit(tail.to_string()));
         }
         let seed = tail.strip_prefix("seed-")?.parse().ok()?;
         Some(RunId::Arm(head.to_string(), seed))
@@ -168,6 +174,7 @@ impl RunId {
         match self {
             RunId::Warm(w) => out.join("warm").join(w),
             RunId::Arm(a, s) => out.join("runs").join(a).join(format!("seed-{s}")),
+            RunId::Audit(a) => out.join("audit").join(a),
         }
     }
 
@@ -176,8 +183,24 @@ impl RunId {
         let name = match self {
             RunId::Warm(w) => format!("warm-{w}.log"),
             RunId::Arm(a, s) => format!("{a}-seed-{s}.log"),
+            RunId::Audit(a) => format!("audit-{a}.log"),
         };
         out.join("logs").join(name)
+    }
+}
+
+impl RunId {
+    /// Whether it has finished under the study directory `out`: a run's `summary.json`
+    /// ([`is_finished`]), an audit's `audit.json`.
+    pub fn finished(&self, out: &Path) -> bool {
+        match self {
+            RunId::Audit(_) => std::fs::read(self.dir(out).join("audit.json"))
+                .ok()
+                .is_some_and(|b| {
+                    serde_json::from_slice::<serde_json::Value>(&b).is_ok_and(|v| v.is_object())
+                }),
+            _ => is_finished(&self.dir(out)),
+        }
     }
 }
 
@@ -280,7 +303,7 @@ impl Study {
         }
     }
 
-    /// Every run, warm starts first, then each arm's seeds in file order.
+    /// Every run, warm starts first, then each arm's seeds in file order, then the audits.
     pub fn runs(&self) -> Vec<RunId> {
         let mut out: Vec<RunId> = self
             .file
@@ -293,6 +316,12 @@ impl Study {
                 out.push(RunId::Arm(a.name.clone(), s));
             }
         }
+        out.extend(
+            self.file
+                .audits
+                .iter()
+                .map(|a| RunId::Audit(a.name.clone())),
+        );
         out
     }
 
@@ -307,7 +336,8 @@ impl Study {
             })
     }
 
-    /// The warm start a run depends on (`None` for a warm start).
+    /// The run a run depends on: an arm's warm start, the run an audit reads (`None` for a
+    /// warm start).
     pub fn dependency(&self, run: &RunId) -> Option<RunId> {
         match run {
             RunId::Warm(_) => None,
@@ -315,6 +345,7 @@ impl Study {
                 let arm = self.file.arm(a)?;
                 Some(RunId::Warm(self.file.warm_start_of(arm).to_string()))
             }
+            RunId::Audit(a) => self.audit(a).and_then(|a| RunId::parse(&a.run)),
         }
     }
 
@@ -368,7 +399,7 @@ impl Study {
             .map_err(self.config_error(format!("arm {:?} (preset {})", arm.name, arm.preset)))
     }
 
-    /// The configuration of any run.
+    /// The configuration of any run (an audit's: that of the run it reads).
     pub fn config_of(&self, run: &RunId, out: &Path) -> Result<TrainConfig, StudyError> {
         match run {
             RunId::Warm(w) => self.warm_config(w),
@@ -376,7 +407,18 @@ impl Study {
                 let arm = self.file.arm(a).expect("a run of the study names its arm");
                 self.arm_config(arm, *s, out)
             }
+            RunId::Audit(_) => {
+                let read = self
+                    .dependency(run)
+                    .expect("a checked study's audit names one of its runs");
+                self.config_of(&read, out)
+            }
         }
+    }
+
+    /// The audit named `name`.
+    pub fn audit(&self, name: &str) -> Option<&file::Audit> {
+        self.file.audits.iter().find(|a| a.name == name)
     }
 
     /// Resolves every run's configuration and checks it as `turnwise config` does (the task
@@ -535,7 +577,11 @@ impl Study {
         let stored = out.join(STUDY_FILE);
         if stored.is_file() {
             let theirs = StudyFile::read(&stored)?;
-            if theirs != self.file {
+            if theirs != self.file && theirs.without_audits() == self.file.without_audits() {
+                // Audits read runs and change none: a study file that adds, removes or
+                // changes audits takes over the folder's copy (finished audits are kept).
+                write_new(&stored, self.text.as_bytes())?;
+            } else if theirs != self.file {
                 let table = |f: &StudyFile| {
                     toml::Value::try_from(f)
                         .ok()

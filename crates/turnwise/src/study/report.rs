@@ -128,6 +128,214 @@ pub struct ReportNumbers {
     pub vs_baseline: BTreeMap<String, BTreeMap<String, JsonInterval>>,
     /// Per claim: the difference better − than, its interval and the verdict.
     pub claims: BTreeMap<String, ClaimResult>,
+    /// Per finished audit (`[[audit]]`): what it read and each estimator's agreement with the
+    /// replay (`audit/<name>/audit.json` has every turn).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub audits: BTreeMap<String, AuditNumbers>,
+}
+
+/// A finished audit's numbers in the study's report.
+#[derive(Debug, Clone, Serialize)]
+pub struct AuditNumbers {
+    /// The run it read (`warm/<name>` or `<arm>/seed-<s>`).
+    pub run: String,
+    /// The decision density the world states (`task.world.decision_density`).
+    pub stated_density: Option<f64>,
+    /// The share of audited turns whose replay advantage is non-zero beyond twice its error.
+    pub realised_density: f64,
+    /// Turns audited.
+    pub turns: usize,
+    /// Mean return of the audited episodes.
+    pub mean_return: f64,
+    /// Per estimator: Spearman's ρ with the replay advantage and the sign agreement on
+    /// decisive turns, each `[value, 2.5 %, 97.5 %]` (`null` where undefined).
+    pub estimators: BTreeMap<String, AuditScores>,
+    /// Estimators the audit left out, with why.
+    pub skipped: BTreeMap<String, String>,
+}
+
+/// An estimator's agreement with the replay in one audit.
+#[derive(Debug, Clone, Serialize)]
+pub struct AuditScores {
+    /// Spearman's ρ `[value, low, high]`.
+    pub spearman: [Option<f64>; 3],
+    /// Sign agreement on decisive turns `[value, low, high]`.
+    pub sign_agreement: [Option<f64>; 3],
+    /// Decisive turns scored.
+    pub decisive: usize,
+}
+
+/// Reads the finished audit `name` of the study directory `out` (`None` when not finished).
+fn read_audit(out: &Path, name: &str, run: &str) -> Result<Option<AuditNumbers>> {
+    let path = RunId::Audit(name.into()).dir(out).join("audit.json");
+    let Ok(bytes) = std::fs::read(&path) else {
+        return Ok(None);
+    };
+    let v: serde_json::Value = serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} does not parse", path.display()))?;
+    let triple =
+        |e: &serde_json::Value| [e["value"].as_f64(), e["low"].as_f64(), e["high"].as_f64()];
+    let estimators = v["estimators"]
+        .as_array()
+        .with_context(|| format!("{} has no estimators", path.display()))?
+        .iter()
+        .map(|e| {
+            let o = &e["overall"];
+            (
+                e["name"].as_str().unwrap_or("?").to_string(),
+                AuditScores {
+                    spearman: triple(&o["spearman"]),
+                    sign_agreement: triple(&o["sign_agreement"]),
+                    decisive: o["decisive"].as_u64().unwrap_or(0) as usize,
+                },
+            )
+        })
+        .collect();
+    let skipped = v["skipped"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|s| {
+                    (
+                        s[0].as_str().unwrap_or("?").to_string(),
+                        s[1].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Some(AuditNumbers {
+        run: run.to_string(),
+        stated_density: v["stated_density"].as_f64(),
+        realised_density: v["realised_density"].as_f64().unwrap_or(0.0),
+        turns: v["turns"].as_u64().unwrap_or(0) as usize,
+        mean_return: v["mean_return"].as_f64().unwrap_or(0.0),
+        estimators,
+        skipped,
+    }))
+}
+
+/// `0.41 [0.12, 0.66]`, or `–` where undefined.
+fn triple_cell(t: &[Option<f64>; 3], digits: usize) -> String {
+    match t {
+        [Some(v), Some(lo), Some(hi)] => format!("{v:.digits$} [{lo:.digits$}, {hi:.digits$}]"),
+        [Some(v), _, _] => format!("{v:.digits$}"),
+        _ => "–".into(),
+    }
+}
+
+/// The report's section on the study's audits (empty when it declares none).
+fn audit_section(study: &Study, out: &Path, numbers: &mut ReportNumbers) -> Result<String> {
+    let file = &study.file;
+    if file.audits.is_empty() {
+        return Ok(String::new());
+    }
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "\n## Turn credit against the replay oracle\n\nEach audit (`turnwise credit-audit`, \
+         docs/credit-audit.md) resamples K alternatives at every turn of its episodes from the \
+         exact state and rolls each forward M times with the audited run's policy: the replay \
+         advantage of the taken turn is its mean return minus the alternatives'. A turn is \
+         decisive when that is non-zero beyond twice its standard error; the realised density \
+         is the share of decisive turns. Each estimator's per-turn advantage, computed in its \
+         own groups as in training, is scored by Spearman's ρ with the replay advantage over all \
+         audited turns and by the share of decisive turns whose sign it gets; brackets: 95 % \
+         bootstrap over episodes. `random` is a seeded uniform draw per turn, the floor. Every \
+         turn is in `audit/<name>/audit.json`.\n"
+    );
+    let mut found = Vec::new();
+    for a in &file.audits {
+        match read_audit(out, &a.name, &a.run)? {
+            Some(n) => found.push((a, n)),
+            None => {
+                let _ = writeln!(md, "- `{}` (of `{}`): not finished yet.", a.name, a.run);
+            }
+        }
+    }
+    if found.is_empty() {
+        return Ok(md);
+    }
+    let _ = writeln!(
+        md,
+        "| audit | run | K × M | episodes | turns | mean return | stated ρ | realised ρ |\n\
+         |---|---|---|---:|---:|---:|---:|---:|"
+    );
+    for (a, n) in &found {
+        let _ = writeln!(
+            md,
+            "| `{}` | `{}` | {} × {} | {} | {} | {:.3} | {} | {:.2} |",
+            a.name,
+            a.run,
+            a.alternatives,
+            a.rollouts,
+            a.episodes,
+            n.turns,
+            n.mean_return,
+            n.stated_density.map_or("–".into(), |d| format!("{d}")),
+            n.realised_density
+        );
+    }
+    let mut names: Vec<String> = Vec::new();
+    for (_, n) in &found {
+        for k in n.estimators.keys() {
+            if !names.contains(k) {
+                names.push(k.clone());
+            }
+        }
+    }
+    // The random floor last, as the audits list it.
+    names.sort_by_key(|k| (k == crate::audit::RANDOM, k.clone()));
+    for (title, pick, digits) in [
+        (
+            "Spearman's ρ of each estimator's turn advantage with the replay advantage",
+            (|s: &AuditScores| s.spearman) as fn(&AuditScores) -> [Option<f64>; 3],
+            2,
+        ),
+        (
+            "Sign agreement on the decisive turns",
+            |s: &AuditScores| s.sign_agreement,
+            2,
+        ),
+    ] {
+        let _ = writeln!(md, "\n{title}:\n");
+        let header: Vec<String> = found.iter().map(|(a, _)| format!("`{}`", a.name)).collect();
+        let _ = writeln!(
+            md,
+            "| estimator | {} |\n|---|{}",
+            header.join(" | "),
+            "---|".repeat(found.len())
+        );
+        for name in &names {
+            let cells: Vec<String> = found
+                .iter()
+                .map(
+                    |(_, n)| match (n.estimators.get(name), n.skipped.get(name)) {
+                        (Some(s), _) => triple_cell(&pick(s), digits),
+                        (None, Some(_)) => "left out".into(),
+                        (None, None) => "–".into(),
+                    },
+                )
+                .collect();
+            let _ = writeln!(md, "| {name} | {} |", cells.join(" | "));
+        }
+    }
+    let mut why: BTreeMap<&str, &str> = BTreeMap::new();
+    for (_, n) in &found {
+        for (k, v) in &n.skipped {
+            why.entry(k.as_str()).or_insert(v.as_str());
+        }
+    }
+    if !why.is_empty() {
+        let _ = writeln!(md);
+        for (k, v) in why {
+            let _ = writeln!(md, "- {k} left out: {v}.");
+        }
+    }
+    for (a, n) in found {
+        numbers.audits.insert(a.name.clone(), n);
+    }
+    Ok(md)
 }
 
 /// A claim's result.
@@ -455,12 +663,13 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
             _ => file.panel.sampled,
         })
         .collect();
-    let total_runs = study.runs().len();
-    let finished = study
+    let trained: Vec<RunId> = study
         .runs()
-        .iter()
-        .filter(|r| is_finished(&r.dir(out)))
-        .count();
+        .into_iter()
+        .filter(|r| !matches!(r, RunId::Audit(_)))
+        .collect();
+    let total_runs = trained.len();
+    let finished = trained.iter().filter(|r| is_finished(&r.dir(out))).count();
     let mut numbers = ReportNumbers {
         study: file.name.clone(),
         finished,
@@ -469,6 +678,7 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
         arms: BTreeMap::new(),
         vs_baseline: BTreeMap::new(),
         claims: BTreeMap::new(),
+        audits: BTreeMap::new(),
     };
     let mut md = String::new();
     let _ = writeln!(md, "# Study `{}`\n", file.name);
@@ -833,6 +1043,9 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
                 .map_or("–".into(), |v| format!("{v:.4}"))
         );
     }
+
+    let audits = audit_section(study, out, &mut numbers)?;
+    md.push_str(&audits);
 
     // Reasoning health per turn, from the runs' sampled training episodes.
     let _ = writeln!(

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use super::{RunId, Study, is_finished};
+use super::{RunId, Study};
 use crate::pipeline::RunOptions;
 
 /// The environment variable a study's child process reads its parent's process id from: the
@@ -38,7 +38,7 @@ pub fn run_one(study: &Study, out: &Path, run: &RunId, quiet: bool) -> Result<Ru
         watch_parent(parent);
     }
     let dir = run.dir(out);
-    if is_finished(&dir) {
+    if run.finished(out) {
         if !quiet {
             println!("{} is finished ({})", run.label(), dir.display());
         }
@@ -46,10 +46,10 @@ pub fn run_one(study: &Study, out: &Path, run: &RunId, quiet: bool) -> Result<Ru
     }
     if let Some(dep) = study.dependency(run) {
         let ws = dep.dir(out);
-        if !is_finished(&ws) {
+        if !dep.finished(out) {
             bail!(
-                "{} starts from the warm start {}, which has not finished ({} has no \
-                 summary.json): run `turnwise study run-one {} --out {} --run {}` first",
+                "{} needs the run {}, which has not finished ({} has no summary.json): run \
+                 `turnwise study run-one {} --out {} --run {}` first",
                 run.label(),
                 dep.label(),
                 ws.display(),
@@ -58,6 +58,47 @@ pub fn run_one(study: &Study, out: &Path, run: &RunId, quiet: bool) -> Result<Ru
                 dep.label()
             );
         }
+    }
+    if let RunId::Audit(name) = run {
+        let a = study
+            .audit(name)
+            .expect("a run of the study names its audit");
+        let read = study
+            .dependency(run)
+            .expect("an audit reads a run")
+            .dir(out);
+        let request = crate::audit::AuditRequest {
+            split: turnwise_env::world::Split::Test,
+            episodes: a.episodes,
+            group: a.group,
+            replay: crate::audit::replay::ReplaySettings {
+                alternatives: a.alternatives,
+                rollouts: a.rollouts,
+                seed: a.seed,
+                chunk: 256,
+            },
+            bootstrap: a.bootstrap,
+        };
+        let source = crate::checkpoints::EvalSource {
+            run: Some(&read),
+            checkpoint: None,
+            preset: None,
+            config: None,
+            sets: &[],
+        };
+        // An audit killed before its report was written left at most its manifest: redone.
+        let (report, _) = crate::audit::audit_into(&source, &request, &dir, true)
+            .with_context(|| format!("running {}", run.label()))?;
+        if !quiet {
+            println!(
+                "{}: {} turns audited, realised decision density {:.2} ({})",
+                run.label(),
+                report.turns,
+                report.realised_density,
+                dir.display()
+            );
+        }
+        return Ok(RunOutcome::Ran);
     }
     if dir.join("config.toml").is_file() {
         crate::pipeline::resume(&dir, quiet)
@@ -129,6 +170,8 @@ pub enum Stage {
     Warm,
     /// The arm × seed runs only (the second stage), one command a line.
     Runs,
+    /// The audits only (the third stage), one command a line.
+    Audits,
 }
 
 /// The commands of a study, one a line, for a scheduler over a shared directory: the warm
@@ -138,7 +181,18 @@ pub enum Stage {
 /// unfinished one.
 pub fn plan(exe: &Path, study: &Study, out: &Path, stage: Stage) -> String {
     let runs = study.runs();
-    let (warm, arms): (Vec<_>, Vec<_>) = runs.iter().partition(|r| matches!(r, RunId::Warm(_)));
+    let warm: Vec<&RunId> = runs
+        .iter()
+        .filter(|r| matches!(r, RunId::Warm(_)))
+        .collect();
+    let arms: Vec<&RunId> = runs
+        .iter()
+        .filter(|r| matches!(r, RunId::Arm(..)))
+        .collect();
+    let audits: Vec<&RunId> = runs
+        .iter()
+        .filter(|r| matches!(r, RunId::Audit(_)))
+        .collect();
     let mut s = String::new();
     if stage == Stage::All {
         let _ = writeln!(
@@ -156,7 +210,7 @@ pub fn plan(exe: &Path, study: &Study, out: &Path, stage: Stage) -> String {
             "# stage 1 (warm starts): every stage-2 run needs its warm start finished"
         );
     }
-    if stage != Stage::Runs {
+    if matches!(stage, Stage::All | Stage::Warm) {
         for r in &warm {
             let _ = writeln!(s, "{}", command_line(exe, study, out, r));
         }
@@ -164,8 +218,19 @@ pub fn plan(exe: &Path, study: &Study, out: &Path, stage: Stage) -> String {
     if stage == Stage::All {
         let _ = writeln!(s, "# stage 2 (arm x seed runs), after stage 1");
     }
-    if stage != Stage::Warm {
+    if matches!(stage, Stage::All | Stage::Runs) {
         for r in &arms {
+            let _ = writeln!(s, "{}", command_line(exe, study, out, r));
+        }
+    }
+    if stage == Stage::All && !audits.is_empty() {
+        let _ = writeln!(
+            s,
+            "# stage 3 (replay audits of finished runs), after the runs they read"
+        );
+    }
+    if matches!(stage, Stage::All | Stage::Audits) {
+        for r in &audits {
             let _ = writeln!(s, "{}", command_line(exe, study, out, r));
         }
     }
@@ -210,7 +275,7 @@ pub fn run_study(study: &Study, out: &Path, opts: &StudyRunOptions) -> Result<()
     let states: Vec<State> = runs
         .iter()
         .map(|r| {
-            if is_finished(&r.dir(out)) {
+            if r.finished(out) {
                 State::Done
             } else {
                 State::Waiting
@@ -251,7 +316,7 @@ pub fn run_study(study: &Study, out: &Path, opts: &StudyRunOptions) -> Result<()
                                 match dep.map(|d| g.0[d].clone()) {
                                     Some(State::Failed(_)) => {
                                         let why = format!(
-                                            "not started: its warm start {} failed",
+                                            "not started: the run it needs, {}, failed",
                                             study
                                                 .dependency(run)
                                                 .map(|d| d.label())
