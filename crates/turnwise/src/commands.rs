@@ -221,6 +221,10 @@ pub enum Command {
         /// Bootstrap resamples of the intervals.
         #[arg(long, default_value_t = 1000)]
         bootstrap: usize,
+        /// Continuations rolled at once (each holds its own keys and values). Default: as many
+        /// as fit 2 GiB of key-value cache at the run's longest episode, 8 to 256.
+        #[arg(long)]
+        max_live: Option<usize>,
         /// Output folder (audit.md, audit.json, spearman_by_depth.svg): absent, empty, or
         /// without any of those files (then they are added beside the folder's own files).
         #[arg(long, default_value = "credit-audit")]
@@ -921,6 +925,7 @@ pub fn run(cli: Cli) -> Result<()> {
             rollouts,
             seed,
             bootstrap,
+            max_live,
             out,
             overwrite,
         } => {
@@ -930,6 +935,9 @@ pub fn run(cli: Cli) -> Result<()> {
                 "test" => Split::Test,
                 other => bail!("--split must be train, validation or test, got {other:?}"),
             };
+            if max_live == Some(0) {
+                bail!("--max-live must be at least 1 (leave it out for the default)");
+            }
             let request = turnwise::audit::AuditRequest {
                 split,
                 episodes,
@@ -938,7 +946,7 @@ pub fn run(cli: Cli) -> Result<()> {
                     alternatives,
                     rollouts,
                     seed,
-                    chunk: 256,
+                    chunk: max_live.unwrap_or(0),
                 },
                 bootstrap,
             };

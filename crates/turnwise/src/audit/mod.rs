@@ -106,10 +106,32 @@ pub struct AuditRequest {
     pub episodes: usize,
     /// Episodes per question; the run's `rollout.group_size` when `None`.
     pub group: Option<usize>,
-    /// The replay's settings.
+    /// The replay's settings; a `chunk` of 0 is [`live_budget_chunk`]'s for the model.
     pub replay: ReplaySettings,
     /// Bootstrap resamples.
     pub bootstrap: usize,
+}
+
+/// The key-value cache a replay's live continuations may hold at once when the chunk is left
+/// to the model: 2 GiB. (The SmolLM2-135M audit of results.md peaked at 13.6 GB with 256
+/// continuations of 712 tokens at once, 8.4 GB of it their caches.)
+pub const LIVE_KV_BUDGET: u64 = 2 << 30;
+
+/// How many continuations a replay rolls at once for `model` when each may grow to
+/// `max_tokens` tokens: as many as fit [`LIVE_KV_BUDGET`] of key-value cache (every layer's keys
+/// and values, `dtype_bytes` each), at least 8 and at most 256.
+pub fn live_budget_chunk(
+    model: &turnwise_model::model::ModelConfig,
+    max_tokens: usize,
+    dtype_bytes: usize,
+) -> usize {
+    let per_token = 2
+        * model.num_hidden_layers as u64
+        * model.num_key_value_heads as u64
+        * model.head_dim as u64
+        * dtype_bytes as u64;
+    let per_episode = (per_token * max_tokens as u64).max(1);
+    (LIVE_KV_BUDGET / per_episode).clamp(8, 256) as usize
 }
 
 /// Audits the checkpoint of `source` (as `turnwise eval` opens it) and writes the report into
@@ -132,11 +154,26 @@ pub fn audit_into(
         true,
     )?;
     let (trainer, what) = crate::checkpoints::open_for_eval(source)?;
+    let mut replay = request.replay;
+    if replay.chunk == 0 {
+        // The longest an episode's context grows: its prompt (bounded by the rollout's own
+        // budget for it) and every response and observation token.
+        let cfg = &trainer.config;
+        let max_tokens = (cfg.rollout.max_response_tokens + 512)
+            .min(trainer.model_config.max_position_embeddings.max(1));
+        let bytes = trainer.sampler.dtype().size_in_bytes();
+        replay.chunk = live_budget_chunk(&trainer.model_config, max_tokens, bytes);
+        tracing::info!(
+            chunk = replay.chunk,
+            max_tokens,
+            "credit audit: continuations rolled at once (--max-live)"
+        );
+    }
     let settings = AuditSettings {
         split: request.split,
         episodes: request.episodes,
         group: request.group.unwrap_or(trainer.config.rollout.group_size),
-        replay: request.replay,
+        replay,
         bootstrap: request.bootstrap,
     };
     settings.validate()?;

@@ -248,3 +248,25 @@ fn turn_replay_figures() {
     let tie = TurnReplay::new(1, vec![0.0; 3], vec![vec![0.0; 3]; 2]);
     assert!(!tie.decisive && tie.se == 0.0);
 }
+
+/// The replay's default chunk keeps the live continuations' key-value caches near
+/// [`super::LIVE_KV_BUDGET`]: SmolLM2-135M's (30 layers × 3 KV heads × 64, f32) at 712 tokens
+/// is 32.8 MB an episode, so 65 at once instead of 256 (13.6 GB peak measured with 256); a
+/// small model keeps the cap of 256, a huge context the floor of 8.
+#[test]
+fn the_replay_chunk_fits_the_kv_budget() {
+    let mut m = turnwise_model::model::ModelConfig::tiny_qwen2(100);
+    m.num_hidden_layers = 30;
+    m.num_key_value_heads = 3;
+    m.head_dim = 64;
+    let per_episode = 2 * 30 * 3 * 64 * 4 * 712;
+    let chunk = super::live_budget_chunk(&m, 712, 4);
+    assert_eq!(chunk as u64, super::LIVE_KV_BUDGET / per_episode);
+    assert_eq!(chunk, 65);
+    assert!(chunk as u64 * per_episode <= super::LIVE_KV_BUDGET);
+    // Half the bytes (bf16), twice as many.
+    assert_eq!(super::live_budget_chunk(&m, 712, 2), 130);
+    let tiny = turnwise_model::model::ModelConfig::tiny_qwen2(100);
+    assert_eq!(super::live_budget_chunk(&tiny, 712, 4), 256);
+    assert_eq!(super::live_budget_chunk(&m, 1 << 20, 4), 8);
+}

@@ -75,7 +75,7 @@ pub fn run_one(study: &Study, out: &Path, run: &RunId, quiet: bool) -> Result<Ru
                 alternatives: a.alternatives,
                 rollouts: a.rollouts,
                 seed: a.seed,
-                chunk: 256,
+                chunk: 0,
             },
             bootstrap: a.bootstrap,
         };
