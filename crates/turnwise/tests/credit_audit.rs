@@ -116,6 +116,18 @@ fn credit_audit_writes_its_tables_for_a_tiny_checkpoint() {
     // The markdown: one row per estimator in the main table, one per estimator and depth below.
     let md = std::fs::read_to_string(dir.join("audit.md")).unwrap();
     assert!(md.contains("Realised decision density"), "{md}");
+    assert!(
+        md.contains("| estimator | turns | Spearman [95 %] | chance [95 %] | p |"),
+        "{md}"
+    );
+    // The permutation test, wherever ρ is defined.
+    for e in estimators {
+        let o = &e["overall"];
+        if o["spearman"]["value"].is_f64() {
+            let p = o["spearman_null"]["p_value"].as_f64().unwrap();
+            assert!(p > 0.0 && p <= 1.0, "{e}");
+        }
+    }
     for n in &names {
         let rows = md
             .lines()

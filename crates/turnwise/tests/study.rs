@@ -741,6 +741,7 @@ fn audits_added_to_a_finished_study_run_and_reach_its_report() {
         "Spearman's ρ of each estimator",
         "Sign agreement on the decisive turns",
         "- ppo left out: needs a trained critic",
+        "shuffles of the estimator's advantages",
     ] {
         assert!(
             report.contains(section),

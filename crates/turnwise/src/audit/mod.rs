@@ -282,6 +282,8 @@ pub struct AuditReport {
     pub rollouts: usize,
     /// The seed.
     pub seed: u64,
+    /// Bootstrap resamples of the intervals (and shuffles of the permutation tests).
+    pub bootstrap: usize,
     /// Sampling temperature of every rollout.
     pub temperature: f64,
     /// Audited turns.
@@ -477,6 +479,7 @@ pub fn audit(trainer: &Trainer, source: &str, s: &AuditSettings) -> Result<Audit
         alternatives: s.replay.alternatives,
         rollouts: s.replay.rollouts,
         seed: s.replay.seed,
+        bootstrap: s.bootstrap,
         temperature: decoding.temperature,
         turns,
         replay_rollouts,

@@ -81,16 +81,27 @@ pub fn markdown(r: &AuditReport) -> String {
         "Spearman: rank correlation of the estimator's turn advantage with the replay advantage \
          over all audited turns; sign: share of the decisive turns whose advantage has the \
          replay's sign. Brackets: 95 % bootstrap intervals over episodes; – where undefined (a \
-         constant side, or no decisive turn).\n"
+         constant side, or no decisive turn). Chance: the 95 % range of Spearman's ρ with the \
+         estimator's advantages shuffled over the turns ({} shuffles), and p the share of \
+         shuffles reaching the observed ρ (one-sided): an estimator whose ρ is inside the \
+         chance range ranks the turns no better than a shuffle of its own values.\n",
+        r.bootstrap
     );
     let _ = writeln!(
         s,
-        "| estimator | turns | Spearman [95 %] | decisive | sign agreement [95 %] |\n|---|---:|---|---:|---|"
+        "| estimator | turns | Spearman [95 %] | chance [95 %] | p | decisive | sign agreement [95 %] |\n|---|---:|---|---|---:|---:|---|"
     );
     for e in &r.estimators {
+        let (chance, p) = match &e.overall.spearman_null {
+            Some(n) => (
+                format!("[{:+.2}, {:+.2}]", n.low, n.high),
+                format!("{:.3}", n.p_value),
+            ),
+            None => ("–".into(), "–".into()),
+        };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {chance} | {p} | {} | {} |",
             e.name,
             e.overall.turns,
             fmt_estimate(&e.overall.spearman),

@@ -163,6 +163,9 @@ pub struct AuditScores {
     pub sign_agreement: [Option<f64>; 3],
     /// Decisive turns scored.
     pub decisive: usize,
+    /// The permutation test of Spearman's ρ (the estimates shuffled over the audited turns,
+    /// 1,000 times), from the audit's turns.
+    pub spearman_null: Option<crate::audit::score::NullTest>,
 }
 
 /// Reads the finished audit `name` of the study directory `out` (`None` when not finished).
@@ -175,18 +178,29 @@ fn read_audit(out: &Path, name: &str, run: &str) -> Result<Option<AuditNumbers>>
         .with_context(|| format!("{} does not parse", path.display()))?;
     let triple =
         |e: &serde_json::Value| [e["value"].as_f64(), e["low"].as_f64(), e["high"].as_f64()];
+    let turns = v["audited"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    let replay: Vec<f64> = turns
+        .iter()
+        .map(|t| t["replay"]["advantage"].as_f64().unwrap_or(0.0))
+        .collect();
     let estimators = v["estimators"]
         .as_array()
         .with_context(|| format!("{} has no estimators", path.display()))?
         .iter()
         .map(|e| {
             let o = &e["overall"];
+            let name = e["name"].as_str().unwrap_or("?").to_string();
+            let credit: Vec<f64> = turns
+                .iter()
+                .map(|t| t["credit"][&name].as_f64().unwrap_or(0.0))
+                .collect();
             (
-                e["name"].as_str().unwrap_or("?").to_string(),
+                name,
                 AuditScores {
                     spearman: triple(&o["spearman"]),
                     sign_agreement: triple(&o["sign_agreement"]),
                     decisive: o["decisive"].as_u64().unwrap_or(0) as usize,
+                    spearman_null: crate::audit::score::spearman_null(&credit, &replay, 1000, 0),
                 },
             )
         })
@@ -286,16 +300,18 @@ fn audit_section(study: &Study, out: &Path, numbers: &mut ReportNumbers) -> Resu
     }
     // The random floor last, as the audits list it.
     names.sort_by_key(|k| (k == crate::audit::RANDOM, k.clone()));
-    for (title, pick, digits) in [
+    for (title, pick, with_p) in [
         (
-            "Spearman's ρ of each estimator's turn advantage with the replay advantage",
+            "Spearman's ρ of each estimator's turn advantage with the replay advantage \
+             [bootstrap 95 %], and p: the share of 1,000 shuffles of the estimator's advantages \
+             over the turns that reach it (what chance reaches with the same ties)",
             (|s: &AuditScores| s.spearman) as fn(&AuditScores) -> [Option<f64>; 3],
-            2,
+            true,
         ),
         (
             "Sign agreement on the decisive turns",
             |s: &AuditScores| s.sign_agreement,
-            2,
+            false,
         ),
     ] {
         let _ = writeln!(md, "\n{title}:\n");
@@ -311,7 +327,12 @@ fn audit_section(study: &Study, out: &Path, numbers: &mut ReportNumbers) -> Resu
                 .iter()
                 .map(
                     |(_, n)| match (n.estimators.get(name), n.skipped.get(name)) {
-                        (Some(s), _) => triple_cell(&pick(s), digits),
+                        (Some(s), _) => match (with_p, s.spearman_null) {
+                            (true, Some(n)) => {
+                                format!("{}, p {:.3}", triple_cell(&pick(s), 2), n.p_value)
+                            }
+                            _ => triple_cell(&pick(s), 2),
+                        },
                         (None, Some(_)) => "left out".into(),
                         (None, None) => "–".into(),
                     },
