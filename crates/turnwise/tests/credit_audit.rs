@@ -9,43 +9,50 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-#[test]
-fn credit_audit_writes_its_tables_for_a_tiny_checkpoint() {
-    let tmp = tempfile::tempdir().unwrap();
-    let mut args: Vec<String> = ["sft", "--preset", "grpo", "--out", "model"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    for s in common::tiny_overrides() {
+/// `command` with the tiny world and model's overrides, then `sets`, as `--set` flags.
+fn tiny_command(command: &[&str], sets: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = command.iter().map(|s| s.to_string()).collect();
+    let sets = common::tiny_overrides()
+        .into_iter()
+        .chain(sets.iter().map(|s| s.to_string()));
+    for s in sets {
         args.push("--set".into());
         args.push(s);
     }
-    let out = common::turnwise_in(&args, tmp.path());
+    args
+}
+
+/// `credit-audit` of `source` (`--checkpoint DIR` or `--run DIR`) on 3 validation episodes in
+/// groups of 3, K = M = 2, `bootstrap` resamples, into `audit/`.
+fn tiny_audit(source: &[&str], bootstrap: usize) -> Vec<String> {
+    let mut args = vec!["credit-audit".to_string()];
+    args.extend(source.iter().map(|s| s.to_string()));
+    for (flag, value) in [
+        ("--split", "validation".to_string()),
+        ("--episodes", "3".into()),
+        ("--group", "3".into()),
+        ("--alternatives", "2".into()),
+        ("--rollouts", "2".into()),
+        ("--bootstrap", bootstrap.to_string()),
+        ("--out", "audit".into()),
+    ] {
+        args.push(flag.into());
+        args.push(value);
+    }
+    args
+}
+
+#[test]
+fn credit_audit_writes_its_tables_for_a_tiny_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = common::turnwise_in(
+        &tiny_command(&["sft", "--preset", "grpo", "--out", "model"], &[]),
+        tmp.path(),
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
 
     let t0 = Instant::now();
-    let audit: Vec<String> = [
-        "credit-audit",
-        "--checkpoint",
-        "model",
-        "--split",
-        "validation",
-        "--episodes",
-        "3",
-        "--group",
-        "3",
-        "--alternatives",
-        "2",
-        "--rollouts",
-        "2",
-        "--bootstrap",
-        "50",
-        "--out",
-        "audit",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let audit = tiny_audit(&["--checkpoint", "model"], 50);
     let out = common::turnwise_in(&audit, tmp.path());
     let seconds = t0.elapsed().as_secs_f64();
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -189,42 +196,15 @@ fn credit_audit_writes_its_tables_for_a_tiny_checkpoint() {
 #[test]
 fn credit_audit_scores_ppo_from_the_critic_of_a_ppo_run() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut args: Vec<String> = ["train", "--preset", "ppo", "--out", "run"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    for s in common::tiny_overrides() {
-        args.push("--set".into());
-        args.push(s);
-    }
-    for s in ["run.steps=1", "eval.greedy=false", "eval.sampled=false"] {
-        args.push("--set".into());
-        args.push(s.into());
-    }
-    let out = common::turnwise_in(&args, tmp.path());
+    let out = common::turnwise_in(
+        &tiny_command(
+            &["train", "--preset", "ppo", "--out", "run"],
+            &["run.steps=1", "eval.greedy=false", "eval.sampled=false"],
+        ),
+        tmp.path(),
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let audit: Vec<String> = [
-        "credit-audit",
-        "--run",
-        "run",
-        "--split",
-        "validation",
-        "--episodes",
-        "3",
-        "--group",
-        "3",
-        "--alternatives",
-        "2",
-        "--rollouts",
-        "2",
-        "--bootstrap",
-        "20",
-        "--out",
-        "audit",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let audit = tiny_audit(&["--run", "run"], 20);
     let out = common::turnwise_in(&audit, tmp.path());
     assert!(out.status.success(), "{}", text(&out.stderr));
     let r: serde_json::Value = serde_json::from_str(
