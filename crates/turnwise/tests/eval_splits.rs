@@ -235,3 +235,41 @@ fn sampled_evaluation_draws_k_episodes_a_question() {
     let e = t.evaluate_samples(Split::Test, 4, 0.0, 7, 2).unwrap_err();
     assert!(e.to_string().contains("sampled decoding"), "{e}");
 }
+
+/// Evaluation shows the agent the context it trained on: with a memory window (GiGPO's and
+/// T2PO's P = 4 turns) its later turns see only the last P turns, as in training rollouts. The
+/// same seeds give the same first two turns (a window of 1 hides nothing before turn 2) and, in
+/// some longer episode, another later turn; before this, evaluation always used the whole
+/// history (watched red: identical episodes).
+#[test]
+fn evaluation_applies_the_memory_window() {
+    let mut sets = tiny_overrides();
+    sets.push("task.max_turns=6".into());
+    let cfg = TrainConfig::resolve(Some("grpo"), None, &sets).unwrap();
+    let mut t = Trainer::new(cfg).unwrap();
+    t.warm_start(&mut |_, _, _| {}).unwrap();
+    let turns = |e: &turnwise::trainer::eval::EvalEpisode| -> Vec<Vec<u32>> {
+        e.trajectory
+            .agent_segments()
+            .map(|a| a.ids.clone())
+            .collect()
+    };
+    let (_, full) = t.evaluate_samples(Split::Test, 8, 1.0, 3, 1).unwrap();
+    t.config.rollout.memory_window = Some(1);
+    let (_, windowed) = t.evaluate_samples(Split::Test, 8, 1.0, 3, 1).unwrap();
+    let mut later_differs = false;
+    for (a, b) in full.iter().zip(&windowed) {
+        let (ta, tb) = (turns(a), turns(b));
+        for k in 0..2.min(ta.len()).min(tb.len()) {
+            assert_eq!(ta[k], tb[k], "{}: turn {k}", a.question_id);
+        }
+        later_differs |= ta.len() > 2 && ta != tb;
+    }
+    assert!(
+        later_differs,
+        "no episode's later turns changed under a window of 1: {:?}",
+        full.iter()
+            .map(|e| e.trajectory.num_turns())
+            .collect::<Vec<_>>()
+    );
+}

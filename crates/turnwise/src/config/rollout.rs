@@ -111,7 +111,8 @@ pub struct RolloutConfig {
     /// Memory window P (spec §1.3, §6.3): each turn is generated from the prompt plus the last P
     /// turns (agent tokens and their observations) instead of the whole history; absent = full
     /// history. Chain rollouts only. The training rows still hold the whole trajectory (see
-    /// `rollout::RolloutControl`).
+    /// `rollout::RolloutControl`). Evaluation applies it too: the agent is evaluated with the
+    /// context it trained on.
     pub memory_window: Option<usize>,
     /// Where turns are generated: `local` (the trainer's own sampling engine, default) or
     /// `remote` (SGLang, vLLM or `turnwise serve` servers over HTTP; see [`RemoteConfig`]).

@@ -10,7 +10,7 @@ use turnwise_core::reward::{RewardInput, em, squad_f1, sub_em};
 use turnwise_env::world::Split;
 
 use super::Trainer;
-use crate::rollout::{EpisodeSpec, run_chains};
+use crate::rollout::{EpisodeSpec, RolloutControl, run_chains_with};
 use crate::run::PairedGain;
 use crate::task::TaskSet;
 use turnwise_core::trajectory::{Trajectory, TurnAction};
@@ -478,9 +478,18 @@ impl Trainer {
         let env = self.make_env();
         let mut decoding = self.decoding(temperature);
         decoding.max_response_tokens = self.config.rollout.max_response_tokens;
+        // The agent's context is part of the agent: with a memory window (GiGPO's and T2PO's
+        // verl-agent prompts re-render the task and the last P turns) it sees at evaluation
+        // what it saw in training. The training-time controls (TTI, TDS) do not run here.
+        let control = RolloutControl {
+            memory_window: self.config.rollout.memory_window,
+            ..RolloutControl::default()
+        };
         let mut episodes = Vec::new();
         for chunk in specs.chunks(64) {
-            episodes.extend(run_chains(&policy, chunk.to_vec(), &env, &decoding)?);
+            episodes.extend(
+                run_chains_with(&policy, chunk.to_vec(), &env, &decoding, &control)?.episodes,
+            );
         }
         let mut r = EvalResult {
             split: split.name().to_owned(),
