@@ -142,25 +142,8 @@ pub enum Command {
     /// (`--run`), or any checkpoint or Hugging Face folder (`--checkpoint`, e.g. an `sft --out`
     /// or `export` folder). Prints the checkpoint evaluated on stderr and the result as JSON.
     Eval {
-        /// The run directory (its config says the task).
-        #[arg(long, required_unless_present = "checkpoint")]
-        run: Option<PathBuf>,
-        /// A checkpoint folder or Hugging Face model folder to evaluate. Its task comes from
-        /// `--run`, `--preset`/`--config`, the folder's turnwise.toml or its run directory.
-        #[arg(long)]
-        checkpoint: Option<PathBuf>,
-        /// Preset giving the task of a folder that carries no config.
-        #[arg(long)]
-        preset: Option<String>,
-        /// Config file giving the task of a folder that carries no config.
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// `key=value` overrides (with `--preset` or `--config`).
-        #[arg(long = "set", value_name = "KEY=VALUE")]
-        sets: Vec<String>,
-        /// train, validation or test.
-        #[arg(long, default_value = "test")]
-        split: String,
+        #[command(flatten)]
+        model: CheckpointArgs,
         /// Questions.
         #[arg(long, default_value_t = 300)]
         questions: usize,
@@ -183,25 +166,8 @@ pub enum Command {
     /// as in training, is scored against it. Writes audit.md, audit.json and an SVG plot to
     /// `--out`. Cost: episodes × turns × (K + 1) × M rollouts at most.
     CreditAudit {
-        /// The run directory (its latest complete checkpoint and its config).
-        #[arg(long, required_unless_present = "checkpoint")]
-        run: Option<PathBuf>,
-        /// A checkpoint folder or Hugging Face model folder. Its task comes from `--run`,
-        /// `--preset`/`--config`, the folder's turnwise.toml or its run directory.
-        #[arg(long)]
-        checkpoint: Option<PathBuf>,
-        /// Preset giving the task of a folder that carries no config.
-        #[arg(long)]
-        preset: Option<String>,
-        /// Config file giving the task of a folder that carries no config.
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// `key=value` overrides (with `--preset` or `--config`).
-        #[arg(long = "set", value_name = "KEY=VALUE")]
-        sets: Vec<String>,
-        /// train, validation or test.
-        #[arg(long, default_value = "test")]
-        split: String,
+        #[command(flatten)]
+        model: CheckpointArgs,
         /// Audited episodes: one per question, the split's first questions.
         #[arg(long, default_value_t = 16)]
         episodes: usize,
@@ -434,6 +400,55 @@ pub enum Command {
         #[arg(long, default_value_t = turnwise::serve::DEFAULT_MAX_GUIDED_CHOICE_BYTES)]
         max_guided_choice_bytes: usize,
     },
+}
+
+/// The checkpoint a command reads and the split it asks (`eval`, `credit-audit`): the latest
+/// complete checkpoint of a run, or any checkpoint or Hugging Face folder with the task of its
+/// run, its `turnwise.toml`, or `--preset`/`--config`.
+#[derive(Debug, clap::Args)]
+pub struct CheckpointArgs {
+    /// The run directory: its latest complete checkpoint and its config (which says the task).
+    #[arg(long, required_unless_present = "checkpoint")]
+    run: Option<PathBuf>,
+    /// A checkpoint folder or Hugging Face model folder. Its task comes from `--run`,
+    /// `--preset`/`--config`, the folder's turnwise.toml or its run directory.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// Preset giving the task of a folder that carries no config.
+    #[arg(long)]
+    preset: Option<String>,
+    /// Config file giving the task of a folder that carries no config.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// `key=value` overrides (with `--preset` or `--config`).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// train, validation or test.
+    #[arg(long, default_value = "test")]
+    split: String,
+}
+
+impl CheckpointArgs {
+    /// Where the checkpoint and its task come from.
+    fn source(&self) -> turnwise::checkpoints::EvalSource<'_> {
+        turnwise::checkpoints::EvalSource {
+            run: self.run.as_deref(),
+            checkpoint: self.checkpoint.as_deref(),
+            preset: self.preset.as_deref(),
+            config: self.config.as_deref(),
+            sets: &self.sets,
+        }
+    }
+
+    /// `--split`, parsed.
+    fn split(&self) -> Result<Split> {
+        Ok(match self.split.as_str() {
+            "train" => Split::Train,
+            "validation" => Split::Validation,
+            "test" => Split::Test,
+            other => bail!("--split must be train, validation or test, got {other:?}"),
+        })
+    }
 }
 
 /// `turnwise study ...`.
@@ -839,12 +854,7 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Eval {
-            run,
-            checkpoint,
-            preset,
-            config,
-            sets,
-            split,
+            model,
             questions,
             temperature,
             samples,
@@ -864,12 +874,7 @@ pub fn run(cli: Cli) -> Result<()> {
                      {temperature}"
                 );
             }
-            let split = match split.as_str() {
-                "train" => Split::Train,
-                "validation" => Split::Validation,
-                "test" => Split::Test,
-                other => bail!("--split must be train, validation or test, got {other:?}"),
-            };
+            let split = model.split()?;
             let dump_file = dump
                 .as_ref()
                 .map(|path| {
@@ -877,14 +882,7 @@ pub fn run(cli: Cli) -> Result<()> {
                         .with_context(|| format!("creating the dump file {}", path.display()))
                 })
                 .transpose()?;
-            let (trainer, what) =
-                turnwise::checkpoints::open_for_eval(&turnwise::checkpoints::EvalSource {
-                    run: run.as_deref(),
-                    checkpoint: checkpoint.as_deref(),
-                    preset: preset.as_deref(),
-                    config: config.as_deref(),
-                    sets: &sets,
-                })?;
+            let (trainer, what) = turnwise::checkpoints::open_for_eval(&model.source())?;
             eprintln!("evaluating {what}");
             let (r, episodes) =
                 trainer.evaluate_samples(split, questions, temperature, 0, samples)?;
@@ -913,12 +911,7 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::CreditAudit {
-            run,
-            checkpoint,
-            preset,
-            config,
-            sets,
-            split,
+            model,
             episodes,
             group,
             alternatives,
@@ -929,12 +922,7 @@ pub fn run(cli: Cli) -> Result<()> {
             out,
             overwrite,
         } => {
-            let split = match split.as_str() {
-                "train" => Split::Train,
-                "validation" => Split::Validation,
-                "test" => Split::Test,
-                other => bail!("--split must be train, validation or test, got {other:?}"),
-            };
+            let split = model.split()?;
             if max_live == Some(0) {
                 bail!("--max-live must be at least 1 (leave it out for the default)");
             }
@@ -951,18 +939,8 @@ pub fn run(cli: Cli) -> Result<()> {
                 bootstrap,
             };
             let t0 = Instant::now();
-            let (report, _) = turnwise::audit::audit_into(
-                &turnwise::checkpoints::EvalSource {
-                    run: run.as_deref(),
-                    checkpoint: checkpoint.as_deref(),
-                    preset: preset.as_deref(),
-                    config: config.as_deref(),
-                    sets: &sets,
-                },
-                &request,
-                &out,
-                overwrite,
-            )?;
+            let (report, _) =
+                turnwise::audit::audit_into(&model.source(), &request, &out, overwrite)?;
             eprintln!(
                 "audited {} turns of {} in {:.1} s: realised decision density {:.2}; wrote {}",
                 report.turns,

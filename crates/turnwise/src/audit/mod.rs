@@ -134,6 +134,19 @@ pub fn live_budget_chunk(
     (LIVE_KV_BUDGET / per_episode).clamp(8, 256) as usize
 }
 
+impl AuditRequest {
+    /// The settings of an audit of a run whose `rollout.group_size` is `run_group`.
+    pub fn settings(&self, run_group: usize) -> AuditSettings {
+        AuditSettings {
+            split: self.split,
+            episodes: self.episodes,
+            group: self.group.unwrap_or(run_group),
+            replay: self.replay,
+            bootstrap: self.bootstrap,
+        }
+    }
+}
+
 /// Audits the checkpoint of `source` (as `turnwise eval` opens it) and writes the report into
 /// `out`, a folder turnwise owns ([`crate::ownership`]: an earlier audit's files there are
 /// replaced only with `overwrite`, a folder of the user's holding one of [`report::FILES`] is
@@ -154,28 +167,21 @@ pub fn audit_into(
         true,
     )?;
     let (trainer, what) = crate::checkpoints::open_for_eval(source)?;
-    let mut replay = request.replay;
-    if replay.chunk == 0 {
+    let mut settings = request.settings(trainer.config.rollout.group_size);
+    if settings.replay.chunk == 0 {
         // The longest an episode's context grows: its prompt (bounded by the rollout's own
         // budget for it) and every response and observation token.
         let cfg = &trainer.config;
         let max_tokens = (cfg.rollout.max_response_tokens + 512)
             .min(trainer.model_config.max_position_embeddings.max(1));
         let bytes = trainer.sampler.dtype().size_in_bytes();
-        replay.chunk = live_budget_chunk(&trainer.model_config, max_tokens, bytes);
+        settings.replay.chunk = live_budget_chunk(&trainer.model_config, max_tokens, bytes);
         tracing::info!(
-            chunk = replay.chunk,
+            chunk = settings.replay.chunk,
             max_tokens,
             "credit audit: continuations rolled at once (--max-live)"
         );
     }
-    let settings = AuditSettings {
-        split: request.split,
-        episodes: request.episodes,
-        group: request.group.unwrap_or(trainer.config.rollout.group_size),
-        replay,
-        bootstrap: request.bootstrap,
-    };
     settings.validate()?;
     eprintln!("auditing {what}");
     let report = audit(&trainer, &what, &settings)?;

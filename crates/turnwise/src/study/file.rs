@@ -81,6 +81,25 @@ pub struct Audit {
     pub bootstrap: usize,
 }
 
+impl Audit {
+    /// What the audit asks of `credit-audit`: the first `episodes` test questions, the replay
+    /// chunk left to the model (0).
+    pub fn request(&self) -> crate::audit::AuditRequest {
+        crate::audit::AuditRequest {
+            split: turnwise_env::world::Split::Test,
+            episodes: self.episodes,
+            group: self.group,
+            replay: crate::audit::replay::ReplaySettings {
+                alternatives: self.alternatives,
+                rollouts: self.rollouts,
+                seed: self.seed,
+                chunk: 0,
+            },
+            bootstrap: self.bootstrap,
+        }
+    }
+}
+
 fn default_audit_episodes() -> usize {
     16
 }
@@ -574,18 +593,10 @@ impl StudyFile {
                     ),
                 ));
             }
-            let settings = crate::audit::AuditSettings {
-                split: turnwise_env::world::Split::Test,
-                episodes: a.episodes,
-                group: a.group.unwrap_or(2),
-                replay: crate::audit::replay::ReplaySettings {
-                    alternatives: a.alternatives,
-                    rollouts: a.rollouts,
-                    seed: a.seed,
-                    chunk: 256,
-                },
-                bootstrap: a.bootstrap,
-            };
+            // The run's group size is not known before it resolves; the smallest valid one
+            // checks everything else.
+            let mut settings = a.request().settings(2);
+            settings.replay.chunk = 1;
             if let Err(e) = settings.validate() {
                 return Err(bad(key, format!("{e:#}")));
             }

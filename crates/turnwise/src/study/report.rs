@@ -163,8 +163,8 @@ pub struct AuditScores {
     pub sign_agreement: [Option<f64>; 3],
     /// Decisive turns scored.
     pub decisive: usize,
-    /// The permutation test of Spearman's ρ (the estimates shuffled over the audited turns,
-    /// 1,000 times), from the audit's turns.
+    /// The permutation test of Spearman's ρ (the estimates shuffled over the audited turns as
+    /// the audit's own test shuffles them), from the audit's turns.
     pub spearman_null: Option<crate::audit::score::NullTest>,
 }
 
@@ -179,6 +179,10 @@ fn read_audit(out: &Path, name: &str, run: &str) -> Result<Option<AuditNumbers>>
     let triple =
         |e: &serde_json::Value| [e["value"].as_f64(), e["low"].as_f64(), e["high"].as_f64()];
     let turns = v["audited"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+    // The audit's own permutation settings (its `--bootstrap` and seed), so that the test
+    // here is the one its audit.md shows; audits written before the test had none.
+    let shuffles = v["bootstrap"].as_u64().unwrap_or(1000) as usize;
+    let seed = v["seed"].as_u64().unwrap_or(0);
     let replay: Vec<f64> = turns
         .iter()
         .map(|t| t["replay"]["advantage"].as_f64().unwrap_or(0.0))
@@ -200,7 +204,9 @@ fn read_audit(out: &Path, name: &str, run: &str) -> Result<Option<AuditNumbers>>
                     spearman: triple(&o["spearman"]),
                     sign_agreement: triple(&o["sign_agreement"]),
                     decisive: o["decisive"].as_u64().unwrap_or(0) as usize,
-                    spearman_null: crate::audit::score::spearman_null(&credit, &replay, 1000, 0),
+                    spearman_null: crate::audit::score::spearman_null(
+                        &credit, &replay, shuffles, seed,
+                    ),
                 },
             )
         })
@@ -303,8 +309,8 @@ fn audit_section(study: &Study, out: &Path, numbers: &mut ReportNumbers) -> Resu
     for (title, pick, with_p) in [
         (
             "Spearman's ρ of each estimator's turn advantage with the replay advantage \
-             [bootstrap 95 %], and p: the share of 1,000 shuffles of the estimator's advantages \
-             over the turns that reach it (what chance reaches with the same ties)",
+             [bootstrap 95 %], and p: the share of shuffles of the estimator's advantages over \
+             the turns that reach it (what chance reaches with the same ties)",
             (|s: &AuditScores| s.spearman) as fn(&AuditScores) -> [Option<f64>; 3],
             true,
         ),

@@ -67,18 +67,7 @@ pub fn run_one(study: &Study, out: &Path, run: &RunId, quiet: bool) -> Result<Ru
             .dependency(run)
             .expect("an audit reads a run")
             .dir(out);
-        let request = crate::audit::AuditRequest {
-            split: turnwise_env::world::Split::Test,
-            episodes: a.episodes,
-            group: a.group,
-            replay: crate::audit::replay::ReplaySettings {
-                alternatives: a.alternatives,
-                rollouts: a.rollouts,
-                seed: a.seed,
-                chunk: 0,
-            },
-            bootstrap: a.bootstrap,
-        };
+        let request = a.request();
         let source = crate::checkpoints::EvalSource {
             run: Some(&read),
             checkpoint: None,
