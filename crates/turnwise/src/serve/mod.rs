@@ -37,6 +37,7 @@
 
 pub(crate) mod http;
 pub mod memory;
+pub mod session;
 pub use crate::rollout::protocol;
 pub(crate) mod worker;
 
