@@ -40,8 +40,8 @@ pub use overrides::{PATH_KEYS, absolutize_paths, apply_override, merge};
 use overrides::{first_line, parse_table};
 pub use reward::{JudgeFailure, JudgeSettings, OverlongBufferConfig};
 pub use rollout::{
-    FilterMetric, RemoteConfig, RemoteProtocol, RolloutBackend, RolloutConfig, RolloutStrategy,
-    TdsConfig, TtiConfig,
+    FilterMetric, HarnessConfig, HarnessReward, RemoteConfig, RemoteProtocol, RolloutBackend,
+    RolloutConfig, RolloutStrategy, TdsConfig, TtiConfig,
 };
 pub use run::{EvalConfig, RunConfig, WandbSetting};
 pub use task::{AgentFormatName, GameConfig, MAX_TOPK, SearchR1Files, TaskConfig, TaskEnv};

@@ -119,6 +119,8 @@ pub struct RolloutConfig {
     pub backend: RolloutBackend,
     /// The inference servers of `backend = "remote"`.
     pub remote: RemoteConfig,
+    /// The agent program of `backend = "harness"`.
+    pub harness: HarnessConfig,
 }
 
 /// Where rollout turns are generated.
@@ -132,6 +134,66 @@ pub enum RolloutBackend {
     /// returned ids and log-probs are recorded as sampled; after each optimizer step the policy
     /// is written as a Hugging Face folder and the servers reload it.
     Remote,
+    /// An agent program of the user's (`rollout.harness`): the trainer serves its current policy
+    /// on loopback (`turnwise serve`, recording sessions), runs the program once per episode,
+    /// and trains on the token-exact trajectory the server recorded of its requests.
+    Harness,
+}
+
+/// Where the reward of a harness episode comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HarnessReward {
+    /// The task's own reward (`[reward]`) scores the reconstructed turns (default).
+    #[default]
+    Task,
+    /// The program's: the last line of its standard output is `{"reward": x}`; an episode
+    /// without one fails.
+    Program,
+}
+
+/// Settings of the harness rollout backend (`rollout.harness`): the agent program the trainer
+/// runs once per episode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HarnessConfig {
+    /// The program and its arguments (`["python3", "agent.py"]`); relative paths are taken from
+    /// the directory the trainer runs in. Each episode runs it with the task and the server in
+    /// its environment: `TURNWISE_BASE_URL` (and `OPENAI_BASE_URL`, `…/v1`), `OPENAI_API_KEY`,
+    /// `TURNWISE_SESSION_ID`, `TURNWISE_MODEL`, `TURNWISE_QUESTION`, `TURNWISE_PROMPT` (the
+    /// task's rendered prompt), `TURNWISE_TASK_ID`, `TURNWISE_SPLIT`, `TURNWISE_SEED`,
+    /// `TURNWISE_TEMPERATURE`, `TURNWISE_TOP_P`, `TURNWISE_MAX_TOKENS` (per turn),
+    /// `TURNWISE_STOP` (a JSON list), `TURNWISE_MAX_TURNS` and, for the search task,
+    /// `TURNWISE_RETRIEVER_URL` (Search-R1's `/retrieve`).
+    pub command: Vec<String>,
+    /// Most programs running at once (default 8).
+    pub workers: usize,
+    /// Seconds one episode's program may run; beyond it its process group is killed and the
+    /// episode fails (default 120).
+    pub timeout_secs: f64,
+    /// Where rewards come from (default `task`).
+    pub reward: HarnessReward,
+    /// Largest share of a step's episodes that may fail (crash, time out, never call the model,
+    /// exceed the response budget) before the step stops with an error naming them (default
+    /// 0.5). Failed episodes are left out of the batch and counted.
+    pub max_failed_share: f64,
+    /// The tool-call parse rate below which the run stops (0, the default: never). Over a
+    /// step's completions that were offered `tools`, the share of `<tool_call>` blocks that
+    /// parsed; a run whose parser extracts nothing stops naming the format.
+    pub min_tool_parse_rate: f64,
+}
+
+impl Default for HarnessConfig {
+    fn default() -> Self {
+        Self {
+            command: Vec::new(),
+            workers: 8,
+            timeout_secs: 120.0,
+            reward: HarnessReward::Task,
+            max_failed_share: 0.5,
+            min_tool_parse_rate: 0.0,
+        }
+    }
 }
 
 /// The wire protocol of remote rollout servers.
@@ -333,6 +395,7 @@ impl Default for RolloutConfig {
             memory_window: None,
             backend: RolloutBackend::Local,
             remote: RemoteConfig::default(),
+            harness: HarnessConfig::default(),
         }
     }
 }
@@ -550,8 +613,10 @@ impl RolloutConfig {
         let bad = |field, message: String| Err(ConfigError::Invalid { field, message });
         let r = self;
         let rc = &r.remote;
-        if r.backend == RolloutBackend::Local {
-            return Ok(());
+        match r.backend {
+            RolloutBackend::Local => return Ok(()),
+            RolloutBackend::Harness => return r.validate_harness(),
+            RolloutBackend::Remote => {}
         }
         if rc.urls.is_empty() {
             return bad(
@@ -605,6 +670,76 @@ impl RolloutConfig {
                  (SGLang or turnwise serve), or set sync_weights = false to sample from the \
                  servers' own weights"
                     .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Checks `rollout.harness` when `rollout.backend = "harness"`: the program, its limits, and
+    /// what needs control of generation, which an agent program keeps to itself.
+    fn validate_harness(&self) -> Result<(), ConfigError> {
+        let bad = |field, message: String| Err(ConfigError::Invalid { field, message });
+        let h = &self.harness;
+        if h.command.first().is_none_or(|c| c.trim().is_empty()) {
+            return bad(
+                "rollout.harness.command",
+                "rollout.backend = \"harness\" needs the agent program to run, e.g. \
+                 command = [\"python3\", \"agent.py\"]"
+                    .into(),
+            );
+        }
+        if h.workers == 0 {
+            return bad("rollout.harness.workers", "must be at least 1".into());
+        }
+        if !(h.timeout_secs > 0.0 && h.timeout_secs.is_finite()) {
+            return bad(
+                "rollout.harness.timeout_secs",
+                format!("must be a positive number, got {}", h.timeout_secs),
+            );
+        }
+        if !(0.0..=1.0).contains(&h.max_failed_share) {
+            return bad(
+                "rollout.harness.max_failed_share",
+                format!("must be in [0, 1], got {}", h.max_failed_share),
+            );
+        }
+        if !(0.0..=1.0).contains(&h.min_tool_parse_rate) {
+            return bad(
+                "rollout.harness.min_tool_parse_rate",
+                format!("must be in [0, 1], got {}", h.min_tool_parse_rate),
+            );
+        }
+        // What needs control of generation: the program owns its loop and its context.
+        let controlled = [
+            (
+                "rollout.strategy",
+                self.strategy != RolloutStrategy::Chain,
+                "trees fork episodes mid-rollout",
+            ),
+            (
+                "rollout.tti.enabled",
+                self.tti.enabled,
+                "the thinking intervention forces tokens while a turn is decoded",
+            ),
+            (
+                "rollout.tds.enabled",
+                self.tds.enabled,
+                "turn resampling regenerates a turn before the environment sees it",
+            ),
+            (
+                "rollout.memory_window",
+                self.memory_window.is_some(),
+                "the memory window chooses the context of each turn",
+            ),
+        ];
+        if let Some((field, _, why)) = controlled.into_iter().find(|(_, on, _)| *on) {
+            return bad(
+                field,
+                format!(
+                    "needs control of generation ({why}), which an agent program keeps to \
+                     itself: rollout.backend = \"harness\" trains chains of the program's own \
+                     requests; use rollout.backend = \"local\" for this method"
+                ),
             );
         }
         Ok(())

@@ -8,6 +8,7 @@
 //! - [`info_gain`]: the IGPO / A2TGPO probes (§4), one batched teacher-forced pass;
 //! - [`remote`]: chains whose turns inference servers generate (`rollout.backend = "remote"`).
 
+pub mod harness;
 pub mod info_gain;
 pub mod protocol;
 pub(crate) mod remote;
@@ -101,6 +102,28 @@ pub struct Episode {
 }
 
 impl Episode {
+    /// An episode of `spec` with no turns (an agent program that failed at evaluation).
+    pub fn empty(spec: &EpisodeSpec) -> Self {
+        Self {
+            trajectory: Trajectory {
+                id: spec.id.clone(),
+                prompt_uid: spec.prompt_uid.clone(),
+                prompt_ids: spec.prompt_ids.clone(),
+                segments: Vec::new(),
+                turns: Vec::new(),
+                finish: FinishReason::Answered,
+                outcome_reward: None,
+                turn_rewards: Vec::new(),
+            },
+            turn_texts: Vec::new(),
+            env_return: 0.0,
+            won: false,
+            answer: None,
+            observation_spans: Vec::new(),
+            turn_control: Vec::new(),
+        }
+    }
+
     /// The decoded response: agent turns and observations in order.
     pub fn response_text(&self) -> String {
         let mut s = String::new();
@@ -145,6 +168,67 @@ pub fn turn_seed(seed: u64, turn: usize) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+/// What one environment step makes of an agent turn.
+pub(crate) struct SteppedTurn {
+    /// The turn's record (its parsed action, format verdict, observation, anchor state).
+    pub record: TurnRecord,
+    /// The answer the turn gave, if it answered.
+    pub answer: Option<String>,
+    /// The observation text the agent reads next (`None` when the episode ended or there is
+    /// none).
+    pub observation: Option<String>,
+}
+
+/// The record of turn `turn` from the environment's answer to it; `state` is the state the turn
+/// acted in (its GiGPO anchor) and becomes the state the next turn acts in.
+pub(crate) fn record_step(
+    step: &turnwise_env::env::StepResult,
+    turn: usize,
+    state: &mut Option<String>,
+) -> SteppedTurn {
+    let mut answer = None;
+    let action = match (&step.info.action, &step.info.query) {
+        (Some(a), _) if a == "answer" => {
+            let ans = step
+                .info
+                .extra
+                .get("answer")
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_string();
+            answer = Some(ans.clone());
+            TurnAction::Answer { text: ans }
+        }
+        (_, Some(q)) => TurnAction::Search { query: q.clone() },
+        // A game move the environment accepted (FrozenLake, Sokoban).
+        (Some(a), None) if step.info.valid_action => TurnAction::Move { action: a.clone() },
+        _ => TurnAction::Invalid {
+            reason: step
+                .info
+                .feedback
+                .clone()
+                .unwrap_or_else(|| "invalid action".into()),
+        },
+    };
+    let observation = (!step.done || !step.observation.text.is_empty())
+        .then(|| step.observation.text.clone())
+        .filter(|o| !o.is_empty() && !step.done);
+    let record = TurnRecord {
+        index: turn,
+        action,
+        format_ok: step.info.format_ok,
+        observation: step.info.retrieved.clone().or(observation.clone()),
+        searches_so_far: step.info.searches_so_far,
+        env_reward: Some(step.reward),
+        anchor: state.replace(step.observation.text.clone()),
+    };
+    SteppedTurn {
+        record,
+        answer,
+        observation,
+    }
 }
 
 /// A live episode in the middle of a rollout: used by chains and by tree forks.
@@ -361,41 +445,12 @@ impl EpisodeState {
             .with_context(|| format!("environment step of {}", l.spec.id))?;
         l.env_return += step.reward;
         l.won |= step.info.won;
-        let action = match (&step.info.action, &step.info.query) {
-            (Some(a), _) if a == "answer" => {
-                let ans = step
-                    .info
-                    .extra
-                    .get("answer")
-                    .and_then(|v| v.as_str())
-                    .unwrap_or_default()
-                    .to_string();
-                l.answer = Some(ans.clone());
-                TurnAction::Answer { text: ans }
-            }
-            (_, Some(q)) => TurnAction::Search { query: q.clone() },
-            // A game move the environment accepted (FrozenLake, Sokoban).
-            (Some(a), None) if step.info.valid_action => TurnAction::Move { action: a.clone() },
-            _ => TurnAction::Invalid {
-                reason: step
-                    .info
-                    .feedback
-                    .clone()
-                    .unwrap_or_else(|| "invalid action".into()),
-            },
-        };
-        let observation = (!step.done || !step.observation.text.is_empty())
-            .then(|| step.observation.text.clone())
-            .filter(|o| !o.is_empty() && !step.done);
-        l.traj.turns.push(TurnRecord {
-            index: turn,
-            action,
-            format_ok: step.info.format_ok,
-            observation: step.info.retrieved.clone().or(observation.clone()),
-            searches_so_far: step.info.searches_so_far,
-            env_reward: Some(step.reward),
-            anchor: l.state.replace(step.observation.text.clone()),
-        });
+        let stepped = record_step(&step, turn, &mut l.state);
+        if let Some(ans) = stepped.answer {
+            l.answer = Some(ans);
+        }
+        let observation = stepped.observation;
+        l.traj.turns.push(stepped.record);
         l.turn_texts.push((text, observation.clone()));
         if step.done {
             l.traj.finish = if step.info.truncated {

@@ -486,10 +486,32 @@ impl Trainer {
             ..RolloutControl::default()
         };
         let mut episodes = Vec::new();
-        for chunk in specs.chunks(64) {
-            episodes.extend(
-                run_chains_with(&policy, chunk.to_vec(), &env, &decoding, &control)?.episodes,
-            );
+        if let Some(out) = self.run_harness(&specs, &decoding, split.name()) {
+            // The agent program's episodes: per question its last trajectory (the one with its
+            // answer); a failed episode is an empty one, scored as no answer.
+            let out = out?;
+            let mut last: Vec<Option<crate::rollout::Episode>> =
+                specs.iter().map(|_| None).collect();
+            for (ep, (&src, &fin)) in out
+                .episodes
+                .into_iter()
+                .zip(out.sources.iter().zip(&out.is_final))
+            {
+                if fin {
+                    last[src] = Some(ep);
+                }
+            }
+            episodes = specs
+                .iter()
+                .zip(last)
+                .map(|(spec, ep)| ep.unwrap_or_else(|| crate::rollout::Episode::empty(spec)))
+                .collect();
+        } else {
+            for chunk in specs.chunks(64) {
+                episodes.extend(
+                    run_chains_with(&policy, chunk.to_vec(), &env, &decoding, &control)?.episodes,
+                );
+            }
         }
         let mut r = EvalResult {
             split: split.name().to_owned(),

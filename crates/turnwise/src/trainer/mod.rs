@@ -84,6 +84,8 @@ pub struct Trainer {
     consecutive_bad_critic: usize,
     /// The rollout servers of `rollout.backend = "remote"`.
     remote: Option<crate::rollout::remote::RemoteBackend>,
+    /// The agent program and the policy server of `rollout.backend = "harness"`.
+    harness: Option<crate::rollout::harness::Harness>,
     /// The LLM judge of `[judge]`.
     judge: Option<judge::TurnJudge>,
     /// Where the models live (`model.device`, `model.dtype`).
@@ -397,11 +399,24 @@ impl Trainer {
         let stop_strings = crate::task::stop_strings(&tokenizer, config.task.format);
         let rng = TurnRng::seed_from_u64(config.seed ^ 0x7475_726e);
         let remote = match config.rollout.backend {
-            crate::config::RolloutBackend::Local => None,
+            crate::config::RolloutBackend::Local | crate::config::RolloutBackend::Harness => None,
             crate::config::RolloutBackend::Remote => Some(
                 crate::rollout::remote::RemoteBackend::connect(&config.rollout.remote)
                     .context("rollout.backend = \"remote\"")?,
             ),
+        };
+        let harness = match config.rollout.backend {
+            crate::config::RolloutBackend::Harness => {
+                let search = task.game.is_none() && task.openenv.is_none();
+                Some(
+                    crate::rollout::harness::Harness::new(
+                        &config.rollout.harness,
+                        search.then(|| task.retriever.clone()),
+                    )
+                    .context("rollout.backend = \"harness\"")?,
+                )
+            }
+            _ => None,
         };
         let judge = match config.judge.enabled {
             true => Some(judge::TurnJudge::start(&config.judge).context("[judge]")?),
@@ -432,6 +447,7 @@ impl Trainer {
             consecutive_bad: 0,
             consecutive_bad_critic: 0,
             remote,
+            harness,
             judge,
             placement,
         })
@@ -440,6 +456,38 @@ impl Trainer {
     /// Where the models live: `model.device` and the dtype `model.dtype` resolves to there.
     pub fn placement(&self) -> &Placement {
         &self.placement
+    }
+
+    /// Runs the harness's agent program on `specs` (episodes of `split`) with `decoding`;
+    /// `None` unless `rollout.backend = "harness"`.
+    pub(crate) fn run_harness(
+        &self,
+        specs: &[crate::rollout::EpisodeSpec],
+        decoding: &crate::rollout::Decoding,
+        split: &str,
+    ) -> Option<Result<crate::rollout::harness::HarnessRollout>> {
+        let harness = self.harness.as_ref()?;
+        let env = self.make_env();
+        let cx = crate::rollout::harness::HarnessContext {
+            tokenizer: &self.tokenizer,
+            env: &env,
+            decoding,
+            stop_strings: &self.stop_strings,
+            max_turns: self.config.task.max_turns,
+            topk: self.config.task.topk,
+            format: serde_json::to_value(self.config.task.format)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            split,
+            max_positions: self.model_config.max_position_embeddings,
+        };
+        Some(harness.run(specs, &cx))
+    }
+
+    /// Whether rollouts run the harness's agent program (`rollout.backend = "harness"`).
+    pub(crate) fn harness_enabled(&self) -> bool {
+        self.harness.is_some()
     }
 
     /// The rollout policy.
@@ -459,6 +507,20 @@ impl Trainer {
     /// `weights_dir` (see [`crate::rollout::remote::write_weights_folder`]) and asks every
     /// server to load it. Returns the seconds it took, `None` when there was nothing to do.
     pub fn sync_remote(&self, weights_dir: &Path) -> Result<Option<f64>> {
+        if let Some(harness) = &self.harness {
+            if harness.synced_version() == Some(self.step) {
+                return Ok(None);
+            }
+            let t0 = Instant::now();
+            let folder =
+                crate::rollout::remote::write_weights_folder(weights_dir, self.step, |d| {
+                    self.export(d)
+                })?;
+            harness
+                .sync(&folder, self.step)
+                .with_context(|| format!("serving the weights of step {}", self.step))?;
+            return Ok(Some(t0.elapsed().as_secs_f64()));
+        }
         let Some(remote) = &self.remote else {
             return Ok(None);
         };

@@ -114,6 +114,8 @@ pub struct StepBatch {
     pub ig_seconds: f64,
     /// What the LLM judge did (`[judge]`).
     pub judge: Option<super::judge::JudgeStats>,
+    /// What the harness's agent program did (`rollout.backend = "harness"`).
+    pub harness: Option<crate::rollout::harness::HarnessStats>,
 }
 
 impl StepBatch {
@@ -158,6 +160,13 @@ impl StepBatch {
             }
             (a, b) => a.or(b),
         };
+        self.harness = match (self.harness.take(), other.harness) {
+            (Some(mut a), Some(b)) => {
+                a.merge(b);
+                Some(a)
+            }
+            (a, b) => a.or(b),
+        };
         self.rounds += other.rounds;
         self.gen_seconds += other.gen_seconds;
         self.ig_seconds += other.ig_seconds;
@@ -182,6 +191,7 @@ impl StepBatch {
             gen_seconds: self.gen_seconds,
             ig_seconds: self.ig_seconds,
             judge: self.judge,
+            harness: self.harness.clone(),
         }
     }
 }
@@ -230,7 +240,29 @@ impl Trainer {
             .map(|s| s.task.prompt.clone().unwrap_or_default())
             .collect();
         let mut stats = RolloutStats::default();
+        let mut harness = None;
         let (mut episodes, trees) = match r.strategy {
+            RolloutStrategy::Chain if self.harness_enabled() => {
+                let out = self
+                    .run_harness(&specs, &decoding, "train")
+                    .expect("the harness is enabled")?;
+                groups = out.sources.iter().map(|&i| groups[i]).collect();
+                let (g, q): (Vec<_>, Vec<_>) = out
+                    .sources
+                    .iter()
+                    .map(|&i| (golds[i].clone(), questions[i].clone()))
+                    .unzip();
+                let episodes = out.episodes;
+                harness = Some((
+                    out.sources,
+                    out.program_rewards,
+                    out.is_final,
+                    out.stats,
+                    g,
+                    q,
+                ));
+                (episodes, None)
+            }
             RolloutStrategy::Chain => {
                 let policy = self.rollout_policy();
                 let env = self.make_env();
@@ -256,6 +288,10 @@ impl Trainer {
             }
         };
         let (golds, questions): (Vec<Vec<String>>, Vec<String>) = match &trees {
+            None if harness.is_some() => {
+                let h = harness.as_mut().expect("checked");
+                (std::mem::take(&mut h.4), std::mem::take(&mut h.5))
+            }
             None => (golds, questions),
             Some(_) => groups
                 .iter()
@@ -281,6 +317,21 @@ impl Trainer {
             .collect::<Result<Vec<_>>>()?;
         if let Some(judge) = &self.judge {
             batch.judge = Some(judge.rescore(&episodes, &questions, &golds, &mut outs)?);
+        }
+        // A harness episode's score: the program's reward when it gives one; a program whose
+        // history was re-rendered gave several trajectories, each trained with the score of its
+        // last (the one holding the answer).
+        if let Some((sources, rewards, is_final, hstats, ..)) = &harness {
+            let mut final_score = std::collections::HashMap::new();
+            for (k, out) in outs.iter().enumerate() {
+                if is_final[k] {
+                    final_score.insert(sources[k], rewards[k].unwrap_or(out.score));
+                }
+            }
+            for (k, out) in outs.iter_mut().enumerate() {
+                out.score = final_score[&sources[k]];
+            }
+            batch.harness = Some(hstats.clone());
         }
         let mut penalties = Vec::with_capacity(episodes.len());
         for (ep, out) in episodes.iter_mut().zip(&outs) {

@@ -104,6 +104,9 @@ impl Trainer {
         if let Some(j) = &all.judge {
             metrics.extend(j.metrics());
         }
+        if let Some(h) = &all.harness {
+            metrics.extend(h.metrics());
+        }
         metrics.extend(
             batch
                 .trees

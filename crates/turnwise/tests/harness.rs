@@ -1,0 +1,206 @@
+//! `rollout.backend = "harness"`: the trainer serves its policy, runs an agent program (a real
+//! Python process over real HTTP) per episode, and trains on what its server recorded. The
+//! worked example (examples/harness/search_agent.py, the `openai` client) gives exactly the
+//! built-in search rollout's trajectories (ids, log-probs within 1e-5) on the same seeds;
+//! programs that crash, hang or never call the model fail their episodes within the timeout
+//! while the step goes on; a program that re-renders its history trains as separate samples;
+//! what needs control of generation is refused by name.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use turnwise::config::TrainConfig;
+use turnwise::rollout::Episode;
+use turnwise::trainer::Trainer;
+
+fn example_agent() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/harness/search_agent.py")
+}
+
+/// The tiny search world in Search-R1's format, with room for every turn's observation.
+fn base_sets() -> Vec<String> {
+    let mut s = common::tiny_overrides();
+    s.push("task.format=\"search_r1\"".into());
+    s.push("rollout.max_response_tokens=400".into());
+    s
+}
+
+fn with_harness(sets: &[String], command: &[&str], extra: &[&str]) -> Vec<String> {
+    let mut s = sets.to_vec();
+    s.push("rollout.backend=\"harness\"".into());
+    let list: Vec<String> = command.iter().map(|c| format!("{c:?}")).collect();
+    s.push(format!("rollout.harness.command=[{}]", list.join(", ")));
+    s.extend(extra.iter().map(|e| e.to_string()));
+    s
+}
+
+fn warm(preset: &str, sets: &[String]) -> Trainer {
+    let mut t = Trainer::new(TrainConfig::resolve(Some(preset), None, sets).unwrap()).unwrap();
+    t.warm_start(&mut |_, _, _| {}).unwrap();
+    t.freeze_reference().unwrap();
+    t
+}
+
+fn assert_same_rollouts(local: &[Episode], harness: &[Episode], step: usize) {
+    assert_eq!(local.len(), harness.len(), "step {step}");
+    for (a, b) in local.iter().zip(harness) {
+        assert_eq!(a.trajectory.id, b.trajectory.id);
+        assert_eq!(a.trajectory.prompt_ids, b.trajectory.prompt_ids);
+        let (fa, fb) = (a.trajectory.flatten(false), b.trajectory.flatten(false));
+        assert_eq!(
+            fa.ids, fb.ids,
+            "step {step}, {}: the built-in rollout wrote {:?}, the program {:?}",
+            a.trajectory.id, a.turn_texts, b.turn_texts
+        );
+        assert_eq!(fa.loss_mask, fb.loss_mask, "{}", a.trajectory.id);
+        assert_eq!(fa.turn_id, fb.turn_id);
+        for (x, y) in fa.logprobs.iter().zip(&fb.logprobs) {
+            assert!((x - y).abs() < 1e-5, "step {step}: log-prob {x} vs {y}");
+        }
+        assert_eq!(a.trajectory.turns, b.trajectory.turns, "{}", a.trajectory.id);
+        assert_eq!(a.trajectory.outcome_reward, b.trajectory.outcome_reward);
+    }
+}
+
+#[test]
+fn the_example_agent_trains_on_exactly_the_built_in_rollouts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sets = base_sets();
+    let agent = example_agent();
+    let mut local = warm("grpo", &sets);
+    let mut harness = warm(
+        "grpo",
+        &with_harness(&sets, &["python3", agent.to_str().unwrap()], &[]),
+    );
+    let weights = tmp.path().join("weights");
+    let mut turns = 0;
+    for step in 0..2 {
+        assert!(harness.sync_remote(&weights).unwrap().is_some());
+        let a = local.rl_step().unwrap();
+        let b = harness.rl_step().unwrap();
+        assert_same_rollouts(&a.episodes, &b.episodes, step);
+        turns += b
+            .episodes
+            .iter()
+            .map(|e| e.trajectory.turns.len())
+            .sum::<usize>();
+        let m = &b.metrics;
+        assert_eq!(m["harness/failed"], 0.0);
+        assert_eq!(m["harness/segments"], m["harness/episodes"]);
+        assert_eq!(m["harness/append_rate"], 1.0, "{m:?}");
+        // The same update: the loss the harness trained on is the built-in one's.
+        assert_eq!(a.metrics["actor/pg_loss"], m["actor/pg_loss"]);
+    }
+    assert!(turns > 12, "multi-turn episodes: {turns} turns in 12 episodes");
+}
+
+#[test]
+fn failing_programs_fail_their_episodes_and_the_step_goes_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let agent = example_agent();
+    // Member 0 of each group crashes, member 1 hangs, member 2 plays the example.
+    let script = format!(
+        "case \"$TURNWISE_EPISODE_ID\" in \
+           *-0) echo 'agent: no such tool' >&2; exit 3;; \
+           *-1) sleep 600;; \
+           *) exec python3 {} ;; esac",
+        agent.display()
+    );
+    let sets = with_harness(
+        &base_sets(),
+        &["sh", "-c", &script],
+        &[
+            "rollout.harness.timeout_secs=20",
+            "rollout.harness.max_failed_share=0.7",
+        ],
+    );
+    let mut t = warm("grpo", &sets);
+    t.sync_remote(&tmp.path().join("weights")).unwrap();
+    let t0 = Instant::now();
+    let out = t.rl_step().unwrap();
+    assert!(
+        t0.elapsed().as_secs() < 120,
+        "the hung programs were killed at their timeout: {:?}",
+        t0.elapsed()
+    );
+    let m = &out.metrics;
+    assert_eq!(m["harness/episodes"], 6.0);
+    assert_eq!(m["harness/failed/crash"], 2.0, "{m:?}");
+    assert_eq!(m["harness/failed/timeout"], 2.0, "{m:?}");
+    assert_eq!(out.episodes.len(), 2, "the working programs' episodes trained");
+
+    // Programs that never call the model, then a step where every program fails: the error
+    // names the command, the kind and the program's own words.
+    let sets = with_harness(&base_sets(), &["sh", "-c", "exit 0"], &[]);
+    let mut t = warm("grpo", &sets);
+    t.sync_remote(&tmp.path().join("weights2")).unwrap();
+    let e = format!("{:#}", t.rl_step().unwrap_err());
+    assert!(e.contains("6 of 6 harness episodes failed"), "{e}");
+    assert!(e.contains("no_calls"), "{e}");
+    assert!(e.contains("X-Session-Id"), "{e}");
+    let sets = with_harness(
+        &base_sets(),
+        &["sh", "-c", "echo 'agent: no such tool' >&2; exit 3"],
+        &[],
+    );
+    let mut t = warm("grpo", &sets);
+    t.sync_remote(&tmp.path().join("weights3")).unwrap();
+    let e = format!("{:#}", t.rl_step().unwrap_err());
+    assert!(e.contains("exited with status 3"), "{e}");
+    assert!(e.contains("agent: no such tool"), "{e}");
+}
+
+#[test]
+fn a_re_rendered_history_trains_as_separate_samples() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Two completions per episode; the second request re-renders the history (the first
+    // turn's text replaced by a summary), so it cannot extend the first.
+    let script = r#"
+import json, os, urllib.request
+env = os.environ
+def complete(prompt):
+    body = json.dumps({"prompt": prompt, "max_tokens": 6, "temperature": 1.0,
+                       "skip_special_tokens": False, "include_stop_str_in_output": True}).encode()
+    req = urllib.request.Request(env["OPENAI_BASE_URL"] + "/completions", body,
+        {"Content-Type": "application/json", "X-Session-Id": env["TURNWISE_SESSION_ID"]})
+    return json.load(urllib.request.urlopen(req))["choices"][0]["text"]
+first = complete(env["TURNWISE_PROMPT"])
+complete(env["TURNWISE_PROMPT"] + "(summary of my first turn)")
+print(json.dumps({"reward": 0.25}))
+"#;
+    let sets = with_harness(
+        &base_sets(),
+        &["python3", "-c", script],
+        &["rollout.harness.reward=\"program\""],
+    );
+    let mut t = warm("grpo", &sets);
+    t.sync_remote(&tmp.path().join("weights")).unwrap();
+    let out = t.rl_step().unwrap();
+    let m = &out.metrics;
+    assert_eq!(m["harness/segments"], 12.0, "{m:?}");
+    assert_eq!(m["harness/append_rate"], 0.0);
+    assert_eq!(out.episodes.len(), 12);
+    for e in &out.episodes {
+        assert_eq!(e.trajectory.turns.len(), 1);
+        assert_eq!(e.trajectory.outcome_reward, Some(0.25), "the program's reward");
+    }
+}
+
+#[test]
+fn what_needs_control_of_generation_is_refused_by_name() {
+    let sets = with_harness(&base_sets(), &["python3", "agent.py"], &[]);
+    for (preset, extra, field) in [
+        ("tree-grpo", vec![], "rollout.strategy"),
+        ("grpo", vec!["rollout.tti.enabled=true"], "rollout.tti.enabled"),
+        ("grpo", vec!["rollout.tds.enabled=true"], "rollout.tds.enabled"),
+        ("grpo", vec!["rollout.memory_window=2"], "rollout.memory_window"),
+        ("grpo", vec!["rollout.harness.command=[]"], "rollout.harness.command"),
+    ] {
+        let mut s = sets.clone();
+        s.extend(extra.iter().map(|e| e.to_string()));
+        let e = format!("{:#}", TrainConfig::resolve(Some(preset), None, &s).unwrap_err());
+        assert!(e.contains(field), "{preset}: {e}");
+    }
+}
