@@ -59,7 +59,11 @@ fn assert_same_rollouts(local: &[Episode], harness: &[Episode], step: usize) {
         for (x, y) in fa.logprobs.iter().zip(&fb.logprobs) {
             assert!((x - y).abs() < 1e-5, "step {step}: log-prob {x} vs {y}");
         }
-        assert_eq!(a.trajectory.turns, b.trajectory.turns, "{}", a.trajectory.id);
+        assert_eq!(
+            a.trajectory.turns, b.trajectory.turns,
+            "{}",
+            a.trajectory.id
+        );
         assert_eq!(a.trajectory.outcome_reward, b.trajectory.outcome_reward);
     }
 }
@@ -93,7 +97,32 @@ fn the_example_agent_trains_on_exactly_the_built_in_rollouts() {
         // The same update: the loss the harness trained on is the built-in one's.
         assert_eq!(a.metrics["actor/pg_loss"], m["actor/pg_loss"]);
     }
-    assert!(turns > 12, "multi-turn episodes: {turns} turns in 12 episodes");
+    assert!(
+        turns > 12,
+        "multi-turn episodes: {turns} turns in 12 episodes"
+    );
+}
+
+#[test]
+fn a2tgpo_probes_the_programs_turns_as_the_built_in_ones() {
+    // A2TGPO's boxed format (observations in <result>); its information gain comes from the
+    // trainer's own probes over the reconstructed turns.
+    let tmp = tempfile::tempdir().unwrap();
+    let mut sets = common::tiny_overrides();
+    sets.push("rollout.max_response_tokens=400".into());
+    let agent = example_agent();
+    let mut local = warm("a2tgpo", &sets);
+    let mut harness = warm(
+        "a2tgpo",
+        &with_harness(&sets, &["python3", agent.to_str().unwrap()], &[]),
+    );
+    harness.sync_remote(&tmp.path().join("weights")).unwrap();
+    let a = local.rl_step().unwrap();
+    let b = harness.rl_step().unwrap();
+    assert_same_rollouts(&a.episodes, &b.episodes, 0);
+    assert!(b.metrics["info_gain/probes"] > 0.0, "{:?}", b.metrics);
+    assert_eq!(a.metrics["info_gain/probes"], b.metrics["info_gain/probes"]);
+    assert_eq!(a.metrics["actor/pg_loss"], b.metrics["actor/pg_loss"]);
 }
 
 #[test]
@@ -129,14 +158,18 @@ fn failing_programs_fail_their_episodes_and_the_step_goes_on() {
     assert_eq!(m["harness/episodes"], 6.0);
     assert_eq!(m["harness/failed/crash"], 2.0, "{m:?}");
     assert_eq!(m["harness/failed/timeout"], 2.0, "{m:?}");
-    assert_eq!(out.episodes.len(), 2, "the working programs' episodes trained");
+    assert_eq!(
+        out.episodes.len(),
+        2,
+        "the working programs' episodes trained"
+    );
 
     // Programs that never call the model, then a step where every program fails: the error
     // names the command, the kind and the program's own words.
     let sets = with_harness(&base_sets(), &["sh", "-c", "exit 0"], &[]);
     let mut t = warm("grpo", &sets);
     t.sync_remote(&tmp.path().join("weights2")).unwrap();
-    let e = format!("{:#}", t.rl_step().unwrap_err());
+    let e = format!("{:#}", t.rl_step().err().unwrap());
     assert!(e.contains("6 of 6 harness episodes failed"), "{e}");
     assert!(e.contains("no_calls"), "{e}");
     assert!(e.contains("X-Session-Id"), "{e}");
@@ -147,7 +180,7 @@ fn failing_programs_fail_their_episodes_and_the_step_goes_on() {
     );
     let mut t = warm("grpo", &sets);
     t.sync_remote(&tmp.path().join("weights3")).unwrap();
-    let e = format!("{:#}", t.rl_step().unwrap_err());
+    let e = format!("{:#}", t.rl_step().err().unwrap());
     assert!(e.contains("exited with status 3"), "{e}");
     assert!(e.contains("agent: no such tool"), "{e}");
 }
@@ -184,7 +217,11 @@ print(json.dumps({"reward": 0.25}))
     assert_eq!(out.episodes.len(), 12);
     for e in &out.episodes {
         assert_eq!(e.trajectory.turns.len(), 1);
-        assert_eq!(e.trajectory.outcome_reward, Some(0.25), "the program's reward");
+        assert_eq!(
+            e.trajectory.outcome_reward,
+            Some(0.25),
+            "the program's reward"
+        );
     }
 }
 
@@ -192,15 +229,38 @@ print(json.dumps({"reward": 0.25}))
 fn what_needs_control_of_generation_is_refused_by_name() {
     let sets = with_harness(&base_sets(), &["python3", "agent.py"], &[]);
     for (preset, extra, field) in [
-        ("tree-grpo", vec![], "rollout.strategy"),
-        ("grpo", vec!["rollout.tti.enabled=true"], "rollout.tti.enabled"),
-        ("grpo", vec!["rollout.tds.enabled=true"], "rollout.tds.enabled"),
-        ("grpo", vec!["rollout.memory_window=2"], "rollout.memory_window"),
-        ("grpo", vec!["rollout.harness.command=[]"], "rollout.harness.command"),
+        (
+            "tree-grpo",
+            vec!["rollout.group_size=6"],
+            "rollout.strategy",
+        ),
+        (
+            "grpo",
+            vec!["rollout.tti.enabled=true"],
+            "rollout.tti.enabled",
+        ),
+        (
+            "grpo",
+            vec!["rollout.tds.enabled=true"],
+            "rollout.tds.enabled",
+        ),
+        (
+            "grpo",
+            vec!["rollout.memory_window=2"],
+            "rollout.memory_window",
+        ),
+        (
+            "grpo",
+            vec!["rollout.harness.command=[]"],
+            "rollout.harness.command",
+        ),
     ] {
         let mut s = sets.clone();
         s.extend(extra.iter().map(|e| e.to_string()));
-        let e = format!("{:#}", TrainConfig::resolve(Some(preset), None, &s).unwrap_err());
+        let e = format!(
+            "{:#}",
+            TrainConfig::resolve(Some(preset), None, &s).unwrap_err()
+        );
         assert!(e.contains(field), "{preset}: {e}");
     }
 }
