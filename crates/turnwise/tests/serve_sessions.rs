@@ -475,3 +475,23 @@ fn bad_session_ids_get_400_unknown_sessions_404_and_old_ones_are_evicted() {
     assert_eq!(v["segments"].as_array().unwrap().len(), 1);
     assert_eq!(get(&format!("{base}/v1/sessions/s3")).0, 404);
 }
+
+#[test]
+fn a_record_dir_that_cannot_be_written_is_counted_and_never_fails_a_request() {
+    let tmp = tempfile::tempdir().unwrap();
+    let not_a_dir = tmp.path().join("file");
+    std::fs::write(&not_a_dir, "").unwrap();
+    let server = start_with(ServeConfig {
+        record_dir: Some(not_a_dir),
+        ..Default::default()
+    });
+    let base = server.url();
+    let body = json!({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}});
+    for _ in 0..2 {
+        let (status, v) = post(&format!("{base}/generate"), Some("w"), &body);
+        assert_eq!(status, 200, "{v}");
+    }
+    let (_, info) = get(&format!("{base}/get_server_info"));
+    assert_eq!(info["sessions"]["write_failures"], 2);
+    assert_eq!(session(&base, "w").0.len(), 2, "still recorded in memory");
+}
