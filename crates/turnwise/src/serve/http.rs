@@ -7,8 +7,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::de::DeserializeOwned;
@@ -21,6 +21,9 @@ use super::protocol::{
     ChatCompletionRequest, CompletionRequest, GenerateOutput, GenerateRequest, IdsInput, OneOrMany,
     PromptInput, SglFinishReason, SglMetaInfo, UpdateWeightsRequest, UpdateWeightsResponse,
     requested_choice,
+};
+use super::session::{
+    RegisterError, Retokenization, SessionRecord, SessionStore, check_session_id, reconstruct,
 };
 use super::worker::{Finish, GenOutput, GenRequest, NewWeights, Shared, WorkerError, WorkerHandle};
 
@@ -59,7 +62,12 @@ pub struct App {
     /// Most bytes of `guided_choice` strings in one request, all together
     /// (`--max-guided-choice-bytes`).
     pub max_guided_choice_bytes: usize,
+    /// The recorded sessions (`X-Session-Id`, `user`).
+    pub sessions: std::sync::Mutex<SessionStore>,
 }
+
+/// The header that names a request's session.
+pub const SESSION_HEADER: &str = "x-session-id";
 
 /// A JSON error answer: `{"error": {"message", "type", "param", "code"}}` (OpenAI's shape).
 #[derive(Debug)]
@@ -404,6 +412,147 @@ impl App {
     fn request_id(&self, prefix: &str) -> String {
         format!("{prefix}-{}", self.requests.fetch_add(1, Ordering::Relaxed))
     }
+
+    fn store(&self) -> std::sync::MutexGuard<'_, SessionStore> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The ids of a rendered prompt `text`. Outside a session: its plain encoding. In one, when
+    /// `text` starts with the decoded text (special tokens kept) of the session's last prompt
+    /// and completion, those ids followed by the encoding of the rest only (spliced, so that
+    /// the prompt extends what was sampled token for token), else the plain encoding; with how
+    /// it was tokenised.
+    fn encode_in_session(
+        &self,
+        field: &str,
+        text: &str,
+        session: Option<&str>,
+    ) -> Result<(Vec<u32>, Option<Retokenization>), ApiError> {
+        let plain = self.encode(field, text)?;
+        let Some(id) = session else {
+            return Ok((plain, None));
+        };
+        let last = self.store().last_context(id);
+        if let Some(last) = last {
+            let decoded = self.decode(&last, false);
+            if let Some(rest) = text.strip_prefix(decoded.as_str()) {
+                let mut ids = last;
+                ids.extend(self.encode(field, rest)?);
+                let differs = ids != plain;
+                return Ok((
+                    ids,
+                    Some(Retokenization {
+                        spliced: true,
+                        differs,
+                    }),
+                ));
+            }
+        }
+        Ok((
+            plain,
+            Some(Retokenization {
+                spliced: false,
+                differs: false,
+            }),
+        ))
+    }
+
+    /// Admits and runs `requests`, recording their answers when the request names a session:
+    /// the request takes the session's next index and, when the session was registered with a
+    /// seed and the request gives none, choice `c` is drawn with `turn_seed(seed, index) + c`
+    /// (what a request with `seed = turn_seed(seed, index)` draws). `prompts[i / n]` and
+    /// `retokenization[i / n]` are those of output `i`.
+    async fn run_session(
+        &self,
+        session: Option<&str>,
+        route: &str,
+        mut requests: Vec<GenRequest>,
+        sampling: &Sampling<'_>,
+        retokenization: &[Option<Retokenization>],
+    ) -> Result<Vec<GenOutput>, ApiError> {
+        let Some(id) = session else {
+            return self.run(requests).await;
+        };
+        let turn = self.store().begin(id);
+        if sampling.seed.is_none()
+            && let Some(base) = turn.seed
+        {
+            for (i, r) in requests.iter_mut().enumerate() {
+                r.seed = base.wrapping_add((i % sampling.n) as u64);
+            }
+        }
+        let prompts: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
+        let mut pending = Pending {
+            app: self,
+            id,
+            request: turn.request,
+            done: false,
+        };
+        let outputs = self.run(requests).await?;
+        let records = outputs
+            .iter()
+            .zip(prompts)
+            .enumerate()
+            .map(|(i, (o, prompt))| SessionRecord {
+                session: id.to_string(),
+                request: turn.request,
+                choice: i,
+                route: route.to_string(),
+                prompt_ids: prompt,
+                output_ids: o.tokens.clone(),
+                logprobs: o.logprobs.clone(),
+                weight_version: o.weight_version.clone(),
+                finish: openai_finish(&o.finish).to_string(),
+                retokenization: retokenization.get(i / sampling.n).copied().flatten(),
+                tool_calls: None,
+            })
+            .collect();
+        self.store().record(records);
+        pending.done = true;
+        Ok(outputs)
+    }
+}
+
+/// A session request in flight: gives its index back when it fails or its client goes away
+/// before anything is recorded ([`SessionStore::abandon`]).
+struct Pending<'a> {
+    app: &'a App,
+    id: &'a str,
+    request: usize,
+    done: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.app.store().abandon(self.id, self.request);
+        }
+    }
+}
+
+/// The session a request names: the `X-Session-Id` header, else (on the OpenAI routes) the
+/// `user` field (an empty or null `user` names none). A malformed id gets a 400 naming the
+/// header or field.
+fn session_of(headers: &HeaderMap, user: Option<&Value>) -> Result<Option<String>, ApiError> {
+    if let Some(h) = headers.get(SESSION_HEADER) {
+        let id = h
+            .to_str()
+            .map_err(|_| ApiError::bad("X-Session-Id", "is not ASCII text"))?;
+        check_session_id(id).map_err(|m| ApiError::bad("X-Session-Id", m))?;
+        return Ok(Some(id.to_string()));
+    }
+    match user {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(u)) if u.is_empty() => Ok(None),
+        Some(Value::String(u)) => {
+            check_session_id(u).map_err(|m| ApiError::bad("user", m))?;
+            Ok(Some(u.clone()))
+        }
+        Some(other) => Err(ApiError::bad(
+            "user",
+            format!("a session id is a string, not {other}"),
+        )),
+    }
 }
 
 /// A 400 naming the first field of a request that turnwise does not implement and that is not
@@ -426,10 +575,15 @@ fn created() -> u64 {
 }
 
 /// `POST /generate` (SGLang).
-async fn generate(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+async fn generate(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let t0 = Instant::now();
     let req: GenerateRequest = parse(&body)?;
     other_fields("", &req.other)?;
+    let session = session_of(&headers, None)?;
     other_fields("sampling_params.", &req.sampling_params.other)?;
     if req.stream {
         return Err(unsupported("stream", "streaming"));
@@ -509,7 +663,9 @@ async fn generate(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, 
         guided_choice: None,
     };
     let requests = app.requests(prompts, &sampling)?;
-    let outputs = app.run(requests).await?;
+    let outputs = app
+        .run_session(session.as_deref(), "/generate", requests, &sampling, &[])
+        .await?;
     let latency = t0.elapsed().as_secs_f64();
     let rid = req
         .rid
@@ -613,24 +769,36 @@ fn stop_reason(f: &Finish, stop: &[String]) -> Value {
 }
 
 /// `POST /v1/completions` (OpenAI, vLLM's token-id extensions).
-async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+async fn completions(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let req: CompletionRequest = parse(&body)?;
     other_fields("", &req.other)?;
+    let session = session_of(&headers, req.other.get("user"))?;
     if req.stream {
         return Err(unsupported("stream", "streaming"));
     }
     if req.echo {
         return Err(unsupported("echo", "echo"));
     }
-    let prompts: Vec<Vec<u32>> = match &req.prompt {
-        PromptInput::Text(t) => vec![app.encode("prompt", t)?],
-        PromptInput::Ids(ids) => vec![ids.clone()],
+    let sid = session.as_deref();
+    let (prompts, retokenization): (Vec<Vec<u32>>, Vec<Option<Retokenization>>) = match &req.prompt
+    {
+        PromptInput::Text(t) => {
+            let (ids, r) = app.encode_in_session("prompt", t, sid)?;
+            (vec![ids], vec![r])
+        }
+        PromptInput::Ids(ids) => (vec![ids.clone()], vec![None]),
         PromptInput::Texts(ts) => ts
             .iter()
             .enumerate()
-            .map(|(i, t)| app.encode(&format!("prompt[{i}]"), t))
-            .collect::<Result<_, _>>()?,
-        PromptInput::Batch(b) => b.clone(),
+            .map(|(i, t)| app.encode_in_session(&format!("prompt[{i}]"), t, sid))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .unzip(),
+        PromptInput::Batch(b) => (b.clone(), vec![None; b.len()]),
     };
     if prompts.is_empty() {
         return Err(ApiError::bad("prompt", "is empty"));
@@ -669,7 +837,9 @@ async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Respons
             .map_err(|(f, m)| ApiError::bad(f, m))?,
     };
     let requests = app.requests(prompts.clone(), &sampling)?;
-    let outputs = app.run(requests).await?;
+    let outputs = app
+        .run_session(sid, "/v1/completions", requests, &sampling, &retokenization)
+        .await?;
     let skip = req.skip_special_tokens.unwrap_or(true);
     let choices: Vec<Value> = outputs
         .iter()
@@ -738,9 +908,14 @@ async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Respons
 }
 
 /// `POST /v1/chat/completions` (OpenAI; the model's chat template renders the messages).
-async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+async fn chat_completions(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse(&body)?;
     other_fields("", &req.other)?;
+    let session = session_of(&headers, req.other.get("user"))?;
     if req.stream {
         return Err(unsupported("stream", "streaming"));
     }
@@ -796,7 +971,8 @@ async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Re
         chat.render(&messages, req.add_generation_prompt)
             .map_err(|e| ApiError::bad("messages", e.to_string()))?
     };
-    let prompt = app.encode("messages", &rendered)?;
+    let (prompt, retokenization) =
+        app.encode_in_session("messages", &rendered, session.as_deref())?;
     app.check_prompt("messages", &prompt)?;
     let stop = req
         .stop
@@ -830,7 +1006,15 @@ async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Re
             .map_err(|(f, m)| ApiError::bad(f, m))?,
     };
     let requests = app.requests(vec![prompt.clone()], &sampling)?;
-    let outputs = app.run(requests).await?;
+    let outputs = app
+        .run_session(
+            session.as_deref(),
+            "/v1/chat/completions",
+            requests,
+            &sampling,
+            &[retokenization],
+        )
+        .await?;
     let skip = req.skip_special_tokens.unwrap_or(true);
     let entry = |t: u32, l: f32| {
         let text = app.token_text(t, false);
@@ -1064,6 +1248,7 @@ async fn server_info(State(app): State<Arc<App>>) -> axum::Json<Value> {
         "memory_budget_bytes": app.shared.memory_budget,
         "prefill_chunk": app.shared.prefill_chunk,
         "engine": app.shared.counters(),
+        "sessions": app.store().counters(),
     }))
 }
 
@@ -1077,14 +1262,82 @@ async fn models(State(app): State<Arc<App>>) -> axum::Json<Value> {
     }]}))
 }
 
+/// `POST /v1/sessions`: `{"id", "seed"?}` registers a session, whose requests that give no seed
+/// then draw choice `c` of request `k` with `turn_seed(seed, k) + c`. 409 when it already has
+/// records.
+async fn register_session(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Register {
+        id: String,
+        #[serde(default)]
+        seed: Option<u64>,
+    }
+    let req: Register = parse(&body)?;
+    check_session_id(&req.id).map_err(|m| ApiError::bad("id", m))?;
+    match app.store().register(&req.id, req.seed) {
+        Ok(()) => Ok(axum::Json(json!({"session": req.id, "seed": req.seed})).into_response()),
+        Err(RegisterError::HasRecords(n)) => Err(ApiError::status(
+            StatusCode::CONFLICT,
+            format!(
+                "session {:?} already has {n} records: register a session before its first \
+                 request",
+                req.id
+            ),
+        )),
+    }
+}
+
+/// The answer of `GET` and `DELETE /v1/sessions/{id}`.
+fn session_body(id: &str, records: &[SessionRecord]) -> Response {
+    axum::Json(json!({
+        "session": id,
+        "records": records,
+        "segments": reconstruct(records),
+    }))
+    .into_response()
+}
+
+fn no_session(id: &str) -> ApiError {
+    ApiError::status(
+        StatusCode::NOT_FOUND,
+        format!("no session {id:?} (never named, deleted, or evicted beyond --max-sessions)"),
+    )
+}
+
+/// `GET /v1/sessions/{id}`: the session's records and their reconstruction into segments.
+async fn get_session(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    check_session_id(&id).map_err(|m| ApiError::bad("id", m))?;
+    let records = app
+        .store()
+        .records(&id)
+        .map(<[SessionRecord]>::to_vec)
+        .ok_or_else(|| no_session(&id))?;
+    Ok(session_body(&id, &records))
+}
+
+/// `DELETE /v1/sessions/{id}`: as `GET`, and forgets the session.
+async fn delete_session(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    check_session_id(&id).map_err(|m| ApiError::bad("id", m))?;
+    let records = app.store().remove(&id).ok_or_else(|| no_session(&id))?;
+    Ok(session_body(&id, &records))
+}
+
 async fn not_found(uri: axum::http::Uri) -> ApiError {
     ApiError::status(
         StatusCode::NOT_FOUND,
         format!(
             "no route for {uri}; the routes are POST /generate, /v1/completions, \
-             /v1/chat/completions, /update_weights_from_disk, /v1/load_lora_adapter and GET \
-             /health, \
-             /health_generate, /get_weight_version, /get_model_info, /get_server_info, /v1/models"
+             /v1/chat/completions, /update_weights_from_disk, /v1/load_lora_adapter, \
+             /v1/sessions, GET /health, /health_generate, /get_weight_version, \
+             /get_model_info, /get_server_info, /v1/models, and GET or DELETE \
+             /v1/sessions/{{id}}"
         ),
     )
 }
@@ -1125,6 +1378,8 @@ pub fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
         .route("/get_model_info", get(model_info))
         .route("/get_server_info", get(server_info))
         .route("/v1/models", get(models))
+        .route("/v1/sessions", post(register_session))
+        .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(axum::middleware::map_response(move |r: Response| {

@@ -14,7 +14,12 @@
 //!   trainer writes after each step), `POST /v1/load_lora_adapter` (vLLM's: a PEFT adapter
 //!   merged into the weights the server started with), `GET /get_weight_version`, `GET /health`,
 //!   `GET /health_generate`, `GET /get_model_info`, `GET /v1/models`, and
-//!   `GET /get_server_info` (queue and engine counters: steps, tokens, the largest batch).
+//!   `GET /get_server_info` (queue and engine counters: steps, tokens, the largest batch);
+//! - `POST /v1/sessions`, `GET` and `DELETE /v1/sessions/{id}`: recorded sessions
+//!   ([`session`]): a request that names one (`X-Session-Id`, or `user` on the OpenAI routes) is
+//!   recorded token-exactly, its rendered prompt spliced onto the session's last prompt and
+//!   completion when it extends them, and `turnwise traces check` ([`traces`]) audits the
+//!   records `--record-dir` wrote.
 //!
 //! Every request's sequences join one continuously batched [`SamplingEngine`] on the engine
 //! thread ([`worker`]): concurrent clients share its batch. At most
@@ -38,6 +43,7 @@
 pub(crate) mod http;
 pub mod memory;
 pub mod session;
+pub mod traces;
 pub use crate::rollout::protocol;
 pub(crate) mod worker;
 
@@ -98,6 +104,12 @@ pub struct ServeConfig {
     /// Most bytes of `guided_choice` strings in one request, all together (400 beyond, naming
     /// `--max-guided-choice-bytes`). Default [`DEFAULT_MAX_GUIDED_CHOICE_BYTES`].
     pub max_guided_choice_bytes: usize,
+    /// Most recorded sessions held in memory (`--max-sessions`); a new one beyond evicts the
+    /// least recently used. Default [`session::DEFAULT_MAX_SESSIONS`].
+    pub max_sessions: usize,
+    /// Where every session record is appended as a JSON line, `DIR/<session>.jsonl`
+    /// (`--record-dir`; none by default).
+    pub record_dir: Option<PathBuf>,
 }
 
 /// Default [`ServeConfig::max_guided_choices`].
@@ -120,6 +132,8 @@ impl Default for ServeConfig {
             placement: Placement::cpu(),
             max_guided_choices: DEFAULT_MAX_GUIDED_CHOICES,
             max_guided_choice_bytes: DEFAULT_MAX_GUIDED_CHOICE_BYTES,
+            max_sessions: session::DEFAULT_MAX_SESSIONS,
+            record_dir: None,
         }
     }
 }
@@ -153,6 +167,9 @@ impl ServeConfig {
         }
         if self.max_guided_choice_bytes == 0 {
             bail!("max_guided_choice_bytes must be at least 1");
+        }
+        if self.max_sessions == 0 {
+            bail!("max_sessions must be at least 1");
         }
         Ok(())
     }
@@ -400,6 +417,10 @@ fn build_app(
         placement: config.placement.clone(),
         max_guided_choices: config.max_guided_choices,
         max_guided_choice_bytes: config.max_guided_choice_bytes,
+        sessions: std::sync::Mutex::new(session::SessionStore::new(
+            config.max_sessions,
+            config.record_dir.clone(),
+        )),
     });
     Ok((app, engine))
 }
