@@ -45,8 +45,9 @@ for turn in range(int(env["TURNWISE_MAX_TURNS"])):
         temperature=float(env["TURNWISE_TEMPERATURE"]), top_p=float(env["TURNWISE_TOP_P"]),
         stop=json.loads(env["TURNWISE_STOP"]),
         # The turn's text as sampled: its stop string and special tokens kept.
-        extra_body={"top_k": int(env["TURNWISE_TOP_K"]) or -1, "skip_special_tokens": False,
-                    "include_stop_str_in_output": True},
+        extra_body={"top_k": int(env["TURNWISE_TOP_K"]) or -1,
+                    "stop_token_ids": json.loads(env["TURNWISE_STOP_TOKEN_IDS"]),
+                    "skip_special_tokens": False, "include_stop_str_in_output": True},
     ).choices[0]
     prompt += choice.text
     action = re.search(r"<(search|answer)>(.*?)</\1>", choice.text, re.S)

@@ -19,10 +19,9 @@ fn example_agent() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/harness/search_agent.py")
 }
 
-/// The tiny search world in Search-R1's format, with room for every turn's observation.
+/// The tiny search world (the presets' boxed format), with room for every turn's observation.
 fn base_sets() -> Vec<String> {
     let mut s = common::tiny_overrides();
-    s.push("task.format=\"search_r1\"".into());
     s.push("rollout.max_response_tokens=400".into());
     s
 }

@@ -251,8 +251,12 @@ pub struct HarnessContext<'a> {
     pub env: &'a dyn Fn() -> Result<Box<dyn Environment>>,
     /// Decoding settings the program is told to use.
     pub decoding: &'a Decoding,
-    /// Texts that end a turn (`TURNWISE_STOP`).
-    pub stop_strings: &'a [String],
+    /// Texts that end a turn (`TURNWISE_STOP`): the turn-end tags and the closing texts that
+    /// are not single tokens.
+    pub stop_strings: Vec<String>,
+    /// Token ids that end a turn (`TURNWISE_STOP_TOKEN_IDS`): the turn-end tags that are single
+    /// tokens and end-of-text.
+    pub stop_ids: &'a [u32],
     /// The task's turn limit (`TURNWISE_MAX_TURNS`).
     pub max_turns: usize,
     /// The retriever's top-k (`TURNWISE_TOPK`).
@@ -614,7 +618,8 @@ impl Harness {
                 d.max_response_tokens.to_string(),
             ),
             ("TURNWISE_MAX_TURNS", cx.max_turns.to_string()),
-            ("TURNWISE_STOP", serde_json::to_string(cx.stop_strings)?),
+            ("TURNWISE_STOP", serde_json::to_string(&cx.stop_strings)?),
+            ("TURNWISE_STOP_TOKEN_IDS", serde_json::to_string(cx.stop_ids)?),
             ("TURNWISE_TOPK", cx.topk.to_string()),
             ("TURNWISE_FORMAT", cx.format.clone()),
         ];

@@ -844,7 +844,7 @@ pub fn encode_demo(tok: &TextTokenizer, demo: &Demonstration) -> Result<EncodedD
 }
 
 /// The closing tags of an agent turn in `format`: a tool call or an answer.
-fn turn_end_tags(format: AgentFormatName) -> &'static [&'static str] {
+pub(crate) fn turn_end_tags(format: AgentFormatName) -> &'static [&'static str] {
     match format {
         AgentFormatName::T2po => &["</action>"],
         AgentFormatName::Verifiers => &["</tool>", "</answer>"],

@@ -472,7 +472,17 @@ impl Trainer {
             tokenizer: &self.tokenizer,
             env: &env,
             decoding,
-            stop_strings: &self.stop_strings,
+            stop_strings: crate::task::turn_end_tags(self.config.task.format)
+                .iter()
+                .map(|t| t.to_string())
+                .chain(self.stop_strings.iter().cloned())
+                .fold(Vec::new(), |mut v, s| {
+                    if !v.contains(&s) {
+                        v.push(s);
+                    }
+                    v
+                }),
+            stop_ids: &self.stop_ids,
             max_turns: self.config.task.max_turns,
             topk: self.config.task.topk,
             format: serde_json::to_value(self.config.task.format)
