@@ -18,10 +18,11 @@ use turnwise_model::sampling::{SamplingParams, SequenceParams};
 use turnwise_model::tokenizer::{ChatMessage, ChatTemplate, TextTokenizer};
 
 use super::protocol::{
-    ChatCompletionRequest, CompletionRequest, GenerateOutput, GenerateRequest, IdsInput, OneOrMany,
-    PromptInput, SglFinishReason, SglMetaInfo, UpdateWeightsRequest, UpdateWeightsResponse,
-    requested_choice,
+    ChatCompletionRequest, ChatMessageIn, CompletionRequest, GenerateOutput, GenerateRequest,
+    IdsInput, OneOrMany, PromptInput, SglFinishReason, SglMetaInfo, UpdateWeightsRequest,
+    UpdateWeightsResponse, requested_choice,
 };
+use super::tools::{self, ToolCounters};
 use super::worker::{Finish, GenOutput, GenRequest, NewWeights, Shared, WorkerError, WorkerHandle};
 
 /// Most samples per prompt (`n`).
@@ -59,6 +60,8 @@ pub struct App {
     /// Most bytes of `guided_choice` strings in one request, all together
     /// (`--max-guided-choice-bytes`).
     pub max_guided_choice_bytes: usize,
+    /// Tool-call parsing counters (`/get_server_info`'s `tool_calls`).
+    pub tool_counters: ToolCounters,
 }
 
 /// A JSON error answer: `{"error": {"message", "type", "param", "code"}}` (OpenAI's shape).
@@ -383,14 +386,36 @@ impl App {
         skip_special: bool,
         keep_stop: bool,
     ) -> String {
-        let mut text = self.decode(&out.tokens, skip_special);
-        if let (Finish::StopString(i), false) = (&out.finish, keep_stop)
+        self.cut_text(&out.tokens, &out.finish, stop, skip_special, keep_stop)
+    }
+
+    fn cut_text(
+        &self,
+        tokens: &[u32],
+        finish: &Finish,
+        stop: &[String],
+        skip_special: bool,
+        keep_stop: bool,
+    ) -> String {
+        let mut text = self.decode(tokens, skip_special);
+        if let (Finish::StopString(i), false) = (finish, keep_stop)
             && let Some(s) = stop.get(*i)
             && let Some(pos) = text.find(s.as_str())
         {
             text.truncate(pos);
         }
         text
+    }
+
+    /// The text tool calls are parsed from: decoded with special tokens kept (Qwen's
+    /// `<tool_call>` is one), without the stop token that ended it, cut before the stop string
+    /// that ended it as [`App::text_of`] cuts the content.
+    fn tool_text(&self, out: &GenOutput, stop: &[String]) -> String {
+        let tokens = match out.finish {
+            Finish::StopToken(_) => &out.tokens[..out.tokens.len().saturating_sub(1)],
+            _ => &out.tokens[..],
+        };
+        self.cut_text(tokens, &out.finish, stop, false, false)
     }
 
     fn token_text(&self, id: u32, as_id: bool) -> String {
@@ -766,11 +791,22 @@ async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Re
             ),
         ));
     }
-    let messages: Vec<ChatMessage> = req
-        .messages
-        .iter()
-        .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
-        .collect();
+    let messages = chat_messages(&req.messages)?;
+    let offered = match &req.tools {
+        None | Some(Value::Null) => false,
+        Some(t) => !tools::check_tools(t)
+            .map_err(|(f, m)| ApiError::bad(f, m))?
+            .is_empty(),
+    };
+    let use_tools = tools::tools_wanted(req.tool_choice.as_ref(), offered)
+        .map_err(|(f, m)| ApiError::bad(f, m))?;
+    if use_tools && req.parallel_tool_calls == Some(false) {
+        return Err(ApiError::bad(
+            "parallel_tool_calls",
+            "false is not supported by turnwise serve (every call a completion makes is \
+             returned): leave it out or true",
+        ));
+    }
     if req.continue_final_message {
         if req.add_generation_prompt {
             return Err(ApiError::bad(
@@ -789,12 +825,26 @@ async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Re
             ));
         }
     }
-    let rendered = if req.continue_final_message {
-        chat.render_continuing_final(&messages)
-            .map_err(|e| ApiError::bad("continue_final_message", e.to_string()))?
+    let render = |extra: &Value| {
+        if req.continue_final_message {
+            chat.render_continuing_final_with(&messages, extra)
+                .map_err(|e| ApiError::bad("continue_final_message", e.to_string()))
+        } else {
+            chat.render_with(&messages, req.add_generation_prompt, extra)
+                .map_err(|e| ApiError::bad("messages", e.to_string()))
+        }
+    };
+    let rendered = if use_tools {
+        let with = render(&json!({"tools": req.tools}))?;
+        if with == render(&json!({}))? {
+            return Err(ApiError::bad(
+                "tools",
+                "the served model's chat template does not render tools",
+            ));
+        }
+        with
     } else {
-        chat.render(&messages, req.add_generation_prompt)
-            .map_err(|e| ApiError::bad("messages", e.to_string()))?
+        render(&json!({}))?
     };
     let prompt = app.encode("messages", &rendered)?;
     app.check_prompt("messages", &prompt)?;
@@ -831,7 +881,9 @@ async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Re
     };
     let requests = app.requests(vec![prompt.clone()], &sampling)?;
     let outputs = app.run(requests).await?;
+    let number = app.requests.fetch_add(1, Ordering::Relaxed);
     let skip = req.skip_special_tokens.unwrap_or(true);
+    let mut calls_made = 0usize;
     let entry = |t: u32, l: f32| {
         let text = app.token_text(t, false);
         json!({"token": text, "logprob": l, "bytes": text.as_bytes()})
@@ -840,6 +892,7 @@ async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Re
         .iter()
         .enumerate()
         .map(|(index, o)| {
+            let parse = use_tools.then(|| tools::parse_hermes(&app.tool_text(o, &stop)));
             let logprobs = req.logprobs.then(|| {
                 let content: Vec<Value> = o
                     .tokens
@@ -864,6 +917,30 @@ async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Re
                 "stop_reason": stop_reason(&o.finish, &stop),
                 "logprobs": logprobs,
             });
+            if let Some(p) = parse {
+                app.tool_counters.add(&p.stats);
+                if p.stats.blocks > 0 {
+                    c["message"]["content"] = json!(p.content);
+                }
+                if !p.calls.is_empty() {
+                    let calls: Vec<Value> = p
+                        .calls
+                        .iter()
+                        .map(|call| {
+                            calls_made += 1;
+                            call.to_openai(&format!("call_{number}_{}", calls_made - 1))
+                        })
+                        .collect();
+                    c["message"]["tool_calls"] = json!(calls);
+                    if matches!(
+                        o.finish,
+                        Finish::StopToken(_) | Finish::StopString(_) | Finish::ChoiceComplete
+                    ) {
+                        c["finish_reason"] = json!("tool_calls");
+                    }
+                }
+                c["tool_call_parse"] = json!(p.stats);
+            }
             if req.return_token_ids {
                 c["token_ids"] = json!(o.tokens);
             }
@@ -871,7 +948,7 @@ async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Re
         })
         .collect();
     let mut answer = json!({
-        "id": app.request_id("chatcmpl"),
+        "id": format!("chatcmpl-{number}"),
         "object": "chat.completion",
         "created": created(),
         "model": req.model.clone().unwrap_or_else(|| app.name.clone()),
@@ -883,6 +960,90 @@ async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Re
         answer["prompt_token_ids"] = json!(prompt);
     }
     Ok(axum::Json(answer).into_response())
+}
+
+/// The template's messages for the request's: an assistant message may have no content (its
+/// `tool_calls` then say what it did), whose arguments reach the template as JSON objects
+/// (vLLM's rule: templates index and `tojson` them); a `tool` message's `tool_call_id` and
+/// `name` are passed on.
+fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let field = |f: &str| format!("messages[{i}]{f}");
+        let content = match (&m.content, m.role.as_str()) {
+            (Some(c), _) => c.clone(),
+            (None, "assistant") => String::new(),
+            (None, _) => {
+                return Err(ApiError::bad(
+                    field(".content"),
+                    "missing (only an assistant message may have none)",
+                ));
+            }
+        };
+        let mut message = ChatMessage::new(m.role.clone(), content);
+        if let Some(calls) = &m.tool_calls {
+            if m.role != "assistant" {
+                return Err(ApiError::bad(
+                    field(".tool_calls"),
+                    format!(
+                        "only an assistant message makes tool calls, not a {}",
+                        m.role
+                    ),
+                ));
+            }
+            let mut list = Vec::with_capacity(calls.len());
+            for (j, call) in calls.iter().enumerate() {
+                let f = |x: &str| field(&format!(".tool_calls[{j}]{x}"));
+                if let Some(kind) = &call.kind
+                    && kind != "function"
+                {
+                    return Err(ApiError::bad(
+                        f(".type"),
+                        format!("{kind:?}: only \"function\" calls are supported"),
+                    ));
+                }
+                if call.function.name.is_empty() {
+                    return Err(ApiError::bad(f(".function.name"), "is empty"));
+                }
+                let arguments = match &call.function.arguments {
+                    Value::Null => json!({}),
+                    Value::Object(_) => call.function.arguments.clone(),
+                    Value::String(s) if s.trim().is_empty() => json!({}),
+                    Value::String(s) => match serde_json::from_str::<Value>(s) {
+                        Ok(v @ Value::Object(_)) => v,
+                        _ => {
+                            return Err(ApiError::bad(
+                                f(".function.arguments"),
+                                "must be a JSON object, or a string holding one",
+                            ));
+                        }
+                    },
+                    _ => {
+                        return Err(ApiError::bad(
+                            f(".function.arguments"),
+                            "must be a JSON object, or a string holding one",
+                        ));
+                    }
+                };
+                let mut c = json!({"type": "function",
+                                   "function": {"name": call.function.name,
+                                                "arguments": arguments}});
+                if let Some(id) = &call.id {
+                    c["id"] = json!(id);
+                }
+                list.push(c);
+            }
+            message = message.with("tool_calls", Value::Array(list));
+        }
+        if let Some(id) = &m.tool_call_id {
+            message = message.with("tool_call_id", json!(id));
+        }
+        if let Some(name) = &m.name {
+            message = message.with("name", json!(name));
+        }
+        out.push(message);
+    }
+    Ok(out)
 }
 
 /// The version after `current` when a reload names none.
@@ -1064,6 +1225,7 @@ async fn server_info(State(app): State<Arc<App>>) -> axum::Json<Value> {
         "memory_budget_bytes": app.shared.memory_budget,
         "prefill_chunk": app.shared.prefill_chunk,
         "engine": app.shared.counters(),
+        "tool_calls": app.tool_counters.to_json(),
     }))
 }
 
