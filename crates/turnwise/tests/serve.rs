@@ -543,6 +543,8 @@ fn malformed_requests_get_4xx_naming_the_field() {
             400,
             "response_format",
         ),
+        // Tools are rendered by the chat template (tests/serve_tools.rs); the fixture's
+        // ChatML template has no tools block, so they are refused rather than ignored.
         (
             &ch,
             json!({"messages": [{"role": "user", "content": "hi"}],

@@ -223,6 +223,16 @@ impl ChatTemplate {
     /// occurrence (trailing whitespace the template trimmed is left out too). Errors when the
     /// content is empty or the template does not reproduce it.
     pub fn render_continuing_final(&self, messages: &[ChatMessage]) -> Result<String> {
+        self.render_continuing_final_with(messages, &serde_json::Value::Object(Default::default()))
+    }
+
+    /// [`ChatTemplate::render_continuing_final`] with extra template variables (as
+    /// [`ChatTemplate::render_with`]).
+    pub fn render_continuing_final_with(
+        &self,
+        messages: &[ChatMessage],
+        extra: &serde_json::Value,
+    ) -> Result<String> {
         let Some(last) = messages.last() else {
             return Err(ModelError::invalid_input("messages", "is empty"));
         };
@@ -233,7 +243,7 @@ impl ChatTemplate {
                 "the final message is empty: nothing to continue",
             ));
         }
-        let rendered = self.render(messages, false)?;
+        let rendered = self.render_with(messages, false, extra)?;
         let Some(at) = rendered.rfind(content.trim()) else {
             return Err(ModelError::invalid_input(
                 "messages",

@@ -619,7 +619,10 @@ impl Harness {
             ),
             ("TURNWISE_MAX_TURNS", cx.max_turns.to_string()),
             ("TURNWISE_STOP", serde_json::to_string(&cx.stop_strings)?),
-            ("TURNWISE_STOP_TOKEN_IDS", serde_json::to_string(cx.stop_ids)?),
+            (
+                "TURNWISE_STOP_TOKEN_IDS",
+                serde_json::to_string(cx.stop_ids)?,
+            ),
             ("TURNWISE_TOPK", cx.topk.to_string()),
             ("TURNWISE_FORMAT", cx.format.clone()),
         ];

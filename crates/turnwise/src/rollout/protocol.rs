@@ -371,10 +371,57 @@ pub struct CompletionRequest {
 /// A message of `/v1/chat/completions`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessageIn {
-    /// `system`, `user` or `assistant`.
+    /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
-    /// The text.
-    pub content: String,
+    /// The text (`null` or absent only on an assistant message, typically one with
+    /// `tool_calls`).
+    #[serde(default)]
+    pub content: Option<String>,
+    /// The calls an assistant message made (OpenAI's shape).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// The call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The tool's name, on a `tool` message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl ChatMessageIn {
+    /// A message with text and nothing else.
+    pub fn text(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: Some(content.into()),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+        }
+    }
+}
+
+/// One call of an assistant message's `tool_calls`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallIn {
+    /// The call's id (what a `tool` message's `tool_call_id` names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function`.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The function called.
+    pub function: FunctionCallIn,
+}
+
+/// The function of a [`ToolCallIn`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCallIn {
+    /// Its name.
+    pub name: String,
+    /// Its arguments: a string holding a JSON object (OpenAI's shape), or the object itself.
+    #[serde(default)]
+    pub arguments: serde_json::Value,
 }
 
 /// `POST /v1/chat/completions` (OpenAI, with vLLM's token-id extension).
@@ -443,6 +490,19 @@ pub struct ChatCompletionRequest {
     /// vLLM's newer spelling of structured outputs (`{"choice": [...]}` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub structured_outputs: Option<StructuredOutputs>,
+    /// Tools the model may call (OpenAI's `[{"type": "function", "function": {"name",
+    /// "description"?, "parameters"?}}]`), rendered by the chat template; the completion's
+    /// Hermes `<tool_call>` blocks come back as `tool_calls`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<serde_json::Value>,
+    /// `"auto"` (the default when tools are given) or `"none"` (tools neither rendered nor
+    /// parsed); `"required"` and a named function are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<serde_json::Value>,
+    /// Whether a completion may make several calls (true, the default, is what is done;
+    /// false is refused when tools are used).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
     /// Streaming (not supported: must be false).
     #[serde(default)]
     pub stream: bool,

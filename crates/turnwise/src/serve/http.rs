@@ -18,13 +18,15 @@ use turnwise_model::sampling::{SamplingParams, SequenceParams};
 use turnwise_model::tokenizer::{ChatMessage, ChatTemplate, TextTokenizer};
 
 use super::protocol::{
-    ChatCompletionRequest, CompletionRequest, GenerateOutput, GenerateRequest, IdsInput, OneOrMany,
-    PromptInput, SglFinishReason, SglMetaInfo, UpdateWeightsRequest, UpdateWeightsResponse,
-    requested_choice,
+    ChatCompletionRequest, ChatMessageIn, CompletionRequest, GenerateOutput, GenerateRequest,
+    IdsInput, OneOrMany, PromptInput, SglFinishReason, SglMetaInfo, UpdateWeightsRequest,
+    UpdateWeightsResponse, requested_choice,
 };
 use super::session::{
-    RegisterError, Retokenization, SessionRecord, SessionStore, check_session_id, reconstruct,
+    RegisterError, Retokenization, SessionRecord, SessionStore, ToolCallParse, check_session_id,
+    reconstruct,
 };
+use super::tools::{self, ToolCounters};
 use super::worker::{Finish, GenOutput, GenRequest, NewWeights, Shared, WorkerError, WorkerHandle};
 
 /// Most samples per prompt (`n`).
@@ -64,6 +66,8 @@ pub struct App {
     pub max_guided_choice_bytes: usize,
     /// The recorded sessions (`X-Session-Id`, `user`).
     pub sessions: std::sync::Mutex<SessionStore>,
+    /// Tool-call parsing counters (`/get_server_info`'s `tool_calls`).
+    pub tool_counters: ToolCounters,
 }
 
 /// The header that names a request's session.
@@ -391,14 +395,36 @@ impl App {
         skip_special: bool,
         keep_stop: bool,
     ) -> String {
-        let mut text = self.decode(&out.tokens, skip_special);
-        if let (Finish::StopString(i), false) = (&out.finish, keep_stop)
+        self.cut_text(&out.tokens, &out.finish, stop, skip_special, keep_stop)
+    }
+
+    fn cut_text(
+        &self,
+        tokens: &[u32],
+        finish: &Finish,
+        stop: &[String],
+        skip_special: bool,
+        keep_stop: bool,
+    ) -> String {
+        let mut text = self.decode(tokens, skip_special);
+        if let (Finish::StopString(i), false) = (finish, keep_stop)
             && let Some(s) = stop.get(*i)
             && let Some(pos) = text.find(s.as_str())
         {
             text.truncate(pos);
         }
         text
+    }
+
+    /// The text tool calls are parsed from: decoded with special tokens kept (Qwen's
+    /// `<tool_call>` is one), without the stop token that ended it, cut before the stop string
+    /// that ended it as [`App::text_of`] cuts the content.
+    fn tool_text(&self, out: &GenOutput, stop: &[String]) -> String {
+        let tokens = match out.finish {
+            Finish::StopToken(_) => &out.tokens[..out.tokens.len().saturating_sub(1)],
+            _ => &out.tokens[..],
+        };
+        self.cut_text(tokens, &out.finish, stop, false, false)
     }
 
     fn token_text(&self, id: u32, as_id: bool) -> String {
@@ -469,6 +495,7 @@ impl App {
         mut requests: Vec<GenRequest>,
         sampling: &Sampling<'_>,
         retokenization: &[Option<Retokenization>],
+        tool_parse: Option<&(dyn Fn(&GenOutput) -> ToolCallParse + Sync)>,
     ) -> Result<Vec<GenOutput>, ApiError> {
         let Some(id) = session else {
             return self.run(requests).await;
@@ -504,7 +531,7 @@ impl App {
                 weight_version: o.weight_version.clone(),
                 finish: openai_finish(&o.finish).to_string(),
                 retokenization: retokenization.get(i / sampling.n).copied().flatten(),
-                tool_calls: None,
+                tool_calls: tool_parse.map(|parse| parse(o)),
             })
             .collect();
         self.store().record(records);
@@ -664,7 +691,14 @@ async fn generate(
     };
     let requests = app.requests(prompts, &sampling)?;
     let outputs = app
-        .run_session(session.as_deref(), "/generate", requests, &sampling, &[])
+        .run_session(
+            session.as_deref(),
+            "/generate",
+            requests,
+            &sampling,
+            &[],
+            None,
+        )
         .await?;
     let latency = t0.elapsed().as_secs_f64();
     let rid = req
@@ -838,7 +872,14 @@ async fn completions(
     };
     let requests = app.requests(prompts.clone(), &sampling)?;
     let outputs = app
-        .run_session(sid, "/v1/completions", requests, &sampling, &retokenization)
+        .run_session(
+            sid,
+            "/v1/completions",
+            requests,
+            &sampling,
+            &retokenization,
+            None,
+        )
         .await?;
     let skip = req.skip_special_tokens.unwrap_or(true);
     let choices: Vec<Value> = outputs
@@ -941,11 +982,22 @@ async fn chat_completions(
             ),
         ));
     }
-    let messages: Vec<ChatMessage> = req
-        .messages
-        .iter()
-        .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
-        .collect();
+    let messages = chat_messages(&req.messages)?;
+    let offered = match &req.tools {
+        None | Some(Value::Null) => false,
+        Some(t) => !tools::check_tools(t)
+            .map_err(|(f, m)| ApiError::bad(f, m))?
+            .is_empty(),
+    };
+    let use_tools = tools::tools_wanted(req.tool_choice.as_ref(), offered)
+        .map_err(|(f, m)| ApiError::bad(f, m))?;
+    if use_tools && req.parallel_tool_calls == Some(false) {
+        return Err(ApiError::bad(
+            "parallel_tool_calls",
+            "false is not supported by turnwise serve (every call a completion makes is \
+             returned): leave it out or true",
+        ));
+    }
     if req.continue_final_message {
         if req.add_generation_prompt {
             return Err(ApiError::bad(
@@ -964,12 +1016,26 @@ async fn chat_completions(
             ));
         }
     }
-    let rendered = if req.continue_final_message {
-        chat.render_continuing_final(&messages)
-            .map_err(|e| ApiError::bad("continue_final_message", e.to_string()))?
+    let render = |extra: &Value| {
+        if req.continue_final_message {
+            chat.render_continuing_final_with(&messages, extra)
+                .map_err(|e| ApiError::bad("continue_final_message", e.to_string()))
+        } else {
+            chat.render_with(&messages, req.add_generation_prompt, extra)
+                .map_err(|e| ApiError::bad("messages", e.to_string()))
+        }
+    };
+    let rendered = if use_tools {
+        let with = render(&json!({"tools": req.tools}))?;
+        if with == render(&json!({}))? {
+            return Err(ApiError::bad(
+                "tools",
+                "the served model's chat template does not render tools",
+            ));
+        }
+        with
     } else {
-        chat.render(&messages, req.add_generation_prompt)
-            .map_err(|e| ApiError::bad("messages", e.to_string()))?
+        render(&json!({}))?
     };
     let (prompt, retokenization) =
         app.encode_in_session("messages", &rendered, session.as_deref())?;
@@ -1006,6 +1072,9 @@ async fn chat_completions(
             .map_err(|(f, m)| ApiError::bad(f, m))?,
     };
     let requests = app.requests(vec![prompt.clone()], &sampling)?;
+    let number = app.requests.fetch_add(1, Ordering::Relaxed);
+    // What the tool-call parser finds in each choice goes into the session's records too.
+    let parse_stats = |o: &GenOutput| tools::parse_hermes(&app.tool_text(o, &stop)).stats;
     let outputs = app
         .run_session(
             session.as_deref(),
@@ -1013,9 +1082,11 @@ async fn chat_completions(
             requests,
             &sampling,
             &[retokenization],
+            use_tools.then_some(&parse_stats as &(dyn Fn(&GenOutput) -> ToolCallParse + Sync)),
         )
         .await?;
     let skip = req.skip_special_tokens.unwrap_or(true);
+    let mut calls_made = 0usize;
     let entry = |t: u32, l: f32| {
         let text = app.token_text(t, false);
         json!({"token": text, "logprob": l, "bytes": text.as_bytes()})
@@ -1024,6 +1095,7 @@ async fn chat_completions(
         .iter()
         .enumerate()
         .map(|(index, o)| {
+            let parse = use_tools.then(|| tools::parse_hermes(&app.tool_text(o, &stop)));
             let logprobs = req.logprobs.then(|| {
                 let content: Vec<Value> = o
                     .tokens
@@ -1048,6 +1120,30 @@ async fn chat_completions(
                 "stop_reason": stop_reason(&o.finish, &stop),
                 "logprobs": logprobs,
             });
+            if let Some(p) = parse {
+                app.tool_counters.add(&p.stats);
+                if p.stats.blocks > 0 {
+                    c["message"]["content"] = json!(p.content);
+                }
+                if !p.calls.is_empty() {
+                    let calls: Vec<Value> = p
+                        .calls
+                        .iter()
+                        .map(|call| {
+                            calls_made += 1;
+                            call.to_openai(&format!("call_{number}_{}", calls_made - 1))
+                        })
+                        .collect();
+                    c["message"]["tool_calls"] = json!(calls);
+                    if matches!(
+                        o.finish,
+                        Finish::StopToken(_) | Finish::StopString(_) | Finish::ChoiceComplete
+                    ) {
+                        c["finish_reason"] = json!("tool_calls");
+                    }
+                }
+                c["tool_call_parse"] = json!(p.stats);
+            }
             if req.return_token_ids {
                 c["token_ids"] = json!(o.tokens);
             }
@@ -1055,7 +1151,7 @@ async fn chat_completions(
         })
         .collect();
     let mut answer = json!({
-        "id": app.request_id("chatcmpl"),
+        "id": format!("chatcmpl-{number}"),
         "object": "chat.completion",
         "created": created(),
         "model": req.model.clone().unwrap_or_else(|| app.name.clone()),
@@ -1067,6 +1163,90 @@ async fn chat_completions(
         answer["prompt_token_ids"] = json!(prompt);
     }
     Ok(axum::Json(answer).into_response())
+}
+
+/// The template's messages for the request's: an assistant message may have no content (its
+/// `tool_calls` then say what it did), whose arguments reach the template as JSON objects
+/// (vLLM's rule: templates index and `tojson` them); a `tool` message's `tool_call_id` and
+/// `name` are passed on.
+fn chat_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let field = |f: &str| format!("messages[{i}]{f}");
+        let content = match (&m.content, m.role.as_str()) {
+            (Some(c), _) => c.clone(),
+            (None, "assistant") => String::new(),
+            (None, _) => {
+                return Err(ApiError::bad(
+                    field(".content"),
+                    "missing (only an assistant message may have none)",
+                ));
+            }
+        };
+        let mut message = ChatMessage::new(m.role.clone(), content);
+        if let Some(calls) = &m.tool_calls {
+            if m.role != "assistant" {
+                return Err(ApiError::bad(
+                    field(".tool_calls"),
+                    format!(
+                        "only an assistant message makes tool calls, not a {}",
+                        m.role
+                    ),
+                ));
+            }
+            let mut list = Vec::with_capacity(calls.len());
+            for (j, call) in calls.iter().enumerate() {
+                let f = |x: &str| field(&format!(".tool_calls[{j}]{x}"));
+                if let Some(kind) = &call.kind
+                    && kind != "function"
+                {
+                    return Err(ApiError::bad(
+                        f(".type"),
+                        format!("{kind:?}: only \"function\" calls are supported"),
+                    ));
+                }
+                if call.function.name.is_empty() {
+                    return Err(ApiError::bad(f(".function.name"), "is empty"));
+                }
+                let arguments = match &call.function.arguments {
+                    Value::Null => json!({}),
+                    Value::Object(_) => call.function.arguments.clone(),
+                    Value::String(s) if s.trim().is_empty() => json!({}),
+                    Value::String(s) => match serde_json::from_str::<Value>(s) {
+                        Ok(v @ Value::Object(_)) => v,
+                        _ => {
+                            return Err(ApiError::bad(
+                                f(".function.arguments"),
+                                "must be a JSON object, or a string holding one",
+                            ));
+                        }
+                    },
+                    _ => {
+                        return Err(ApiError::bad(
+                            f(".function.arguments"),
+                            "must be a JSON object, or a string holding one",
+                        ));
+                    }
+                };
+                let mut c = json!({"type": "function",
+                                   "function": {"name": call.function.name,
+                                                "arguments": arguments}});
+                if let Some(id) = &call.id {
+                    c["id"] = json!(id);
+                }
+                list.push(c);
+            }
+            message = message.with("tool_calls", Value::Array(list));
+        }
+        if let Some(id) = &m.tool_call_id {
+            message = message.with("tool_call_id", json!(id));
+        }
+        if let Some(name) = &m.name {
+            message = message.with("name", json!(name));
+        }
+        out.push(message);
+    }
+    Ok(out)
 }
 
 /// The version after `current` when a reload names none.
@@ -1249,6 +1429,7 @@ async fn server_info(State(app): State<Arc<App>>) -> axum::Json<Value> {
         "prefill_chunk": app.shared.prefill_chunk,
         "engine": app.shared.counters(),
         "sessions": app.store().counters(),
+        "tool_calls": app.tool_counters.to_json(),
     }))
 }
 

@@ -9,12 +9,15 @@
 //!   `return_token_ids` and `return_tokens_as_token_ids`, structured output by choice
 //!   (`guided_choice`, or `structured_outputs: {"choice": [...]}`: constrained decoding in the
 //!   engine, [`turnwise_model::sampling::choice`]) and, on chat, `add_generation_prompt` /
-//!   `continue_final_message` (the final assistant message is continued, not closed);
+//!   `continue_final_message` (the final assistant message is continued, not closed) and tool
+//!   calls ([`tools`]: `tools` rendered by the chat template, Hermes `<tool_call>` blocks of the
+//!   completion answered as `tool_calls`);
 //! - `POST /update_weights_from_disk` (a Hugging Face folder of the same architecture, as a
 //!   trainer writes after each step), `POST /v1/load_lora_adapter` (vLLM's: a PEFT adapter
 //!   merged into the weights the server started with), `GET /get_weight_version`, `GET /health`,
 //!   `GET /health_generate`, `GET /get_model_info`, `GET /v1/models`, and
-//!   `GET /get_server_info` (queue and engine counters: steps, tokens, the largest batch);
+//!   `GET /get_server_info` (queue and engine counters: steps, tokens, the largest batch;
+//!   tool-call parse counts);
 //! - `POST /v1/sessions`, `GET` and `DELETE /v1/sessions/{id}`: recorded sessions
 //!   ([`session`]): a request that names one (`X-Session-Id`, or `user` on the OpenAI routes) is
 //!   recorded token-exactly, its rendered prompt spliced onto the session's last prompt and
@@ -43,6 +46,7 @@
 pub(crate) mod http;
 pub mod memory;
 pub mod session;
+pub mod tools;
 pub mod traces;
 pub use crate::rollout::protocol;
 pub(crate) mod worker;
@@ -421,6 +425,7 @@ fn build_app(
             config.max_sessions,
             config.record_dir.clone(),
         )),
+        tool_counters: Default::default(),
     });
     Ok((app, engine))
 }
