@@ -263,3 +263,75 @@ fn what_needs_control_of_generation_is_refused_by_name() {
         assert!(e.contains(field), "{preset}: {e}");
     }
 }
+
+/// A Python agent that offers a `search` tool over the chat route (the `openai` client) and
+/// calls it while the model asks for it; with `FORCE` set it constrains the reply to a
+/// well-formed Hermes call (`guided_choice`), as a model that learned the format would write.
+const TOOL_AGENT: &str = r#"
+import json, os
+from openai import OpenAI
+env = os.environ
+client = OpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0,
+                default_headers={"X-Session-Id": env["TURNWISE_SESSION_ID"]})
+tools = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+call = '<tool_call>\n{"name": "search", "arguments": {"q": "x"}}\n</tool_call>'
+messages = [{"role": "user", "content": env["TURNWISE_QUESTION"][:40]}]
+for turn in range(2):
+    extra = {"guided_choice": [call]} if env.get("FORCE") else {}
+    m = client.chat.completions.create(model=env["TURNWISE_MODEL"], messages=messages,
+        tools=tools, max_tokens=80, temperature=1.0, extra_body=extra).choices[0].message
+    if not m.tool_calls:
+        break
+    messages.append(m.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": m.tool_calls[0].id, "content": "ok"})
+"#;
+
+#[test]
+fn the_parse_rate_floor_stops_a_run_whose_parser_extracts_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The tiny GGUF fixture (a chat model) with a chat template that renders tools.
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../turnwise-model/src/checkpoint/fixtures/gguf/tiny-llama.gguf");
+    let mut sets = common::tiny_overrides();
+    sets.push(format!("model.init_from=\"{}\"", fixture.display()));
+    sets.push("sft.steps=0".into());
+    sets.push("task.prompt.text=\"{{ question }}\"".into());
+    sets.push("rollout.max_response_tokens=200".into());
+    let hf = tmp.path().join("hf");
+    Trainer::new(TrainConfig::resolve(Some("grpo"), None, &sets).unwrap())
+        .unwrap()
+        .export(&hf)
+        .unwrap();
+    let tc_path = hf.join("tokenizer_config.json");
+    let mut tc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&tc_path).unwrap()).unwrap();
+    tc["chat_template"] = common::TOOLS_TEMPLATE.into();
+    std::fs::write(&tc_path, tc.to_string()).unwrap();
+    sets.retain(|s| !s.starts_with("model.init_from"));
+    sets.push(format!("model.init_from=\"{}\"", hf.display()));
+    let floor = ["rollout.harness.min_tool_parse_rate=0.5"];
+
+    // The model never writes a call the parser can read: the run stops, naming the format.
+    let mut t = warm(
+        "grpo",
+        &with_harness(&sets, &["python3", "-c", TOOL_AGENT], &floor),
+    );
+    t.sync_remote(&tmp.path().join("w1")).unwrap();
+    let e = format!("{:#}", t.rl_step().err().unwrap());
+    assert!(e.contains("hermes"), "{e}");
+    assert!(e.contains("min_tool_parse_rate = 0.5"), "{e}");
+
+    // The same agent with calls the parser reads: the step trains, and the rate is logged
+    // per turn.
+    let script = format!("import os; os.environ['FORCE'] = '1'\n{TOOL_AGENT}");
+    let mut t = warm(
+        "grpo",
+        &with_harness(&sets, &["python3", "-c", &script], &floor),
+    );
+    t.sync_remote(&tmp.path().join("w2")).unwrap();
+    let out = t.rl_step().unwrap();
+    let m = &out.metrics;
+    assert_eq!(m["harness/tool_calls/parse_rate"], 1.0, "{m:?}");
+    assert_eq!(m["harness/tool_calls/parse_rate/turn_1"], 1.0);
+    assert_eq!(m["harness/failed"], 0.0);
+}

@@ -7,6 +7,9 @@
 
 use std::path::{Path, PathBuf};
 
+mod common;
+
+use common::TOOLS_TEMPLATE;
 use serde_json::{Value, json};
 use turnwise::serve::{PolicyServer, ServeConfig, ServedModel, load_served};
 
@@ -15,43 +18,6 @@ fn fixture() -> PathBuf {
         .join("../turnwise-model/src/checkpoint/fixtures/gguf/tiny-llama.gguf")
 }
 
-/// ChatML with Qwen2.5's tools block, tool calls and tool responses, shortened to fit the
-/// fixture's context.
-const TOOLS_TEMPLATE: &str = r#"{%- if tools %}
-    {{- '<|im_start|>system\n<tools>' }}
-    {%- for tool in tools %}
-        {{- '\n' }}
-        {{- tool | tojson }}
-    {%- endfor %}
-    {{- '\n</tools><|im_end|>\n' }}
-{%- endif %}
-{%- for message in messages %}
-    {%- if message.role == "assistant" and message.tool_calls %}
-        {{- '<|im_start|>assistant' }}
-        {%- if message.content %}
-            {{- '\n' + message.content }}
-        {%- endif %}
-        {%- for tool_call in message.tool_calls %}
-            {%- if tool_call.function is defined %}
-                {%- set tool_call = tool_call.function %}
-            {%- endif %}
-            {{- '\n<tool_call>\n{"name": "' }}
-            {{- tool_call.name }}
-            {{- '", "arguments": ' }}
-            {{- tool_call.arguments | tojson }}
-            {{- '}\n</tool_call>' }}
-        {%- endfor %}
-        {{- '<|im_end|>\n' }}
-    {%- elif message.role == "tool" %}
-        {{- '<|im_start|>user\n<tool_response>\n' + message.content + '\n</tool_response><|im_end|>\n' }}
-    {%- else %}
-        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-{%- endif %}
-"#;
 
 fn config() -> ServeConfig {
     ServeConfig {

@@ -294,3 +294,42 @@ pub fn sampled_rows(t: &turnwise::trainer::Trainer, n: usize) -> Vec<turnwise::u
         .map(|e| turnwise::update::Row::from_trajectory(&e.trajectory, true))
         .collect()
 }
+
+/// ChatML with Qwen2.5's tools block, tool calls and tool responses, shortened to fit the
+/// fixture's context.
+#[allow(dead_code)]
+pub const TOOLS_TEMPLATE: &str = r#"{%- if tools %}
+    {{- '<|im_start|>system\n<tools>' }}
+    {%- for tool in tools %}
+        {{- '\n' }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- '\n</tools><|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == "assistant" and message.tool_calls %}
+        {{- '<|im_start|>assistant' }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {{- '<|im_start|>user\n<tool_response>\n' + message.content + '\n</tool_response><|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"#;
