@@ -144,6 +144,19 @@ fn tools_are_rendered_and_tool_messages_round_trip() {
     assert_eq!(s, 200, "{w}");
     assert_eq!(w["prompt_token_ids"], v["prompt_token_ids"]);
 
+    // continue_final_message renders the tools too, and leaves the assistant's text open.
+    let (s, v) = post(
+        &ch,
+        &json!({"messages": [{"role": "user", "content": "Find x."},
+                             {"role": "assistant", "content": "Let me"}],
+                "tools": search_tool(), "continue_final_message": true,
+                "add_generation_prompt": false, "max_tokens": 1, "return_token_ids": true}),
+    );
+    assert_eq!(s, 200, "{v}");
+    let text = prompt_text(&v);
+    assert!(text.starts_with("<|im_start|>system\n<tools>\n"), "{text}");
+    assert!(text.ends_with("<|im_start|>assistant\nLet me"), "{text}");
+
     // Messages that cannot be rendered: 400 naming the field.
     let mut bad_args = convo.clone();
     bad_args[1]["tool_calls"][0]["function"]["arguments"] = json!("{\"query\": ");
@@ -249,8 +262,34 @@ fn forced_completions_parse_into_tool_calls() {
     assert_eq!(v["choices"][0]["message"]["content"], call, "{v}");
     assert!(v["choices"][0].get("tool_call_parse").is_none(), "{v}");
 
-    // The server's counters: the 4 forced completions that offered tools (not the 2 above),
-    // each with one block, 2 of them parsed.
+    // A call followed by text, n choices; then the same ended by a stop string, which is cut
+    // from the parsed text as from the content.
+    let after = format!("{call} ok");
+    let (s, v) = post(
+        &ch,
+        &json!({"messages": user(), "tools": search_tool(), "tool_choice": "auto",
+                "guided_choice": [after], "n": 3}),
+    );
+    assert_eq!(s, 200, "{v}");
+    let number = v["id"].as_str().unwrap().strip_prefix("chatcmpl-").unwrap();
+    for (i, c) in v["choices"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(c["finish_reason"], "tool_calls", "{c}");
+        assert_eq!(c["message"]["content"], "ok", "{c}");
+        // Call ids count the request's calls across its choices.
+        assert_eq!(
+            c["message"]["tool_calls"][0]["id"],
+            format!("call_{number}_{i}")
+        );
+    }
+    let v = forced(&after, json!({"stop": [" ok"]}));
+    let c = &v["choices"][0];
+    assert_eq!(c["stop_reason"], " ok", "{v}");
+    assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(c["message"]["content"], Value::Null, "{v}");
+    assert_eq!(c["tool_call_parse"]["parsed"], 1, "{v}");
+
+    // The server's counters: the 4 + 3 + 1 forced completions that offered tools (not the 2
+    // without), each with one block, all but the malformed and the cut one parsed.
     let info: Value = client()
         .get(format!("{base}/get_server_info"))
         .send()
@@ -259,7 +298,7 @@ fn forced_completions_parse_into_tool_calls() {
         .unwrap();
     assert_eq!(
         info["tool_calls"],
-        json!({"format": "hermes", "completions": 4, "blocks": 4, "parsed": 2}),
+        json!({"format": "hermes", "completions": 8, "blocks": 8, "parsed": 6}),
         "{info}"
     );
     server.shutdown().unwrap();
