@@ -18,7 +18,6 @@ fn fixture() -> PathBuf {
         .join("../turnwise-model/src/checkpoint/fixtures/gguf/tiny-llama.gguf")
 }
 
-
 fn config() -> ServeConfig {
     ServeConfig {
         addr: "127.0.0.1:0".parse().unwrap(),
