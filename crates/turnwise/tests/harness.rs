@@ -225,6 +225,48 @@ print(json.dumps({"reward": 0.25}))
 }
 
 #[test]
+fn every_preset_that_needs_only_outcomes_and_turns_trains_through_the_harness() {
+    let tmp = tempfile::tempdir().unwrap();
+    let agent = example_agent();
+    let sets = with_harness(&base_sets(), &["python3", agent.to_str().unwrap()], &[]);
+    for preset in [
+        "dr-grpo", "rloo", "dapo", "gspo", "ppo", "mt-grpo", "mt-ppo", "igpo", "s-grpo", "s-ppo",
+        "st-ppo", "turn-ppo",
+    ] {
+        let mut t = warm(preset, &sets);
+        t.sync_remote(&tmp.path().join(preset)).unwrap();
+        let out = t.rl_step().unwrap_or_else(|e| panic!("{preset}: {e:#}"));
+        let m = &out.metrics;
+        assert_eq!(m["harness/failed"], 0.0, "{preset}");
+        assert!(m["harness/requests"] >= 6.0, "{preset}: {m:?}");
+        if m["batch/train_rows"] == 0.0 {
+            // DAPO's dynamic sampling found no informative group in its refill rounds (which
+            // ran the program again) and skipped the update.
+            assert!(m["batch/refill_rounds"] >= 1.0, "{preset}: {m:?}");
+            continue;
+        }
+        let loss = m.get("actor/pg_loss").or(m.get("actor/loss"));
+        assert!(loss.is_some_and(|l| l.is_finite()), "{preset}: {m:?}");
+    }
+    // The presets whose method needs control of generation are refused, naming the setting.
+    // (The tree presets with the tiny world's group size fitted to their tree shape.)
+    for (preset, group, field) in [
+        ("gigpo", 3, "rollout.memory_window"),
+        ("t2po", 3, "rollout."),
+        ("at2po", 8, "rollout.strategy"),
+        ("tree-grpo", 6, "rollout.strategy"),
+    ] {
+        let mut s = sets.clone();
+        s.push(format!("rollout.group_size={group}"));
+        let e = format!(
+            "{:#}",
+            TrainConfig::resolve(Some(preset), None, &s).unwrap_err()
+        );
+        assert!(e.contains(field) && e.contains("harness"), "{preset}: {e}");
+    }
+}
+
+#[test]
 fn what_needs_control_of_generation_is_refused_by_name() {
     let sets = with_harness(&base_sets(), &["python3", "agent.py"], &[]);
     for (preset, extra, field) in [
