@@ -269,6 +269,9 @@ pub struct HarnessContext<'a> {
     pub max_positions: usize,
 }
 
+/// What one episode's program did: how it ended, and its session's records.
+type Outcome = (ProgramRun, Vec<SessionRecord>);
+
 /// How a program ended.
 #[derive(Debug)]
 struct ProgramRun {
@@ -377,7 +380,7 @@ impl Harness {
             .map(|spec| self.program_env(&base, spec, cx))
             .collect::<Result<Vec<_>>>()?;
         let next = AtomicUsize::new(0);
-        let outcomes: Mutex<Vec<Option<(ProgramRun, Vec<SessionRecord>)>>> =
+        let outcomes: Mutex<Vec<Option<Outcome>>> =
             Mutex::new((0..specs.len()).map(|_| None).collect());
         let first_error: Mutex<Option<anyhow::Error>> = Mutex::new(None);
         std::thread::scope(|scope| {
@@ -644,7 +647,7 @@ impl Harness {
         base: &str,
         spec: &EpisodeSpec,
         env: &[(&'static str, String)],
-    ) -> Result<(ProgramRun, Vec<SessionRecord>)> {
+    ) -> Result<Outcome> {
         let session = session_id(&spec.id);
         let r = self
             .client

@@ -243,24 +243,13 @@ impl Trainer {
         let mut harness = None;
         let (mut episodes, trees) = match r.strategy {
             RolloutStrategy::Chain if self.harness_enabled() => {
-                let out = self
+                let mut out = self
                     .run_harness(&specs, &decoding, "train")
                     .expect("the harness is enabled")?;
+                // Episodes follow the programs that succeeded (one per trajectory).
                 groups = out.sources.iter().map(|&i| groups[i]).collect();
-                let (g, q): (Vec<_>, Vec<_>) = out
-                    .sources
-                    .iter()
-                    .map(|&i| (golds[i].clone(), questions[i].clone()))
-                    .unzip();
-                let episodes = out.episodes;
-                harness = Some((
-                    out.sources,
-                    out.program_rewards,
-                    out.is_final,
-                    out.stats,
-                    g,
-                    q,
-                ));
+                let episodes = std::mem::take(&mut out.episodes);
+                harness = Some(out);
                 (episodes, None)
             }
             RolloutStrategy::Chain => {
@@ -288,11 +277,14 @@ impl Trainer {
             }
         };
         let (golds, questions): (Vec<Vec<String>>, Vec<String>) = match &trees {
-            None if harness.is_some() => {
-                let h = harness.as_mut().expect("checked");
-                (std::mem::take(&mut h.4), std::mem::take(&mut h.5))
-            }
-            None => (golds, questions),
+            None => match &harness {
+                Some(h) => h
+                    .sources
+                    .iter()
+                    .map(|&i| (golds[i].clone(), questions[i].clone()))
+                    .unzip(),
+                None => (golds, questions),
+            },
             Some(_) => groups
                 .iter()
                 .map(|&g| {
@@ -321,17 +313,17 @@ impl Trainer {
         // A harness episode's score: the program's reward when it gives one; a program whose
         // history was re-rendered gave several trajectories, each trained with the score of its
         // last (the one holding the answer).
-        if let Some((sources, rewards, is_final, hstats, ..)) = &harness {
+        if let Some(h) = harness {
             let mut final_score = std::collections::HashMap::new();
             for (k, out) in outs.iter().enumerate() {
-                if is_final[k] {
-                    final_score.insert(sources[k], rewards[k].unwrap_or(out.score));
+                if h.is_final[k] {
+                    final_score.insert(h.sources[k], h.program_rewards[k].unwrap_or(out.score));
                 }
             }
             for (k, out) in outs.iter_mut().enumerate() {
-                out.score = final_score[&sources[k]];
+                out.score = final_score[&h.sources[k]];
             }
-            batch.harness = Some(hstats.clone());
+            batch.harness = Some(h.stats);
         }
         let mut penalties = Vec::with_capacity(episodes.len());
         for (ep, out) in episodes.iter_mut().zip(&outs) {
