@@ -14,6 +14,7 @@ use std::time::Instant;
 use turnwise::config::TrainConfig;
 use turnwise::rollout::Episode;
 use turnwise::trainer::Trainer;
+use turnwise_env::world::Split;
 
 fn example_agent() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/harness/search_agent.py")
