@@ -101,6 +101,54 @@ fn the_example_agent_trains_on_exactly_the_built_in_rollouts() {
         turns > 12,
         "multi-turn episodes: {turns} turns in 12 episodes"
     );
+    // Evaluation runs the program too (greedy): the same episodes, the same scores. Nothing
+    // synced the weights of the last update: the harness serves them itself (with the
+    // server's stale weights the log-probs differed by 6e-4).
+    let (a, ea) = local
+        .evaluate_with_episodes(Split::Validation, 8, 0.0, 7)
+        .unwrap();
+    let (b, eb) = harness
+        .evaluate_with_episodes(Split::Validation, 8, 0.0, 7)
+        .unwrap();
+    assert_eq!(a, b);
+    assert!(
+        a.turns > 1.0 && a.agent_tokens > 0.0,
+        "multi-turn episodes: {a:?}"
+    );
+    // The same episodes: texts, answers, scores, token ids and log-probs (within 1e-5); the
+    // server reports weight versions and no entropies.
+    let (mut va, mut vb) = (
+        serde_json::to_value(&ea).unwrap(),
+        serde_json::to_value(&eb).unwrap(),
+    );
+    for (x, y) in va
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .zip(vb.as_array_mut().unwrap())
+    {
+        let (sa, sb) = (
+            x["trajectory"]["segments"].as_array_mut().unwrap(),
+            y["trajectory"]["segments"].as_array_mut().unwrap(),
+        );
+        assert_eq!(sa.len(), sb.len());
+        for (p, q) in sa.iter_mut().zip(sb) {
+            for v in [&mut *p, &mut *q] {
+                let o = v.as_object_mut().unwrap();
+                o.remove("entropy");
+                o.remove("weight_version");
+            }
+            if let (Some(lp), Some(lq)) = (p.get("logprobs"), q.get("logprobs")) {
+                for (a, b) in lp.as_array().unwrap().iter().zip(lq.as_array().unwrap()) {
+                    let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+                    assert!((a - b).abs() < 1e-5, "evaluation log-prob {a} vs {b}");
+                }
+                p["logprobs"] = serde_json::Value::Null;
+                q["logprobs"] = serde_json::Value::Null;
+            }
+        }
+    }
+    assert_eq!(va, vb);
 }
 
 #[test]

@@ -65,6 +65,17 @@ pub struct Harness {
     served: Mutex<Option<Served>>,
     retriever: Option<BackgroundServer>,
     client: reqwest::blocking::Client,
+    /// A folder this backend created for weights written outside a run (`turnwise eval`, a
+    /// test); removed when the backend is dropped.
+    scratch: Mutex<Option<std::path::PathBuf>>,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(dir) = self.scratch.get_mut().ok().and_then(Option::take) {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 impl std::fmt::Debug for Harness {
@@ -313,7 +324,26 @@ impl Harness {
             served: Mutex::new(None),
             retriever,
             client,
+            scratch: Mutex::new(None),
         })
+    }
+
+    /// A folder of this backend's own for weights written outside a run's directory: created
+    /// (new, under the system's temporary folder) the first time, removed with the backend.
+    pub fn scratch_dir(&self) -> Result<std::path::PathBuf> {
+        let mut scratch = self.scratch.lock().expect("harness lock");
+        if let Some(d) = scratch.as_ref() {
+            return Ok(d.clone());
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir =
+            std::env::temp_dir().join(format!("turnwise-harness-{}-{nanos}", std::process::id()));
+        // `create_dir`, not `create_dir_all`: a folder that exists is not ours to fill or remove.
+        std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        *scratch = Some(dir.clone());
+        Ok(dir)
     }
 
     /// The policy server's base URL, once started.
@@ -839,15 +869,11 @@ fn build_episode(
         .with_context(|| format!("resetting the environment for {}", spec.task.id))?
         .text;
     let mut state = Some(first).filter(|o| spec.task.prompt.as_ref() != Some(o));
+    // The program's own prompt (it may render the task otherwise than the trainer does).
     let mut traj = Trajectory {
         id,
-        prompt_uid: spec.prompt_uid.clone(),
         prompt_ids: seg.prompt_ids.clone(),
-        segments: Vec::new(),
-        turns: Vec::new(),
-        finish: FinishReason::Answered,
-        outcome_reward: None,
-        turn_rewards: Vec::new(),
+        ..spec.blank_trajectory()
     };
     let mut turn_texts: Vec<(String, Option<String>)> = Vec::new();
     let mut turn_control = Vec::new();
@@ -856,6 +882,7 @@ fn build_episode(
     let mut response = 0usize;
     let mut done = false;
     let mut last_finish = "stop";
+    let mut env_observation: Option<String> = None;
     for piece in &seg.pieces {
         match piece {
             TracePiece::Agent {
@@ -913,14 +940,20 @@ fn build_episode(
                 if stepped.answer.is_some() {
                     answer = stepped.answer;
                 }
+                env_observation = stepped.observation;
                 traj.turns.push(stepped.record);
                 turn_texts.push((text, None));
             }
             TracePiece::Observation { ids } => {
-                let text = cx
-                    .tokenizer
-                    .decode(ids, false)
-                    .context("decoding a harness observation")?;
+                // The environment's own text when the program appended exactly its tokens (what
+                // the built-in rollout records), else the tokens' decoding.
+                let text = match env_observation.take() {
+                    Some(o) if cx.tokenizer.encode(&o).is_ok_and(|e| e == *ids) => o,
+                    _ => cx
+                        .tokenizer
+                        .decode(ids, false)
+                        .context("decoding a harness observation")?,
+                };
                 if let Some(last) = turn_texts.last_mut() {
                     last.1 = Some(text);
                 }

@@ -81,6 +81,22 @@ pub struct EpisodeSpec {
     pub seed: u64,
 }
 
+impl EpisodeSpec {
+    /// The episode's trajectory before its first turn: its prompt and nothing else.
+    pub fn blank_trajectory(&self) -> Trajectory {
+        Trajectory {
+            id: self.id.clone(),
+            prompt_uid: self.prompt_uid.clone(),
+            prompt_ids: self.prompt_ids.clone(),
+            segments: Vec::new(),
+            turns: Vec::new(),
+            finish: FinishReason::Answered,
+            outcome_reward: None,
+            turn_rewards: Vec::new(),
+        }
+    }
+}
+
 /// A finished episode: the token-exact trajectory plus what rewards read as text.
 #[derive(Debug, Clone)]
 pub struct Episode {
@@ -105,16 +121,7 @@ impl Episode {
     /// An episode of `spec` with no turns (an agent program that failed at evaluation).
     pub fn empty(spec: &EpisodeSpec) -> Self {
         Self {
-            trajectory: Trajectory {
-                id: spec.id.clone(),
-                prompt_uid: spec.prompt_uid.clone(),
-                prompt_ids: spec.prompt_ids.clone(),
-                segments: Vec::new(),
-                turns: Vec::new(),
-                finish: FinishReason::Answered,
-                outcome_reward: None,
-                turn_rewards: Vec::new(),
-            },
+            trajectory: spec.blank_trajectory(),
             turn_texts: Vec::new(),
             env_return: 0.0,
             won: false,
@@ -244,16 +251,7 @@ impl EpisodeState {
             .with_context(|| format!("resetting the environment for {}", spec.task.id))?
             .text;
         let state = Some(first).filter(|o| spec.task.prompt.as_ref() != Some(o));
-        let traj = Trajectory {
-            id: spec.id.clone(),
-            prompt_uid: spec.prompt_uid.clone(),
-            prompt_ids: spec.prompt_ids.clone(),
-            segments: Vec::new(),
-            turns: Vec::new(),
-            finish: FinishReason::Answered,
-            outcome_reward: None,
-            turn_rewards: Vec::new(),
-        };
+        let traj = spec.blank_trajectory();
         Ok(Self {
             live: Live {
                 spec,

@@ -467,6 +467,29 @@ impl Trainer {
         split: &str,
     ) -> Option<Result<crate::rollout::harness::HarnessRollout>> {
         let harness = self.harness.as_ref()?;
+        Some(self.harness_rollout(harness, specs, decoding, split))
+    }
+
+    fn harness_rollout(
+        &self,
+        harness: &crate::rollout::harness::Harness,
+        specs: &[crate::rollout::EpisodeSpec],
+        decoding: &crate::rollout::Decoding,
+        split: &str,
+    ) -> Result<crate::rollout::harness::HarnessRollout> {
+        // The programs must meet the trainer's current weights. A run's pipeline has synced them
+        // into its directory; elsewhere (`turnwise eval`, a test) they go to the harness's own
+        // scratch folder.
+        if harness.synced_version() != Some(self.step) {
+            let folder = crate::rollout::remote::write_weights_folder(
+                &harness.scratch_dir()?,
+                self.step,
+                |d| self.export(d),
+            )?;
+            harness
+                .sync(&folder, self.step)
+                .with_context(|| format!("serving the weights of step {}", self.step))?;
+        }
         let env = self.make_env();
         let cx = crate::rollout::harness::HarnessContext {
             tokenizer: &self.tokenizer,
@@ -492,7 +515,7 @@ impl Trainer {
             split,
             max_positions: self.model_config.max_position_embeddings,
         };
-        Some(harness.run(specs, &cx))
+        harness.run(specs, &cx)
     }
 
     /// Whether rollouts run the harness's agent program (`rollout.backend = "harness"`).
