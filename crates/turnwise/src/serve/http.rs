@@ -568,17 +568,15 @@ fn session_of(headers: &HeaderMap, user: Option<&Value>) -> Result<Option<String
         check_session_id(id).map_err(|m| ApiError::bad("X-Session-Id", m))?;
         return Ok(Some(id.to_string()));
     }
+    // OpenAI's `user` is an end-user label (an e-mail address is a fair one): only a value
+    // that is a session id names a session; any other is the label it always was.
     match user {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(u)) if u.is_empty() => Ok(None),
-        Some(Value::String(u)) => {
-            check_session_id(u).map_err(|m| ApiError::bad("user", m))?;
-            Ok(Some(u.clone()))
+        Some(Value::String(u)) if check_session_id(u).is_ok() => Ok(Some(u.clone())),
+        Some(other) if !other.is_null() && other.as_str() != Some("") => {
+            tracing::debug!(user = %other, "user is not a session id: not recorded");
+            Ok(None)
         }
-        Some(other) => Err(ApiError::bad(
-            "user",
-            format!("a session id is a string, not {other}"),
-        )),
+        _ => Ok(None),
     }
 }
 
