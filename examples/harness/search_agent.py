@@ -24,7 +24,8 @@ client = OpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"],
 
 def search(query: str) -> str:
     """Search-R1's observation: one `Doc i(Title: …) …` line per passage."""
-    body = json.dumps({"queries": [query], "topk": int(env["TURNWISE_TOPK"])}).encode()
+    body = json.dumps({"queries": [query], "topk": int(env["TURNWISE_TOPK"]),
+                       "return_scores": True}).encode()
     request = urllib.request.Request(env["TURNWISE_RETRIEVER_URL"], body,
                                      {"Content-Type": "application/json"})
     hits = json.load(urllib.request.urlopen(request, timeout=60))["result"][0]
@@ -36,6 +37,21 @@ def search(query: str) -> str:
     if env.get("TURNWISE_FORMAT") == "boxed":
         return f" <result>\n{passages}\n</result>"
     return f"\n\n<information>{passages}</information>\n\n"
+
+
+BOXED = env.get("TURNWISE_FORMAT") == "boxed"
+
+
+def action(text: str):
+    """The turn's action as the task's format reads it: ("search", q), ("answer", a) or None.
+    Search-R1: the first block; boxed (A2TGPO, AT2PO): the last <search> before the first
+    </search>, and an empty query is no action."""
+    s = re.search(r"<search>((?:(?!<search>).)*?)</search>" if BOXED else r"<search>(.*?)</search>",
+                  text, re.S)
+    a = re.search(r"<answer>(.*?)</answer>", text, re.S)
+    if s and (not a or (s.end() <= a.end() if BOXED else s.start() < a.start())):
+        return ("search", s[1].strip()) if s[1].strip() or not BOXED else None
+    return ("answer", a[1].strip()) if a else None
 
 
 prompt = env["TURNWISE_PROMPT"]
@@ -50,7 +66,7 @@ for turn in range(int(env["TURNWISE_MAX_TURNS"])):
                     "skip_special_tokens": False, "include_stop_str_in_output": True},
     ).choices[0]
     prompt += choice.text
-    action = re.search(r"<(search|answer)>(.*?)</\1>", choice.text, re.S)
-    if action and action[1] == "answer":
+    act = action(choice.text)
+    if act and act[0] == "answer":
         break
-    prompt += search(action[2].strip()) if action else INVALID
+    prompt += search(act[1]) if act else INVALID

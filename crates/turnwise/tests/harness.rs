@@ -71,7 +71,9 @@ fn assert_same_rollouts(local: &[Episode], harness: &[Episode], step: usize) {
 #[test]
 fn the_example_agent_trains_on_exactly_the_built_in_rollouts() {
     let tmp = tempfile::tempdir().unwrap();
-    let sets = base_sets();
+    // A warm start long enough that the agent searches (the search path of the program runs).
+    let mut sets = base_sets();
+    sets.push("sft.steps=300".into());
     let agent = example_agent();
     let mut local = warm("grpo", &sets);
     let mut harness = warm(
@@ -79,7 +81,7 @@ fn the_example_agent_trains_on_exactly_the_built_in_rollouts() {
         &with_harness(&sets, &["python3", agent.to_str().unwrap()], &[]),
     );
     let weights = tmp.path().join("weights");
-    let mut turns = 0;
+    let (mut turns, mut searches) = (0, 0);
     for step in 0..2 {
         assert!(harness.sync_remote(&weights).unwrap().is_some());
         let a = local.rl_step().unwrap();
@@ -90,6 +92,12 @@ fn the_example_agent_trains_on_exactly_the_built_in_rollouts() {
             .iter()
             .map(|e| e.trajectory.turns.len())
             .sum::<usize>();
+        searches += b
+            .episodes
+            .iter()
+            .flat_map(|e| &e.trajectory.turns)
+            .filter(|t| t.is_tool_call() && t.observation.is_some())
+            .count();
         let m = &b.metrics;
         assert_eq!(m["harness/failed"], 0.0);
         assert_eq!(m["harness/segments"], m["harness/episodes"]);
@@ -101,6 +109,7 @@ fn the_example_agent_trains_on_exactly_the_built_in_rollouts() {
         turns > 12,
         "multi-turn episodes: {turns} turns in 12 episodes"
     );
+    assert!(searches > 0, "the program searched: {searches} searches");
     // Evaluation runs the program too (greedy): the same episodes, the same scores. Nothing
     // synced the weights of the last update: the harness serves them itself (with the
     // server's stale weights the log-probs differed by 6e-4).
@@ -158,6 +167,7 @@ fn a2tgpo_probes_the_programs_turns_as_the_built_in_ones() {
     let tmp = tempfile::tempdir().unwrap();
     let mut sets = common::tiny_overrides();
     sets.push("rollout.max_response_tokens=400".into());
+    sets.push("sft.steps=300".into());
     let agent = example_agent();
     let mut local = warm("a2tgpo", &sets);
     let mut harness = warm(
@@ -168,6 +178,12 @@ fn a2tgpo_probes_the_programs_turns_as_the_built_in_ones() {
     let a = local.rl_step().unwrap();
     let b = harness.rl_step().unwrap();
     assert_same_rollouts(&a.episodes, &b.episodes, 0);
+    let searched = b
+        .episodes
+        .iter()
+        .flat_map(|e| &e.trajectory.turns)
+        .any(|t| t.is_tool_call() && t.observation.is_some());
+    assert!(searched, "the program searched");
     assert!(b.metrics["info_gain/probes"] > 0.0, "{:?}", b.metrics);
     assert_eq!(a.metrics["info_gain/probes"], b.metrics["info_gain/probes"]);
     assert_eq!(a.metrics["actor/pg_loss"], b.metrics["actor/pg_loss"]);
