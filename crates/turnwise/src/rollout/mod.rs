@@ -8,7 +8,6 @@
 //! - [`info_gain`]: the IGPO / A2TGPO probes (§4), one batched teacher-forced pass;
 //! - [`remote`]: chains whose turns inference servers generate (`rollout.backend = "remote"`).
 
-pub mod harness;
 pub mod info_gain;
 pub mod protocol;
 pub(crate) mod remote;

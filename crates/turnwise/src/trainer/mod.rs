@@ -3,6 +3,7 @@
 
 pub mod advantage;
 pub mod eval;
+pub mod harness;
 pub mod judge;
 pub(crate) mod rejection;
 pub(crate) mod samples;
@@ -85,7 +86,7 @@ pub struct Trainer {
     /// The rollout servers of `rollout.backend = "remote"`.
     remote: Option<crate::rollout::remote::RemoteBackend>,
     /// The agent program and the policy server of `rollout.backend = "harness"`.
-    harness: Option<crate::rollout::harness::Harness>,
+    harness: Option<crate::trainer::harness::Harness>,
     /// The LLM judge of `[judge]`.
     judge: Option<judge::TurnJudge>,
     /// Where the models live (`model.device`, `model.dtype`).
@@ -409,7 +410,7 @@ impl Trainer {
             crate::config::RolloutBackend::Harness => {
                 let search = task.game.is_none() && task.openenv.is_none();
                 Some(
-                    crate::rollout::harness::Harness::new(
+                    crate::trainer::harness::Harness::new(
                         &config.rollout.harness,
                         search.then(|| task.retriever.clone()),
                     )
@@ -465,18 +466,18 @@ impl Trainer {
         specs: &[crate::rollout::EpisodeSpec],
         decoding: &crate::rollout::Decoding,
         split: &str,
-    ) -> Option<Result<crate::rollout::harness::HarnessRollout>> {
+    ) -> Option<Result<crate::trainer::harness::HarnessRollout>> {
         let harness = self.harness.as_ref()?;
         Some(self.harness_rollout(harness, specs, decoding, split))
     }
 
     fn harness_rollout(
         &self,
-        harness: &crate::rollout::harness::Harness,
+        harness: &crate::trainer::harness::Harness,
         specs: &[crate::rollout::EpisodeSpec],
         decoding: &crate::rollout::Decoding,
         split: &str,
-    ) -> Result<crate::rollout::harness::HarnessRollout> {
+    ) -> Result<crate::trainer::harness::HarnessRollout> {
         // The programs must meet the trainer's current weights. A run's pipeline has synced them
         // into its directory; elsewhere (`turnwise eval`, a test) they go to the harness's own
         // scratch folder.
@@ -491,7 +492,7 @@ impl Trainer {
                 .with_context(|| format!("serving the weights of step {}", self.step))?;
         }
         let env = self.make_env();
-        let cx = crate::rollout::harness::HarnessContext {
+        let cx = crate::trainer::harness::HarnessContext {
             tokenizer: &self.tokenizer,
             env: &env,
             decoding,

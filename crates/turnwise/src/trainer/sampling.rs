@@ -115,7 +115,7 @@ pub struct StepBatch {
     /// What the LLM judge did (`[judge]`).
     pub judge: Option<super::judge::JudgeStats>,
     /// What the harness's agent program did (`rollout.backend = "harness"`).
-    pub harness: Option<crate::rollout::harness::HarnessStats>,
+    pub harness: Option<crate::trainer::harness::HarnessStats>,
 }
 
 impl StepBatch {

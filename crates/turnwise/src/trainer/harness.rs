@@ -1,5 +1,6 @@
 //! The harness rollout backend: an agent program of the user's plays each episode, and the
-//! trainer trains on what the policy server recorded of its requests.
+//! trainer trains on what the policy server recorded of its requests. (It lives with the
+//! trainer, which runs the policy server, rather than in `rollout/`, which `serve` builds on.)
 //!
 //! The trainer serves its current policy on loopback with `turnwise serve` (started from the
 //! warm-started weights, reloaded after every optimizer step as the remote backend's servers
@@ -38,8 +39,8 @@ use turnwise_env::env::Environment;
 use turnwise_env::server::BackgroundServer;
 use turnwise_model::tokenizer::TextTokenizer;
 
-use super::{Decoding, Episode, EpisodeSpec, TurnControl, record_step};
 use crate::config::{HarnessConfig, HarnessReward, RemoteConfig};
+use crate::rollout::{Decoding, Episode, EpisodeSpec, TurnControl, record_step};
 use crate::serve::session::{SessionRecord, TracePiece, TraceSegment, reconstruct};
 use crate::serve::{PolicyServer, ServeConfig, load_served};
 
@@ -54,7 +55,7 @@ const STDOUT_MAX: usize = 1 << 20;
 /// The policy server a harness run trains through, once started.
 struct Served {
     server: PolicyServer,
-    sync: super::remote::RemoteBackend,
+    sync: crate::rollout::remote::RemoteBackend,
     version: u64,
 }
 
@@ -384,7 +385,7 @@ impl Harness {
                 };
                 let server = PolicyServer::start(model, &config)
                     .context("starting the harness's policy server")?;
-                let sync = super::remote::RemoteBackend::connect(&RemoteConfig {
+                let sync = crate::rollout::remote::RemoteBackend::connect(&RemoteConfig {
                     urls: vec![server.url()],
                     timeout_secs: 600.0,
                     ..RemoteConfig::default()
