@@ -265,7 +265,14 @@ def complete(prompt):
     return json.load(urllib.request.urlopen(req))["choices"][0]["text"]
 first = complete(env["TURNWISE_PROMPT"])
 complete(env["TURNWISE_PROMPT"] + "(summary of my first turn)")
-print(json.dumps({"reward": 0.25}))
+if env["TURNWISE_EPISODE_ID"].endswith("-0"):
+    # The reward over HTTP, to the server the program talks to.
+    req = urllib.request.Request(
+        env["TURNWISE_BASE_URL"] + "/v1/sessions/" + env["TURNWISE_SESSION_ID"] + "/reward",
+        json.dumps({"reward": 0.75}).encode(), {"Content-Type": "application/json"})
+    urllib.request.urlopen(req).read()
+else:
+    print(json.dumps({"reward": 0.25}))
 "#;
     let sets = with_harness(
         &base_sets(),
@@ -281,10 +288,14 @@ print(json.dumps({"reward": 0.25}))
     assert_eq!(out.episodes.len(), 12);
     for e in &out.episodes {
         assert_eq!(e.trajectory.turns.len(), 1);
+        // Both trajectories of a program carry its reward, posted or printed.
+        let posted = e.trajectory.id.ends_with("-0") || e.trajectory.id.ends_with("-0-seg1");
+        let want = if posted { 0.75 } else { 0.25 };
         assert_eq!(
             e.trajectory.outcome_reward,
-            Some(0.25),
-            "the program's reward"
+            Some(want),
+            "{}",
+            e.trajectory.id
         );
     }
 }

@@ -147,8 +147,9 @@ pub enum HarnessReward {
     /// The task's own reward (`[reward]`) scores the reconstructed turns (default).
     #[default]
     Task,
-    /// The program's: the last line of its standard output is `{"reward": x}`; an episode
-    /// without one fails.
+    /// The program's: the last line of its standard output is `{"reward": x}`, or it posts
+    /// `{"reward": x}` to `$TURNWISE_BASE_URL/v1/sessions/$TURNWISE_SESSION_ID/reward`; an
+    /// episode with neither fails.
     Program,
 }
 

@@ -1468,13 +1468,36 @@ async fn register_session(State(app): State<Arc<App>>, body: Bytes) -> Result<Re
 }
 
 /// The answer of `GET` and `DELETE /v1/sessions/{id}`.
-fn session_body(id: &str, records: &[SessionRecord]) -> Response {
+fn session_body(id: &str, records: &[SessionRecord], reward: Option<f64>) -> Response {
     axum::Json(json!({
         "session": id,
         "records": records,
         "segments": reconstruct(records),
+        "reward": reward,
     }))
     .into_response()
+}
+
+/// `POST /v1/sessions/{id}/reward`: `{"reward": x}` (a finite number), the episode's reward as
+/// the agent program reports it; `GET` and `DELETE` of the session return it. The session is
+/// created when new.
+async fn session_reward(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Reward {
+        reward: f64,
+    }
+    check_session_id(&id).map_err(|m| ApiError::bad("id", m))?;
+    let req: Reward = parse(&body)?;
+    if !req.reward.is_finite() {
+        return Err(ApiError::bad("reward", "must be a finite number"));
+    }
+    app.store().set_reward(&id, req.reward);
+    Ok(axum::Json(json!({"session": id, "reward": req.reward})).into_response())
 }
 
 fn no_session(id: &str) -> ApiError {
@@ -1490,12 +1513,14 @@ async fn get_session(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     check_session_id(&id).map_err(|m| ApiError::bad("id", m))?;
-    let records = app
-        .store()
+    let store = app.store();
+    let records = store
         .records(&id)
         .map(<[SessionRecord]>::to_vec)
         .ok_or_else(|| no_session(&id))?;
-    Ok(session_body(&id, &records))
+    let reward = store.reward(&id);
+    drop(store);
+    Ok(session_body(&id, &records, reward))
 }
 
 /// `DELETE /v1/sessions/{id}`: as `GET`, and forgets the session.
@@ -1504,8 +1529,11 @@ async fn delete_session(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     check_session_id(&id).map_err(|m| ApiError::bad("id", m))?;
-    let records = app.store().remove(&id).ok_or_else(|| no_session(&id))?;
-    Ok(session_body(&id, &records))
+    let mut store = app.store();
+    let reward = store.reward(&id);
+    let records = store.remove(&id).ok_or_else(|| no_session(&id))?;
+    drop(store);
+    Ok(session_body(&id, &records, reward))
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {
@@ -1515,8 +1543,8 @@ async fn not_found(uri: axum::http::Uri) -> ApiError {
             "no route for {uri}; the routes are POST /generate, /v1/completions, \
              /v1/chat/completions, /update_weights_from_disk, /v1/load_lora_adapter, \
              /v1/sessions, GET /health, /health_generate, /get_weight_version, \
-             /get_model_info, /get_server_info, /v1/models, and GET or DELETE \
-             /v1/sessions/{{id}}"
+             /get_model_info, /get_server_info, /v1/models, GET or DELETE \
+             /v1/sessions/{{id}} and POST /v1/sessions/{{id}}/reward"
         ),
     )
 }
@@ -1559,6 +1587,7 @@ pub fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/sessions", post(register_session))
         .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
+        .route("/v1/sessions/{id}/reward", post(session_reward))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(axum::middleware::map_response(move |r: Response| {

@@ -206,6 +206,8 @@ struct Session {
     next_request: usize,
     /// The seed registered with `POST /v1/sessions`.
     seed: Option<u64>,
+    /// The reward the agent program reported (`POST /v1/sessions/{id}/reward`).
+    reward: Option<f64>,
     /// When it was last used.
     last_used: std::time::Instant,
     /// Logical time of its last use (orders eviction).
@@ -301,6 +303,7 @@ impl SessionStore {
                     records: Vec::new(),
                     next_request: 0,
                     seed: None,
+                    reward: None,
                     last_used: std::time::Instant::now(),
                     tick,
                 },
@@ -391,6 +394,17 @@ impl SessionStore {
     /// The records of `id`, if it is open.
     pub fn records(&self, id: &str) -> Option<&[SessionRecord]> {
         self.sessions.get(id).map(|s| s.records.as_slice())
+    }
+
+    /// Sets the reward of `id` (the session is created when new): what an agent program
+    /// reports of its episode, read back with its records.
+    pub fn set_reward(&mut self, id: &str, reward: f64) {
+        self.touch(id).reward = Some(reward);
+    }
+
+    /// The reward reported for `id`, if any.
+    pub fn reward(&self, id: &str) -> Option<f64> {
+        self.sessions.get(id).and_then(|s| s.reward)
     }
 
     /// Forgets `id`, returning its records.

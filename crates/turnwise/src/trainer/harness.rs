@@ -281,8 +281,9 @@ pub struct HarnessContext<'a> {
     pub max_positions: usize,
 }
 
-/// What one episode's program did: how it ended, and its session's records.
-type Outcome = (ProgramRun, Vec<SessionRecord>);
+/// What one episode's program did: how it ended, its session's records, and the reward it
+/// reported to the server (`POST /v1/sessions/{id}/reward`), if any.
+type Outcome = (ProgramRun, Vec<SessionRecord>, Option<f64>);
 
 /// How a program ended.
 #[derive(Debug)]
@@ -438,7 +439,7 @@ impl Harness {
         let mut out = HarnessRollout::default();
         out.stats.episodes = specs.len();
         for (i, outcome) in outcomes.into_inner().expect("lock").into_iter().enumerate() {
-            let (run, records) = outcome.expect("every spec ran");
+            let (run, records, posted) = outcome.expect("every spec ran");
             let spec = &specs[i];
             out.stats.program_seconds.push(run.seconds);
             let fail = |kind, detail: String| Failure {
@@ -488,13 +489,14 @@ impl Harness {
             }
             let reward = match self.config.reward {
                 HarnessReward::Task => None,
-                HarnessReward::Program => match program_reward(&run.stdout) {
+                HarnessReward::Program => match program_reward(&run.stdout).or(posted) {
                     Some(r) => Some(r),
                     None => {
                         out.stats.failures.push(fail(
                             FailureKind::NoReward,
                             "rollout.harness.reward = \"program\" but the last line of its \
-                             standard output is not {\"reward\": <number>}"
+                             standard output is not {\"reward\": <number>} and it posted none \
+                             to $TURNWISE_BASE_URL/v1/sessions/$TURNWISE_SESSION_ID/reward"
                                 .into(),
                         ));
                         continue;
@@ -708,19 +710,21 @@ impl Harness {
             .delete(format!("{base}/v1/sessions/{session}"))
             .send()
             .with_context(|| format!("taking the records of session {session}"))?;
-        let records = match r.status().as_u16() {
-            404 => Vec::new(),
+        let (records, reward) = match r.status().as_u16() {
+            404 => (Vec::new(), None),
             s if (200..300).contains(&s) => {
                 let body: Value = r.json().context("reading a session's records")?;
-                serde_json::from_value(body.get("records").cloned().unwrap_or(json!([])))
-                    .context("parsing a session's records")?
+                let records =
+                    serde_json::from_value(body.get("records").cloned().unwrap_or(json!([])))
+                        .context("parsing a session's records")?;
+                (records, body.get("reward").and_then(Value::as_f64))
             }
             s => bail!(
                 "taking the records of session {session}: {s} {}",
                 r.text().unwrap_or_default()
             ),
         };
-        Ok((run, records))
+        Ok((run, records, reward))
     }
 }
 
