@@ -408,8 +408,7 @@ for turn in range(int(env.get("TURNS", "2"))):
 fn the_parse_rate_floor_stops_a_run_whose_parser_extracts_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     // The tiny GGUF fixture (a chat model) with a chat template that renders tools.
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../turnwise-model/src/checkpoint/fixtures/gguf/tiny-llama.gguf");
+    let fixture = common::tiny_gguf();
     let mut sets = common::tiny_overrides();
     sets.push(format!("model.init_from=\"{}\"", fixture.display()));
     sets.push("sft.steps=0".into());

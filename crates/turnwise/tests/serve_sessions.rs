@@ -5,21 +5,16 @@
 //! writes JSON lines that `turnwise traces check` counts. The model is the committed tiny GGUF
 //! fixture (ChatML template).
 
-use std::path::{Path, PathBuf};
+mod common;
 
 use serde_json::{Value, json};
 use turnwise::rollout::turn_seed;
 use turnwise::serve::session::{SessionRecord, TracePiece, TraceSegment};
 use turnwise::serve::{PolicyServer, ServeConfig, load_served};
 
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../turnwise-model/src/checkpoint/fixtures/gguf/tiny-llama.gguf")
-}
-
 fn start_with(config: ServeConfig) -> PolicyServer {
     PolicyServer::start(
-        load_served(&fixture()).unwrap(),
+        load_served(&common::tiny_gguf()).unwrap(),
         &ServeConfig {
             addr: "127.0.0.1:0".parse().unwrap(),
             ..config
@@ -32,37 +27,16 @@ fn start() -> PolicyServer {
     start_with(ServeConfig::default())
 }
 
-fn client() -> reqwest::blocking::Client {
-    reqwest::blocking::Client::builder()
-        .timeout(std::time::Duration::from_secs(120))
-        .build()
-        .unwrap()
-}
-
-fn send(r: reqwest::blocking::RequestBuilder) -> (u16, Value) {
-    let r = r.send().unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().unwrap())
-}
-
 fn post(url: &str, session: Option<&str>, body: &Value) -> (u16, Value) {
-    let mut r = client().post(url).json(body);
+    let mut r = common::http_client().post(url).json(body);
     if let Some(s) = session {
         r = r.header("X-Session-Id", s);
     }
-    send(r)
+    common::send_json(r)
 }
 
 fn get(url: &str) -> (u16, Value) {
-    send(client().get(url))
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+    common::send_json(common::http_client().get(url))
 }
 
 /// One chat turn's answer: content, completion ids, their log-probs, the prompt ids.
@@ -84,14 +58,14 @@ fn chat(base: &str, session: &str, messages: &[Value], seed: u64) -> Turn {
     let c = &v["choices"][0];
     Turn {
         content: c["message"]["content"].as_str().unwrap().to_string(),
-        token_ids: ids(&c["token_ids"]),
+        token_ids: common::json_ids(&c["token_ids"]),
         logprobs: c["logprobs"]["content"]
             .as_array()
             .unwrap()
             .iter()
             .map(|e| e["logprob"].as_f64().unwrap() as f32)
             .collect(),
-        prompt_ids: ids(&v["prompt_token_ids"]),
+        prompt_ids: common::json_ids(&v["prompt_token_ids"]),
     }
 }
 
@@ -236,8 +210,11 @@ fn a_registered_seed_draws_what_turn_seed_draws() {
     };
     let outputs = |v: &Value| -> Vec<Vec<u32>> {
         match v {
-            Value::Array(a) => a.iter().map(|o| ids(&o["output_ids"])).collect(),
-            o => vec![ids(&o["output_ids"])],
+            Value::Array(a) => a
+                .iter()
+                .map(|o| common::json_ids(&o["output_ids"]))
+                .collect(),
+            o => vec![common::json_ids(&o["output_ids"])],
         }
     };
     for (k, n) in [(0usize, 1usize), (1, 2), (2, 1)] {
@@ -292,7 +269,10 @@ fn a_registered_seed_draws_what_turn_seed_draws() {
     assert_eq!(a["choices"][0]["token_ids"], b["choices"][0]["token_ids"]);
     let (records, _) = session(&base, "by-user");
     assert_eq!(records.len(), 1);
-    assert_eq!(records[0].output_ids, ids(&a["choices"][0]["token_ids"]));
+    assert_eq!(
+        records[0].output_ids,
+        common::json_ids(&a["choices"][0]["token_ids"])
+    );
 }
 
 #[test]
@@ -468,7 +448,7 @@ fn bad_session_ids_get_400_unknown_sessions_404_and_old_ones_are_evicted() {
     assert_eq!(info["sessions"]["evicted"], 1);
     assert_eq!(info["sessions"]["open"], 2);
     // DELETE answers the session and forgets it.
-    let r = client()
+    let r = common::http_client()
         .delete(format!("{base}/v1/sessions/s3"))
         .send()
         .unwrap();

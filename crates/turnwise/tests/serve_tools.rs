@@ -5,18 +5,11 @@
 //! byte-level BPE vocabulary); its own ChatML template does not render tools, so most tests
 //! serve it with a small ChatML template that does, shaped like Qwen2.5's.
 
-use std::path::{Path, PathBuf};
-
 mod common;
 
 use common::TOOLS_TEMPLATE;
 use serde_json::{Value, json};
 use turnwise::serve::{PolicyServer, ServeConfig, ServedModel, load_served};
-
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../turnwise-model/src/checkpoint/fixtures/gguf/tiny-llama.gguf")
-}
 
 fn config() -> ServeConfig {
     ServeConfig {
@@ -27,7 +20,7 @@ fn config() -> ServeConfig {
 
 /// The fixture served with `template` as its chat template.
 fn with_template(template: &str) -> ServedModel {
-    let mut served = load_served(&fixture()).unwrap();
+    let mut served = load_served(&common::tiny_gguf()).unwrap();
     let mut tc = served
         .tensors
         .meta
@@ -39,25 +32,8 @@ fn with_template(template: &str) -> ServedModel {
     served
 }
 
-fn client() -> reqwest::blocking::Client {
-    reqwest::blocking::Client::builder()
-        .timeout(std::time::Duration::from_secs(120))
-        .build()
-        .unwrap()
-}
-
 fn post(url: &str, body: &Value) -> (u16, Value) {
-    let r = client().post(url).json(body).send().unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().unwrap())
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+    common::send_json(common::http_client().post(url).json(body))
 }
 
 fn search_tool() -> Value {
@@ -70,11 +46,11 @@ fn user() -> Value {
 
 /// The prompt an answer was generated from, decoded with its special tokens.
 fn prompt_text(v: &Value) -> String {
-    let served = load_served(&fixture()).unwrap();
+    let served = load_served(&common::tiny_gguf()).unwrap();
     served
         .tensors
         .tokenizer
-        .decode(&ids(&v["prompt_token_ids"]), false)
+        .decode(&common::json_ids(&v["prompt_token_ids"]), false)
         .unwrap()
 }
 
@@ -289,7 +265,7 @@ fn forced_completions_parse_into_tool_calls() {
 
     // The server's counters: the 4 + 3 + 1 forced completions that offered tools (not the 2
     // without), each with one block, all but the malformed and the cut one parsed.
-    let info: Value = client()
+    let info: Value = common::http_client()
         .get(format!("{base}/get_server_info"))
         .send()
         .unwrap()
@@ -306,7 +282,8 @@ fn forced_completions_parse_into_tool_calls() {
 #[test]
 fn unsupported_tool_requests_get_a_400_naming_the_field() {
     // (b) The fixture's own ChatML template does not render tools.
-    let server = PolicyServer::start(load_served(&fixture()).unwrap(), &config()).unwrap();
+    let server =
+        PolicyServer::start(load_served(&common::tiny_gguf()).unwrap(), &config()).unwrap();
     let ch = format!("{}/v1/chat/completions", server.url());
     let (s, v) = post(&ch, &json!({"messages": user(), "tools": search_tool()}));
     assert_eq!(s, 400, "{v}");

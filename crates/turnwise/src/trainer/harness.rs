@@ -532,7 +532,7 @@ impl Harness {
                     .push(fail(FailureKind::OverBudget, detail));
                 continue;
             }
-            self.count_records(&records, &segments, &mut out.stats);
+            count_records(&records, &segments, &mut out.stats);
             let n = built.len();
             for (k, ep) in built.into_iter().enumerate() {
                 out.episodes.push(ep);
@@ -585,37 +585,6 @@ impl Harness {
             );
         }
         Ok(out)
-    }
-
-    fn count_records(
-        &self,
-        records: &[SessionRecord],
-        segments: &[TraceSegment],
-        stats: &mut HarnessStats,
-    ) {
-        stats.segments += segments.len();
-        stats.records += records.len();
-        stats.followups += records.len().saturating_sub(1);
-        stats.appended += records.len() - segments.len();
-        for r in records {
-            if let Some(t) = &r.retokenization {
-                stats.spliced += usize::from(t.spliced);
-                stats.retokenization_differs += usize::from(t.differs);
-            }
-        }
-        for seg in segments {
-            let mut turn = 0;
-            for p in &seg.pieces {
-                if let TracePiece::Agent { record, .. } = p {
-                    if let Some(t) = &records[*record].tool_calls {
-                        let e = stats.tool_turns.entry(turn).or_default();
-                        e.0 += 1;
-                        e.1 += usize::from(t.parsed > 0);
-                    }
-                    turn += 1;
-                }
-            }
-        }
     }
 
     /// The environment the program of `spec` runs with.
@@ -725,6 +694,33 @@ impl Harness {
             ),
         };
         Ok((run, records, reward))
+    }
+}
+
+/// Adds one program's records and their trajectories to `stats`.
+fn count_records(records: &[SessionRecord], segments: &[TraceSegment], stats: &mut HarnessStats) {
+    stats.segments += segments.len();
+    stats.records += records.len();
+    stats.followups += records.len().saturating_sub(1);
+    stats.appended += records.len() - segments.len();
+    for r in records {
+        if let Some(t) = &r.retokenization {
+            stats.spliced += usize::from(t.spliced);
+            stats.retokenization_differs += usize::from(t.differs);
+        }
+    }
+    for seg in segments {
+        let mut turn = 0;
+        for p in &seg.pieces {
+            if let TracePiece::Agent { record, .. } = p {
+                if let Some(t) = &records[*record].tool_calls {
+                    let e = stats.tool_turns.entry(turn).or_default();
+                    e.0 += 1;
+                    e.1 += usize::from(t.parsed > 0);
+                }
+                turn += 1;
+            }
+        }
     }
 }
 
@@ -908,7 +904,7 @@ fn build_episode(
                 response += ids.len();
                 last_finish = records[*record].finish.as_str();
                 turn_control.push(TurnControl {
-                    context_tokens: seg_context(&traj),
+                    context_tokens: traj.prompt_ids.len() + response,
                     weight_version: version,
                     ..TurnControl::default()
                 });
@@ -983,11 +979,6 @@ fn build_episode(
         observation_spans: obs_spans,
         turn_control,
     })
-}
-
-/// Tokens of context the next turn is generated from (prompt and response so far).
-fn seg_context(traj: &Trajectory) -> usize {
-    traj.prompt_ids.len() + traj.segments.iter().map(|s| s.ids().len()).sum::<usize>()
 }
 
 #[cfg(test)]

@@ -482,30 +482,19 @@ impl Trainer {
         // into its directory; elsewhere (`turnwise eval`, a test) they go to the harness's own
         // scratch folder.
         if harness.synced_version() != Some(self.step) {
-            let folder = crate::rollout::remote::write_weights_folder(
-                &harness.scratch_dir()?,
-                self.step,
-                |d| self.export(d),
-            )?;
-            harness
-                .sync(&folder, self.step)
-                .with_context(|| format!("serving the weights of step {}", self.step))?;
+            self.serve_on_harness(harness, &harness.scratch_dir()?)?;
         }
         let env = self.make_env();
         let cx = crate::trainer::harness::HarnessContext {
             tokenizer: &self.tokenizer,
             env: &env,
             decoding,
+            // Every turn-end tag as text (the trainer's own stop strings are those of them that
+            // are not single tokens).
             stop_strings: crate::task::turn_end_tags(self.config.task.format)
                 .iter()
                 .map(|t| t.to_string())
-                .chain(self.stop_strings.iter().cloned())
-                .fold(Vec::new(), |mut v, s| {
-                    if !v.contains(&s) {
-                        v.push(s);
-                    }
-                    v
-                }),
+                .collect(),
             stop_ids: &self.stop_ids,
             max_turns: self.config.task.max_turns,
             topk: self.config.task.topk,
@@ -536,6 +525,21 @@ impl Trainer {
         }
     }
 
+    /// Writes the current weights under `weights_dir` and makes the harness's server serve
+    /// them (version = the step).
+    fn serve_on_harness(
+        &self,
+        harness: &crate::trainer::harness::Harness,
+        weights_dir: &Path,
+    ) -> Result<()> {
+        let folder = crate::rollout::remote::write_weights_folder(weights_dir, self.step, |d| {
+            self.export(d)
+        })?;
+        harness
+            .sync(&folder, self.step)
+            .with_context(|| format!("serving the weights of step {}", self.step))
+    }
+
     /// With remote rollouts, makes the servers serve the trainer's current weights (version
     /// = its step) unless they already do: writes them as a Hugging Face folder under
     /// `weights_dir` (see [`crate::rollout::remote::write_weights_folder`]) and asks every
@@ -546,13 +550,7 @@ impl Trainer {
                 return Ok(None);
             }
             let t0 = Instant::now();
-            let folder =
-                crate::rollout::remote::write_weights_folder(weights_dir, self.step, |d| {
-                    self.export(d)
-                })?;
-            harness
-                .sync(&folder, self.step)
-                .with_context(|| format!("serving the weights of step {}", self.step))?;
+            self.serve_on_harness(harness, weights_dir)?;
             return Ok(Some(t0.elapsed().as_secs_f64()));
         }
         let Some(remote) = &self.remote else {

@@ -333,3 +333,38 @@ pub const TOOLS_TEMPLATE: &str = r#"{%- if tools %}
     {{- '<|im_start|>assistant\n' }}
 {%- endif %}
 "#;
+
+/// The committed tiny GGUF fixture (Llama architecture, 301-token byte-level BPE vocabulary,
+/// ChatML template, 256 positions).
+#[allow(dead_code)]
+pub fn tiny_gguf() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../turnwise-model/src/checkpoint/fixtures/gguf/tiny-llama.gguf")
+}
+
+/// A blocking HTTP client for the servers the tests start (120 s per request).
+#[allow(dead_code)]
+pub fn http_client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(std::time::Duration::from_secs(120))
+        .build()
+        .unwrap()
+}
+
+/// Sends `r` and returns the status and the JSON body.
+#[allow(dead_code)]
+pub fn send_json(r: reqwest::blocking::RequestBuilder) -> (u16, serde_json::Value) {
+    let r = r.send().unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().unwrap())
+}
+
+/// A JSON array of token ids.
+#[allow(dead_code)]
+pub fn json_ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
