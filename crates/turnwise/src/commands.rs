@@ -387,6 +387,12 @@ pub enum Command {
         /// its client goes away (0: whole prompts at once).
         #[arg(long, default_value_t = turnwise_model::sampling::DEFAULT_PREFILL_CHUNK)]
         prefill_chunk_tokens: usize,
+        /// MiB of keys and values kept across requests: a request that begins like an earlier
+        /// prompt, or an earlier prompt and its answer (a chat's next turn, a group sent as
+        /// separate requests), prefills only from its first uncached 16-token block (0: off).
+        /// Counted in --memory-budget-mb, which evicts it first; emptied by every weight reload.
+        #[arg(long, default_value_t = turnwise::serve::DEFAULT_PREFIX_CACHE_BYTES >> 20)]
+        prefix_cache_mb: u64,
         /// The weight version reported until the first `/update_weights_from_disk`.
         #[arg(long, default_value = "0")]
         weight_version: String,
@@ -1311,6 +1317,7 @@ pub fn run(cli: Cli) -> Result<()> {
             read_timeout_secs,
             memory_budget_mb,
             prefill_chunk_tokens,
+            prefix_cache_mb,
             max_guided_choices,
             max_guided_choice_bytes,
             max_sessions,
@@ -1348,6 +1355,9 @@ pub fn run(cli: Cli) -> Result<()> {
                 read_timeout,
                 memory_budget,
                 prefill_chunk: prefill_chunk_tokens,
+                prefix_cache: prefix_cache_mb.checked_mul(1 << 20).with_context(|| {
+                    format!("--prefix-cache-mb {prefix_cache_mb} is beyond any machine's memory")
+                })?,
                 weight_version,
                 placement: turnwise_model::device::Placement { device, dtype },
                 max_guided_choices,

@@ -32,6 +32,15 @@ fn start(max_queue: usize) -> PolicyServer {
     PolicyServer::start(load_served(&fixture()).unwrap(), &config(max_queue)).unwrap()
 }
 
+/// A server whose prefix cache holds `prefix_cache` bytes (0: none).
+fn start_with(prefix_cache: u64) -> PolicyServer {
+    let cfg = ServeConfig {
+        prefix_cache,
+        ..config(1024)
+    };
+    PolicyServer::start(load_served(&fixture()).unwrap(), &cfg).unwrap()
+}
+
 fn client() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder()
         .timeout(std::time::Duration::from_secs(120))
@@ -838,7 +847,8 @@ fn long_prompt(n: usize) -> Vec<u32> {
 /// values shared; each sample prefills only the prompt's last token.
 #[test]
 fn n_samples_of_a_prompt_prefill_it_once() {
-    let server = start(1024);
+    // Without the prefix cache, which would serve the second route's prompt from the first's.
+    let server = start_with(0);
     let p = long_prompt(200.min(context_length(&server) - 8));
     for (route, body) in [
         (
@@ -1007,4 +1017,137 @@ fn max_tokens_beyond_the_context_gets_a_400_and_an_omitted_one_fits() {
     );
     assert_eq!(s, 200, "{v}");
     server.shutdown().unwrap();
+}
+
+fn server_info(server: &PolicyServer) -> Value {
+    client()
+        .get(format!("{}/get_server_info", server.url()))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap()
+}
+
+/// Greedy `/generate` of `prompt`: its output ids and log-probs.
+fn greedy_ids(server: &PolicyServer, prompt: &[u32], max_new: usize) -> (Vec<u32>, Vec<f32>) {
+    let (status, v) = post(
+        &format!("{}/generate", server.url()),
+        &json!({"input_ids": prompt, "return_logprob": true,
+                "sampling_params": {"max_new_tokens": max_new, "temperature": 0,
+                                    "ignore_eos": true}}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let lps = v["meta_info"]["output_token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e[0].as_f64().unwrap() as f32)
+        .collect();
+    (ids(&v["output_ids"]), lps)
+}
+
+fn assert_close(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (x, y) in a.iter().zip(b) {
+        assert!((x - y).abs() < 1e-5, "{what}: {x} against {y}");
+    }
+}
+
+/// Issue 51: a chat that resends its history re-prefilled all of it every turn. With the
+/// prefix cache, each of a 4-turn chat's later turns (the previous prompt, its answer and a new
+/// message) prefills only what the cache lacks: its new tokens and the partial 16-token block
+/// before them. The answers are those of a server without the cache (greedy ids, log-probs
+/// within 1e-5), and `/get_server_info` reports the hits.
+#[test]
+fn a_chats_later_turns_prefill_only_their_new_tokens() {
+    let cached = start(1024);
+    let cold = start_with(0);
+    let mut prompt = long_prompt(60);
+    for turn in 0..4 {
+        let before = prefill_tokens(&cached);
+        let (out, lps) = greedy_ids(&cached, &prompt, 8);
+        let grew = prefill_tokens(&cached) - before;
+        let (out0, lps0) = greedy_ids(&cold, &prompt, 8);
+        assert_eq!(out, out0, "turn {turn}");
+        assert_close(&lps, &lps0, &format!("turn {turn}"));
+        if turn == 0 {
+            assert_eq!(grew, prompt.len() as u64);
+        } else {
+            // The new message (5 tokens) and the last answer token (never run: it is the
+            // answer's last), plus what of the last block before them was not whole.
+            assert!(
+                grew <= 5 + 1 + 15,
+                "turn {turn}: prefilled {grew} of {}",
+                prompt.len()
+            );
+        }
+        eprintln!(
+            "turn {turn}: {} prompt tokens, {grew} prefilled",
+            prompt.len()
+        );
+        prompt.extend(out);
+        prompt.extend((0..5).map(|i| 100 + 10 * turn + i));
+    }
+    let info = server_info(&cached);
+    let pc = &info["prefix_cache"];
+    assert_eq!(pc["lookups"], 4, "{info}");
+    assert_eq!(pc["hits"], 3, "{info}");
+    assert!(pc["hit_rate"].as_f64().unwrap() > 0.5, "{info}");
+    assert!(pc["bytes"].as_u64().unwrap() > 0, "{info}");
+    assert!(server_info(&cold)["prefix_cache"].is_null());
+    cached.shutdown().unwrap();
+    cold.shutdown().unwrap();
+}
+
+/// A GRPO group sent as separate requests of one prompt (as TRL's and verl's server modes
+/// may): the first prefills the prompt, the others only its last partial block.
+#[test]
+fn a_group_sent_as_separate_requests_prefills_its_prompt_once() {
+    let server = start(1024);
+    let p = long_prompt(100);
+    let before = prefill_tokens(&server);
+    let (first, _) = greedy_ids(&server, &p, 4);
+    assert_eq!(prefill_tokens(&server) - before, 100);
+    for _ in 0..3 {
+        let before = prefill_tokens(&server);
+        assert_eq!(greedy_ids(&server, &p, 4).0, first);
+        // 96 of its 100 tokens are 6 whole blocks: the last 4 are prefilled again.
+        assert_eq!(prefill_tokens(&server) - before, 4);
+    }
+    server.shutdown().unwrap();
+}
+
+/// Keys and values belong to the weights that computed them: after a reload the cache is
+/// empty, so a prompt the old weights cached gets the new weights' own answer (that of a
+/// server started on them), not one read from stale keys.
+#[test]
+fn a_weight_reload_empties_the_prefix_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let folder = perturbed_folder(tmp.path());
+    let server = start(1024);
+    let p = long_prompt(80);
+    greedy_ids(&server, &p, 6);
+    let (status, v) = post(
+        &format!("{}/update_weights_from_disk", server.url()),
+        &json!({"model_path": folder, "weight_version": "step-1"}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let before = prefill_tokens(&server);
+    let (out, lps) = greedy_ids(&server, &p, 6);
+    let fresh = PolicyServer::start(
+        load_served(&folder).unwrap(),
+        &ServeConfig {
+            prefix_cache: 0,
+            ..config(1024)
+        },
+    )
+    .unwrap();
+    let (out1, lps1) = greedy_ids(&fresh, &p, 6);
+    assert_eq!(out, out1);
+    assert_close(&lps, &lps1, "after the reload");
+    assert_eq!(prefill_tokens(&server) - before, 80, "a cold prefill");
+    let info = server_info(&server);
+    assert_eq!(info["prefix_cache"]["invalidations"], 1, "{info}");
+    server.shutdown().unwrap();
+    fresh.shutdown().unwrap();
 }

@@ -81,6 +81,9 @@ use crate::model::{KvCache, Transformer};
 use crate::rng::TurnRng;
 use crate::tokenizer::TextTokenizer;
 
+mod prefix_cache;
+pub use prefix_cache::{DEFAULT_BLOCK_TOKENS, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
+
 /// One layer's cached keys and values of one sequence, `[1, kv_heads, cols, head_dim]` each.
 type SeqKv = (Tensor, Tensor);
 
@@ -452,6 +455,13 @@ pub struct EngineConfig {
     /// trainer's rollouts do with [`super::prefill_prefix`]).
     #[serde(default)]
     pub share_prompts: bool,
+    /// Keep prompts' and turns' keys and values across sequences in a [`PrefixCache`] (`None`:
+    /// none). A sequence that joins with nothing cached starts from the longest run of cached
+    /// whole blocks its tokens begin with; every prefill and every ended turn caches its whole
+    /// blocks. The cache's bytes count in [`EngineConfig::memory_budget`], and its least
+    /// recently used blocks are evicted when the budget needs the room.
+    #[serde(default)]
+    pub prefix_cache: Option<PrefixCacheConfig>,
 }
 
 fn default_prefill_chunk() -> usize {
@@ -465,6 +475,7 @@ impl Default for EngineConfig {
             memory_budget: None,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             share_prompts: false,
+            prefix_cache: None,
         }
     }
 }
@@ -514,6 +525,9 @@ struct SeqState {
     /// The leading columns of `cache` whose storage other sequences hold views of too (a
     /// shared prompt, a fork's parent), and its identity: the memory budget counts them once.
     shared: Option<(ShareKey, usize)>,
+    /// Whether the prefix cache was asked for its tokens (once, when it first comes up to join
+    /// the batch with nothing cached).
+    looked_up: bool,
 }
 
 /// The running rows: row `r` is sequence `rows[r]`, its cache row `r` and key mask `mask[r]`,
@@ -545,6 +559,8 @@ pub struct SamplingEngine<'a> {
     stats: EngineStats,
     /// The tokens' texts for `guided_choice`, built from the tokenizer when first needed.
     pieces: Option<Arc<TokenPieces>>,
+    /// Keys and values kept across sequences ([`EngineConfig::prefix_cache`]).
+    prefix_cache: Option<PrefixCache>,
 }
 
 impl<'a> SamplingEngine<'a> {
@@ -561,10 +577,15 @@ impl<'a> SamplingEngine<'a> {
                  Transformer::detached_from_varmap"
             );
         }
+        let prefix_cache = config.prefix_cache.clone().map(|mut c| {
+            c.block_tokens = c.block_tokens.max(1);
+            PrefixCache::new(c).expect("a block of at least one token")
+        });
         Self {
             model,
             tokenizer,
             config,
+            prefix_cache,
             seqs: BTreeMap::new(),
             waiting: VecDeque::new(),
             batch: Batch::default(),
@@ -582,6 +603,25 @@ impl<'a> SamplingEngine<'a> {
             self.pieces = pieces;
         }
         self
+    }
+
+    /// Uses `cache` as this engine's prefix cache (e.g. one kept by a server across engines: it
+    /// must hold keys and values of this engine's weights; see [`PrefixCache::for_weights`]).
+    pub fn with_prefix_cache(mut self, cache: Option<PrefixCache>) -> Self {
+        if cache.is_some() {
+            self.prefix_cache = cache;
+        }
+        self
+    }
+
+    /// Takes the prefix cache out of the engine (which then caches nothing).
+    pub fn take_prefix_cache(&mut self) -> Option<PrefixCache> {
+        self.prefix_cache.take()
+    }
+
+    /// What the prefix cache has done and holds, if the engine has one.
+    pub fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
+        self.prefix_cache.as_ref().map(PrefixCache::stats)
     }
 
     /// The tokens' texts used by `guided_choice`, if built yet.
@@ -671,6 +711,7 @@ impl<'a> SamplingEngine<'a> {
                 generated: 0,
                 choice,
                 shared: None,
+                looked_up: false,
             },
         );
         self.waiting.push_back(id);
@@ -895,6 +936,7 @@ impl<'a> SamplingEngine<'a> {
                     generated,
                     choice: choice.clone(),
                     shared: shared.clone(),
+                    looked_up: false,
                 },
             );
             ids.push(child);
@@ -925,6 +967,7 @@ impl<'a> SamplingEngine<'a> {
             st.cached = 0;
             st.room = None;
             st.shared = None;
+            st.looked_up = false;
         }
         Ok(())
     }
@@ -1106,6 +1149,9 @@ impl<'a> SamplingEngine<'a> {
             debug_assert_eq!(st.cached + 1, st.seq.tokens.len());
             st.cache = cache;
             st.shared = None;
+            if let (Some(pc), Some(layers)) = (self.prefix_cache.as_mut(), &st.cache) {
+                pc.insert(&st.seq.tokens, st.cached, |a, n| columns_of(layers, a, n))?;
+            }
             ends.push(TurnEnd {
                 id,
                 reason: reason.clone(),
@@ -1137,9 +1183,12 @@ impl<'a> SamplingEngine<'a> {
         let max_pos = self.model.config().max_position_embeddings;
         // What the budget must hold besides the batch: the caches of sequences not running
         // (counted only under a budget: nothing reads it otherwise).
-        let parked: u64 = match self.config.memory_budget {
+        let mut parked: u64 = match self.config.memory_budget {
             None => 0,
-            Some(_) => self.parked_columns() * self.kv_column_bytes(),
+            Some(_) => {
+                self.parked_columns() * self.kv_column_bytes()
+                    + self.prefix_cache.as_ref().map_or(0, PrefixCache::bytes)
+            }
         };
         let running_left = self
             .batch
@@ -1154,6 +1203,7 @@ impl<'a> SamplingEngine<'a> {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
+            self.cache_lookup(id)?;
             let st = self.seqs.get_mut(&id).expect("waiting id has a state");
             let turn_full =
                 st.seq.tokens.len() - st.seq.turn_start >= st.seq.params.sampling.max_new_tokens;
@@ -1195,10 +1245,11 @@ impl<'a> SamplingEngine<'a> {
                     n,
                     cached + n,
                 ) + parked;
-                if !first && self.over_budget(need) {
+                if self.over_budget_evicting(need, &mut parked) && !first {
                     break;
                 }
                 self.prefill_chunk_of(id, n)?;
+                self.cache_chunk(id)?;
                 if self.seqs[&id].cached == len - 1 {
                     self.share_prompt(id, &sharers)?;
                 }
@@ -1217,10 +1268,11 @@ impl<'a> SamplingEngine<'a> {
                     chunk,
                     width,
                 ) + parked;
-                if !first && self.over_budget(need) {
+                if self.over_budget_evicting(need, &mut parked) && !first {
                     break;
                 }
                 self.prefill_chunk_of(id, chunk)?;
+                self.cache_chunk(id)?;
                 return Ok(true);
             }
             let (c, n) = (c_max.max(cached), n_max.max(len - cached));
@@ -1231,7 +1283,7 @@ impl<'a> SamplingEngine<'a> {
                 n,
                 c + n,
             ) + parked;
-            if !first && self.over_budget(need) {
+            if self.over_budget_evicting(need, &mut parked) && !first {
                 break;
             }
             (c_max, n_max, left_max) = (c, n, left_max.max(left));
@@ -1244,6 +1296,7 @@ impl<'a> SamplingEngine<'a> {
             return Ok(false);
         }
         let (layers, mask, logits) = self.prefill(&group)?;
+        self.cache_prefilled(&group, &layers, &mask)?;
         self.stats.prefill_tokens += group
             .iter()
             .map(|id| (self.seqs[id].seq.tokens.len() - self.seqs[id].cached) as u64)
@@ -1333,6 +1386,92 @@ impl<'a> SamplingEngine<'a> {
         Ok(())
     }
 
+    /// Starts waiting sequence `id` from the prefix cache's longest run of whole blocks its
+    /// tokens begin with (all but its last token at most), once, if it has nothing cached.
+    fn cache_lookup(&mut self, id: SeqId) -> Result<()> {
+        let Some(pc) = self.prefix_cache.as_mut() else {
+            return Ok(());
+        };
+        let st = self.seqs.get_mut(&id).expect("waiting id has a state");
+        if st.looked_up || st.cached > 0 || st.room.is_some() {
+            return Ok(());
+        }
+        st.looked_up = true;
+        let limit = st.seq.tokens.len() - 1;
+        if let Some(prefix) = pc.lookup(&st.seq.tokens, limit)? {
+            self.attach_prefix(id, &prefix)?;
+        }
+        Ok(())
+    }
+
+    /// Caches the whole blocks waiting sequence `id` has prefilled so far (a chunk at a time).
+    fn cache_chunk(&mut self, id: SeqId) -> Result<()> {
+        let Some(pc) = self.prefix_cache.as_mut() else {
+            return Ok(());
+        };
+        let st = &self.seqs[&id];
+        if let Some(layers) = &st.cache {
+            pc.insert(&st.seq.tokens, st.cached, |a, n| columns_of(layers, a, n))?;
+        }
+        Ok(())
+    }
+
+    /// Caches the whole blocks of each sequence of a prefilled group: row `i` of `layers` is
+    /// `group[i]`, its real columns those where `mask[i]` is set, in token order.
+    fn cache_prefilled(
+        &mut self,
+        group: &[SeqId],
+        layers: &[LayerKv],
+        mask: &[Vec<u8>],
+    ) -> Result<()> {
+        let Some(pc) = self.prefix_cache.as_mut() else {
+            return Ok(());
+        };
+        let device = self.model.device();
+        for (i, id) in group.iter().enumerate() {
+            let cols: Vec<u32> = mask[i]
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| **m != 0)
+                .map(|(j, _)| j as u32)
+                .collect();
+            let tokens = &self.seqs[id].seq.tokens;
+            pc.insert(tokens, cols.len(), |a, n| {
+                let idx = Tensor::from_vec(cols[a..a + n].to_vec(), n, device)?;
+                layers
+                    .iter()
+                    .map(|l| {
+                        let (k, v) = l.buffers();
+                        Ok((
+                            k.narrow(0, i, 1)?.index_select(&idx, 2)?,
+                            v.narrow(0, i, 1)?.index_select(&idx, 2)?,
+                        ))
+                    })
+                    .collect()
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Whether `need` bytes (`parked` among them, which counts the prefix cache) exceed the
+    /// memory budget once the prefix cache has evicted its least recently used blocks for the
+    /// room; `parked` loses what was evicted.
+    fn over_budget_evicting(&mut self, need: u64, parked: &mut u64) -> bool {
+        let Some(budget) = self.config.memory_budget else {
+            return false;
+        };
+        if need <= budget {
+            return false;
+        }
+        let freed = self
+            .prefix_cache
+            .as_mut()
+            .map_or(0, |pc| pc.evict(need - budget))
+            .min(need);
+        *parked = parked.saturating_sub(freed);
+        need - freed > budget
+    }
+
     /// Key/value columns cached by sequences not running, columns that several sequences hold
     /// views of counted once.
     fn parked_columns(&self) -> u64 {
@@ -1385,11 +1524,6 @@ impl<'a> SamplingEngine<'a> {
         // The prefill's new columns exist twice while the cache is joined.
         let joined = (prefill_rows * prefill_width) as u64 * self.kv_column_bytes();
         kv + act + joined
-    }
-
-    /// Whether `need` bytes exceed the memory budget.
-    fn over_budget(&self, need: u64) -> bool {
-        self.config.memory_budget.is_some_and(|b| need > b)
     }
 
     /// The memory a sequence of `len` tokens sampled by `params` needs alone:
@@ -1835,6 +1969,22 @@ fn seq_turn_left(
         left = left.min(m.saturating_sub(len));
     }
     left.min(max_pos.saturating_sub(len))
+}
+
+/// Each layer's keys and values of columns `start..start + n` of a compact one-sequence cache,
+/// in storage of their own.
+fn columns_of(layers: &[SeqKv], start: usize, n: usize) -> Result<Vec<SeqKv>> {
+    let own = |t: &Tensor| -> Result<Tensor> {
+        let t = t.narrow(2, start, n)?;
+        if !t.is_contiguous() {
+            return Ok(t.contiguous()?);
+        }
+        // A contiguous view still shares the whole cache's storage: copy it out.
+        let out = Tensor::zeros(t.dims(), t.dtype(), t.device())?;
+        out.slice_set(&t, 2, 0)?;
+        Ok(out)
+    };
+    layers.iter().map(|(k, v)| Ok((own(k)?, own(v)?))).collect()
 }
 
 fn take_layers(cache: &mut KvCache) -> Result<Vec<LayerKv>> {

@@ -29,9 +29,10 @@ pub mod engine;
 
 pub use choice::{ChoiceConstraint, TokenPieces};
 pub use engine::{
-    DEFAULT_CONFIDENCE_TOP_J, DEFAULT_PREFILL_CHUNK, EngineConfig, EngineStats, PrefixKv,
-    SamplingEngine, SeqId, SeqStatus, Sequence, SequenceParams, StopReason, TokenHook, TokenOrigin,
-    TurnEnd, top_j_confidence,
+    DEFAULT_BLOCK_TOKENS, DEFAULT_CONFIDENCE_TOP_J, DEFAULT_PREFILL_CHUNK, EngineConfig,
+    EngineStats, PrefixCache, PrefixCacheConfig, PrefixCacheStats, PrefixKv, SamplingEngine, SeqId,
+    SeqStatus, Sequence, SequenceParams, StopReason, TokenHook, TokenOrigin, TurnEnd,
+    top_j_confidence,
 };
 
 /// How tokens are drawn.

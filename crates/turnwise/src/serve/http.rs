@@ -1426,6 +1426,11 @@ async fn server_info(State(app): State<Arc<App>>) -> axum::Json<Value> {
         "memory_budget_bytes": app.shared.memory_budget,
         "prefill_chunk": app.shared.prefill_chunk,
         "engine": app.shared.counters(),
+        "prefix_cache": app.shared.counters().prefix_cache.map(|s| {
+            let mut v = serde_json::to_value(s).unwrap_or_default();
+            v["hit_rate"] = json!(s.hit_rate());
+            v
+        }),
         "sessions": app.store().counters(),
         "tool_calls": app.tool_counters.to_json(),
     }))

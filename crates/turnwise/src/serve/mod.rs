@@ -33,7 +33,9 @@
 //! for in the context (naming the numbers; an omitted one is cut to what the context leaves),
 //! and a `guided_choice` beyond [`ServeConfig::max_guided_choices`] or
 //! [`ServeConfig::max_guided_choice_bytes`]. The `n` samples of a prompt prefill it once and
-//! share its keys and values ([`EngineConfig::share_prompts`]).
+//! share its keys and values ([`EngineConfig::share_prompts`]), and a prefix cache keeps every
+//! prompt's and answer's keys and values across requests ([`ServeConfig::prefix_cache`]): the
+//! next turn of a chat prefills only what is new. `/get_server_info` reports its hit rate.
 //!
 //! Log-probs are those of the distribution each token was drawn from: the temperature-scaled
 //! softmax before top-k/top-p truncation (temperature 1 when greedy), the log-probs a policy
@@ -62,7 +64,7 @@ use turnwise_env::server::BackgroundServer;
 use turnwise_model::ModelConfig;
 use turnwise_model::device::Placement;
 use turnwise_model::model::Transformer;
-use turnwise_model::sampling::EngineConfig;
+use turnwise_model::sampling::{EngineConfig, PrefixCacheConfig};
 
 use crate::config::run_config;
 use crate::model_source::checkpoint_metadata;
@@ -96,6 +98,13 @@ pub struct ServeConfig {
     /// Most prompt tokens of one sequence prefilled per engine step
     /// ([`EngineConfig::prefill_chunk`]; `0`: whole prompts at once).
     pub prefill_chunk: usize,
+    /// Most bytes of keys and values kept across requests in the prefix cache
+    /// ([`EngineConfig::prefix_cache`], `--prefix-cache-mb`; `0`: none): a request that begins
+    /// like an earlier prompt or an earlier prompt and its answer (the next turn of a chat, a
+    /// GRPO group sent as separate requests) prefills from its first uncached block. Counted in
+    /// [`ServeConfig::memory_budget`], whose need evicts it first; emptied at every weight
+    /// reload. Default [`DEFAULT_PREFIX_CACHE_BYTES`].
+    pub prefix_cache: u64,
     /// The weight version reported until the first reload.
     pub weight_version: String,
     /// Where the served model lives (`--device`, `--dtype`); reloaded weights and merged LoRA
@@ -116,6 +125,9 @@ pub struct ServeConfig {
     pub record_dir: Option<PathBuf>,
 }
 
+/// Default [`ServeConfig::prefix_cache`] (1 GiB).
+pub const DEFAULT_PREFIX_CACHE_BYTES: u64 = 1 << 30;
+
 /// Default [`ServeConfig::max_guided_choices`].
 pub const DEFAULT_MAX_GUIDED_CHOICES: usize = 256;
 /// Default [`ServeConfig::max_guided_choice_bytes`] (64 KiB).
@@ -132,6 +144,7 @@ impl Default for ServeConfig {
             read_timeout: Duration::from_secs(30),
             memory_budget: default_memory_budget(),
             prefill_chunk: turnwise_model::sampling::DEFAULT_PREFILL_CHUNK,
+            prefix_cache: DEFAULT_PREFIX_CACHE_BYTES,
             weight_version: "0".into(),
             placement: Placement::cpu(),
             max_guided_choices: DEFAULT_MAX_GUIDED_CHOICES,
@@ -396,6 +409,8 @@ fn build_app(
             prefill_chunk: config.prefill_chunk,
             // The `n` samples of a prompt (and identical prompts of one batch) prefill it once.
             share_prompts: true,
+            prefix_cache: (config.prefix_cache > 0)
+                .then(|| PrefixCacheConfig::with_max_bytes(config.prefix_cache)),
         },
         Arc::clone(&shared),
     )

@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
 use turnwise_model::model::Transformer;
 use turnwise_model::sampling::{
-    EngineConfig, SamplingEngine, SeqId, SequenceParams, StopReason, TokenPieces,
+    EngineConfig, PrefixCache, PrefixCacheStats, SamplingEngine, SeqId, SequenceParams, StopReason,
+    TokenPieces,
 };
 use turnwise_model::tokenizer::TextTokenizer;
 
@@ -171,6 +172,10 @@ pub struct EngineCounters {
     pub sequences: u64,
     /// Weight reloads.
     pub reloads: u64,
+    /// The prefix cache's counters and what it holds (`None`: no cache); `/get_server_info`
+    /// reports them as `prefix_cache`, with the hit rate.
+    #[serde(skip)]
+    pub prefix_cache: Option<PrefixCacheStats>,
 }
 
 impl Shared {
@@ -272,16 +277,25 @@ pub fn run(
     let mut backlog: VecDeque<Job> = VecDeque::new();
     // The tokens' texts of `guided_choice`, built once for the tokenizer and kept across reloads.
     let mut pieces = None;
+    // The prefix cache outlives each engine (one per weight version) and is emptied at reloads.
+    let mut cache: Option<PrefixCache> = None;
     loop {
         let (weights, aborted, reply) = {
-            let mut engine = Engine::new(&model, &tokenizer, &config, pieces.take());
+            let mut engine = Engine::new(&model, &tokenizer, &config, pieces.take(), cache.take());
             let served = engine.serve(&shared, &rx, &mut backlog);
             pieces = engine.engine.token_pieces();
+            cache = engine.engine.take_prefix_cache();
             let Some(reload) = served else {
                 return;
             };
             reload
         };
+        // Keys and values of the old weights must never meet the new ones.
+        if let Some(c) = cache.as_mut() {
+            c.invalidate();
+            let stats = c.stats();
+            shared.count(|s| s.prefix_cache = Some(stats));
+        }
         let NewWeights {
             model: m,
             path,
@@ -323,10 +337,12 @@ impl<'a> Engine<'a> {
         tokenizer: &'a TextTokenizer,
         config: &'a EngineConfig,
         pieces: Option<Arc<TokenPieces>>,
+        cache: Option<PrefixCache>,
     ) -> Self {
         Self {
             engine: SamplingEngine::new(model, Some(tokenizer), config.clone())
-                .with_token_pieces(pieces),
+                .with_token_pieces(pieces)
+                .with_prefix_cache(cache),
             model,
             tokenizer,
             config,
@@ -389,7 +405,9 @@ impl<'a> Engine<'a> {
             let before = self.engine.stats();
             let step = self.engine.step(None);
             let (after, running) = (self.engine.stats(), self.engine.running().len());
+            let cache_stats = self.engine.prefix_cache_stats();
             shared.count(|c| {
+                c.prefix_cache = cache_stats;
                 c.steps += after.steps - before.steps;
                 c.generated_tokens += after.sampled_tokens - before.sampled_tokens;
                 c.prefill_tokens += after.prefill_tokens - before.prefill_tokens;
@@ -536,8 +554,11 @@ impl<'a> Engine<'a> {
         }
         self.owner.clear();
         let pieces = self.engine.token_pieces();
+        // The cache's blocks were computed by these weights before the failed step: kept.
+        let cache = self.engine.take_prefix_cache();
         self.engine = SamplingEngine::new(self.model, Some(self.tokenizer), self.config.clone())
-            .with_token_pieces(pieces);
+            .with_token_pieces(pieces)
+            .with_prefix_cache(cache);
     }
 }
 
