@@ -30,8 +30,8 @@ pub mod engine;
 pub use choice::{ChoiceConstraint, TokenPieces};
 pub use engine::{
     DEFAULT_CONFIDENCE_TOP_J, DEFAULT_PREFILL_CHUNK, EngineConfig, EngineStats, PrefixKv,
-    SamplingEngine, SeqId, SeqStatus, Sequence, SequenceParams, StopReason, TokenHook, TokenOrigin,
-    TurnEnd, top_j_confidence,
+    SamplingEngine, SeqId, SeqStatus, Sequence, SequenceParams, SpeculativeConfig, StopReason,
+    TokenHook, TokenOrigin, TurnEnd, top_j_confidence,
 };
 
 /// How tokens are drawn.

@@ -396,6 +396,7 @@ fn build_app(
             prefill_chunk: config.prefill_chunk,
             // The `n` samples of a prompt (and identical prompts of one batch) prefill it once.
             share_prompts: true,
+            speculative: None,
         },
         Arc::clone(&shared),
     )
