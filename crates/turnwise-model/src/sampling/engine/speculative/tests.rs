@@ -419,3 +419,99 @@ fn speculative_settings_are_checked_by_name() {
     let off: EngineConfig = serde_json::from_str(r#"{"max_batch_size": 4}"#).unwrap();
     assert_eq!(off.speculative, None);
 }
+
+/// Measurement, not a check (`cargo test --release -p turnwise-model --lib smollm2_copy --
+/// --ignored --nocapture`): SmolLM2-135M-Instruct (the GGUF in the turnwise cache) asked to
+/// copy a ~300-token passage, greedy, 64 new tokens, batch 1 and 8, speculation off and on:
+/// tokens/s and the acceptance rate, and the outputs compared.
+#[test]
+#[ignore = "needs the SmolLM2 GGUF; a measurement, run in release"]
+fn smollm2_copy_passage_speculation_on_and_off() {
+    use std::time::Instant;
+    let cache = turnwise_core::pip::default_cache_dir();
+    let path = crate::checkpoint::gguf::smollm2::gguf_path(&cache).expect("the SmolLM2 GGUF");
+    let ck = crate::checkpoint::GgufCheckpoint::open(&path).unwrap();
+    let cfg = ck.config().unwrap();
+    let tensors = ck
+        .tensors(&cfg, DType::F32, &candle_core::Device::Cpu)
+        .unwrap();
+    let model = Transformer::from_tensors(&cfg, &tensors, "SmolLM2 GGUF").unwrap();
+    let tok = ck.tokenizer().unwrap();
+    let sentences = [
+        "The river Elbe rises in the Krkonose mountains on the northern border of the Czech Republic and flows for about 1,094 kilometres before it reaches the North Sea at Cuxhaven.",
+        "Along its course it passes through Dresden, Magdeburg and Hamburg, and for centuries it carried salt, grain and timber between Bohemia and the coast.",
+        "In 1842 a great fire destroyed much of the old town of Hamburg, and the city was rebuilt with wider streets, new canals and a modern sewer system designed by William Lindley.",
+        "The river's floodplains are home to white storks, beavers and sea eagles, and large parts of the middle Elbe were declared a biosphere reserve by UNESCO in 1979.",
+        "Severe floods in August 2002 and again in June 2013 damaged bridges, railways and historic buildings, and led to new dykes and retention basins along the upper river.",
+        "Today the port of Hamburg is one of the largest in Europe, handling millions of containers every year, while smaller harbours upstream serve barges and passenger ships.",
+        "Cyclists follow the Elbe Cycle Route, which runs beside the water from the Czech border to the sea and is among the most popular long-distance routes in Germany.",
+    ];
+    let prompt_for = |rot: usize| {
+        let passage: Vec<&str> = (0..sentences.len())
+            .map(|i| sentences[(i + rot) % sentences.len()])
+            .collect();
+        let text = format!(
+            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nCopy the following passage exactly, word for word.\n\n{}<|im_end|>\n<|im_start|>assistant\n",
+            passage.join(" ")
+        );
+        tok.encode(&text).unwrap()
+    };
+    let eos = tok.special_id("<|im_end|>").unwrap();
+    let params = SequenceParams {
+        sampling: SamplingParams {
+            temperature: 0.0,
+            max_new_tokens: 64,
+            stop_token_ids: vec![eos],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    println!("prompt tokens: {} (row 0)", prompt_for(0).len());
+    for batch in [1usize, 8] {
+        let mut outputs: Vec<Vec<Vec<u32>>> = Vec::new();
+        for speculative in [None, Some(spec())] {
+            let mut eng =
+                SamplingEngine::new(&model, Some(&tok), engine_config(speculative.clone()));
+            let ids: Vec<SeqId> = (0..batch)
+                .map(|r| {
+                    eng.add_sequence(prompt_for(r), params.clone(), r as u64)
+                        .unwrap()
+                })
+                .collect();
+            let start = Instant::now();
+            eng.step(None).unwrap(); // the prefill (and the first decode step)
+            let prefilled = Instant::now();
+            eng.run_until_stop(None).unwrap();
+            let end = Instant::now();
+            let toks: Vec<Vec<u32>> = ids
+                .iter()
+                .map(|&id| {
+                    let s = eng.sequence(id).unwrap();
+                    s.tokens[s.prompt_len..].to_vec()
+                })
+                .collect();
+            let n: usize = toks.iter().map(Vec::len).sum();
+            let st = eng.stats();
+            println!(
+                "batch {batch} speculative {:5}: {n} tokens, {:.2} s total ({:.1} tok/s), after the prefill step {:.2} s ({:.1} tok/s), {} steps, drafted {} accepted {} (rate {:.2})",
+                speculative.is_some(),
+                (end - start).as_secs_f64(),
+                n as f64 / (end - start).as_secs_f64(),
+                (end - prefilled).as_secs_f64(),
+                n as f64 / (end - prefilled).as_secs_f64(),
+                st.steps,
+                st.drafted_tokens,
+                st.accepted_tokens,
+                st.accepted_tokens as f64 / st.drafted_tokens.max(1) as f64,
+            );
+            if batch == 1 {
+                println!("  output: {:?}", tok.decode(&toks[0], false).unwrap());
+            }
+            outputs.push(toks);
+        }
+        assert_eq!(
+            outputs[0], outputs[1],
+            "speculation changed the greedy output"
+        );
+    }
+}
