@@ -347,7 +347,71 @@ impl SamplingEngine<'_> {
         for (r, reason) in stopped {
             self.end_turn(r, reason, ends)?;
         }
-        self.keep_rows(&keep)
+        self.keep_rows(&keep)?;
+        self.compact_columns()
+    }
+
+    /// Rows that accept fewer drafts than another row of their step keep masked columns; when
+    /// these make the batch [`KV_RESERVE`] columns wider than its longest row, each row's real
+    /// columns are moved (in order) to the right edge of a batch as wide as its longest row, so
+    /// the cache stays within what plain decoding (and the memory budget's estimate) would use.
+    /// Attention sees the same keys in the same order.
+    fn compact_columns(&mut self) -> Result<()> {
+        let width = self.batch.width();
+        let real: Vec<usize> = self
+            .batch
+            .mask
+            .iter()
+            .map(|m| m.iter().filter(|&&x| x != 0).count())
+            .collect();
+        let w = real.iter().copied().max().unwrap_or(0);
+        if width < w + KV_RESERVE {
+            return Ok(());
+        }
+        let Some(layers) = self.batch.layers.take() else {
+            return Ok(());
+        };
+        let device = self.model.device().clone();
+        let n = real.len();
+        let cap = layers.first().map_or(0, |l| l.buffers().0.dims()[2]);
+        // Row r's real columns in order, left-padded (with its own first column, masked) to `w`.
+        let mut idx = Vec::with_capacity(n * w);
+        for (r, m) in self.batch.mask.iter().enumerate() {
+            let base = (r * cap) as u32;
+            idx.extend(std::iter::repeat_n(base, w - real[r]));
+            idx.extend(
+                m.iter()
+                    .enumerate()
+                    .filter(|(_, x)| **x != 0)
+                    .map(|(j, _)| base + j as u32),
+            );
+        }
+        let idx = Tensor::from_vec(idx, n * w, &device)?;
+        let gather = |t: &Tensor| -> Result<Tensor> {
+            let (b, h, c, d) = t.dims4()?;
+            Ok(t.transpose(1, 2)?
+                .contiguous()?
+                .reshape((b * c, h * d))?
+                .index_select(&idx, 0)?
+                .reshape((b, w, h, d))?
+                .transpose(1, 2)?
+                .contiguous()?)
+        };
+        self.batch.layers = Some(
+            layers
+                .iter()
+                .map(|l| {
+                    let (k, v) = l.buffers();
+                    LayerKv::exact(gather(k)?, gather(v)?)
+                })
+                .collect::<Result<Vec<_>>>()?,
+        );
+        for (m, &c) in self.batch.mask.iter_mut().zip(&real) {
+            *m = std::iter::repeat_n(0u8, w - c)
+                .chain(std::iter::repeat_n(1u8, c))
+                .collect();
+        }
+        Ok(())
     }
 }
 

@@ -164,6 +164,60 @@ fn greedy_speculation_generates_exactly_the_plain_tokens_across_turns_and_stops(
     assert!(stats.steps < plain_stats.steps, "{stats:?} {plain_stats:?}");
 }
 
+#[test]
+fn masked_draft_columns_are_compacted_and_outputs_stay_those_of_plain_decoding() {
+    let cfg = ModelConfig::tiny_qwen2(96);
+    let model = detached(&cfg, 47);
+    let greedy = SequenceParams {
+        sampling: SamplingParams {
+            temperature: 0.0,
+            max_new_tokens: 160,
+            ..Default::default()
+        },
+        confidence_top_j: 0,
+        ..Default::default()
+    };
+    let mut sampled = greedy.clone();
+    sampled.sampling.temperature = 0.7;
+    let run = |speculative: Option<SpeculativeConfig>| {
+        let mut eng = SamplingEngine::new(&model, None, engine_config(speculative));
+        let ids: Vec<SeqId> = repeating_prompts()
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let params = if i % 2 == 0 { &greedy } else { &sampled };
+                eng.add_sequence(p, params.clone(), i as u64).unwrap()
+            })
+            .collect();
+        let mut widest_waste = 0;
+        while !eng.is_idle() {
+            eng.step(None).unwrap();
+            let real = eng
+                .batch
+                .mask
+                .iter()
+                .map(|m| m.iter().filter(|&&x| x != 0).count());
+            let waste = eng.batch_width() - real.max().unwrap_or(0);
+            widest_waste = widest_waste.max(waste);
+        }
+        let seqs: Vec<Sequence> = ids
+            .iter()
+            .map(|&id| eng.sequence(id).unwrap().clone())
+            .collect();
+        (seqs, widest_waste, eng.stats())
+    };
+    let (plain, _, _) = run(None);
+    let (fast, waste, stats) = run(Some(spec()));
+    assert!(stats.accepted_tokens > 0 && stats.accepted_tokens < stats.drafted_tokens);
+    // Without compaction the rows that accept fewer drafts than their step's best would leave
+    // the batch far wider than its longest row.
+    assert!(
+        waste < KV_RESERVE,
+        "the batch is {waste} columns wider than its longest row"
+    );
+    assert_same_outputs(&plain, &fast, 1e-4);
+}
+
 /// The log-softmax of `logits / temperature`, in f64.
 fn log_softmax(logits: &[f32], temperature: f64) -> Vec<f64> {
     let x: Vec<f64> = logits.iter().map(|&l| l as f64 / temperature).collect();
