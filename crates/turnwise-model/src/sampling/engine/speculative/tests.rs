@@ -218,6 +218,55 @@ fn masked_draft_columns_are_compacted_and_outputs_stay_those_of_plain_decoding()
     assert_same_outputs(&plain, &fast, 1e-4);
 }
 
+#[test]
+fn a_hook_that_leaves_the_logits_alone_keeps_the_carried_draw() {
+    // Sampled rows draw seed for seed the tokens of plain decoding (one draw of the row's
+    // generator per token); a step given a hook after a rejected draft must keep the draw that
+    // rejected it (the residual), not draw again.
+    let cfg = ModelConfig::tiny_qwen2(96);
+    let model = detached(&cfg, 49);
+    let params = SequenceParams {
+        sampling: SamplingParams {
+            temperature: 0.5,
+            top_p: 0.95,
+            max_new_tokens: 40,
+            ..Default::default()
+        },
+        confidence_top_j: 0,
+        ..Default::default()
+    };
+    let run = |speculative: Option<SpeculativeConfig>| {
+        let mut eng = SamplingEngine::new(&model, None, engine_config(speculative));
+        let ids: Vec<SeqId> = repeating_prompts()
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| eng.add_sequence(p, params.clone(), 100 + i as u64).unwrap())
+            .collect();
+        let mut hooked = 0;
+        let mut noop = |_: &Sequence, _: &mut [f32]| -> Option<u32> { None };
+        let mut n = 0;
+        while !eng.is_idle() {
+            n += 1;
+            if n % 2 == 0 {
+                hooked += eng.carried.len();
+                eng.step(Some(&mut noop)).unwrap();
+            } else {
+                eng.step(None).unwrap();
+            }
+        }
+        let seqs: Vec<Sequence> = ids
+            .iter()
+            .map(|&id| eng.sequence(id).unwrap().clone())
+            .collect();
+        (seqs, hooked, eng.stats())
+    };
+    let (plain, _, _) = run(None);
+    let (fast, hooked, stats) = run(Some(spec()));
+    assert!(hooked > 0, "no hooked step followed a rejected draft");
+    assert!(stats.accepted_tokens > 0, "{stats:?}");
+    assert_same_outputs(&plain, &fast, 1e-4);
+}
+
 /// The log-softmax of `logits / temperature`, in f64.
 fn log_softmax(logits: &[f32], temperature: f64) -> Vec<f64> {
     let x: Vec<f64> = logits.iter().map(|&l| l as f64 / temperature).collect();
