@@ -1,4 +1,4 @@
-//! Lossless speculative decoding by prompt lookup ([`EngineConfig::speculative`]).
+//! Lossless speculative decoding by prompt lookup ([`super::EngineConfig::speculative`]).
 //!
 //! After a running row's token `t0` is drawn as usual, the row proposes up to `max_draft`
 //! draft tokens `d1..dk`: what followed the most recent earlier occurrence of its last `n`
