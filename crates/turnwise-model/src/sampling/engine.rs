@@ -83,6 +83,7 @@ use crate::tokenizer::TextTokenizer;
 
 mod prefix_cache;
 pub use prefix_cache::{DEFAULT_BLOCK_TOKENS, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
+pub use speculative::SpeculativeConfig;
 
 /// One layer's cached keys and values of one sequence, `[1, kv_heads, cols, head_dim]` each.
 type SeqKv = (Tensor, Tensor);
@@ -94,8 +95,14 @@ const KV_RESERVE: usize = 32;
 /// Below this many logits in a step (rows × vocabulary), rows are drawn on the calling thread.
 const PARALLEL_DRAW_MIN_ENTRIES: usize = 1 << 16;
 
-/// One row's draw: its generator, sampling parameters, logits and forced token.
-type RowDraw<'a> = (&'a mut TurnRng, &'a SamplingParams, &'a [f32], Option<u32>);
+/// One row's draw: its generator, sampling parameters, logits and the token it takes without
+/// a draw (forced, or carried over from draft verification) with that token's origin.
+type RowDraw<'a> = (
+    &'a mut TurnRng,
+    &'a SamplingParams,
+    &'a [f32],
+    Option<(u32, TokenOrigin)>,
+);
 
 /// A prefilled group: its cache layers, key masks and next-token logits.
 type Prefilled = (Vec<LayerKv>, Vec<Vec<u8>>, Vec<Vec<f32>>);
@@ -462,6 +469,13 @@ pub struct EngineConfig {
     /// recently used blocks are evicted when the budget needs the room.
     #[serde(default)]
     pub prefix_cache: Option<PrefixCacheConfig>,
+    /// Lossless speculative decoding by prompt lookup ([`SpeculativeConfig`]): a step with no
+    /// [`TokenHook`] drafts each row's next tokens from its own earlier tokens and verifies
+    /// them in the same forward as the row's new token. Greedy output is identical to plain
+    /// decoding and sampled output is drawn from exactly the policy's distribution, with the
+    /// policy's own log-probs. `None`: one token per row per step.
+    #[serde(default)]
+    pub speculative: Option<SpeculativeConfig>,
 }
 
 fn default_prefill_chunk() -> usize {
@@ -476,6 +490,7 @@ impl Default for EngineConfig {
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             share_prompts: false,
             prefix_cache: None,
+            speculative: None,
         }
     }
 }
@@ -487,6 +502,14 @@ impl EngineConfig {
         Self {
             max_batch_size,
             ..Self::default()
+        }
+    }
+
+    /// Checks the values (errors name the key, e.g. `speculative.max_draft`).
+    pub fn validate(&self) -> Result<()> {
+        match &self.speculative {
+            Some(s) => s.validate(),
+            None => Ok(()),
         }
     }
 }
@@ -504,6 +527,14 @@ pub struct EngineStats {
     pub sampled_tokens: u64,
     /// Tokens forced by a hook.
     pub forced_tokens: u64,
+    /// Draft tokens proposed by speculative decoding and run through the model for
+    /// verification ([`EngineConfig::speculative`]).
+    #[serde(default)]
+    pub drafted_tokens: u64,
+    /// Draft tokens the verification accepted (also counted in `sampled_tokens`);
+    /// `accepted_tokens / drafted_tokens` is the acceptance rate.
+    #[serde(default)]
+    pub accepted_tokens: u64,
 }
 
 struct SeqState {
@@ -561,6 +592,9 @@ pub struct SamplingEngine<'a> {
     pieces: Option<Arc<TokenPieces>>,
     /// Keys and values kept across sequences ([`EngineConfig::prefix_cache`]).
     prefix_cache: Option<PrefixCache>,
+    /// Running rows whose next token the last step's draft verification already drew (the
+    /// draw that rejected a draft, [`speculative`]); their next step takes it without a draw.
+    carried: BTreeMap<SeqId, u32>,
 }
 
 impl<'a> SamplingEngine<'a> {
@@ -593,6 +627,7 @@ impl<'a> SamplingEngine<'a> {
             poisoned: false,
             stats: EngineStats::default(),
             pieces: None,
+            carried: BTreeMap::new(),
         }
     }
 
@@ -669,6 +704,7 @@ impl<'a> SamplingEngine<'a> {
         params: SequenceParams,
         rng: TurnRng,
     ) -> Result<SeqId> {
+        self.config.validate()?;
         params.validate()?;
         if prompt.is_empty() {
             return Err(ModelError::invalid_input("prompt", "is empty"));
@@ -956,6 +992,7 @@ impl<'a> SamplingEngine<'a> {
             SeqStatus::Waiting => self.waiting.retain(|&w| w != id),
             SeqStatus::Paused(_) => {}
         }
+        self.carried.remove(&id);
         Ok(self.seqs.remove(&id).map(|s| s.seq).expect("checked above"))
     }
 
@@ -1070,6 +1107,7 @@ impl<'a> SamplingEngine<'a> {
         for (r, logits) in all_logits.iter_mut().enumerate() {
             let id = self.batch.rows[r];
             let st = &self.seqs[&id];
+            let carried = speculative::take_carried(&mut self.carried, id, hook.is_some(), logits);
             let f = match hook.as_deref_mut() {
                 Some(h) => h.process(&st.seq, logits),
                 None => None,
@@ -1096,7 +1134,10 @@ impl<'a> SamplingEngine<'a> {
                     format!("forced token {t} >= vocab_size {vocab}"),
                 ));
             }
-            forced.push(f);
+            forced.push(match f {
+                Some(t) => Some((t, TokenOrigin::Forced)),
+                None => carried.and_then(|c| c.token_if_unchanged(logits)),
+            });
         }
         // 2. Draws: each row reads only its own logits and generator, so rows run in parallel
         // with the same results as in sequence.
@@ -1118,52 +1159,45 @@ impl<'a> SamplingEngine<'a> {
             }
             st.seq.push(tok, origin, Some((&draw, conf)));
             st.generated += 1;
-            let seq = &st.seq;
-            let p = &seq.params;
-            let reason = if p.sampling.stop_token_ids.contains(&tok) {
-                Some(StopReason::StopToken(tok))
-            } else if let Some(s) =
-                stop_string_hit(self.tokenizer, &p.sampling.stop_strings, seq.turn_tokens())?
-            {
-                Some(StopReason::StopString(s))
-            } else if st
-                .choice
-                .as_ref()
-                .is_some_and(|c| c.is_complete(&c.text_of(seq.turn_tokens())))
-            {
-                Some(StopReason::ChoiceComplete)
-            } else {
-                limit_reached(seq, st.generated, max_pos)
-            };
-            match reason {
+            match turn_stop(self.tokenizer, st, max_pos)? {
                 Some(reason) => stopped.push((r, reason)),
                 None => keep.push(r),
             }
         }
-        // Turns that ended leave the batch with a compact copy of their cache rows.
         for (r, reason) in stopped {
-            let id = self.batch.rows[r];
-            let cache = self.extract_row(r)?;
-            let st = self.seqs.get_mut(&id).expect("running row has a state");
-            st.cached = self.batch.mask[r].iter().filter(|&&m| m != 0).count();
-            debug_assert_eq!(st.cached + 1, st.seq.tokens.len());
-            st.cache = cache;
-            st.shared = None;
-            if let (Some(pc), Some(layers)) = (self.prefix_cache.as_mut(), &st.cache) {
-                pc.insert(&st.seq.tokens, st.cached, |a, n| columns_of(layers, a, n))?;
-            }
-            ends.push(TurnEnd {
-                id,
-                reason: reason.clone(),
-                start: st.seq.turn_start,
-                end: st.seq.tokens.len(),
-            });
-            st.seq.status = SeqStatus::Paused(reason);
+            self.end_turn(r, reason, &mut ends)?;
         }
         self.keep_rows(&keep)?;
-        self.decode_running()?;
+        match self.config.speculative.clone() {
+            Some(spec) if hook.is_none() => self.decode_speculative(&spec, &mut ends)?,
+            _ => self.decode_running()?,
+        }
         ends.sort_by_key(|e| e.id);
         Ok(ends)
+    }
+
+    /// Ends the turn of batch row `r` (its newest token not yet run through the model): the
+    /// sequence leaves the batch with a compact copy of its cache rows (the caller drops the
+    /// row with [`SamplingEngine::keep_rows`]).
+    fn end_turn(&mut self, r: usize, reason: StopReason, ends: &mut Vec<TurnEnd>) -> Result<()> {
+        let id = self.batch.rows[r];
+        let cache = self.extract_row(r)?;
+        let st = self.seqs.get_mut(&id).expect("running row has a state");
+        st.cached = self.batch.mask[r].iter().filter(|&&m| m != 0).count();
+        debug_assert_eq!(st.cached + 1, st.seq.tokens.len());
+        st.cache = cache;
+        st.shared = None;
+        if let (Some(pc), Some(layers)) = (self.prefix_cache.as_mut(), &st.cache) {
+            pc.insert(&st.seq.tokens, st.cached, |a, n| columns_of(layers, a, n))?;
+        }
+        ends.push(TurnEnd {
+            id,
+            reason: reason.clone(),
+            start: st.seq.turn_start,
+            end: st.seq.tokens.len(),
+        });
+        st.seq.status = SeqStatus::Paused(reason);
+        Ok(())
     }
 
     /// Moves waiting sequences into the batch while there is room (the batch size and the
@@ -1813,7 +1847,7 @@ impl<'a> SamplingEngine<'a> {
     fn draw_rows(
         &mut self,
         logits: &[Vec<f32>],
-        forced: &[Option<u32>],
+        forced: &[Option<(u32, TokenOrigin)>],
     ) -> Vec<(TokenDraw, TokenOrigin)> {
         let row_of: BTreeMap<SeqId, usize> = self
             .batch
@@ -1833,7 +1867,7 @@ impl<'a> SamplingEngine<'a> {
             .map(|w| w.expect("every running row has a state"))
             .collect();
         let one = |(rng, params, l, f): &mut RowDraw<'_>| match *f {
-            Some(t) => (forced_row(l, params, t), TokenOrigin::Forced),
+            Some((t, origin)) => (forced_row(l, params, t), origin),
             None => (sample_row(l, params, rng), TokenOrigin::Sampled),
         };
         let entries: usize = logits.iter().map(Vec::len).sum();
@@ -1920,6 +1954,32 @@ impl<'a> SamplingEngine<'a> {
             .position(|&r| r == id)
             .ok_or_else(|| ModelError::invalid_input("id", format!("sequence {id} not in batch")))
     }
+}
+
+/// Why the turn of running sequence `st` ends with its newest token, if it does: a stop token,
+/// a stop string, a completed choice, then a token limit, in that order.
+fn turn_stop(
+    tokenizer: Option<&TextTokenizer>,
+    st: &SeqState,
+    max_pos: usize,
+) -> Result<Option<StopReason>> {
+    let seq = &st.seq;
+    let p = &seq.params;
+    let tok = *seq.tokens.last().expect("sequences are never empty");
+    Ok(if p.sampling.stop_token_ids.contains(&tok) {
+        Some(StopReason::StopToken(tok))
+    } else if let Some(s) = stop_string_hit(tokenizer, &p.sampling.stop_strings, seq.turn_tokens())?
+    {
+        Some(StopReason::StopString(s))
+    } else if st
+        .choice
+        .as_ref()
+        .is_some_and(|c| c.is_complete(&c.text_of(seq.turn_tokens())))
+    {
+        Some(StopReason::ChoiceComplete)
+    } else {
+        limit_reached(seq, st.generated, max_pos)
+    })
 }
 
 /// The token limit that keeps `seq` (which has generated `generated` tokens) from generating
@@ -2009,6 +2069,8 @@ fn left_pad(t: &Tensor, pad: usize) -> Result<Tensor> {
 fn mask_tensor(mask: &[Vec<u8>], device: &candle_core::Device) -> Result<Tensor> {
     super::mask_tensor(mask, device)
 }
+
+mod speculative;
 
 #[cfg(test)]
 mod tests;

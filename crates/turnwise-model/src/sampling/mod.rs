@@ -31,8 +31,8 @@ pub use choice::{ChoiceConstraint, TokenPieces};
 pub use engine::{
     DEFAULT_BLOCK_TOKENS, DEFAULT_CONFIDENCE_TOP_J, DEFAULT_PREFILL_CHUNK, EngineConfig,
     EngineStats, PrefixCache, PrefixCacheConfig, PrefixCacheStats, PrefixKv, SamplingEngine, SeqId,
-    SeqStatus, Sequence, SequenceParams, StopReason, TokenHook, TokenOrigin, TurnEnd,
-    top_j_confidence,
+    SeqStatus, Sequence, SequenceParams, SpeculativeConfig, StopReason, TokenHook, TokenOrigin,
+    TurnEnd, top_j_confidence,
 };
 
 /// How tokens are drawn.

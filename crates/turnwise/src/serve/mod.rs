@@ -411,6 +411,7 @@ fn build_app(
             share_prompts: true,
             prefix_cache: (config.prefix_cache > 0)
                 .then(|| PrefixCacheConfig::with_max_bytes(config.prefix_cache)),
+            speculative: None,
         },
         Arc::clone(&shared),
     )
