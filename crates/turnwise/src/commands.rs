@@ -393,6 +393,11 @@ pub enum Command {
         /// Counted in --memory-budget-mb, which evicts it first; emptied by every weight reload.
         #[arg(long, default_value_t = turnwise::serve::DEFAULT_PREFIX_CACHE_BYTES >> 20)]
         prefix_cache_mb: u64,
+        /// Most tokens drafted per sequence and step from its own earlier tokens (prompt
+        /// lookup) and verified in the same forward; answers are unchanged (greedy identical,
+        /// sampled with the same draws), copying sequences need fewer forwards (0: off).
+        #[arg(long, default_value_t = 0)]
+        speculative_draft: usize,
         /// The weight version reported until the first `/update_weights_from_disk`.
         #[arg(long, default_value = "0")]
         weight_version: String,
@@ -1318,6 +1323,7 @@ pub fn run(cli: Cli) -> Result<()> {
             memory_budget_mb,
             prefill_chunk_tokens,
             prefix_cache_mb,
+            speculative_draft,
             max_guided_choices,
             max_guided_choice_bytes,
             max_sessions,
@@ -1358,6 +1364,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 prefix_cache: prefix_cache_mb.checked_mul(1 << 20).with_context(|| {
                     format!("--prefix-cache-mb {prefix_cache_mb} is beyond any machine's memory")
                 })?,
+                speculative_draft,
                 weight_version,
                 placement: turnwise_model::device::Placement { device, dtype },
                 max_guided_choices,

@@ -1151,3 +1151,54 @@ fn a_weight_reload_empties_the_prefix_cache() {
     server.shutdown().unwrap();
     fresh.shutdown().unwrap();
 }
+
+/// `--speculative-draft`: a prompt that repeats itself is continued by copying, so drafts are
+/// made and accepted; the answers are those of the server without it (greedy ids, log-probs
+/// within 1e-5; sampled ids with the same seed), also for the next turn, which starts from the
+/// prefix cache's blocks of a speculative turn, and `/get_server_info` counts the drafts.
+#[test]
+fn speculative_decoding_keeps_the_answers_and_counts_its_drafts() {
+    let plain = start_with(0);
+    let spec = PolicyServer::start(
+        load_served(&fixture()).unwrap(),
+        &ServeConfig {
+            speculative_draft: 4,
+            ..config(1024)
+        },
+    )
+    .unwrap();
+    let unit: Vec<u32> = long_prompt(12);
+    let p: Vec<u32> = unit.iter().cycle().take(60).copied().collect();
+    let (a, la) = greedy_ids(&plain, &p, 24);
+    let (b, lb) = greedy_ids(&spec, &p, 24);
+    assert_eq!(a, b);
+    assert_close(&la, &lb, "speculative greedy");
+    // The next turn starts from the prefix cache's blocks of the speculative turn.
+    let next: Vec<u32> = p.iter().chain(&a).chain(&unit[..7]).copied().collect();
+    let before = prefill_tokens(&spec);
+    let (a2, la2) = greedy_ids(&plain, &next, 16);
+    let (b2, lb2) = greedy_ids(&spec, &next, 16);
+    assert!(
+        prefill_tokens(&spec) - before < 16 + 7 + 1,
+        "the cache served the first turn"
+    );
+    assert_eq!(a2, b2);
+    assert_close(&la2, &lb2, "the next turn");
+    let body = json!({"input_ids": p, "sampling_params": {"n": 4, "max_new_tokens": 24,
+                      "temperature": 1.0, "ignore_eos": true, "sampling_seed": 9}});
+    let (_, sa) = post(&format!("{}/generate", plain.url()), &body);
+    let (_, sb) = post(&format!("{}/generate", spec.url()), &body);
+    for (x, y) in sa.as_array().unwrap().iter().zip(sb.as_array().unwrap()) {
+        assert_eq!(x["output_ids"], y["output_ids"]);
+    }
+    let e = &server_info(&spec)["engine"];
+    let (drafted, accepted) = (
+        e["drafted_tokens"].as_u64().unwrap(),
+        e["accepted_tokens"].as_u64().unwrap(),
+    );
+    eprintln!("drafted {drafted}, accepted {accepted}");
+    assert!(accepted > 0 && drafted >= accepted, "{e}");
+    assert_eq!(server_info(&plain)["engine"]["drafted_tokens"], 0);
+    plain.shutdown().unwrap();
+    spec.shutdown().unwrap();
+}

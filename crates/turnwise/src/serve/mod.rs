@@ -64,7 +64,7 @@ use turnwise_env::server::BackgroundServer;
 use turnwise_model::ModelConfig;
 use turnwise_model::device::Placement;
 use turnwise_model::model::Transformer;
-use turnwise_model::sampling::{EngineConfig, PrefixCacheConfig};
+use turnwise_model::sampling::{EngineConfig, PrefixCacheConfig, SpeculativeConfig};
 
 use crate::config::run_config;
 use crate::model_source::checkpoint_metadata;
@@ -105,6 +105,12 @@ pub struct ServeConfig {
     /// [`ServeConfig::memory_budget`], whose need evicts it first; emptied at every weight
     /// reload. Default [`DEFAULT_PREFIX_CACHE_BYTES`].
     pub prefix_cache: u64,
+    /// Most tokens drafted per sequence and step by prompt lookup and verified in the same
+    /// forward ([`EngineConfig::speculative`], `--speculative-draft`; `0`: off, the default):
+    /// answers are unchanged (greedy identical, sampled from exactly the policy's distribution
+    /// with the same draws), and a sequence that copies from its context (a passage's title,
+    /// a query from the question) needs fewer forwards.
+    pub speculative_draft: usize,
     /// The weight version reported until the first reload.
     pub weight_version: String,
     /// Where the served model lives (`--device`, `--dtype`); reloaded weights and merged LoRA
@@ -145,6 +151,7 @@ impl Default for ServeConfig {
             memory_budget: default_memory_budget(),
             prefill_chunk: turnwise_model::sampling::DEFAULT_PREFILL_CHUNK,
             prefix_cache: DEFAULT_PREFIX_CACHE_BYTES,
+            speculative_draft: 0,
             weight_version: "0".into(),
             placement: Placement::cpu(),
             max_guided_choices: DEFAULT_MAX_GUIDED_CHOICES,
@@ -411,7 +418,10 @@ fn build_app(
             share_prompts: true,
             prefix_cache: (config.prefix_cache > 0)
                 .then(|| PrefixCacheConfig::with_max_bytes(config.prefix_cache)),
-            speculative: None,
+            speculative: (config.speculative_draft > 0).then(|| SpeculativeConfig {
+                max_draft: config.speculative_draft,
+                ..SpeculativeConfig::default()
+            }),
         },
         Arc::clone(&shared),
     )

@@ -172,6 +172,10 @@ pub struct EngineCounters {
     pub sequences: u64,
     /// Weight reloads.
     pub reloads: u64,
+    /// Tokens drafted by speculative decoding (`--speculative-draft`).
+    pub drafted_tokens: u64,
+    /// Of those, tokens the policy's own draws accepted.
+    pub accepted_tokens: u64,
     /// The prefix cache's counters and what it holds (`None`: no cache); `/get_server_info`
     /// reports them as `prefix_cache`, with the hit rate.
     #[serde(skip)]
@@ -411,6 +415,8 @@ impl<'a> Engine<'a> {
                 c.steps += after.steps - before.steps;
                 c.generated_tokens += after.sampled_tokens - before.sampled_tokens;
                 c.prefill_tokens += after.prefill_tokens - before.prefill_tokens;
+                c.drafted_tokens += after.drafted_tokens - before.drafted_tokens;
+                c.accepted_tokens += after.accepted_tokens - before.accepted_tokens;
                 c.peak_batch = c.peak_batch.max(running);
             });
             match step {
