@@ -10,6 +10,9 @@
 //!    answer, a 100-token message after each; each turn's time and prefilled tokens, with the
 //!    prefix cache and without it (`--prefix-cache-mb 0`).
 //!
+//! 3. **Speculative decoding** (`--speculative-draft 4` against 0) on a continuation that copies
+//!    its prompt: one sequence and 8 concurrent ones, greedy.
+//!
 //! `TURNWISE_SERVE_BENCH_SHAPE=P,M` changes the prompt and answer lengths; `TURNWISE_BENCH_QUICK=1`
 //! runs one repetition of each (else the median of 3).
 
@@ -72,9 +75,14 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 fn start(path: &std::path::Path, prefix_cache: u64) -> PolicyServer {
+    start_spec(path, prefix_cache, 0)
+}
+
+fn start_spec(path: &std::path::Path, prefix_cache: u64, speculative_draft: usize) -> PolicyServer {
     let cfg = ServeConfig {
         addr: "127.0.0.1:0".parse().expect("addr"),
         prefix_cache,
+        speculative_draft,
         ..ServeConfig::default()
     };
     PolicyServer::start(load_served(path).expect("model"), &cfg).expect("server")
@@ -226,4 +234,57 @@ fn main() {
         totals[1],
         totals[1] / totals[0]
     );
+    drop(servers);
+
+    // 3. Speculative decoding on a copying continuation: a 200-token passage given twice, then
+    // its first 20 tokens again; 64 tokens continue it (greedy: the model copies).
+    println!();
+    println!(
+        "| copying continuation | plain: s | speculative (4 drafted): s | speedup | accepted / drafted |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    let servers = [start_spec(&path, 0, 0), start_spec(&path, 0, 4)];
+    for s in &servers {
+        generate(s, &prompt(64, 997), 1, 4, 0);
+    }
+    for (name, n) in [("1 sequence", 1usize), ("8 concurrent sequences", 8)] {
+        let mut row = Vec::new();
+        for s in &servers {
+            let mut secs = Vec::new();
+            for r in 0..reps {
+                let passage = prompt(200, 7_000 + r as u32);
+                let ids: Vec<u32> = passage
+                    .iter()
+                    .chain(&passage)
+                    .chain(&passage[..20])
+                    .copied()
+                    .collect();
+                let t = Instant::now();
+                std::thread::scope(|sc| {
+                    for k in 0..n {
+                        let ids = &ids;
+                        sc.spawn(move || {
+                            post(
+                                &format!("{}/generate", s.url()),
+                                &json!({"input_ids": ids, "sampling_params": {
+                                    "max_new_tokens": 64, "temperature": 0,
+                                    "ignore_eos": true, "sampling_seed": k}}),
+                            )
+                        });
+                    }
+                });
+                secs.push(t.elapsed().as_secs_f64());
+            }
+            row.push(median(secs));
+        }
+        let e = &info(&servers[1])["engine"];
+        println!(
+            "| {name} | {:.2} | {:.2} | {:.2}× | {} / {} |",
+            row[0],
+            row[1],
+            row[0] / row[1],
+            e["accepted_tokens"],
+            e["drafted_tokens"]
+        );
+    }
 }

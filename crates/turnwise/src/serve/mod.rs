@@ -16,8 +16,8 @@
 //!   trainer writes after each step), `POST /v1/load_lora_adapter` (vLLM's: a PEFT adapter
 //!   merged into the weights the server started with), `GET /get_weight_version`, `GET /health`,
 //!   `GET /health_generate`, `GET /get_model_info`, `GET /v1/models`, and
-//!   `GET /get_server_info` (queue and engine counters: steps, tokens, the largest batch;
-//!   tool-call parse counts);
+//!   `GET /get_server_info` (queue and engine counters: steps, tokens, the largest batch,
+//!   speculative drafts; the prefix cache's hits; tool-call parse counts);
 //! - `POST /v1/sessions`, `GET` and `DELETE /v1/sessions/{id}`: recorded sessions
 //!   ([`session`]): a request that names one (`X-Session-Id`, or `user` on the OpenAI routes) is
 //!   recorded token-exactly, its rendered prompt spliced onto the session's last prompt and
