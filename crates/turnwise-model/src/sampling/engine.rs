@@ -1190,13 +1190,7 @@ impl<'a> SamplingEngine<'a> {
         if let (Some(pc), Some(layers)) = (self.prefix_cache.as_mut(), &st.cache) {
             pc.insert(&st.seq.tokens, st.cached, |a, n| columns_of(layers, a, n))?;
         }
-        ends.push(TurnEnd {
-            id,
-            reason: reason.clone(),
-            start: st.seq.turn_start,
-            end: st.seq.tokens.len(),
-        });
-        st.seq.status = SeqStatus::Paused(reason);
+        ends.push(pause(st, reason));
         Ok(())
     }
 
@@ -1248,13 +1242,7 @@ impl<'a> SamplingEngine<'a> {
             };
             if let Some(reason) = reason {
                 self.waiting.pop_front();
-                ends.push(TurnEnd {
-                    id,
-                    reason: reason.clone(),
-                    start: st.seq.turn_start,
-                    end: st.seq.tokens.len(),
-                });
-                st.seq.status = SeqStatus::Paused(reason);
+                ends.push(pause(st, reason));
                 continue;
             }
             let (cached, len) = (st.cached, st.seq.tokens.len());
@@ -1849,13 +1837,7 @@ impl<'a> SamplingEngine<'a> {
         logits: &[Vec<f32>],
         forced: &[Option<(u32, TokenOrigin)>],
     ) -> Vec<(TokenDraw, TokenOrigin)> {
-        let row_of: BTreeMap<SeqId, usize> = self
-            .batch
-            .rows
-            .iter()
-            .enumerate()
-            .map(|(r, &id)| (id, r))
-            .collect();
+        let row_of = self.row_index();
         let mut slots: Vec<Option<RowDraw<'_>>> = (0..logits.len()).map(|_| None).collect();
         for (id, st) in self.seqs.iter_mut() {
             if let Some(&r) = row_of.get(id) {
@@ -1947,6 +1929,16 @@ impl<'a> SamplingEngine<'a> {
             .ok_or_else(|| ModelError::invalid_input("id", format!("no sequence {id}")))
     }
 
+    /// Each running sequence's batch row.
+    fn row_index(&self) -> BTreeMap<SeqId, usize> {
+        self.batch
+            .rows
+            .iter()
+            .enumerate()
+            .map(|(r, &id)| (id, r))
+            .collect()
+    }
+
     fn row_of(&self, id: SeqId) -> Result<usize> {
         self.batch
             .rows
@@ -1980,6 +1972,18 @@ fn turn_stop(
     } else {
         limit_reached(seq, st.generated, max_pos)
     })
+}
+
+/// Pauses `st`'s sequence for `reason`: the turn that ended.
+fn pause(st: &mut SeqState, reason: StopReason) -> TurnEnd {
+    let end = TurnEnd {
+        id: st.seq.id,
+        reason: reason.clone(),
+        start: st.seq.turn_start,
+        end: st.seq.tokens.len(),
+    };
+    st.seq.status = SeqStatus::Paused(reason);
+    end
 }
 
 /// The token limit that keeps `seq` (which has generated `generated` tokens) from generating

@@ -268,13 +268,7 @@ impl SamplingEngine<'_> {
             per_row.push(logits.split_off(logits.len() - 1 - d.len()));
         }
         per_row.reverse();
-        let row_of: BTreeMap<SeqId, usize> = self
-            .batch
-            .rows
-            .iter()
-            .enumerate()
-            .map(|(r, &id)| (id, r))
-            .collect();
+        let row_of = self.row_index();
         let mut work: Vec<(usize, &mut SeqState)> = self
             .seqs
             .iter_mut()
