@@ -507,6 +507,16 @@ impl EngineConfig {
 
     /// Checks the values (errors name the key, e.g. `speculative.max_draft`).
     pub fn validate(&self) -> Result<()> {
+        if self
+            .prefix_cache
+            .as_ref()
+            .is_some_and(|c| c.block_tokens == 0)
+        {
+            return Err(ModelError::invalid_input(
+                "prefix_cache.block_tokens",
+                "must be at least 1",
+            ));
+        }
         match &self.speculative {
             Some(s) => s.validate(),
             None => Ok(()),
@@ -611,6 +621,7 @@ impl<'a> SamplingEngine<'a> {
                  Transformer::detached_from_varmap"
             );
         }
+        // A block of no tokens is refused by `EngineConfig::validate` at the first sequence.
         let prefix_cache = config.prefix_cache.clone().map(|mut c| {
             c.block_tokens = c.block_tokens.max(1);
             PrefixCache::new(c).expect("a block of at least one token")

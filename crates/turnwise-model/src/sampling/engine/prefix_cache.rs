@@ -515,6 +515,33 @@ mod tests {
         assert!(stats.hits > 0, "{stats:?}");
     }
 
+    #[test]
+    fn a_block_of_no_tokens_is_refused_naming_the_key() {
+        let model = detached(&ModelConfig::tiny_qwen2(96), 1);
+        let mut engine = SamplingEngine::new(
+            &model,
+            None,
+            EngineConfig {
+                prefix_cache: Some(PrefixCacheConfig {
+                    block_tokens: 0,
+                    max_bytes: 1 << 20,
+                }),
+                ..EngineConfig::default()
+            },
+        );
+        let e = engine
+            .add_sequence(vec![1, 2, 3], greedy(2), 0)
+            .unwrap_err();
+        assert!(e.to_string().contains("prefix_cache.block_tokens"), "{e}");
+        assert!(
+            super::PrefixCache::new(PrefixCacheConfig {
+                block_tokens: 0,
+                max_bytes: 1
+            })
+            .is_err()
+        );
+    }
+
     /// Under the engine's memory budget the cache gives its blocks back when a sequence needs
     /// the room, instead of holding the batch back.
     #[test]
