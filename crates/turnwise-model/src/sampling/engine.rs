@@ -1462,25 +1462,11 @@ impl<'a> SamplingEngine<'a> {
         };
         let device = self.model.device();
         for (i, id) in group.iter().enumerate() {
-            let cols: Vec<u32> = mask[i]
-                .iter()
-                .enumerate()
-                .filter(|(_, m)| **m != 0)
-                .map(|(j, _)| j as u32)
-                .collect();
+            let cols = real_columns(&mask[i]);
             let tokens = &self.seqs[id].seq.tokens;
             pc.insert(tokens, cols.len(), |a, n| {
                 let idx = Tensor::from_vec(cols[a..a + n].to_vec(), n, device)?;
-                layers
-                    .iter()
-                    .map(|l| {
-                        let (k, v) = l.buffers();
-                        Ok((
-                            k.narrow(0, i, 1)?.index_select(&idx, 2)?,
-                            v.narrow(0, i, 1)?.index_select(&idx, 2)?,
-                        ))
-                    })
-                    .collect()
+                row_columns(layers, i, &idx)
             })?;
         }
         Ok(())
@@ -1737,12 +1723,7 @@ impl<'a> SamplingEngine<'a> {
         let Some(layers) = &self.batch.layers else {
             return Ok(None);
         };
-        let cols: Vec<u32> = self.batch.mask[r]
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| **m != 0)
-            .map(|(j, _)| j as u32)
-            .collect();
+        let cols = real_columns(&self.batch.mask[r]);
         if cols.is_empty() {
             return Ok(None);
         }
@@ -1762,18 +1743,7 @@ impl<'a> SamplingEngine<'a> {
             return Ok(Some(out));
         }
         let idx = Tensor::from_vec(cols, n, self.model.device())?;
-        let out = layers
-            .iter()
-            .map(|l| {
-                // The buffers are contiguous, so one row's block is too; `cols` < len.
-                let (k, v) = l.buffers();
-                Ok((
-                    k.narrow(0, r, 1)?.index_select(&idx, 2)?,
-                    v.narrow(0, r, 1)?.index_select(&idx, 2)?,
-                ))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Some(out))
+        Ok(Some(row_columns(layers, r, &idx)?))
     }
 
     /// Keeps only batch rows `keep` (in that order) and drops cache columns no kept row uses.
@@ -1892,20 +1862,10 @@ impl<'a> SamplingEngine<'a> {
         for m in self.batch.mask.iter_mut() {
             m.push(1);
         }
-        let mut cache = KvCache::with_reserve(self.model.config().num_hidden_layers, KV_RESERVE);
-        if let Some(layers) = self.batch.layers.take() {
-            for (i, kv) in layers.into_iter().enumerate() {
-                *cache.slot_mut(i) = Some(kv);
-            }
-        }
         self.stats.decode_tokens += n as u64;
-        let ids = Tensor::from_vec(ids, (n, 1), device)?;
-        let pos = Tensor::from_vec(pos, (n, 1), device)?;
-        let hidden = self.model.forward_hidden(
-            &ids,
-            &pos,
-            &mask_tensor(&self.batch.mask, device)?,
-            Some(&mut cache),
+        let hidden = self.forward_on_batch(
+            Tensor::from_vec(ids, (n, 1), device)?,
+            Tensor::from_vec(pos, (n, 1), device)?,
         )?;
         self.batch.logits = self
             .model
@@ -1913,8 +1873,25 @@ impl<'a> SamplingEngine<'a> {
             .squeeze(1)?
             .to_dtype(DType::F32)?
             .to_vec2::<f32>()?;
-        self.batch.layers = Some(take_layers(&mut cache)?);
         Ok(())
+    }
+
+    /// Runs `ids` at positions `pos` (`[rows, t]`) on top of the running batch's cache, whose
+    /// key mask already holds their `t` new columns; the cache keeps their keys and values.
+    /// Returns the hidden states `[rows, t, hidden]`.
+    fn forward_on_batch(&mut self, ids: Tensor, pos: Tensor) -> Result<Tensor> {
+        let mut cache = KvCache::with_reserve(self.model.config().num_hidden_layers, KV_RESERVE);
+        if let Some(layers) = self.batch.layers.take() {
+            for (i, kv) in layers.into_iter().enumerate() {
+                *cache.slot_mut(i) = Some(kv);
+            }
+        }
+        let mask = mask_tensor(&self.batch.mask, self.model.device())?;
+        let hidden = self
+            .model
+            .forward_hidden(&ids, &pos, &mask, Some(&mut cache))?;
+        self.batch.layers = Some(take_layers(&mut cache)?);
+        Ok(hidden)
     }
 
     fn check_ids(&self, what: &str, ids: &[u32]) -> Result<()> {
@@ -2044,6 +2021,30 @@ fn seq_turn_left(
         left = left.min(m.saturating_sub(len));
     }
     left.min(max_pos.saturating_sub(len))
+}
+
+/// A key-mask row's set entries: the row's real cache columns, in token order.
+fn real_columns(mask: &[u8]) -> Vec<u32> {
+    mask.iter()
+        .enumerate()
+        .filter(|(_, m)| **m != 0)
+        .map(|(j, _)| j as u32)
+        .collect()
+}
+
+/// Each layer's keys and values of batch row `r` at columns `idx`, `[1, kv, idx.len(), d]`, in
+/// storage of their own. The buffers are contiguous, so one row's block is too.
+fn row_columns(layers: &[LayerKv], r: usize, idx: &Tensor) -> Result<Vec<SeqKv>> {
+    layers
+        .iter()
+        .map(|l| {
+            let (k, v) = l.buffers();
+            Ok((
+                k.narrow(0, r, 1)?.index_select(idx, 2)?,
+                v.narrow(0, r, 1)?.index_select(idx, 2)?,
+            ))
+        })
+        .collect()
 }
 
 /// Each layer's keys and values of columns `start..start + n` of a compact one-sequence cache,

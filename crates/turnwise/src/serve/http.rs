@@ -1419,14 +1419,15 @@ async fn model_info(State(app): State<Arc<App>>) -> axum::Json<Value> {
 }
 
 async fn server_info(State(app): State<Arc<App>>) -> axum::Json<Value> {
+    let engine = app.shared.counters();
     axum::Json(json!({
         "weight_version": app.shared.version(),
         "in_flight": app.shared.in_flight(),
         "max_queue": app.shared.max_queue,
         "memory_budget_bytes": app.shared.memory_budget,
         "prefill_chunk": app.shared.prefill_chunk,
-        "engine": app.shared.counters(),
-        "prefix_cache": app.shared.counters().prefix_cache.map(|s| {
+        "engine": engine,
+        "prefix_cache": engine.prefix_cache.map(|s| {
             let mut v = serde_json::to_value(s).unwrap_or_default();
             v["hit_rate"] = json!(s.hit_rate());
             v

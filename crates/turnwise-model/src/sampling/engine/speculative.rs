@@ -32,9 +32,9 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    BTreeMap, DType, KV_RESERVE, KvCache, LayerKv, ModelError, PARALLEL_DRAW_MIN_ENTRIES, Result,
-    SamplingEngine, SeqId, SeqState, StopReason, Tensor, TokenOrigin, TurnEnd, mask_tensor,
-    sample_row, take_layers, top_j_confidence, turn_left, turn_stop,
+    BTreeMap, DType, KV_RESERVE, LayerKv, ModelError, PARALLEL_DRAW_MIN_ENTRIES, Result,
+    SamplingEngine, SeqId, SeqState, StopReason, Tensor, TokenOrigin, TurnEnd, real_columns,
+    sample_row, top_j_confidence, turn_left, turn_stop,
 };
 use crate::tokenizer::TextTokenizer;
 
@@ -235,17 +235,9 @@ impl SamplingEngine<'_> {
             m.extend(std::iter::repeat_n(1u8, 1 + d.len()));
             m.extend(std::iter::repeat_n(0u8, t - 1 - d.len()));
         }
-        let mut cache = KvCache::with_reserve(self.model.config().num_hidden_layers, KV_RESERVE);
-        if let Some(layers) = self.batch.layers.take() {
-            for (i, kv) in layers.into_iter().enumerate() {
-                *cache.slot_mut(i) = Some(kv);
-            }
-        }
-        let hidden = self.model.forward_hidden(
-            &Tensor::from_vec(ids, (n, t), &device)?,
-            &Tensor::from_vec(pos, (n, t), &device)?,
-            &mask_tensor(&self.batch.mask, &device)?,
-            Some(&mut cache),
+        let hidden = self.forward_on_batch(
+            Tensor::from_vec(ids, (n, t), &device)?,
+            Tensor::from_vec(pos, (n, t), &device)?,
         )?;
         let h = hidden.dim(2)?;
         let n_real = real.len();
@@ -258,7 +250,6 @@ impl SamplingEngine<'_> {
             .logits(&hidden)?
             .to_dtype(DType::F32)?
             .to_vec2::<f32>()?;
-        self.batch.layers = Some(take_layers(&mut cache)?);
         let drafted: usize = drafts.iter().map(Vec::len).sum();
         self.stats.decode_tokens += n_real as u64;
         self.stats.drafted_tokens += drafted as u64;
@@ -373,12 +364,7 @@ impl SamplingEngine<'_> {
         for (r, m) in self.batch.mask.iter().enumerate() {
             let base = (r * cap) as u32;
             idx.extend(std::iter::repeat_n(base, w - real[r]));
-            idx.extend(
-                m.iter()
-                    .enumerate()
-                    .filter(|(_, x)| **x != 0)
-                    .map(|(j, _)| base + j as u32),
-            );
+            idx.extend(real_columns(m).into_iter().map(|j| base + j));
         }
         let idx = Tensor::from_vec(idx, n * w, &device)?;
         let gather = |t: &Tensor| -> Result<Tensor> {
