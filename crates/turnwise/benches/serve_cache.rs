@@ -4,8 +4,10 @@
 //!
 //! 1. **n samples of one prompt**: a `P`-token prompt (default 1,000) answered with `M` sampled
 //!    tokens (default 64, temperature 1, EOS ignored, so every way does the same work): n = 1;
-//!    n = 16 in one request; and 16 separate concurrent requests of the prompt (a GRPO group
-//!    sent as n requests). Each measurement uses a prompt no earlier one used.
+//!    n = 16 in one request, with the prompt's keys held once and read once per step for the 16
+//!    rows (cascade attention, the default) and copied per row (`--shared-prefix-attention
+//!    false`); and 16 separate concurrent requests of the prompt (a GRPO group sent as n
+//!    requests). Each measurement uses a prompt no earlier one used.
 //! 2. **A 4-turn chat that resends its history**: a 500-token first prompt, 32 sampled tokens an
 //!    answer, a 100-token message after each; each turn's time and prefilled tokens, with the
 //!    prefix cache and without it (`--prefix-cache-mb 0`).
@@ -79,11 +81,20 @@ fn start(path: &std::path::Path, prefix_cache: u64) -> PolicyServer {
 }
 
 fn start_spec(path: &std::path::Path, prefix_cache: u64, speculative_draft: usize) -> PolicyServer {
+    start_cfg(
+        path,
+        ServeConfig {
+            prefix_cache,
+            speculative_draft,
+            ..ServeConfig::default()
+        },
+    )
+}
+
+fn start_cfg(path: &std::path::Path, cfg: ServeConfig) -> PolicyServer {
     let cfg = ServeConfig {
         addr: "127.0.0.1:0".parse().expect("addr"),
-        prefix_cache,
-        speculative_draft,
-        ..ServeConfig::default()
+        ..cfg
     };
     PolicyServer::start(load_served(path).expect("model"), &cfg).expect("server")
 }
@@ -120,6 +131,15 @@ fn main() {
     };
     let path = model_path();
     let server = start(&path, turnwise::serve::DEFAULT_PREFIX_CACHE_BYTES);
+    // The same server with the shared prompt copied into every row (no cascade attention).
+    let copied = start_cfg(
+        &path,
+        ServeConfig {
+            shared_prefix_attention: false,
+            ..ServeConfig::default()
+        },
+    );
+    generate(&copied, &prompt(64, 999), 1, 4, 0);
     println!(
         "SmolLM2-135M-Instruct served in-process; {p}-token prompts, {m} sampled tokens each; \
          median of {reps}"
@@ -129,27 +149,30 @@ fn main() {
 
     // 1. n samples of one prompt.
     let mut salt = 0;
-    let mut timed = |f: &dyn Fn(&[u32])| -> (f64, u64) {
+    let mut timed = |srv: &PolicyServer, f: &dyn Fn(&[u32])| -> (f64, u64) {
         let mut secs = Vec::new();
         let mut pre = 0;
         for _ in 0..reps {
             salt += 1;
             let ids = prompt(p, salt);
-            let before = prefilled(&server);
+            let before = prefilled(srv);
             let t = Instant::now();
             f(&ids);
             secs.push(t.elapsed().as_secs_f64());
-            pre = prefilled(&server) - before;
+            pre = prefilled(srv) - before;
         }
         (median(secs), pre)
     };
-    let one = timed(&|ids| {
+    let one = timed(&server, &|ids| {
         generate(&server, ids, 1, m, 1);
     });
-    let sixteen = timed(&|ids| {
+    let sixteen = timed(&server, &|ids| {
         generate(&server, ids, 16, m, 1);
     });
-    let separate = timed(&|ids| {
+    let sixteen_copied = timed(&copied, &|ids| {
+        generate(&copied, ids, 16, m, 1);
+    });
+    let separate = timed(&server, &|ids| {
         std::thread::scope(|s| {
             for k in 0..16u64 {
                 let server = &server;
@@ -162,6 +185,10 @@ fn main() {
     for (name, (s, pre)) in [
         ("n = 1", one),
         ("n = 16, one request", sixteen),
+        (
+            "n = 16, one request, the prompt copied per row (`--shared-prefix-attention false`)",
+            sixteen_copied,
+        ),
         ("16 concurrent requests of the prompt", separate),
     ] {
         println!("| {name} | {s:.2} | {pre} | {:.2}× |", s / one.0);
@@ -173,6 +200,7 @@ fn main() {
         pc["blocks"]
     );
     drop(server);
+    drop(copied);
 
     // 2. A 4-turn chat.
     println!();

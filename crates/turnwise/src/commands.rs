@@ -398,6 +398,11 @@ pub enum Command {
         /// sampled with the same draws), copying sequences need fewer forwards (0: off).
         #[arg(long, default_value_t = 0)]
         speculative_draft: usize,
+        /// Keep a prompt that several running sequences share (the n samples of a request)
+        /// once in the batch, and read its keys once per step for all of them (cascade
+        /// attention); answers equal those of a copy per sequence up to float rounding.
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        shared_prefix_attention: bool,
         /// The weight version reported until the first `/update_weights_from_disk`.
         #[arg(long, default_value = "0")]
         weight_version: String,
@@ -1324,6 +1329,7 @@ pub fn run(cli: Cli) -> Result<()> {
             prefill_chunk_tokens,
             prefix_cache_mb,
             speculative_draft,
+            shared_prefix_attention,
             max_guided_choices,
             max_guided_choice_bytes,
             max_sessions,
@@ -1365,6 +1371,7 @@ pub fn run(cli: Cli) -> Result<()> {
                     format!("--prefix-cache-mb {prefix_cache_mb} is beyond any machine's memory")
                 })?,
                 speculative_draft,
+                shared_prefix_attention,
                 weight_version,
                 placement: turnwise_model::device::Placement { device, dtype },
                 max_guided_choices,

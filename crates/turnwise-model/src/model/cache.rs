@@ -93,6 +93,19 @@ impl LayerKv {
 pub struct KvCache {
     layers: Vec<Option<LayerKv>>,
     reserve: usize,
+    /// Keys and values some rows see before their own columns, per layer (cascade attention,
+    /// [`crate::model::ops::attention::attention_with_shared`]); not counted in `seq_len`.
+    shared: Option<SharedPrefixKv>,
+}
+
+/// Keys and values `[1, KV, P, D]` per layer that the rows `rows` flags see before their own
+/// cached columns (a prompt prefilled once for several sequences of a batch).
+#[derive(Debug, Clone)]
+pub(crate) struct SharedPrefixKv {
+    /// Per layer: keys and values `[1, KV, P, D]`.
+    pub(crate) layers: Vec<(Tensor, Tensor)>,
+    /// One flag per batch row.
+    pub(crate) rows: std::sync::Arc<[bool]>,
 }
 
 impl KvCache {
@@ -109,6 +122,7 @@ impl KvCache {
         Self {
             layers: vec![None; num_layers],
             reserve,
+            shared: None,
         }
     }
 
@@ -141,10 +155,15 @@ impl KvCache {
     /// Drops everything cached.
     pub fn reset(&mut self) {
         self.layers.iter_mut().for_each(|l| *l = None);
+        self.shared = None;
     }
 
     /// Keeps only the rows `rows` (a `u32` index tensor), e.g. to drop finished sequences.
     pub fn select_rows(&mut self, rows: &Tensor) -> Result<()> {
+        if let Some(s) = self.shared.as_mut() {
+            let keep = rows.to_dtype(candle_core::DType::U32)?.to_vec1::<u32>()?;
+            s.rows = keep.iter().map(|&r| s.rows[r as usize]).collect();
+        }
         for slot in self.layers.iter_mut().flatten() {
             let k = slot.k.index_select(rows, 0)?;
             let v = slot.v.index_select(rows, 0)?;
@@ -175,6 +194,22 @@ impl KvCache {
         }
         let l = slot.as_ref().expect("filled above");
         Ok((l.k()?, l.v()?))
+    }
+
+    /// Sets the keys and values some rows see before their own columns (`None`: none do).
+    pub(crate) fn set_shared(&mut self, shared: Option<SharedPrefixKv>) {
+        self.shared = shared;
+    }
+
+    /// Layer `layer`'s shared keys and values, if some rows see any.
+    pub(crate) fn shared_keys(&self, layer: usize) -> Option<crate::model::ops::SharedKeys> {
+        let s = self.shared.as_ref()?;
+        let (k, v) = s.layers.get(layer)?;
+        Some(crate::model::ops::SharedKeys {
+            k: k.clone(),
+            v: v.clone(),
+            rows: std::sync::Arc::clone(&s.rows),
+        })
     }
 
     pub(crate) fn slot_mut(&mut self, layer: usize) -> &mut Option<LayerKv> {

@@ -226,9 +226,12 @@ impl Attention {
         let q = (apply_rope(&q.transpose(1, 2)?, cos, sin)? * scale)?;
         let k = apply_rope(&k.transpose(1, 2)?, cos, sin)?;
         let v = v.transpose(1, 2)?.contiguous()?;
-        let (k, v) = match cache {
-            Some((c, layer)) => c.append(layer, &k, &v)?,
-            None => (k, v),
+        let (k, v, shared) = match cache {
+            Some((c, layer)) => {
+                let (k, v) = c.append(layer, &k, &v)?;
+                (k, v, c.shared_keys(layer))
+            }
+            None => (k, v, None),
         };
         // Grouped-query attention without repeating keys and values: the query heads sharing a
         // key head are stacked along the query axis, [B, H, T, D] → [B, KV, G·T, D] (head
@@ -237,9 +240,10 @@ impl Attention {
         let q = q.reshape((b, self.num_kv_heads, groups * t, d))?;
         // [B, T, H, D]: the fused tiles (no [B, KV, G·T, T_total] scores), or scores, masked
         // softmax and product.
-        let out = match &mask.bias {
-            None => ops::attention(&q, &k, &v, &mask.vis)?,
-            Some(bias) => ops::attention_composed(&q, &k, &v, bias)?,
+        let out = match (&shared, &mask.bias) {
+            (Some(s), _) => ops::attention::attention_with_shared(&q, &k, &v, &mask.vis, s)?,
+            (None, None) => ops::attention(&q, &k, &v, &mask.vis)?,
+            (None, Some(bias)) => ops::attention_composed(&q, &k, &v, bias)?,
         };
         let out = out.reshape((b, t, self.num_heads * d))?;
         let out = match &mask.ragged {

@@ -76,7 +76,7 @@ use serde::{Deserialize, Serialize};
 use super::choice::{ChoiceConstraint, TokenPieces};
 use super::{FinishReason, SamplingParams, TokenDraw, forced_row, sample_row, stop_string_hit};
 use crate::error::{ModelError, Result};
-use crate::model::cache::LayerKv;
+use crate::model::cache::{LayerKv, SharedPrefixKv};
 use crate::model::{KvCache, Transformer};
 use crate::rng::TurnRng;
 use crate::tokenizer::TextTokenizer;
@@ -104,8 +104,15 @@ type RowDraw<'a> = (
     Option<(u32, TokenOrigin)>,
 );
 
-/// A prefilled group: its cache layers, key masks and next-token logits.
-type Prefilled = (Vec<LayerKv>, Vec<Vec<u8>>, Vec<Vec<f32>>);
+/// A prefilled group: its cache layers, key masks and next-token logits, and the keys and
+/// values every row of it sees before its own columns (one storage, when the group's rows
+/// start from one shared prompt under [`EngineConfig::shared_prefix_attention`]).
+type Prefilled = (
+    Vec<LayerKv>,
+    Vec<Vec<u8>>,
+    Vec<Vec<f32>>,
+    Option<Vec<SeqKv>>,
+);
 
 /// Keys and values of a context's first tokens, kept between engines (a multi-turn episode's
 /// context between its turns): [`SamplingEngine::add_sequence_with_prefix`] starts a sequence
@@ -476,6 +483,16 @@ pub struct EngineConfig {
     /// policy's own log-probs. `None`: one token per row per step.
     #[serde(default)]
     pub speculative: Option<SpeculativeConfig>,
+    /// Cascade attention over a shared prompt: when a group of sequences that start from one
+    /// prompt's keys and values (the `n` samples of a request under
+    /// [`EngineConfig::share_prompts`], or sequences started from one [`PrefixKv`]) joins the
+    /// batch, the batch keeps those keys and values once instead of a copy per row, and every
+    /// step's attention reads them once for all the rows that share them
+    /// ([`crate::model::ops::attention::attention_with_shared`]). Same results up to float
+    /// rounding (the attention's sums are split differently). One shared prompt at a time: a
+    /// group that joins while the batch holds one copies its prompt per row as without this.
+    #[serde(default)]
+    pub shared_prefix_attention: bool,
 }
 
 fn default_prefill_chunk() -> usize {
@@ -491,6 +508,7 @@ impl Default for EngineConfig {
             share_prompts: false,
             prefix_cache: None,
             speculative: None,
+            shared_prefix_attention: false,
         }
     }
 }
@@ -579,6 +597,24 @@ struct Batch {
     layers: Option<Vec<LayerKv>>,
     mask: Vec<Vec<u8>>,
     logits: Vec<Vec<f32>>,
+    /// Keys and values some rows see before their own columns
+    /// ([`EngineConfig::shared_prefix_attention`]).
+    shared: Option<BatchShared>,
+}
+
+/// A shared prompt's keys and values `[1, kv, len, d]` per layer, held once by the batch, and
+/// which rows start from them (row `r`'s cache is these columns followed by its own).
+struct BatchShared {
+    layers: Vec<SeqKv>,
+    rows: Vec<bool>,
+    len: usize,
+}
+
+impl BatchShared {
+    /// The shared length if row `r` starts from these keys, else 0.
+    fn len_of(this: Option<&Self>, r: usize) -> usize {
+        this.filter(|s| s.rows[r]).map_or(0, |s| s.len)
+    }
 }
 
 impl Batch {
@@ -1194,7 +1230,8 @@ impl<'a> SamplingEngine<'a> {
         let id = self.batch.rows[r];
         let cache = self.extract_row(r)?;
         let st = self.seqs.get_mut(&id).expect("running row has a state");
-        st.cached = self.batch.mask[r].iter().filter(|&&m| m != 0).count();
+        st.cached = self.batch.mask[r].iter().filter(|&&m| m != 0).count()
+            + BatchShared::len_of(self.batch.shared.as_ref(), r);
         debug_assert_eq!(st.cached + 1, st.seq.tokens.len());
         st.cache = cache;
         st.shared = None;
@@ -1227,6 +1264,11 @@ impl<'a> SamplingEngine<'a> {
             Some(_) => {
                 self.parked_columns() * self.kv_column_bytes()
                     + self.prefix_cache.as_ref().map_or(0, PrefixCache::bytes)
+                    + self
+                        .batch
+                        .shared
+                        .as_ref()
+                        .map_or(0, |s| s.len as u64 * self.kv_column_bytes())
             }
         };
         let running_left = self
@@ -1328,8 +1370,8 @@ impl<'a> SamplingEngine<'a> {
         if group.is_empty() {
             return Ok(false);
         }
-        let (layers, mask, logits) = self.prefill(&group)?;
-        self.cache_prefilled(&group, &layers, &mask)?;
+        let (layers, mask, logits, shared) = self.prefill(&group)?;
+        self.cache_prefilled(&group, &layers, &mask, shared.as_deref())?;
         self.stats.prefill_tokens += group
             .iter()
             .map(|id| (self.seqs[id].seq.tokens.len() - self.seqs[id].cached) as u64)
@@ -1341,7 +1383,7 @@ impl<'a> SamplingEngine<'a> {
             st.room = None;
             st.shared = None;
         }
-        self.merge(group, layers, mask, logits)?;
+        self.merge(group, layers, mask, logits, shared)?;
         Ok(true)
     }
 
@@ -1456,17 +1498,33 @@ impl<'a> SamplingEngine<'a> {
         group: &[SeqId],
         layers: &[LayerKv],
         mask: &[Vec<u8>],
+        shared: Option<&[SeqKv]>,
     ) -> Result<()> {
         let Some(pc) = self.prefix_cache.as_mut() else {
             return Ok(());
         };
         let device = self.model.device();
+        let s = shared.map_or(0, |l| l[0].0.dims()[2]);
         for (i, id) in group.iter().enumerate() {
             let cols = real_columns(&mask[i]);
             let tokens = &self.seqs[id].seq.tokens;
-            pc.insert(tokens, cols.len(), |a, n| {
-                let idx = Tensor::from_vec(cols[a..a + n].to_vec(), n, device)?;
-                row_columns(layers, i, &idx)
+            pc.insert(tokens, s + cols.len(), |a, n| {
+                // Columns `a..a + n` of the shared keys followed by the row's own.
+                let (a_own, n_own) = (a.max(s) - s, (a + n).max(s) - a.max(s));
+                let own = || {
+                    let idx = cols[a_own..a_own + n_own].to_vec();
+                    row_columns(layers, i, &Tensor::from_vec(idx, n_own, device)?)
+                };
+                match shared.filter(|_| a < s) {
+                    None => own(),
+                    Some(sh) => {
+                        let head = columns_of(sh, a, s.min(a + n) - a)?;
+                        if n_own == 0 {
+                            return Ok(head);
+                        }
+                        cat_columns(&head, &own()?)
+                    }
+                }
             })?;
         }
         Ok(())
@@ -1599,7 +1657,14 @@ impl<'a> SamplingEngine<'a> {
             _ => None,
         };
         let states: Vec<&SeqState> = group.iter().map(|id| &self.seqs[id]).collect();
-        let c_max = states.iter().map(|s| s.cached).max().unwrap_or(0);
+        let shared = match room {
+            Some(_) => None,
+            None => self.shared_prompt_of(&states),
+        };
+        // Under a shared prompt the rows' own caches start empty: the prompt's keys stay one
+        // storage, which the attention reads beside each row's own columns.
+        let own_cached = |s: &SeqState| if shared.is_some() { 0 } else { s.cached };
+        let c_max = states.iter().map(|s| own_cached(s)).max().unwrap_or(0);
         let n_max = states
             .iter()
             .map(|s| s.seq.tokens.len() - s.cached)
@@ -1649,6 +1714,7 @@ impl<'a> SamplingEngine<'a> {
             let pad = n_max - new.len();
             ids.extend(std::iter::repeat_n(0u32, pad).chain(new.iter().copied()));
             pos.extend(std::iter::repeat_n(0u32, pad).chain(c as u32..(c + new.len()) as u32));
+            let c = own_cached(s);
             let mut m = Vec::with_capacity(width);
             m.extend(std::iter::repeat_n(0u8, c_max - c));
             m.extend(std::iter::repeat_n(1u8, c));
@@ -1658,6 +1724,12 @@ impl<'a> SamplingEngine<'a> {
         }
         let ids = Tensor::from_vec(ids, (b, n_max), device)?;
         let pos = Tensor::from_vec(pos, (b, n_max), device)?;
+        if let Some(layers) = &shared {
+            cache.set_shared(Some(SharedPrefixKv {
+                layers: layers.clone(),
+                rows: vec![true; b].into(),
+            }));
+        }
         let hidden = self.model.forward_hidden(
             &ids,
             &pos,
@@ -1670,7 +1742,28 @@ impl<'a> SamplingEngine<'a> {
             .squeeze(1)?
             .to_dtype(DType::F32)?
             .to_vec2::<f32>()?;
-        Ok((take_layers(&mut cache)?, mask, logits))
+        Ok((take_layers(&mut cache)?, mask, logits, shared))
+    }
+
+    /// The keys and values every sequence of a group about to be prefilled starts from, when
+    /// they are one storage ([`EngineConfig::shared_prefix_attention`]): two or more sequences,
+    /// each with its whole cache shared under one key, and no shared prompt in the batch yet.
+    fn shared_prompt_of(&self, states: &[&SeqState]) -> Option<Vec<SeqKv>> {
+        if !self.config.shared_prefix_attention || self.batch.shared.is_some() || states.len() < 2 {
+            return None;
+        }
+        let (key, len) = states[0].shared.as_ref()?;
+        let same = states.iter().all(|s| {
+            s.cached == *len
+                && s.cache.is_some()
+                && s.shared
+                    .as_ref()
+                    .is_some_and(|(k, n)| Arc::ptr_eq(k, key) && n == len)
+        });
+        if !same || *len == 0 {
+            return None;
+        }
+        states[0].cache.clone()
     }
 
     /// Appends prefilled rows to the batch, left-padding whichever side is narrower.
@@ -1680,8 +1773,29 @@ impl<'a> SamplingEngine<'a> {
         layers: Vec<LayerKv>,
         mut mask: Vec<Vec<u8>>,
         logits: Vec<Vec<f32>>,
+        shared: Option<Vec<SeqKv>>,
     ) -> Result<()> {
         let batch = &mut self.batch;
+        let (old, new) = (batch.rows.len(), rows.len());
+        match (shared, batch.shared.as_mut()) {
+            (Some(layers), None) => {
+                let len = layers[0].0.dims()[2];
+                let flags = std::iter::repeat_n(false, old).chain(std::iter::repeat_n(true, new));
+                batch.shared = Some(BatchShared {
+                    layers,
+                    rows: flags.collect(),
+                    len,
+                });
+            }
+            (Some(_), Some(_)) => {
+                return Err(ModelError::invalid_input(
+                    "shared_prefix_attention",
+                    "a second shared prompt joined the batch",
+                ));
+            }
+            (None, Some(s)) => s.rows.extend(std::iter::repeat_n(false, new)),
+            (None, None) => {}
+        }
         match batch.layers.take() {
             None => {
                 batch.layers = Some(layers);
@@ -1720,6 +1834,19 @@ impl<'a> SamplingEngine<'a> {
 
     /// A compact `[1, kv, real, d]` copy of row `r`'s real cache columns.
     fn extract_row(&self, r: usize) -> Result<Option<Vec<SeqKv>>> {
+        let own = self.extract_own(r)?;
+        match (&self.batch.shared, own) {
+            (Some(s), own) if s.rows[r] => Ok(Some(match own {
+                Some(own) => cat_columns(&s.layers, &own)?,
+                None => s.layers.clone(),
+            })),
+            (_, own) => Ok(own),
+        }
+    }
+
+    /// A compact `[1, kv, real, d]` copy of row `r`'s own real cache columns (after the shared
+    /// prompt's, if it starts from one).
+    fn extract_own(&self, r: usize) -> Result<Option<Vec<SeqKv>>> {
         let Some(layers) = &self.batch.layers else {
             return Ok(None);
         };
@@ -1792,6 +1919,12 @@ impl<'a> SamplingEngine<'a> {
                     })
                     .collect::<Result<Vec<_>>>()?,
             );
+        }
+        if let Some(s) = batch.shared.take() {
+            let rows: Vec<bool> = keep.iter().map(|&r| s.rows[r]).collect();
+            if rows.iter().any(|&f| f) {
+                batch.shared = Some(BatchShared { rows, ..s });
+            }
         }
         let old_mask = std::mem::take(&mut batch.mask);
         batch.mask = keep
@@ -1886,6 +2019,10 @@ impl<'a> SamplingEngine<'a> {
                 *cache.slot_mut(i) = Some(kv);
             }
         }
+        cache.set_shared(self.batch.shared.as_ref().map(|s| SharedPrefixKv {
+            layers: s.layers.clone(),
+            rows: s.rows.clone().into(),
+        }));
         let mask = mask_tensor(&self.batch.mask, self.model.device())?;
         let hidden = self
             .model
@@ -2061,6 +2198,14 @@ fn columns_of(layers: &[SeqKv], start: usize, n: usize) -> Result<Vec<SeqKv>> {
         Ok(out)
     };
     layers.iter().map(|(k, v)| Ok((own(k)?, own(v)?))).collect()
+}
+
+/// Each layer's keys and values `a` followed by `b`'s (along the columns), in new storage.
+fn cat_columns(a: &[SeqKv], b: &[SeqKv]) -> Result<Vec<SeqKv>> {
+    a.iter()
+        .zip(b)
+        .map(|((ak, av), (bk, bv))| Ok((Tensor::cat(&[ak, bk], 2)?, Tensor::cat(&[av, bv], 2)?)))
+        .collect()
 }
 
 fn take_layers(cache: &mut KvCache) -> Result<Vec<LayerKv>> {

@@ -111,6 +111,12 @@ pub struct ServeConfig {
     /// with the same draws), and a sequence that copies from its context (a passage's title,
     /// a query from the question) needs fewer forwards.
     pub speculative_draft: usize,
+    /// Keep a prompt that several running sequences share (the `n` samples of a request) once
+    /// in the batch and read its keys and values once per step for all of them
+    /// ([`EngineConfig::shared_prefix_attention`], `--shared-prefix-attention`; on by default):
+    /// answers equal those of a copy per sequence up to float rounding, and the batch holds one
+    /// copy of the prompt instead of `n`.
+    pub shared_prefix_attention: bool,
     /// The weight version reported until the first reload.
     pub weight_version: String,
     /// Where the served model lives (`--device`, `--dtype`); reloaded weights and merged LoRA
@@ -152,6 +158,7 @@ impl Default for ServeConfig {
             prefill_chunk: turnwise_model::sampling::DEFAULT_PREFILL_CHUNK,
             prefix_cache: DEFAULT_PREFIX_CACHE_BYTES,
             speculative_draft: 0,
+            shared_prefix_attention: true,
             weight_version: "0".into(),
             placement: Placement::cpu(),
             max_guided_choices: DEFAULT_MAX_GUIDED_CHOICES,
@@ -422,6 +429,7 @@ fn build_app(
                 max_draft: config.speculative_draft,
                 ..SpeculativeConfig::default()
             }),
+            shared_prefix_attention: config.shared_prefix_attention,
         },
         Arc::clone(&shared),
     )

@@ -283,6 +283,248 @@ pub fn attention_composed(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor) -> 
     probs.matmul(v)?.reshape((b, kv * g, t, d))?.transpose(1, 2)
 }
 
+/// Keys and values that some rows of a batch share before their own (a prompt prefilled once
+/// for several samples of it): `k`, `v: [1, KV, P, D]`, seen by every query of the rows that
+/// `rows` flags (one flag per batch row). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct SharedKeys {
+    /// `[1, KV, P, D]` keys (after RoPE).
+    pub k: Tensor,
+    /// `[1, KV, P, D]` values.
+    pub v: Tensor,
+    /// Which batch rows see them.
+    pub rows: Arc<[bool]>,
+}
+
+/// [`attention`] for a batch some of whose rows see `shared`'s keys before their own `k`, `v`
+/// (cascade attention): equal to [`attention`] over the keys `[shared, k]` (the shared ones
+/// real for the flagged rows, padding for the others, and `vis.past() + P` cached positions),
+/// without a copy of the shared keys per row. On the fused path (CPU, `f32`/`f64`, no input
+/// tracking gradients) each key head's shared keys are read once for the queries of every
+/// flagged row stacked, and each row's two parts are merged by their log-sum-exps; elsewhere
+/// the shared keys are materialised per row ([`attention_shared_materialised`]).
+pub fn attention_with_shared(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    vis: &KeyVisibility,
+    shared: &SharedKeys,
+) -> Result<Tensor> {
+    let [b, kv, g, t, total, d] = dims(q, k, v, vis.queries())?;
+    let (sb, skv, p, sd) = shared.k.dims4()?;
+    if (sb, skv, sd) != (1, kv, d) || shared.v.dims() != shared.k.dims() || shared.rows.len() != b {
+        candle_core::bail!(
+            "attention: shared keys {:?}, values {:?} for {} rows do not fit q {:?}",
+            shared.k.dims(),
+            shared.v.dims(),
+            shared.rows.len(),
+            q.dims()
+        );
+    }
+    if vis.batch != b || vis.total != total {
+        candle_core::bail!(
+            "attention: key visibility for [{}, {}], keys {:?}",
+            vis.batch,
+            vis.total,
+            k.dims()
+        );
+    }
+    let tracked = [q, k, v, &shared.k, &shared.v].iter().any(|x| x.track_op());
+    let same_dtype = [k, v, &shared.k, &shared.v]
+        .iter()
+        .all(|x| x.dtype() == q.dtype());
+    if p == 0
+        || tracked
+        || !same_dtype
+        || !fused_attention_on(q.device(), q.dtype())
+        || !shared.rows.iter().any(|&f| f)
+    {
+        return attention_shared_materialised(q, k, v, vis, shared);
+    }
+    let flagged: Vec<usize> = (0..b).filter(|&r| shared.rows[r]).collect();
+    let geo = Geometry::of([b, kv, g, t, total, d], vis.past);
+    let q = q.contiguous()?;
+    let tensors = [&q, k, v, &shared.k, &shared.v];
+    let guards: Vec<_> = tensors.iter().map(|x| x.storage_and_layout()).collect();
+    let mut cpu = Vec::with_capacity(5);
+    for (s, l) in &guards {
+        match &**s {
+            Storage::Cpu(s) => cpu.push((s, *l)),
+            _ => candle_core::bail!("attention: a tensor is not on the CPU"),
+        }
+    }
+    macro_rules! go {
+        ($t:ty) => {{
+            let qs = contiguous::<$t>(cpu[0].0, cpu[0].1, "attention q")?;
+            let rows = |i: usize, what| Rows::<$t>::new(cpu[i].0, cpu[i].1, what);
+            let (k, v, sk, sv) = (
+                rows(1, "k")?,
+                rows(2, "v")?,
+                rows(3, "shared k")?,
+                rows(4, "shared v")?,
+            );
+            let (mut out, lse) = fwd(qs, &k, &v, vis, &geo);
+            let parts = shared_fwd(qs, &sk, &sv, p, &flagged, &geo);
+            merge_shared(&mut out, &lse, &parts, &flagged, &geo);
+            Tensor::from_vec(out, (b, t, kv * g, d), q.device())?
+        }};
+    }
+    Ok(match q.dtype() {
+        DType::F32 => go!(f32),
+        DType::F64 => go!(f64),
+        dt => candle_core::bail!("attention: unsupported dtype {dt:?}"),
+    })
+}
+
+/// [`attention_with_shared`] by its definition: the shared keys and values copied into every
+/// row before its own, real for the flagged rows, and [`attention`] over them. The path off
+/// the fused kernel (other devices, half types, gradients) and the reference of the cascade.
+pub fn attention_shared_materialised(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    vis: &KeyVisibility,
+    shared: &SharedKeys,
+) -> Result<Tensor> {
+    let (b, kv, p, d) = (
+        vis.batch,
+        shared.k.dim(1)?,
+        shared.k.dim(2)?,
+        shared.k.dim(3)?,
+    );
+    let spread = |x: &Tensor| x.broadcast_as((b, kv, p, d))?.contiguous();
+    let kf = Tensor::cat(&[&spread(&shared.k)?, &k.contiguous()?], 2)?;
+    let vf = Tensor::cat(&[&spread(&shared.v)?, &v.contiguous()?], 2)?;
+    let total = p + vis.total;
+    let mut mask = Vec::with_capacity(b * total);
+    for r in 0..b {
+        mask.extend(std::iter::repeat_n(u8::from(shared.rows[r]), p));
+        mask.extend_from_slice(&vis.mask[r * vis.total..(r + 1) * vis.total]);
+    }
+    let vis = KeyVisibility::from_mask(mask, b, total, vis.past + p)?;
+    if fused_attention_on(q.device(), q.dtype()) {
+        attention(q, &kf, &vf, &vis)
+    } else {
+        attention_composed(q, &kf, &vf, &vis.bias(q.dtype(), q.device())?)
+    }
+}
+
+/// Flagged batch rows per work item of [`shared_fwd`]: the stacked query rows of an item are
+/// about this many (`G · T` per batch row).
+const SHARED_ITEM_ROWS: usize = 96;
+
+/// The shared keys' part of [`attention_with_shared`]: for each key head and chunk of the
+/// flagged rows, their queries stacked (`(row, g, i)` order) against the shared keys, which
+/// every query sees (online softmax over [`BLOCK_K`] key blocks). Returns per item (key head
+/// `h`, flagged rows `f0..f1`, in `h`-major order) the normalised outputs `[rows, D]` and the
+/// rows' log-sum-exps.
+fn shared_fwd<T: ExpKernels>(
+    q: &[T],
+    k: &Rows<T>,
+    v: &Rows<T>,
+    p: usize,
+    flagged: &[usize],
+    geo: &Geometry,
+) -> Vec<(Vec<T>, Vec<T>)> {
+    let (gt, d) = (geo.g * geo.t, geo.d);
+    let per = (SHARED_ITEM_ROWS / gt).max(1);
+    let chunks = flagged.len().div_ceil(per);
+    let work = geo.kv * flagged.len() * gt * p * d;
+    run_items(
+        geo.kv * chunks,
+        work >= PARALLEL_MIN_WORK,
+        || {
+            (
+                vec![T::ZERO; per * gt * d],
+                vec![T::ZERO; per * gt * BLOCK_K],
+            )
+        },
+        |(qt, s), item| {
+            let (h, c) = (item / chunks, item % chunks);
+            let rows_of = &flagged[c * per..((c + 1) * per).min(flagged.len())];
+            let rows = rows_of.len() * gt;
+            for (n, &b) in rows_of.iter().enumerate() {
+                let at = geo.row(b, h, 0, 0) * d;
+                qt[n * gt * d..(n + 1) * gt * d].copy_from_slice(&q[at..at + gt * d]);
+            }
+            let qm = Mat::rows(&qt[..rows * d], d);
+            let mut o = vec![T::ZERO; rows * d];
+            let mut m = vec![T::NEG_INF; rows];
+            let mut l = vec![T::ZERO; rows];
+            for j0 in (0..p).step_by(BLOCK_K) {
+                let j1 = (j0 + BLOCK_K).min(p);
+                let nk = j1 - j0;
+                let s = &mut s[..rows * nk];
+                mm(s, nk, qm, k.block(0, h, j0, j1).t(), (rows, nk, d), false);
+                for (r, row) in s.chunks_exact_mut(nk).enumerate() {
+                    let mx = super::max(row);
+                    let m_new = if m[r] > mx { m[r] } else { mx };
+                    let sum = T::exp_row(row, m_new);
+                    if m_new != m[r] {
+                        let alpha = (m[r] - m_new).exp();
+                        l[r] *= alpha;
+                        for x in &mut o[r * d..(r + 1) * d] {
+                            *x *= alpha;
+                        }
+                        m[r] = m_new;
+                    }
+                    l[r] += sum;
+                }
+                mm(
+                    &mut o,
+                    d,
+                    Mat::rows(&*s, nk),
+                    v.block(0, h, j0, j1),
+                    (rows, d, nk),
+                    true,
+                );
+            }
+            for (r, or) in o.chunks_exact_mut(d).enumerate() {
+                let inv = T::ONE / l[r];
+                for x in or {
+                    *x *= inv;
+                }
+                m[r] += l[r].ln();
+            }
+            (o, m)
+        },
+    )
+}
+
+/// Merges [`shared_fwd`]'s parts into the flagged rows of the own keys' output `out`
+/// (`[B, T, KV·G, D]`, log-sum-exps `lse: [B, KV, G·T]`): each row becomes the two parts
+/// weighted by their shares of the total softmax mass.
+fn merge_shared<T: ExpKernels>(
+    out: &mut [T],
+    lse: &[T],
+    parts: &[(Vec<T>, Vec<T>)],
+    flagged: &[usize],
+    geo: &Geometry,
+) {
+    let (gt, d) = (geo.g * geo.t, geo.d);
+    let per = (SHARED_ITEM_ROWS / gt).max(1);
+    let chunks = flagged.len().div_ceil(per);
+    for (item, (o, m)) in parts.iter().enumerate() {
+        let (h, c) = (item / chunks, item % chunks);
+        let rows_of = &flagged[c * per..((c + 1) * per).min(flagged.len())];
+        for (n, &b) in rows_of.iter().enumerate() {
+            for g in 0..geo.g {
+                for i in 0..geo.t {
+                    let r = (n * geo.g + g) * geo.t + i;
+                    let (lo, ls) = (lse[geo.row(b, h, g, i)], m[r]);
+                    let top = if lo > ls { lo } else { ls };
+                    let (wo, ws) = ((lo - top).exp(), (ls - top).exp());
+                    let inv = T::ONE / (wo + ws);
+                    let at = geo.out_at(b, h, g, i);
+                    for (x, &y) in out[at..at + d].iter_mut().zip(&o[r * d..(r + 1) * d]) {
+                        *x = (*x * wo + y * ws) * inv;
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The fused op on `(q, k, v)`; keeps each row's log-sum-exp for the backward.
 struct FlashAttention {
     vis: KeyVisibility,

@@ -61,7 +61,7 @@ use std::sync::OnceLock;
 
 use candle_core::{CpuStorage, Device, Layout, WithDType};
 
-pub use attention::{KeyVisibility, attention, attention_composed};
+pub use attention::{KeyVisibility, SharedKeys, attention, attention_composed};
 pub use head::head_logprobs_entropy;
 pub use logprob::token_logprobs_entropy;
 pub use rms_norm::rms_norm;

@@ -770,3 +770,79 @@ fn kernel_results_do_not_depend_on_the_thread_count() {
         );
     }
 }
+
+/// Cascade attention (issue 51): the shared keys read once for every flagged row and merged by
+/// log-sum-exps equal the shared keys copied into each row before its own, for decoding (one
+/// query) and prefilling (several) over padded own keys, in f32 and f64, with the shared part
+/// crossing key blocks.
+#[test]
+fn attention_with_shared_keys_equals_them_copied_per_row() {
+    use super::attention::{SharedKeys, attention_shared_materialised, attention_with_shared};
+    let dev = Device::Cpu;
+    let (b, kv, g, d, p) = (4, 2, 3, 8, 150);
+    for (t, past) in [(1usize, 9usize), (5, 0), (3, 12)] {
+        let total = past + t;
+        let mut mask = Vec::new();
+        for r in 0..b {
+            // Row r's first r + 1 cached columns are padding (left-padded rows).
+            mask.extend((0..total).map(|j| u8::from(j > r || j >= past)));
+        }
+        let vis = KeyVisibility::from_mask(mask, b, total, past).unwrap();
+        for dtype in [DType::F32, DType::F64] {
+            let q = (Tensor::randn(0f32, 1.0, (b, kv, g * t, d), &dev).unwrap() * 0.5)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let k = Tensor::randn(0f32, 1.0, (b, kv, total, d), &dev)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let v = Tensor::randn(0f32, 1.0, (b, kv, total, d), &dev)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let sk = Tensor::randn(0f32, 1.0, (1, kv, p, d), &dev)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let sv = Tensor::randn(0f32, 1.0, (1, kv, p, d), &dev)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            for flags in [[true, false, true, true], [false; 4], [true; 4]] {
+                let shared = SharedKeys {
+                    k: sk.clone(),
+                    v: sv.clone(),
+                    rows: flags.to_vec().into(),
+                };
+                let got = attention_with_shared(&q, &k, &v, &vis, &shared).unwrap();
+                let want = attention_shared_materialised(&q, &k, &v, &vis, &shared).unwrap();
+                let diff = (got - &want)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_dtype(DType::F64)
+                    .unwrap()
+                    .max(0)
+                    .unwrap()
+                    .to_scalar::<f64>()
+                    .unwrap();
+                let tol = if dtype == DType::F32 { 1e-5 } else { 1e-12 };
+                assert!(diff < tol, "t {t}, {dtype:?}, {flags:?}: {diff}");
+                if flags == [false; 4] {
+                    let plain = attention(&q, &k, &v, &vis).unwrap();
+                    let same = (plain - want)
+                        .unwrap()
+                        .abs()
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap();
+                    let same = same.to_dtype(DType::F64).unwrap().max(0).unwrap();
+                    assert!(same.to_scalar::<f64>().unwrap() < tol);
+                }
+            }
+        }
+    }
+}

@@ -696,3 +696,86 @@ fn a_prompt_shared_by_waiting_sequences_is_prefilled_once_and_counted_once() {
         );
     }
 }
+
+/// `shared_prefix_attention` (issue 51): the samples of one prompt that join a batch (beside a
+/// sequence already running, and leaving it at different steps) keep the prompt's keys and
+/// values once instead of a copy per row, and see at every step, in both turns, the logits the
+/// copied layout gives, with the same tokens. Three architectures.
+#[test]
+fn a_shared_prompt_is_held_once_and_attended_like_a_copy_per_row() {
+    for cfg in tiny_configs() {
+        let (_vm, model) = detached(&cfg, DType::F32, 5);
+        let prompt = long_prompt(70);
+        let run = |cascade: bool| {
+            let config = EngineConfig {
+                share_prompts: true,
+                shared_prefix_attention: cascade,
+                prefill_chunk: 32,
+                ..EngineConfig::default()
+            };
+            let mut eng = SamplingEngine::new(&model, None, config);
+            let other = eng.add_sequence(long_prompt(20), greedy(30), 9).unwrap();
+            eng.step(None).unwrap();
+            let ids: Vec<SeqId> = (0..4)
+                .map(|s| {
+                    eng.add_sequence(prompt.clone(), greedy(3 + 2 * s as usize), s)
+                        .unwrap()
+                })
+                .collect();
+            let mut rec = Recorder::default();
+            let (mut held, mut widest) = (0, 0);
+            let mut drive = |eng: &mut SamplingEngine<'_>, rec: &mut Recorder| -> usize {
+                while !eng.is_idle() {
+                    eng.step(Some(rec)).unwrap();
+                    if let Some(s) = &eng.batch.shared {
+                        held += 1;
+                        assert_eq!(s.rows.len(), eng.batch.rows.len());
+                    }
+                    widest = widest.max(eng.batch_width());
+                }
+                widest
+            };
+            let first_turn_widest = drive(&mut eng, &mut rec);
+            // A second turn: each sample continues from its whole cache (shared and own).
+            for (k, &id) in ids.iter().enumerate() {
+                eng.append_tokens(id, &long_prompt(5 + k)).unwrap();
+                eng.resume(id).unwrap();
+            }
+            drive(&mut eng, &mut rec);
+            let tokens: Vec<Vec<u32>> = ids
+                .iter()
+                .chain([&other])
+                .map(|&id| generated(eng.sequence(id).unwrap()))
+                .collect();
+            (rec, tokens, held, first_turn_widest)
+        };
+        let (plain, plain_tokens, plain_held, plain_widest) = run(false);
+        let (cascade, cascade_tokens, held, widest) = run(true);
+        // (`widest`: the batch's columns in the first turn.)
+        assert_eq!(plain_held, 0);
+        assert!(
+            held > 0,
+            "{:?}: the batch held the shared prompt",
+            cfg.architecture
+        );
+        assert!(
+            plain_widest >= 70 && widest < plain_widest,
+            "{:?}: the batch's own columns were {widest}, copied {plain_widest}",
+            cfg.architecture
+        );
+        assert_eq!(cascade_tokens, plain_tokens, "{:?}", cfg.architecture);
+        let mut worst = 0f32;
+        for (id, steps) in &plain.seen {
+            let other = &cascade.seen[id];
+            assert_eq!(steps.len(), other.len());
+            for (a, b) in steps.iter().zip(other) {
+                worst = worst.max(max_diff(a, b));
+            }
+        }
+        assert!(
+            worst < 1e-5,
+            "{:?}: logits differ by {worst}",
+            cfg.architecture
+        );
+    }
+}
