@@ -197,6 +197,12 @@ pub struct SequenceParams {
     /// temperature-scaled softmax over the allowed tokens only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guided_choice: Option<Vec<String>>,
+    /// The sequence ends with its first turn (a server's request): the turn's end keeps no
+    /// copy of its keys and values out of the batch (the prefix cache, if any, still gets
+    /// them), so a resumed sequence would prefill its whole context again. Saves copying every
+    /// finished sequence's cache, a shared prompt's included.
+    #[serde(default)]
+    pub single_turn: bool,
 }
 
 impl Default for SequenceParams {
@@ -207,6 +213,7 @@ impl Default for SequenceParams {
             max_len: None,
             confidence_top_j: DEFAULT_CONFIDENCE_TOP_J,
             guided_choice: None,
+            single_turn: false,
         }
     }
 }
@@ -608,13 +615,6 @@ struct BatchShared {
     layers: Vec<SeqKv>,
     rows: Vec<bool>,
     len: usize,
-}
-
-impl BatchShared {
-    /// The shared length if row `r` starts from these keys, else 0.
-    fn len_of(this: Option<&Self>, r: usize) -> usize {
-        this.filter(|s| s.rows[r]).map_or(0, |s| s.len)
-    }
 }
 
 impl Batch {
@@ -1228,16 +1228,30 @@ impl<'a> SamplingEngine<'a> {
     /// row with [`SamplingEngine::keep_rows`]).
     fn end_turn(&mut self, r: usize, reason: StopReason, ends: &mut Vec<TurnEnd>) -> Result<()> {
         let id = self.batch.rows[r];
-        let cache = self.extract_row(r)?;
+        let keep = !self.seqs[&id].seq.params.single_turn;
+        let cols = real_columns(&self.batch.mask[r]);
+        let shared = self
+            .batch
+            .shared
+            .as_ref()
+            .filter(|s| s.rows[r])
+            .map(|s| s.layers.as_slice());
+        let cached = cols.len() + shared.map_or(0, |l| l[0].0.dims()[2]);
+        debug_assert_eq!(cached + 1, self.seqs[&id].seq.tokens.len());
+        if let (Some(pc), Some(layers)) = (self.prefix_cache.as_mut(), &self.batch.layers) {
+            let device = self.model.device();
+            let tokens = &self.seqs[&id].seq.tokens;
+            pc.insert(tokens, cached, |a, n| {
+                row_span(layers, shared, r, &cols, a, n, device)
+            })?;
+        }
+        let cache = if keep { self.extract_row(r)? } else { None };
         let st = self.seqs.get_mut(&id).expect("running row has a state");
-        st.cached = self.batch.mask[r].iter().filter(|&&m| m != 0).count()
-            + BatchShared::len_of(self.batch.shared.as_ref(), r);
-        debug_assert_eq!(st.cached + 1, st.seq.tokens.len());
+        st.cached = if cache.is_some() { cached } else { 0 };
+        // Without a cache of its own, a resumed sequence asks the prefix cache again.
+        st.looked_up &= cache.is_some();
         st.cache = cache;
         st.shared = None;
-        if let (Some(pc), Some(layers)) = (self.prefix_cache.as_mut(), &st.cache) {
-            pc.insert(&st.seq.tokens, st.cached, |a, n| columns_of(layers, a, n))?;
-        }
         ends.push(pause(st, reason));
         Ok(())
     }
@@ -1506,25 +1520,11 @@ impl<'a> SamplingEngine<'a> {
         let device = self.model.device();
         let s = shared.map_or(0, |l| l[0].0.dims()[2]);
         for (i, id) in group.iter().enumerate() {
+            debug_assert!(s == 0 || shared.is_some());
             let cols = real_columns(&mask[i]);
             let tokens = &self.seqs[id].seq.tokens;
             pc.insert(tokens, s + cols.len(), |a, n| {
-                // Columns `a..a + n` of the shared keys followed by the row's own.
-                let (a_own, n_own) = (a.max(s) - s, (a + n).max(s) - a.max(s));
-                let own = || {
-                    let idx = cols[a_own..a_own + n_own].to_vec();
-                    row_columns(layers, i, &Tensor::from_vec(idx, n_own, device)?)
-                };
-                match shared.filter(|_| a < s) {
-                    None => own(),
-                    Some(sh) => {
-                        let head = columns_of(sh, a, s.min(a + n) - a)?;
-                        if n_own == 0 {
-                            return Ok(head);
-                        }
-                        cat_columns(&head, &own()?)
-                    }
-                }
+                row_span(layers, shared, i, &cols, a, n, device)
             })?;
         }
         Ok(())
@@ -2198,6 +2198,36 @@ fn columns_of(layers: &[SeqKv], start: usize, n: usize) -> Result<Vec<SeqKv>> {
         Ok(out)
     };
     layers.iter().map(|(k, v)| Ok((own(k)?, own(v)?))).collect()
+}
+
+/// Each layer's keys and values of columns `a..a + n` of batch row `r` whose cache is
+/// `shared`'s columns (if any) followed by its own real columns `cols` of `layers`, in storage
+/// of their own.
+fn row_span(
+    layers: &[LayerKv],
+    shared: Option<&[SeqKv]>,
+    r: usize,
+    cols: &[u32],
+    a: usize,
+    n: usize,
+    device: &candle_core::Device,
+) -> Result<Vec<SeqKv>> {
+    let s = shared.map_or(0, |l| l[0].0.dims()[2]);
+    let (a_own, n_own) = (a.max(s) - s, (a + n).max(s) - a.max(s));
+    let own = || {
+        let idx = cols[a_own..a_own + n_own].to_vec();
+        row_columns(layers, r, &Tensor::from_vec(idx, n_own, device)?)
+    };
+    match shared.filter(|_| a < s) {
+        None => own(),
+        Some(sh) => {
+            let head = columns_of(sh, a, s.min(a + n) - a)?;
+            if n_own == 0 {
+                return Ok(head);
+            }
+            cat_columns(&head, &own()?)
+        }
+    }
 }
 
 /// Each layer's keys and values `a` followed by `b`'s (along the columns), in new storage.

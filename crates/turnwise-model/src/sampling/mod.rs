@@ -368,6 +368,7 @@ fn run_engine(
         max_len: None,
         confidence_top_j: 0,
         guided_choice: None,
+        single_turn: false,
     };
     for (i, (p, &seed)) in prompts.iter().zip(seeds).enumerate() {
         let mut sp = seq_params.clone();

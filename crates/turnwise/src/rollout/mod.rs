@@ -1125,6 +1125,7 @@ fn signal_turns(
         max_len: None,
         confidence_top_j: control.tti.top_j,
         guided_choice: None,
+        single_turn: false,
     };
     let mut ids = Vec::with_capacity(contexts.len());
     let mut rows = Vec::with_capacity(contexts.len());

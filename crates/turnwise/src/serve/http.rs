@@ -285,6 +285,8 @@ impl App {
             max_len: None,
             confidence_top_j: 0,
             guided_choice: s.guided_choice.clone(),
+            // A request is one turn: its cache is not copied out of the batch at the end.
+            single_turn: true,
         };
         let base = s
             .seed

@@ -779,3 +779,68 @@ fn a_shared_prompt_is_held_once_and_attended_like_a_copy_per_row() {
         );
     }
 }
+
+/// `single_turn` (issue 51): samples of a shared prompt that end with their turn keep no copy
+/// of their keys and values, yet the prefix cache gets every block (the shared prompt's and
+/// the answers'), and a resumed one starts from the prefix cache again and continues as a kept
+/// one.
+#[test]
+fn a_single_turn_sequence_keeps_no_cache_but_feeds_the_prefix_cache() {
+    let cfg = ModelConfig::tiny_qwen2(96);
+    let (_vm, model) = detached(&cfg, DType::F32, 3);
+    let run = |single: bool| {
+        let config = EngineConfig {
+            share_prompts: true,
+            shared_prefix_attention: true,
+            prefix_cache: Some(PrefixCacheConfig::with_max_bytes(1 << 30)),
+            ..EngineConfig::default()
+        };
+        let mut eng = SamplingEngine::new(&model, None, config);
+        let mut p = greedy(6);
+        p.single_turn = single;
+        let ids: Vec<SeqId> = (0..3)
+            .map(|s| eng.add_sequence(long_prompt(40), p.clone(), s).unwrap())
+            .collect();
+        eng.run_until_stop(None).unwrap();
+        let cached: Vec<Option<usize>> = ids.iter().map(|&id| eng.cached_len(id)).collect();
+        let blocks = eng.prefix_cache_stats().unwrap().blocks;
+        for (k, &id) in ids.iter().enumerate() {
+            eng.append_tokens(id, &[7 + k as u32, 8, 9]).unwrap();
+            eng.resume(id).unwrap();
+        }
+        let before = eng.stats().prefill_tokens;
+        eng.run_until_stop(None).unwrap();
+        let tokens: Vec<Vec<u32>> = ids
+            .iter()
+            .map(|&id| generated(eng.sequence(id).unwrap()))
+            .collect();
+        (cached, blocks, tokens, eng.stats().prefill_tokens - before)
+    };
+    let (kept, kept_blocks, kept_tokens, kept_prefill) = run(false);
+    let (single, single_blocks, single_tokens, single_prefill) = run(true);
+    assert_eq!(kept, vec![Some(45); 3]);
+    assert_eq!(
+        single,
+        vec![Some(0); 3],
+        "no cache kept after a single turn"
+    );
+    assert_eq!(
+        kept_blocks, 2,
+        "45 tokens: two whole blocks, one path for all three"
+    );
+    assert_eq!(
+        single_blocks, kept_blocks,
+        "the prefix cache got the same blocks"
+    );
+    assert_eq!(single_tokens, kept_tokens);
+    assert_eq!(
+        kept_prefill,
+        3 * 4,
+        "kept: the last token and the 3 appended"
+    );
+    assert_eq!(
+        single_prefill,
+        3 * (49 - 32),
+        "resumed: all but the prefix cache's two blocks"
+    );
+}
