@@ -111,7 +111,7 @@ type Prefilled = (
     Vec<LayerKv>,
     Vec<Vec<u8>>,
     Vec<Vec<f32>>,
-    Option<Vec<SeqKv>>,
+    Option<(ShareKey, Vec<SeqKv>)>,
 );
 
 /// Keys and values of a context's first tokens, kept between engines (a multi-turn episode's
@@ -612,6 +612,10 @@ struct Batch {
 /// A shared prompt's keys and values `[1, kv, len, d]` per layer, held once by the batch, and
 /// which rows start from them (row `r`'s cache is these columns followed by its own).
 struct BatchShared {
+    /// The storage's identity (the sequences' [`SeqState::shared`] key).
+    key: ShareKey,
+    /// The tokens whose keys and values these are.
+    tokens: Vec<u32>,
     layers: Vec<SeqKv>,
     rows: Vec<bool>,
     len: usize,
@@ -1385,7 +1389,8 @@ impl<'a> SamplingEngine<'a> {
             return Ok(false);
         }
         let (layers, mask, logits, shared) = self.prefill(&group)?;
-        self.cache_prefilled(&group, &layers, &mask, shared.as_deref())?;
+        let shared_layers = shared.as_ref().map(|(_, l)| l.as_slice());
+        self.cache_prefilled(&group, &layers, &mask, shared_layers)?;
         self.stats.prefill_tokens += group
             .iter()
             .map(|id| (self.seqs[id].seq.tokens.len() - self.seqs[id].cached) as u64)
@@ -1478,13 +1483,20 @@ impl<'a> SamplingEngine<'a> {
     /// Starts waiting sequence `id` from the prefix cache's longest run of whole blocks its
     /// tokens begin with (all but its last token at most), once, if it has nothing cached.
     fn cache_lookup(&mut self, id: SeqId) -> Result<()> {
+        let st = &self.seqs[&id];
+        if st.looked_up || st.cached > 0 || st.room.is_some() {
+            return Ok(());
+        }
+        // The prompt the batch's rows share, when this sequence begins with it: started from
+        // that storage, it joins them (read once per step) instead of copying it.
+        if let Some(prefix) = self.batch_shared_prefix(&st.seq.tokens) {
+            self.state_mut(id)?.looked_up = true;
+            return self.attach_prefix(id, &prefix);
+        }
         let Some(pc) = self.prefix_cache.as_mut() else {
             return Ok(());
         };
         let st = self.seqs.get_mut(&id).expect("waiting id has a state");
-        if st.looked_up || st.cached > 0 || st.room.is_some() {
-            return Ok(());
-        }
         st.looked_up = true;
         let limit = st.seq.tokens.len() - 1;
         if let Some(prefix) = pc.lookup(&st.seq.tokens, limit)? {
@@ -1724,7 +1736,7 @@ impl<'a> SamplingEngine<'a> {
         }
         let ids = Tensor::from_vec(ids, (b, n_max), device)?;
         let pos = Tensor::from_vec(pos, (b, n_max), device)?;
-        if let Some(layers) = &shared {
+        if let Some((_, layers)) = &shared {
             cache.set_shared(Some(SharedPrefixKv {
                 layers: layers.clone(),
                 rows: vec![true; b].into(),
@@ -1746,10 +1758,11 @@ impl<'a> SamplingEngine<'a> {
     }
 
     /// The keys and values every sequence of a group about to be prefilled starts from, when
-    /// they are one storage ([`EngineConfig::shared_prefix_attention`]): two or more sequences,
-    /// each with its whole cache shared under one key, and no shared prompt in the batch yet.
-    fn shared_prompt_of(&self, states: &[&SeqState]) -> Option<Vec<SeqKv>> {
-        if !self.config.shared_prefix_attention || self.batch.shared.is_some() || states.len() < 2 {
+    /// they are one storage ([`EngineConfig::shared_prefix_attention`]), and its key: each
+    /// sequence's whole cache shared under one key, and either that key the batch's shared
+    /// prompt, or two or more sequences and no shared prompt in the batch yet.
+    fn shared_prompt_of(&self, states: &[&SeqState]) -> Option<(ShareKey, Vec<SeqKv>)> {
+        if !self.config.shared_prefix_attention {
             return None;
         }
         let (key, len) = states[0].shared.as_ref()?;
@@ -1763,7 +1776,24 @@ impl<'a> SamplingEngine<'a> {
         if !same || *len == 0 {
             return None;
         }
-        states[0].cache.clone()
+        match &self.batch.shared {
+            Some(b) => (Arc::ptr_eq(&b.key, key) && b.len == *len)
+                .then(|| (Arc::clone(key), b.layers.clone())),
+            None if states.len() >= 2 => Some((Arc::clone(key), states[0].cache.clone()?)),
+            None => None,
+        }
+    }
+
+    /// The batch's shared prompt as a [`PrefixKv`], for a waiting sequence whose tokens begin
+    /// with all of it and go on: started from it, the sequence joins the rows that read it
+    /// ([`SamplingEngine::shared_prompt_of`]).
+    fn batch_shared_prefix(&self, tokens: &[u32]) -> Option<PrefixKv> {
+        let b = self.batch.shared.as_ref()?;
+        (tokens.len() > b.len && tokens.starts_with(&b.tokens)).then(|| PrefixKv {
+            tokens: b.tokens.clone(),
+            layers: b.layers.clone(),
+            share: Arc::clone(&b.key),
+        })
     }
 
     /// Appends prefilled rows to the batch, left-padding whichever side is narrower.
@@ -1773,19 +1803,28 @@ impl<'a> SamplingEngine<'a> {
         layers: Vec<LayerKv>,
         mut mask: Vec<Vec<u8>>,
         logits: Vec<Vec<f32>>,
-        shared: Option<Vec<SeqKv>>,
+        shared: Option<(ShareKey, Vec<SeqKv>)>,
     ) -> Result<()> {
+        let tokens = rows
+            .first()
+            .map(|id| self.seqs[id].seq.tokens.clone())
+            .unwrap_or_default();
         let batch = &mut self.batch;
         let (old, new) = (batch.rows.len(), rows.len());
         match (shared, batch.shared.as_mut()) {
-            (Some(layers), None) => {
+            (Some((key, layers)), None) => {
                 let len = layers[0].0.dims()[2];
                 let flags = std::iter::repeat_n(false, old).chain(std::iter::repeat_n(true, new));
                 batch.shared = Some(BatchShared {
+                    key,
+                    tokens: tokens[..len].to_vec(),
                     layers,
                     rows: flags.collect(),
                     len,
                 });
+            }
+            (Some((key, _)), Some(s)) if Arc::ptr_eq(&key, &s.key) => {
+                s.rows.extend(std::iter::repeat_n(true, new));
             }
             (Some(_), Some(_)) => {
                 return Err(ModelError::invalid_input(

@@ -699,8 +699,9 @@ fn a_prompt_shared_by_waiting_sequences_is_prefilled_once_and_counted_once() {
 
 /// `shared_prefix_attention` (issue 51): the samples of one prompt that join a batch (beside a
 /// sequence already running, and leaving it at different steps) keep the prompt's keys and
-/// values once instead of a copy per row, and see at every step, in both turns, the logits the
-/// copied layout gives, with the same tokens. Three architectures.
+/// values once instead of a copy per row, a sample arriving later joins them, and all see at
+/// every step, in both turns, the logits the copied layout gives, with the same tokens. Three
+/// architectures.
 #[test]
 fn a_shared_prompt_is_held_once_and_attended_like_a_copy_per_row() {
     for cfg in tiny_configs() {
@@ -723,10 +724,16 @@ fn a_shared_prompt_is_held_once_and_attended_like_a_copy_per_row() {
                 })
                 .collect();
             let mut rec = Recorder::default();
-            let (mut held, mut widest) = (0, 0);
+            let (mut held, mut widest, mut steps) = (0, 0, 0);
+            let mut late = None;
             let mut drive = |eng: &mut SamplingEngine<'_>, rec: &mut Recorder| -> usize {
                 while !eng.is_idle() {
                     eng.step(Some(rec)).unwrap();
+                    steps += 1;
+                    // A sample of the prompt that arrives while the others decode joins them.
+                    if steps == 6 {
+                        late = Some(eng.add_sequence(prompt.clone(), greedy(4), 7).unwrap());
+                    }
                     if let Some(s) = &eng.batch.shared {
                         held += 1;
                         assert_eq!(s.rows.len(), eng.batch.rows.len());
@@ -736,6 +743,7 @@ fn a_shared_prompt_is_held_once_and_attended_like_a_copy_per_row() {
                 widest
             };
             let first_turn_widest = drive(&mut eng, &mut rec);
+            let prefilled = eng.stats().prefill_tokens;
             // A second turn: each sample continues from its whole cache (shared and own).
             for (k, &id) in ids.iter().enumerate() {
                 eng.append_tokens(id, &long_prompt(5 + k)).unwrap();
@@ -744,13 +752,19 @@ fn a_shared_prompt_is_held_once_and_attended_like_a_copy_per_row() {
             drive(&mut eng, &mut rec);
             let tokens: Vec<Vec<u32>> = ids
                 .iter()
-                .chain([&other])
+                .chain([&other, &late.expect("added")])
                 .map(|&id| generated(eng.sequence(id).unwrap()))
                 .collect();
-            (rec, tokens, held, first_turn_widest)
+            (rec, tokens, held, first_turn_widest, prefilled)
         };
-        let (plain, plain_tokens, plain_held, plain_widest) = run(false);
-        let (cascade, cascade_tokens, held, widest) = run(true);
+        let (plain, plain_tokens, plain_held, plain_widest, plain_prefilled) = run(false);
+        let (cascade, cascade_tokens, held, widest, prefilled) = run(true);
+        assert_eq!(
+            prefilled,
+            plain_prefilled - 69,
+            "{:?}: the late sample prefilled only its last token",
+            cfg.architecture
+        );
         // (`widest`: the batch's columns in the first turn.)
         assert_eq!(plain_held, 0);
         assert!(
