@@ -603,7 +603,7 @@ fn infer_table(reps: usize) {
     let dev = Device::Cpu;
     let rand = |shape: &[usize]| Tensor::randn(0f32, 1.0, shape, &dev).expect("randn");
     println!(
-        "\n| sampling kernel ({:?}; size-B shapes, no graph) | kernel ms | candle ms | speed-up |",
+        "\n| sampling kernel ({:?}; size-B and SmolLM2 shapes, no graph) | kernel ms | candle ms | speed-up |",
         ops::infer::kernel_isa()
     );
     println!("|---|---:|---:|---:|");
@@ -625,11 +625,23 @@ fn infer_table(reps: usize) {
         );
         return;
     }
-    for (what, n) in [("q_proj", 512), ("gate_proj", 1536), ("lm_head", 8192)] {
-        let w = rand(&[n, 512]);
-        for m in [1, 8, 32, 64, 128, 256] {
-            let x = rand(&[m, 512]);
-            let name = format!("{what} x Wᵀ [{m}, 512] × [{n}, 512]ᵀ");
+    // Size B's shapes, then SmolLM2-135M's (hidden 576, 3 key heads of 64, intermediate 1536,
+    // vocabulary 49152) at decoding's row counts.
+    let shapes = [
+        ("q_proj", 512, 512, &[1, 8, 32, 64, 128, 256][..]),
+        ("gate_proj", 1536, 512, &[1, 8, 32, 64, 128, 256]),
+        ("lm_head", 8192, 512, &[1, 8, 32, 64, 128, 256]),
+        ("SmolLM2 q_proj", 576, 576, &[1, 8, 16]),
+        ("SmolLM2 k_proj", 192, 576, &[1, 8, 16]),
+        ("SmolLM2 gate_proj", 1536, 576, &[1, 8, 16]),
+        ("SmolLM2 down_proj", 576, 1536, &[1, 8, 16]),
+        ("SmolLM2 lm_head", 49152, 576, &[1, 8, 16]),
+    ];
+    for (what, n, k, rows) in shapes {
+        let w = rand(&[n, k]);
+        for &m in rows {
+            let x = rand(&[m, k]);
+            let name = format!("{what} x Wᵀ [{m}, {k}] × [{n}, {k}]ᵀ");
             if ops::infer::linear(&x, &w, usize::MAX)
                 .expect("kernel")
                 .is_none()
