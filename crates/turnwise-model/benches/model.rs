@@ -663,6 +663,60 @@ fn infer_table(reps: usize) {
             );
         }
     }
+    // A whole decode step's linear layers at SmolLM2's shapes: 30 layers' q/k/v, o, gate/up
+    // and down projections and the head, 540 MB of distinct weights, so that every call reads
+    // its weight from memory as decoding does (the rows above reuse one weight, which stays in
+    // cache).
+    let layers: Vec<[Tensor; 7]> = (0..30)
+        .map(|_| {
+            [
+                rand(&[576, 576]),
+                rand(&[192, 576]),
+                rand(&[192, 576]),
+                rand(&[576, 576]),
+                rand(&[1536, 576]),
+                rand(&[1536, 576]),
+                rand(&[576, 1536]),
+            ]
+        })
+        .collect();
+    let head = rand(&[49152, 576]);
+    for m in [1, 8, 16, 64] {
+        let (x, xf) = (rand(&[m, 576]), rand(&[m, 1536]));
+        let name = format!("SmolLM2 decode step's linears [{m}, ·], 540 MB of weights from memory");
+        if ops::infer::linear(&x, &head, usize::MAX)
+            .expect("kernel")
+            .is_none()
+        {
+            println!("| {name} (above this ISA's row limit: candle's matmul) | – | – | – |");
+            continue;
+        }
+        let step = |kernel: bool| {
+            let lin = |x: &Tensor, ws: &[&Tensor]| {
+                if kernel {
+                    ops::infer::linear_many(x, ws, usize::MAX)
+                        .expect("kernel")
+                        .expect("kernel applies");
+                } else {
+                    for w in ws {
+                        x.matmul(&w.t().expect("t")).expect("matmul");
+                    }
+                }
+            };
+            for l in &layers {
+                lin(&x, &[&l[0], &l[1], &l[2]]);
+                lin(&x, &[&l[3]]);
+                lin(&x, &[&l[4], &l[5]]);
+                lin(&xf, &[&l[6]]);
+            }
+            lin(&x, &[&head]);
+        };
+        row(
+            name,
+            time_it(reps, || step(true)),
+            time_it(reps, || step(false)),
+        );
+    }
 }
 
 /// Sequence lengths of the attention-alone table.

@@ -471,9 +471,11 @@ mod avx512 {
             let full = k - k % 16;
             // The weight rows two column blocks ahead (contiguous after these), one cache line
             // per 16 lanes, into L2 (`T1`): fetched while this block computes, so that the
-            // memory stream never idles. SmolLM2's decode-step linears (the kernel alone): 1.5×
-            // at 1 row, 2.0× at 8, 1.65× at 16; into L1 (`T0`) only 0.95–1.3×. A prefetch does
-            // not fault, and `wrapping_add` keeps an address past the weight's end defined.
+            // memory stream never idles. With the unmasked loads and `reduce_4x4`, SmolLM2's
+            // decode-step linears (the model bench's ops table) ran 1.3–1.4× as fast at 1 row,
+            // 2.3–2.6× at 8, 1.8–1.9× at 16 and 1.4× at 64; into L1 (`T0`) the prefetch gained
+            // only 0.93–1.28×. A prefetch does not fault, and `wrapping_add` keeps an address
+            // past the weight's end defined.
             let next = wp.wrapping_add(PREFETCH_AHEAD_ROWS * k);
             let mut p = 0;
             while p < full {
