@@ -603,7 +603,7 @@ fn infer_table(reps: usize) {
     let dev = Device::Cpu;
     let rand = |shape: &[usize]| Tensor::randn(0f32, 1.0, shape, &dev).expect("randn");
     println!(
-        "\n| sampling kernel ({:?}; size-B shapes, no graph) | kernel ms | candle ms | speed-up |",
+        "\n| sampling kernel ({:?}; size-B and SmolLM2 shapes, no graph) | kernel ms | candle ms | speed-up |",
         ops::infer::kernel_isa()
     );
     println!("|---|---:|---:|---:|");
@@ -625,11 +625,23 @@ fn infer_table(reps: usize) {
         );
         return;
     }
-    for (what, n) in [("q_proj", 512), ("gate_proj", 1536), ("lm_head", 8192)] {
-        let w = rand(&[n, 512]);
-        for m in [1, 8, 32, 64, 128, 256] {
-            let x = rand(&[m, 512]);
-            let name = format!("{what} x Wᵀ [{m}, 512] × [{n}, 512]ᵀ");
+    // Size B's shapes, then SmolLM2-135M's (hidden 576, 3 key heads of 64, intermediate 1536,
+    // vocabulary 49152) at decoding's row counts.
+    let shapes = [
+        ("q_proj", 512, 512, &[1, 8, 32, 64, 128, 256][..]),
+        ("gate_proj", 1536, 512, &[1, 8, 32, 64, 128, 256]),
+        ("lm_head", 8192, 512, &[1, 8, 32, 64, 128, 256]),
+        ("SmolLM2 q_proj", 576, 576, &[1, 8, 16]),
+        ("SmolLM2 k_proj", 192, 576, &[1, 8, 16]),
+        ("SmolLM2 gate_proj", 1536, 576, &[1, 8, 16]),
+        ("SmolLM2 down_proj", 576, 1536, &[1, 8, 16]),
+        ("SmolLM2 lm_head", 49152, 576, &[1, 8, 16]),
+    ];
+    for (what, n, k, rows) in shapes {
+        let w = rand(&[n, k]);
+        for &m in rows {
+            let x = rand(&[m, k]);
+            let name = format!("{what} x Wᵀ [{m}, {k}] × [{n}, {k}]ᵀ");
             if ops::infer::linear(&x, &w, usize::MAX)
                 .expect("kernel")
                 .is_none()
@@ -650,6 +662,60 @@ fn infer_table(reps: usize) {
                 }),
             );
         }
+    }
+    // A whole decode step's linear layers at SmolLM2's shapes: 30 layers' q/k/v, o, gate/up
+    // and down projections and the head, 540 MB of distinct weights, so that every call reads
+    // its weight from memory as decoding does (the rows above reuse one weight, which stays in
+    // cache).
+    let layers: Vec<[Tensor; 7]> = (0..30)
+        .map(|_| {
+            [
+                rand(&[576, 576]),
+                rand(&[192, 576]),
+                rand(&[192, 576]),
+                rand(&[576, 576]),
+                rand(&[1536, 576]),
+                rand(&[1536, 576]),
+                rand(&[576, 1536]),
+            ]
+        })
+        .collect();
+    let head = rand(&[49152, 576]);
+    for m in [1, 8, 16, 64] {
+        let (x, xf) = (rand(&[m, 576]), rand(&[m, 1536]));
+        let name = format!("SmolLM2 decode step's linears [{m}, ·], 540 MB of weights from memory");
+        if ops::infer::linear(&x, &head, usize::MAX)
+            .expect("kernel")
+            .is_none()
+        {
+            println!("| {name} (above this ISA's row limit: candle's matmul) | – | – | – |");
+            continue;
+        }
+        let step = |kernel: bool| {
+            let lin = |x: &Tensor, ws: &[&Tensor]| {
+                if kernel {
+                    ops::infer::linear_many(x, ws, usize::MAX)
+                        .expect("kernel")
+                        .expect("kernel applies");
+                } else {
+                    for w in ws {
+                        x.matmul(&w.t().expect("t")).expect("matmul");
+                    }
+                }
+            };
+            for l in &layers {
+                lin(&x, &[&l[0], &l[1], &l[2]]);
+                lin(&x, &[&l[3]]);
+                lin(&x, &[&l[4], &l[5]]);
+                lin(&xf, &[&l[6]]);
+            }
+            lin(&x, &[&head]);
+        };
+        row(
+            name,
+            time_it(reps, || step(true)),
+            time_it(reps, || step(false)),
+        );
     }
 }
 

@@ -433,6 +433,88 @@ fn infer_linear_declines_what_it_does_not_cover() {
     assert!(infer::linear(&x, &w_bad, 32).unwrap().is_none());
 }
 
+/// One output of the AVX-512 sampling kernel as it has always been computed (the arithmetic
+/// every stored run's numbers depend on): 16 lane accumulators, each fused-multiply-added over
+/// `p = 0, 16, 32, ..` in order (in the last chunk the lanes past `k` add `0 · 0`, as the
+/// masked zeroing load gives), then `_mm512_reduce_add_ps`'s tree: lanes `l + 8` onto `l`,
+/// then `l + 4`, `l + 2`, `l + 1`, the lower lane always the left operand.
+fn lanes16_dot(x: &[f32], w: &[f32]) -> f32 {
+    let k = x.len();
+    let mut acc = [0f32; 16];
+    let mut p = 0;
+    while p < k {
+        for (l, a) in acc.iter_mut().enumerate() {
+            let (xv, wv) = if p + l < k {
+                (x[p + l], w[p + l])
+            } else {
+                (0.0, 0.0)
+            };
+            *a = xv.mul_add(wv, *a);
+        }
+        p += 16;
+    }
+    let s8: [f32; 8] = std::array::from_fn(|l| acc[l] + acc[l + 8]);
+    let s4: [f32; 4] = std::array::from_fn(|l| s8[l] + s8[l + 4]);
+    let s2: [f32; 2] = std::array::from_fn(|l| s4[l] + s4[l + 2]);
+    s2[0] + s2[1]
+}
+
+/// The AVX-512 kernel's outputs are bit for bit those of its original arithmetic
+/// ([`lanes16_dot`]) whatever its tiles, loop order, prefetching or reduction: for every row
+/// count of a decoding batch and around it (1..=17), `k` at SmolLM2's widths (576, 1536), one
+/// chunk, a tail and below one chunk, column counts around the 4-column tiles and SmolLM2's,
+/// over the whole matrix (the threads' split) and over column sub-ranges that start and end
+/// inside and between tiles (one thread's block).
+#[test]
+fn infer_avx512_kernel_keeps_its_arithmetic_bit_for_bit() {
+    if !infer::KernelIsa::supported().contains(&infer::KernelIsa::Avx512) {
+        eprintln!("skipped: this CPU has no AVX-512");
+        return;
+    }
+    let isa = infer::KernelIsa::Avx512;
+    let vecs = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let mut cases: Vec<(usize, usize, usize)> = Vec::new();
+    for m in 1..=17 {
+        for k in [1, 16, 37, 576, 1536] {
+            for n in (1..=9).chain([576]) {
+                cases.push((m, n, k));
+            }
+        }
+    }
+    // The output head's shape at batch 1.
+    cases.push((1, 49152, 576));
+    for (m, n, k) in cases {
+        let x = vecs(rand(&[m, k], (m * 31 + k) as u64, 2.0, DType::F32));
+        let w = vecs(rand(&[n, k], (n * 17 + k * 3) as u64, 1.5, DType::F32));
+        let want: Vec<u32> = (0..m * n)
+            .map(|e| {
+                let (i, j) = (e / n, e % n);
+                lanes16_dot(&x[i * k..(i + 1) * k], &w[j * k..(j + 1) * k]).to_bits()
+            })
+            .collect();
+        let check = |y: &[f32], what: &str| {
+            for (e, (a, b)) in y.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    *b,
+                    "[{m},{k}]x[{n},{k}]ᵀ {what}: y[{}, {}] = {a}, want {}",
+                    e / n,
+                    e % n,
+                    f32::from_bits(*b)
+                );
+            }
+        };
+        check(&infer::matmul_xwt(&x, &w, m, n, k, isa).unwrap(), "whole");
+        // Column blocks as threads get them: boundaries on and off the 4-column tiles.
+        let (a, b) = (n / 3, (2 * n / 3 + 1).min(n));
+        let mut y = vec![f32::NAN; m * n];
+        for range in [(0, a), (a, b), (b, n)] {
+            infer::matmul_xwt_columns(&x, &w, m, n, k, range, isa, &mut y);
+        }
+        check(&y, "in column blocks");
+    }
+}
+
 /// The composed attention the fused kernel replaces, written out here: the scores `q kᵀ`, the
 /// reference masked softmax ([`masked_softmax_composed`]) and the product with `v`, as
 /// `[B, T, KV·G, D]`, with the bias built from the visibility rule directly.
