@@ -456,20 +456,7 @@ fn shared_fwd<T: ExpKernels>(
                 let nk = j1 - j0;
                 let s = &mut s[..rows * nk];
                 mm(s, nk, qm, k.block(0, h, j0, j1).t(), (rows, nk, d), false);
-                for (r, row) in s.chunks_exact_mut(nk).enumerate() {
-                    let mx = super::max(row);
-                    let m_new = if m[r] > mx { m[r] } else { mx };
-                    let sum = T::exp_row(row, m_new);
-                    if m_new != m[r] {
-                        let alpha = (m[r] - m_new).exp();
-                        l[r] *= alpha;
-                        for x in &mut o[r * d..(r + 1) * d] {
-                            *x *= alpha;
-                        }
-                        m[r] = m_new;
-                    }
-                    l[r] += sum;
-                }
+                softmax_block(s, nk, (&mut o, &mut m, &mut l), d);
                 mm(
                     &mut o,
                     d,
@@ -479,13 +466,7 @@ fn shared_fwd<T: ExpKernels>(
                     true,
                 );
             }
-            for (r, or) in o.chunks_exact_mut(d).enumerate() {
-                let inv = T::ONE / l[r];
-                for x in or {
-                    *x *= inv;
-                }
-                m[r] += l[r].ln();
-            }
+            finish_rows(&mut o, &mut m, &l, d);
             (o, m)
         },
     )
@@ -824,24 +805,7 @@ fn fwd_tile<T: ExpKernels>(
         if !vis.block_full(b, (j0, j1), p0) {
             mask_tile(s, vis, b, (j0, nk), (p0, n));
         }
-        for (r, row) in s.chunks_exact_mut(nk).enumerate() {
-            let mx = super::max(row);
-            if mx == T::NEG_INF {
-                row.fill(T::ZERO);
-                continue;
-            }
-            let m_new = if m[r] > mx { m[r] } else { mx };
-            let sum = T::exp_row(row, m_new);
-            if m_new != m[r] {
-                let alpha = (m[r] - m_new).exp();
-                l[r] *= alpha;
-                for x in &mut o[r * d..(r + 1) * d] {
-                    *x *= alpha;
-                }
-                m[r] = m_new;
-            }
-            l[r] += sum;
-        }
+        softmax_block(s, nk, (&mut o, &mut m, &mut l), d);
         mm(
             &mut o,
             d,
@@ -851,6 +815,43 @@ fn fwd_tile<T: ExpKernels>(
             true,
         );
     }
+    finish_rows(&mut o, &mut m, &l, d);
+    (o, m)
+}
+
+/// The online softmax's step over one block of scores `s` (`rows × nk`): each row's scores
+/// become `exp(s − m)` against its running maximum `m` (raised to the block's), and the row's
+/// sum `l` and output `o` (`rows × d`) are rescaled to it. A row whose block is wholly masked
+/// (−∞) becomes zeros and keeps its state. The caller then adds `s · V` to `o`.
+fn softmax_block<T: ExpKernels>(
+    s: &mut [T],
+    nk: usize,
+    (o, m, l): (&mut [T], &mut [T], &mut [T]),
+    d: usize,
+) {
+    for (r, row) in s.chunks_exact_mut(nk).enumerate() {
+        let mx = super::max(row);
+        if mx == T::NEG_INF {
+            row.fill(T::ZERO);
+            continue;
+        }
+        let m_new = if m[r] > mx { m[r] } else { mx };
+        let sum = T::exp_row(row, m_new);
+        if m_new != m[r] {
+            let alpha = (m[r] - m_new).exp();
+            l[r] *= alpha;
+            for x in &mut o[r * d..(r + 1) * d] {
+                *x *= alpha;
+            }
+            m[r] = m_new;
+        }
+        l[r] += sum;
+    }
+}
+
+/// The online softmax's end: each output row `o` divided by its sum `l`, and `m` turned into
+/// the row's log-sum-exp.
+fn finish_rows<T: ExpKernels>(o: &mut [T], m: &mut [T], l: &[T], d: usize) {
     for (r, or) in o.chunks_exact_mut(d).enumerate() {
         let inv = T::ONE / l[r];
         for x in or {
@@ -858,7 +859,6 @@ fn fwd_tile<T: ExpKernels>(
         }
         m[r] += l[r].ln();
     }
-    (o, m)
 }
 
 /// The forward: the output `[B, T, KV·G, D]` and the log-sum-exps `[B, KV, G·T]`.
