@@ -93,9 +93,10 @@ impl LayerKv {
 pub struct KvCache {
     layers: Vec<Option<LayerKv>>,
     reserve: usize,
-    /// Keys and values some rows see before their own columns, per layer (cascade attention,
-    /// [`crate::model::ops::attention::attention_with_shared`]); not counted in `seq_len`.
-    shared: Option<SharedPrefixKv>,
+    /// Keys and values some rows see before their own columns, per group of rows (cascade
+    /// attention, [`crate::model::ops::attention::attention_with_shared`]); not counted in
+    /// `seq_len`.
+    shared: Vec<SharedPrefixKv>,
 }
 
 /// Keys and values `[1, KV, P, D]` per layer that the rows `rows` flags see before their own
@@ -122,7 +123,7 @@ impl KvCache {
         Self {
             layers: vec![None; num_layers],
             reserve,
-            shared: None,
+            shared: Vec::new(),
         }
     }
 
@@ -155,14 +156,16 @@ impl KvCache {
     /// Drops everything cached.
     pub fn reset(&mut self) {
         self.layers.iter_mut().for_each(|l| *l = None);
-        self.shared = None;
+        self.shared.clear();
     }
 
     /// Keeps only the rows `rows` (a `u32` index tensor), e.g. to drop finished sequences.
     pub fn select_rows(&mut self, rows: &Tensor) -> Result<()> {
-        if let Some(s) = self.shared.as_mut() {
+        if !self.shared.is_empty() {
             let keep = rows.to_dtype(candle_core::DType::U32)?.to_vec1::<u32>()?;
-            s.rows = keep.iter().map(|&r| s.rows[r as usize]).collect();
+            for s in &mut self.shared {
+                s.rows = keep.iter().map(|&r| s.rows[r as usize]).collect();
+            }
         }
         for slot in self.layers.iter_mut().flatten() {
             let k = slot.k.index_select(rows, 0)?;
@@ -196,20 +199,25 @@ impl KvCache {
         Ok((l.k()?, l.v()?))
     }
 
-    /// Sets the keys and values some rows see before their own columns (`None`: none do).
-    pub(crate) fn set_shared(&mut self, shared: Option<SharedPrefixKv>) {
+    /// Sets the groups of keys and values some rows see before their own columns (each row in
+    /// one group at most; empty: none).
+    pub(crate) fn set_shared(&mut self, shared: Vec<SharedPrefixKv>) {
         self.shared = shared;
     }
 
-    /// Layer `layer`'s shared keys and values, if some rows see any.
-    pub(crate) fn shared_keys(&self, layer: usize) -> Option<crate::model::ops::SharedKeys> {
-        let s = self.shared.as_ref()?;
-        let (k, v) = s.layers.get(layer)?;
-        Some(crate::model::ops::SharedKeys {
-            k: k.clone(),
-            v: v.clone(),
-            rows: std::sync::Arc::clone(&s.rows),
-        })
+    /// Layer `layer`'s shared keys and values, one entry per group (empty: none).
+    pub(crate) fn shared_keys(&self, layer: usize) -> Vec<crate::model::ops::SharedKeys> {
+        self.shared
+            .iter()
+            .filter_map(|s| {
+                let (k, v) = s.layers.get(layer)?;
+                Some(crate::model::ops::SharedKeys {
+                    k: k.clone(),
+                    v: v.clone(),
+                    rows: std::sync::Arc::clone(&s.rows),
+                })
+            })
+            .collect()
     }
 
     pub(crate) fn slot_mut(&mut self, layer: usize) -> &mut Option<LayerKv> {

@@ -231,7 +231,7 @@ impl Attention {
                 let (k, v) = c.append(layer, &k, &v)?;
                 (k, v, c.shared_keys(layer))
             }
-            None => (k, v, None),
+            None => (k, v, Vec::new()),
         };
         // Grouped-query attention without repeating keys and values: the query heads sharing a
         // key head are stacked along the query axis, [B, H, T, D] → [B, KV, G·T, D] (head
@@ -240,10 +240,12 @@ impl Attention {
         let q = q.reshape((b, self.num_kv_heads, groups * t, d))?;
         // [B, T, H, D]: the fused tiles (no [B, KV, G·T, T_total] scores), or scores, masked
         // softmax and product.
-        let out = match (&shared, &mask.bias) {
-            (Some(s), _) => ops::attention::attention_with_shared(&q, &k, &v, &mask.vis, s)?,
-            (None, None) => ops::attention(&q, &k, &v, &mask.vis)?,
-            (None, Some(bias)) => ops::attention_composed(&q, &k, &v, bias)?,
+        let out = match &mask.bias {
+            _ if !shared.is_empty() => {
+                ops::attention::attention_with_shared(&q, &k, &v, &mask.vis, &shared)?
+            }
+            None => ops::attention(&q, &k, &v, &mask.vis)?,
+            Some(bias) => ops::attention_composed(&q, &k, &v, bias)?,
         };
         let out = out.reshape((b, t, self.num_heads * d))?;
         let out = match &mask.ragged {

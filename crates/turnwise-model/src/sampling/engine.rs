@@ -604,9 +604,9 @@ struct Batch {
     layers: Option<Vec<LayerKv>>,
     mask: Vec<Vec<u8>>,
     logits: Vec<Vec<f32>>,
-    /// Keys and values some rows see before their own columns
-    /// ([`EngineConfig::shared_prefix_attention`]).
-    shared: Option<BatchShared>,
+    /// Keys and values some rows see before their own columns, one entry per shared prompt
+    /// ([`EngineConfig::shared_prefix_attention`]; a row in one at most).
+    shared: Vec<BatchShared>,
 }
 
 /// A shared prompt's keys and values `[1, kv, len, d]` per layer, held once by the batch, and
@@ -1237,8 +1237,8 @@ impl<'a> SamplingEngine<'a> {
         let shared = self
             .batch
             .shared
-            .as_ref()
-            .filter(|s| s.rows[r])
+            .iter()
+            .find(|s| s.rows[r])
             .map(|s| s.layers.as_slice());
         let cached = cols.len() + shared.map_or(0, |l| l[0].0.dims()[2]);
         debug_assert_eq!(cached + 1, self.seqs[&id].seq.tokens.len());
@@ -1285,8 +1285,9 @@ impl<'a> SamplingEngine<'a> {
                     + self
                         .batch
                         .shared
-                        .as_ref()
-                        .map_or(0, |s| s.len as u64 * self.kv_column_bytes())
+                        .iter()
+                        .map(|s| s.len as u64 * self.kv_column_bytes())
+                        .sum::<u64>()
             }
         };
         let running_left = self
@@ -1367,6 +1368,15 @@ impl<'a> SamplingEngine<'a> {
                 self.prefill_chunk_of(id, chunk)?;
                 self.cache_chunk(id)?;
                 return Ok(true);
+            }
+            // Under cascade attention a group holds one shared prompt's sequences or none: a
+            // sequence of another waits for the next step, where its own group reads its
+            // prompt once (a mixed group would copy every prompt per row).
+            if self.config.shared_prefix_attention
+                && let Some(&g0) = group.first()
+                && !same_share(&self.seqs[&g0], &self.seqs[&id])
+            {
+                break;
             }
             let (c, n) = (c_max.max(cached), n_max.max(len - cached));
             let need = self.memory_need(
@@ -1737,10 +1747,10 @@ impl<'a> SamplingEngine<'a> {
         let ids = Tensor::from_vec(ids, (b, n_max), device)?;
         let pos = Tensor::from_vec(pos, (b, n_max), device)?;
         if let Some((_, layers)) = &shared {
-            cache.set_shared(Some(SharedPrefixKv {
+            cache.set_shared(vec![SharedPrefixKv {
                 layers: layers.clone(),
                 rows: vec![true; b].into(),
-            }));
+            }]);
         }
         let hidden = self.model.forward_hidden(
             &ids,
@@ -1759,8 +1769,8 @@ impl<'a> SamplingEngine<'a> {
 
     /// The keys and values every sequence of a group about to be prefilled starts from, when
     /// they are one storage ([`EngineConfig::shared_prefix_attention`]), and its key: each
-    /// sequence's whole cache shared under one key, and either that key the batch's shared
-    /// prompt, or two or more sequences and no shared prompt in the batch yet.
+    /// sequence's whole cache shared under one key, and either that key one of the batch's
+    /// shared prompts (the group joins its rows), or two or more sequences (a new one).
     fn shared_prompt_of(&self, states: &[&SeqState]) -> Option<(ShareKey, Vec<SeqKv>)> {
         if !self.config.shared_prefix_attention {
             return None;
@@ -1776,20 +1786,24 @@ impl<'a> SamplingEngine<'a> {
         if !same || *len == 0 {
             return None;
         }
-        match &self.batch.shared {
-            Some(b) => (Arc::ptr_eq(&b.key, key) && b.len == *len)
-                .then(|| (Arc::clone(key), b.layers.clone())),
+        match self.batch.shared.iter().find(|b| Arc::ptr_eq(&b.key, key)) {
+            Some(b) => (b.len == *len).then(|| (Arc::clone(key), b.layers.clone())),
             None if states.len() >= 2 => Some((Arc::clone(key), states[0].cache.clone()?)),
             None => None,
         }
     }
 
-    /// The batch's shared prompt as a [`PrefixKv`], for a waiting sequence whose tokens begin
-    /// with all of it and go on: started from it, the sequence joins the rows that read it
-    /// ([`SamplingEngine::shared_prompt_of`]).
+    /// The longest of the batch's shared prompts as a [`PrefixKv`], for a waiting sequence
+    /// whose tokens begin with all of it and go on: started from it, the sequence joins the
+    /// rows that read it ([`SamplingEngine::shared_prompt_of`]).
     fn batch_shared_prefix(&self, tokens: &[u32]) -> Option<PrefixKv> {
-        let b = self.batch.shared.as_ref()?;
-        (tokens.len() > b.len && tokens.starts_with(&b.tokens)).then(|| PrefixKv {
+        let b = self
+            .batch
+            .shared
+            .iter()
+            .filter(|b| tokens.len() > b.len && tokens.starts_with(&b.tokens))
+            .max_by_key(|b| b.len)?;
+        Some(PrefixKv {
             tokens: b.tokens.clone(),
             layers: b.layers.clone(),
             share: Arc::clone(&b.key),
@@ -1811,29 +1825,29 @@ impl<'a> SamplingEngine<'a> {
             .unwrap_or_default();
         let batch = &mut self.batch;
         let (old, new) = (batch.rows.len(), rows.len());
-        match (shared, batch.shared.as_mut()) {
-            (Some((key, layers)), None) => {
-                let len = layers[0].0.dims()[2];
-                let flags = std::iter::repeat_n(false, old).chain(std::iter::repeat_n(true, new));
-                batch.shared = Some(BatchShared {
-                    key,
-                    tokens: tokens[..len].to_vec(),
-                    layers,
-                    rows: flags.collect(),
-                    len,
-                });
+        // The new rows read the group whose key they share (joining it, or a new one); every
+        // other group's flags grow by `new` unset ones.
+        let joined = match shared {
+            Some((key, layers)) => {
+                match batch.shared.iter().position(|s| Arc::ptr_eq(&s.key, &key)) {
+                    Some(g) => Some(g),
+                    None => {
+                        let len = layers[0].0.dims()[2];
+                        batch.shared.push(BatchShared {
+                            key,
+                            tokens: tokens[..len].to_vec(),
+                            layers,
+                            rows: vec![false; old],
+                            len,
+                        });
+                        Some(batch.shared.len() - 1)
+                    }
+                }
             }
-            (Some((key, _)), Some(s)) if Arc::ptr_eq(&key, &s.key) => {
-                s.rows.extend(std::iter::repeat_n(true, new));
-            }
-            (Some(_), Some(_)) => {
-                return Err(ModelError::invalid_input(
-                    "shared_prefix_attention",
-                    "a second shared prompt joined the batch",
-                ));
-            }
-            (None, Some(s)) => s.rows.extend(std::iter::repeat_n(false, new)),
-            (None, None) => {}
+            None => None,
+        };
+        for (g, s) in batch.shared.iter_mut().enumerate() {
+            s.rows.extend(std::iter::repeat_n(joined == Some(g), new));
         }
         match batch.layers.take() {
             None => {
@@ -1874,12 +1888,12 @@ impl<'a> SamplingEngine<'a> {
     /// A compact `[1, kv, real, d]` copy of row `r`'s real cache columns.
     fn extract_row(&self, r: usize) -> Result<Option<Vec<SeqKv>>> {
         let own = self.extract_own(r)?;
-        match (&self.batch.shared, own) {
-            (Some(s), own) if s.rows[r] => Ok(Some(match own {
+        match (self.batch.shared.iter().find(|s| s.rows[r]), own) {
+            (Some(s), own) => Ok(Some(match own {
                 Some(own) => cat_columns(&s.layers, &own)?,
                 None => s.layers.clone(),
             })),
-            (_, own) => Ok(own),
+            (None, own) => Ok(own),
         }
     }
 
@@ -1959,12 +1973,10 @@ impl<'a> SamplingEngine<'a> {
                     .collect::<Result<Vec<_>>>()?,
             );
         }
-        if let Some(s) = batch.shared.take() {
-            let rows: Vec<bool> = keep.iter().map(|&r| s.rows[r]).collect();
-            if rows.iter().any(|&f| f) {
-                batch.shared = Some(BatchShared { rows, ..s });
-            }
+        for s in &mut batch.shared {
+            s.rows = keep.iter().map(|&r| s.rows[r]).collect();
         }
+        batch.shared.retain(|s| s.rows.iter().any(|&f| f));
         let old_mask = std::mem::take(&mut batch.mask);
         batch.mask = keep
             .iter()
@@ -2058,10 +2070,16 @@ impl<'a> SamplingEngine<'a> {
                 *cache.slot_mut(i) = Some(kv);
             }
         }
-        cache.set_shared(self.batch.shared.as_ref().map(|s| SharedPrefixKv {
-            layers: s.layers.clone(),
-            rows: s.rows.clone().into(),
-        }));
+        cache.set_shared(
+            self.batch
+                .shared
+                .iter()
+                .map(|s| SharedPrefixKv {
+                    layers: s.layers.clone(),
+                    rows: s.rows.clone().into(),
+                })
+                .collect(),
+        );
         let mask = mask_tensor(&self.batch.mask, self.model.device())?;
         let hidden = self
             .model
@@ -2266,6 +2284,15 @@ fn row_span(
             }
             cat_columns(&head, &own()?)
         }
+    }
+}
+
+/// Whether two sequences start from the same shared storage (or neither from any).
+fn same_share(a: &SeqState, b: &SeqState) -> bool {
+    match (&a.shared, &b.shared) {
+        (Some((ka, na)), Some((kb, nb))) => Arc::ptr_eq(ka, kb) && na == nb,
+        (None, None) => true,
+        _ => false,
     }
 }
 

@@ -296,30 +296,39 @@ pub struct SharedKeys {
     pub rows: Arc<[bool]>,
 }
 
-/// [`attention`] for a batch some of whose rows see `shared`'s keys before their own `k`, `v`
-/// (cascade attention): equal to [`attention`] over the keys `[shared, k]` (the shared ones
-/// real for the flagged rows, padding for the others, and `vis.past() + P` cached positions),
+/// [`attention`] for a batch some of whose rows see shared keys before their own `k`, `v`
+/// (cascade attention): each of `shared`'s groups is seen by the rows it flags (a row by one
+/// group at most). Equal to [`attention`] over the keys `[shared₁, shared₂, …, k]` (a group's
+/// keys real for its rows, padding for the others, and `vis.past() + ΣP` cached positions),
 /// without a copy of the shared keys per row. On the fused path (CPU, `f32`/`f64`, no input
-/// tracking gradients) each key head's shared keys are read once for the queries of every
-/// flagged row stacked, and each row's two parts are merged by their log-sum-exps; elsewhere
+/// tracking gradients) each key head's shared keys are read once for the queries of every row
+/// of the group stacked, and each row's two parts are merged by their log-sum-exps; elsewhere
 /// the shared keys are materialised per row ([`attention_shared_materialised`]).
 pub fn attention_with_shared(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     vis: &KeyVisibility,
-    shared: &SharedKeys,
+    shared: &[SharedKeys],
 ) -> Result<Tensor> {
     let [b, kv, g, t, total, d] = dims(q, k, v, vis.queries())?;
-    let (sb, skv, p, sd) = shared.k.dims4()?;
-    if (sb, skv, sd) != (1, kv, d) || shared.v.dims() != shared.k.dims() || shared.rows.len() != b {
-        candle_core::bail!(
-            "attention: shared keys {:?}, values {:?} for {} rows do not fit q {:?}",
-            shared.k.dims(),
-            shared.v.dims(),
-            shared.rows.len(),
-            q.dims()
-        );
+    let mut seen = vec![false; b];
+    for sh in shared {
+        let (sb, skv, _, sd) = sh.k.dims4()?;
+        if (sb, skv, sd) != (1, kv, d) || sh.v.dims() != sh.k.dims() || sh.rows.len() != b {
+            candle_core::bail!(
+                "attention: shared keys {:?}, values {:?} for {} rows do not fit q {:?}",
+                sh.k.dims(),
+                sh.v.dims(),
+                sh.rows.len(),
+                q.dims()
+            );
+        }
+        for (r, &f) in sh.rows.iter().enumerate() {
+            if f && std::mem::replace(&mut seen[r], true) {
+                candle_core::bail!("attention: batch row {r} is flagged by two shared groups");
+            }
+        }
     }
     if vis.batch != b || vis.total != total {
         candle_core::bail!(
@@ -329,24 +338,33 @@ pub fn attention_with_shared(
             k.dims()
         );
     }
-    let tracked = [q, k, v, &shared.k, &shared.v].iter().any(|x| x.track_op());
-    let same_dtype = [k, v, &shared.k, &shared.v]
+    // The groups that some row sees and that hold keys.
+    let shared: Vec<&SharedKeys> = shared
         .iter()
-        .all(|x| x.dtype() == q.dtype());
-    if p == 0
-        || tracked
-        || !same_dtype
-        || !fused_attention_on(q.device(), q.dtype())
-        || !shared.rows.iter().any(|&f| f)
-    {
-        return attention_shared_materialised(q, k, v, vis, shared);
+        .filter(|sh| sh.k.dims()[2] > 0 && sh.rows.iter().any(|&f| f))
+        .collect();
+    let tracked = [q, k, v].iter().any(|x| x.track_op())
+        || shared.iter().any(|sh| sh.k.track_op() || sh.v.track_op());
+    let same_dtype = [k, v].iter().all(|x| x.dtype() == q.dtype())
+        && shared
+            .iter()
+            .all(|sh| sh.k.dtype() == q.dtype() && sh.v.dtype() == q.dtype());
+    if tracked || !same_dtype || !fused_attention_on(q.device(), q.dtype()) {
+        let owned: Vec<SharedKeys> = shared.into_iter().cloned().collect();
+        return attention_shared_materialised(q, k, v, vis, &owned);
     }
-    let flagged: Vec<usize> = (0..b).filter(|&r| shared.rows[r]).collect();
+    if shared.is_empty() {
+        return attention(q, k, v, vis);
+    }
     let geo = Geometry::of([b, kv, g, t, total, d], vis.past);
     let q = q.contiguous()?;
-    let tensors = [&q, k, v, &shared.k, &shared.v];
+    let mut tensors = vec![&q, k, v];
+    for sh in &shared {
+        tensors.push(&sh.k);
+        tensors.push(&sh.v);
+    }
     let guards: Vec<_> = tensors.iter().map(|x| x.storage_and_layout()).collect();
-    let mut cpu = Vec::with_capacity(5);
+    let mut cpu = Vec::with_capacity(tensors.len());
     for (s, l) in &guards {
         match &**s {
             Storage::Cpu(s) => cpu.push((s, *l)),
@@ -357,15 +375,14 @@ pub fn attention_with_shared(
         ($t:ty) => {{
             let qs = contiguous::<$t>(cpu[0].0, cpu[0].1, "attention q")?;
             let rows = |i: usize, what| Rows::<$t>::new(cpu[i].0, cpu[i].1, what);
-            let (k, v, sk, sv) = (
-                rows(1, "k")?,
-                rows(2, "v")?,
-                rows(3, "shared k")?,
-                rows(4, "shared v")?,
-            );
+            let (k, v) = (rows(1, "k")?, rows(2, "v")?);
             let (mut out, lse) = fwd(qs, &k, &v, vis, &geo);
-            let parts = shared_fwd(qs, &sk, &sv, p, &flagged, &geo);
-            merge_shared(&mut out, &lse, &parts, &flagged, &geo);
+            for (i, sh) in shared.iter().enumerate() {
+                let (sk, sv) = (rows(3 + 2 * i, "shared k")?, rows(4 + 2 * i, "shared v")?);
+                let flagged: Vec<usize> = (0..b).filter(|&r| sh.rows[r]).collect();
+                let parts = shared_fwd(qs, &sk, &sv, sh.k.dims()[2], &flagged, &geo);
+                merge_shared(&mut out, &lse, &parts, &flagged, &geo);
+            }
             Tensor::from_vec(out, (b, t, kv * g, d), q.device())?
         }};
     }
@@ -376,29 +393,39 @@ pub fn attention_with_shared(
     })
 }
 
-/// [`attention_with_shared`] by its definition: the shared keys and values copied into every
-/// row before its own, real for the flagged rows, and [`attention`] over them. The path off
-/// the fused kernel (other devices, half types, gradients) and the reference of the cascade.
+/// [`attention_with_shared`] by its definition: every group's shared keys and values copied
+/// into every row before its own, real for the rows the group flags, and [`attention`] over
+/// them. The path off the fused kernel (other devices, half types, gradients) and the
+/// reference of the cascade.
 pub fn attention_shared_materialised(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     vis: &KeyVisibility,
-    shared: &SharedKeys,
+    shared: &[SharedKeys],
 ) -> Result<Tensor> {
-    let (b, kv, p, d) = (
-        vis.batch,
-        shared.k.dim(1)?,
-        shared.k.dim(2)?,
-        shared.k.dim(3)?,
-    );
-    let spread = |x: &Tensor| x.broadcast_as((b, kv, p, d))?.contiguous();
-    let kf = Tensor::cat(&[&spread(&shared.k)?, &k.contiguous()?], 2)?;
-    let vf = Tensor::cat(&[&spread(&shared.v)?, &v.contiguous()?], 2)?;
+    let (b, kv, d) = (vis.batch, k.dim(1)?, k.dim(3)?);
+    let spread = |x: &Tensor| -> Result<Tensor> {
+        let p = x.dim(2)?;
+        x.broadcast_as((b, kv, p, d))?.contiguous()
+    };
+    let mut ks = Vec::with_capacity(shared.len() + 1);
+    let mut vs = Vec::with_capacity(shared.len() + 1);
+    for sh in shared {
+        ks.push(spread(&sh.k)?);
+        vs.push(spread(&sh.v)?);
+    }
+    ks.push(k.contiguous()?);
+    vs.push(v.contiguous()?);
+    let kf = Tensor::cat(&ks, 2)?;
+    let vf = Tensor::cat(&vs, 2)?;
+    let p: usize = shared.iter().map(|sh| sh.k.dims()[2]).sum();
     let total = p + vis.total;
     let mut mask = Vec::with_capacity(b * total);
     for r in 0..b {
-        mask.extend(std::iter::repeat_n(u8::from(shared.rows[r]), p));
+        for sh in shared {
+            mask.extend(std::iter::repeat_n(u8::from(sh.rows[r]), sh.k.dims()[2]));
+        }
         mask.extend_from_slice(&vis.mask[r * vis.total..(r + 1) * vis.total]);
     }
     let vis = KeyVisibility::from_mask(mask, b, total, vis.past + p)?;

@@ -855,13 +855,27 @@ fn kernel_results_do_not_depend_on_the_thread_count() {
 
 /// Cascade attention (issue 51): the shared keys read once for every flagged row and merged by
 /// log-sum-exps equal the shared keys copied into each row before its own, for decoding (one
-/// query) and prefilling (several) over padded own keys, in f32 and f64, with the shared part
-/// crossing key blocks.
+/// query) and prefilling (several) over padded own keys, in f32 and f64, with one group or two
+/// (of 150 and 40 keys, the first crossing key blocks); a row flagged by two groups is refused.
 #[test]
 fn attention_with_shared_keys_equals_them_copied_per_row() {
     use super::attention::{SharedKeys, attention_shared_materialised, attention_with_shared};
     let dev = Device::Cpu;
-    let (b, kv, g, d, p) = (4, 2, 3, 8, 150);
+    let (b, kv, g, d) = (4, 2, 3, 8);
+    let max_diff = |a: Tensor, b: &Tensor| {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_dtype(DType::F64)
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+    };
     for (t, past) in [(1usize, 9usize), (5, 0), (3, 12)] {
         let total = past + t;
         let mut mask = Vec::new();
@@ -871,60 +885,47 @@ fn attention_with_shared_keys_equals_them_copied_per_row() {
         }
         let vis = KeyVisibility::from_mask(mask, b, total, past).unwrap();
         for dtype in [DType::F32, DType::F64] {
-            let q = (Tensor::randn(0f32, 1.0, (b, kv, g * t, d), &dev).unwrap() * 0.5)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap();
-            let k = Tensor::randn(0f32, 1.0, (b, kv, total, d), &dev)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap();
-            let v = Tensor::randn(0f32, 1.0, (b, kv, total, d), &dev)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap();
-            let sk = Tensor::randn(0f32, 1.0, (1, kv, p, d), &dev)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap();
-            let sv = Tensor::randn(0f32, 1.0, (1, kv, p, d), &dev)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap();
-            for flags in [[true, false, true, true], [false; 4], [true; 4]] {
-                let shared = SharedKeys {
-                    k: sk.clone(),
-                    v: sv.clone(),
-                    rows: flags.to_vec().into(),
-                };
-                let got = attention_with_shared(&q, &k, &v, &vis, &shared).unwrap();
-                let want = attention_shared_materialised(&q, &k, &v, &vis, &shared).unwrap();
-                let diff = (got - &want)
+            let randn = |shape: (usize, usize, usize, usize)| {
+                Tensor::randn(0f32, 1.0, shape, &dev)
                     .unwrap()
-                    .abs()
+                    .to_dtype(dtype)
                     .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_dtype(DType::F64)
-                    .unwrap()
-                    .max(0)
-                    .unwrap()
-                    .to_scalar::<f64>()
-                    .unwrap();
-                let tol = if dtype == DType::F32 { 1e-5 } else { 1e-12 };
+            };
+            let q = (randn((b, kv, g * t, d)) * 0.5).unwrap();
+            let (k, v) = (randn((b, kv, total, d)), randn((b, kv, total, d)));
+            let group = |p: usize, flags: [bool; 4]| SharedKeys {
+                k: randn((1, kv, p, d)),
+                v: randn((1, kv, p, d)),
+                rows: flags.to_vec().into(),
+            };
+            let (a, a2, none, all) = (
+                [true, false, true, false],
+                [false, false, false, true],
+                [false; 4],
+                [true; 4],
+            );
+            let cases = [
+                vec![group(150, [true, false, true, true])],
+                vec![group(150, none)],
+                vec![group(150, all)],
+                vec![group(150, a), group(40, a2)],
+                vec![],
+            ];
+            let tol = if dtype == DType::F32 { 1e-5 } else { 1e-12 };
+            for shared in &cases {
+                let flags: Vec<_> = shared.iter().map(|s| s.rows.to_vec()).collect();
+                let got = attention_with_shared(&q, &k, &v, &vis, shared).unwrap();
+                let want = attention_shared_materialised(&q, &k, &v, &vis, shared).unwrap();
+                let diff = max_diff(got, &want);
                 assert!(diff < tol, "t {t}, {dtype:?}, {flags:?}: {diff}");
-                if flags == [false; 4] {
+                if shared.iter().all(|s| !s.rows.iter().any(|&f| f)) {
                     let plain = attention(&q, &k, &v, &vis).unwrap();
-                    let same = (plain - want)
-                        .unwrap()
-                        .abs()
-                        .unwrap()
-                        .flatten_all()
-                        .unwrap();
-                    let same = same.to_dtype(DType::F64).unwrap().max(0).unwrap();
-                    assert!(same.to_scalar::<f64>().unwrap() < tol);
+                    assert!(max_diff(plain, &want) < tol, "{flags:?}: no row sees them");
                 }
             }
+            let twice = [group(150, a), group(40, [true, false, false, false])];
+            let err = attention_with_shared(&q, &k, &v, &vis, &twice).unwrap_err();
+            assert!(err.to_string().contains("row 0 is flagged by two"), "{err}");
         }
     }
 }

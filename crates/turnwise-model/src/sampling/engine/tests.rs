@@ -697,11 +697,11 @@ fn a_prompt_shared_by_waiting_sequences_is_prefilled_once_and_counted_once() {
     }
 }
 
-/// `shared_prefix_attention` (issue 51): the samples of one prompt that join a batch (beside a
-/// sequence already running, and leaving it at different steps) keep the prompt's keys and
-/// values once instead of a copy per row, a sample arriving later joins them, and all see at
-/// every step, in both turns, the logits the copied layout gives, with the same tokens. Three
-/// architectures.
+/// `shared_prefix_attention` (issue 51): the samples of two prompts that join a batch (beside a
+/// sequence already running, and leaving it at different steps) keep each prompt's keys and
+/// values once instead of a copy per row, a sample arriving later joins its group, and all see
+/// at every step, in both turns, the logits the copied layout gives, with the same tokens.
+/// Three architectures.
 #[test]
 fn a_shared_prompt_is_held_once_and_attended_like_a_copy_per_row() {
     for cfg in tiny_configs() {
@@ -723,8 +723,15 @@ fn a_shared_prompt_is_held_once_and_attended_like_a_copy_per_row() {
                         .unwrap()
                 })
                 .collect();
+            let prompt2: Vec<u32> = (0..45u32).map(|i| (i * 11 + 5) % 90 + 2).collect();
+            let ids2: Vec<SeqId> = (0..3)
+                .map(|s| {
+                    eng.add_sequence(prompt2.clone(), greedy(5), 20 + s)
+                        .unwrap()
+                })
+                .collect();
             let mut rec = Recorder::default();
-            let (mut held, mut widest, mut steps) = (0, 0, 0);
+            let (mut held, mut groups, mut widest, mut steps) = (0, 0, 0, 0);
             let mut late = None;
             let mut drive = |eng: &mut SamplingEngine<'_>, rec: &mut Recorder| -> usize {
                 while !eng.is_idle() {
@@ -734,8 +741,9 @@ fn a_shared_prompt_is_held_once_and_attended_like_a_copy_per_row() {
                     if steps == 6 {
                         late = Some(eng.add_sequence(prompt.clone(), greedy(4), 7).unwrap());
                     }
-                    if let Some(s) = &eng.batch.shared {
-                        held += 1;
+                    held += usize::from(!eng.batch.shared.is_empty());
+                    groups = groups.max(eng.batch.shared.len());
+                    for s in &eng.batch.shared {
                         assert_eq!(s.rows.len(), eng.batch.rows.len());
                     }
                     widest = widest.max(eng.batch_width());
@@ -752,13 +760,19 @@ fn a_shared_prompt_is_held_once_and_attended_like_a_copy_per_row() {
             drive(&mut eng, &mut rec);
             let tokens: Vec<Vec<u32>> = ids
                 .iter()
+                .chain(&ids2)
                 .chain([&other, &late.expect("added")])
                 .map(|&id| generated(eng.sequence(id).unwrap()))
                 .collect();
-            (rec, tokens, held, first_turn_widest, prefilled)
+            (rec, tokens, (held, groups), first_turn_widest, prefilled)
         };
-        let (plain, plain_tokens, plain_held, plain_widest, plain_prefilled) = run(false);
-        let (cascade, cascade_tokens, held, widest, prefilled) = run(true);
+        let (plain, plain_tokens, (plain_held, _), plain_widest, plain_prefilled) = run(false);
+        let (cascade, cascade_tokens, (held, groups), widest, prefilled) = run(true);
+        assert_eq!(
+            groups, 2,
+            "{:?}: both prompts held at once",
+            cfg.architecture
+        );
         assert_eq!(
             prefilled,
             plain_prefilled - 69,
