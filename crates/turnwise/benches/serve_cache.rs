@@ -6,7 +6,8 @@
 //!    tokens (default 64, temperature 1, EOS ignored, so every way does the same work): n = 1;
 //!    n = 16 in one request, with the prompt's keys held once and read once per step for the 16
 //!    rows (cascade attention, the default) and copied per row (`--shared-prefix-attention
-//!    false`); and 16 separate concurrent requests of the prompt (a GRPO group sent as n
+//!    false`); 4 different prompts × n = 4 in one batched request (a GRPO batch of 4 groups),
+//!    both ways; and 16 separate concurrent requests of the prompt (a GRPO group sent as n
 //!    requests). Each measurement uses a prompt no earlier one used.
 //! 2. **A 4-turn chat that resends its history**: a 500-token first prompt, 32 sampled tokens an
 //!    answer, a 100-token message after each; each turn's time and prefilled tokens, with the
@@ -68,6 +69,23 @@ fn generate(server: &PolicyServer, ids: &[u32], n: usize, max_new: usize, seed: 
         &format!("{}/generate", server.url()),
         &json!({"input_ids": ids, "sampling_params": {"n": n, "max_new_tokens": max_new,
                 "temperature": 1.0, "ignore_eos": true, "sampling_seed": seed}}),
+    )
+}
+
+/// `n` samples of each of 4 prompts made from `ids` (each token shifted by the prompt's index,
+/// so no two share a first token) in one batched request: a GRPO batch of 4 groups.
+fn generate_groups(server: &PolicyServer, ids: &[u32], n: usize, max_new: usize) -> Value {
+    let prompts: Vec<Vec<u32>> = (0..4u32)
+        .map(|k| {
+            ids.iter()
+                .map(|&t| 1_000 + (t - 1_000 + 13 * k) % 40_000)
+                .collect()
+        })
+        .collect();
+    post(
+        &format!("{}/generate", server.url()),
+        &json!({"input_ids": prompts, "sampling_params": {"n": n, "max_new_tokens": max_new,
+                "temperature": 1.0, "ignore_eos": true, "sampling_seed": 1}}),
     )
 }
 
@@ -172,6 +190,12 @@ fn main() {
     let sixteen_copied = timed(&copied, &|ids| {
         generate(&copied, ids, 16, m, 1);
     });
+    let groups = timed(&server, &|ids| {
+        generate_groups(&server, ids, 4, m);
+    });
+    let groups_copied = timed(&copied, &|ids| {
+        generate_groups(&copied, ids, 4, m);
+    });
     let separate = timed(&server, &|ids| {
         std::thread::scope(|s| {
             for k in 0..16u64 {
@@ -188,6 +212,11 @@ fn main() {
         (
             "n = 16, one request, the prompt copied per row (`--shared-prefix-attention false`)",
             sixteen_copied,
+        ),
+        ("4 prompts × n = 4, one request", groups),
+        (
+            "4 prompts × n = 4, one request, the prompts copied per row",
+            groups_copied,
         ),
         ("16 concurrent requests of the prompt", separate),
     ] {

@@ -437,8 +437,23 @@ pub fn attention_shared_materialised(
 }
 
 /// Flagged batch rows per work item of [`shared_fwd`]: the stacked query rows of an item are
-/// about this many (`G · T` per batch row).
+/// at most about this many (`G · T` per batch row).
 const SHARED_ITEM_ROWS: usize = 96;
+/// [`shared_fwd`] splits the flagged rows until there are at least this many items (key heads
+/// × row chunks), so that decoding's few key heads keep the cores busy (3 heads of 16 rows on
+/// two threads would leave one idle a third of the time). Shapes only, never the thread
+/// count, decide the split.
+const SHARED_MIN_ITEMS: usize = 4;
+
+/// [`shared_fwd`]'s split: flagged rows per item and row chunks per key head, for `n` flagged
+/// rows of `gt` query rows each and `kv` key heads.
+fn shared_split(n: usize, gt: usize, kv: usize) -> (usize, usize) {
+    let mut per = (SHARED_ITEM_ROWS / gt).max(1).min(n.max(1));
+    while per > 1 && kv * n.div_ceil(per) < SHARED_MIN_ITEMS {
+        per = per.div_ceil(2);
+    }
+    (per, n.div_ceil(per))
+}
 
 /// The shared keys' part of [`attention_with_shared`]: for each key head and chunk of the
 /// flagged rows, their queries stacked (`(row, g, i)` order) against the shared keys, which
@@ -454,8 +469,7 @@ fn shared_fwd<T: ExpKernels>(
     geo: &Geometry,
 ) -> Vec<(Vec<T>, Vec<T>)> {
     let (gt, d) = (geo.g * geo.t, geo.d);
-    let per = (SHARED_ITEM_ROWS / gt).max(1);
-    let chunks = flagged.len().div_ceil(per);
+    let (per, chunks) = shared_split(flagged.len(), gt, geo.kv);
     let work = geo.kv * flagged.len() * gt * p * d;
     run_items(
         geo.kv * chunks,
@@ -510,8 +524,7 @@ fn merge_shared<T: ExpKernels>(
     geo: &Geometry,
 ) {
     let (gt, d) = (geo.g * geo.t, geo.d);
-    let per = (SHARED_ITEM_ROWS / gt).max(1);
-    let chunks = flagged.len().div_ceil(per);
+    let (per, chunks) = shared_split(flagged.len(), gt, geo.kv);
     for (item, (o, m)) in parts.iter().enumerate() {
         let (h, c) = (item / chunks, item % chunks);
         let rows_of = &flagged[c * per..((c + 1) * per).min(flagged.len())];
