@@ -496,8 +496,10 @@ pub struct EngineConfig {
     /// batch, the batch keeps those keys and values once instead of a copy per row, and every
     /// step's attention reads them once for all the rows that share them
     /// ([`crate::model::ops::attention::attention_with_shared`]). Same results up to float
-    /// rounding (the attention's sums are split differently). One shared prompt at a time: a
-    /// group that joins while the batch holds one copies its prompt per row as without this.
+    /// rounding (the attention's sums are split differently). The batch holds any number of
+    /// shared prompts, each read for its own rows; a waiting sequence that begins with one of
+    /// them starts from it and joins its rows, and an admission group holds one prompt's
+    /// sequences (a mixed group would copy every prompt per row).
     #[serde(default)]
     pub shared_prefix_attention: bool,
 }
