@@ -620,7 +620,13 @@ struct BatchShared {
     tokens: Vec<u32>,
     layers: Vec<SeqKv>,
     rows: Vec<bool>,
-    len: usize,
+}
+
+impl BatchShared {
+    /// The shared prompt's length.
+    fn len(&self) -> usize {
+        self.tokens.len()
+    }
 }
 
 impl Batch {
@@ -1288,7 +1294,7 @@ impl<'a> SamplingEngine<'a> {
                         .batch
                         .shared
                         .iter()
-                        .map(|s| s.len as u64 * self.kv_column_bytes())
+                        .map(|s| s.len() as u64 * self.kv_column_bytes())
                         .sum::<u64>()
             }
         };
@@ -1544,7 +1550,6 @@ impl<'a> SamplingEngine<'a> {
         let device = self.model.device();
         let s = shared.map_or(0, |l| l[0].0.dims()[2]);
         for (i, id) in group.iter().enumerate() {
-            debug_assert!(s == 0 || shared.is_some());
             let cols = real_columns(&mask[i]);
             let tokens = &self.seqs[id].seq.tokens;
             pc.insert(tokens, s + cols.len(), |a, n| {
@@ -1789,7 +1794,7 @@ impl<'a> SamplingEngine<'a> {
             return None;
         }
         match self.batch.shared.iter().find(|b| Arc::ptr_eq(&b.key, key)) {
-            Some(b) => (b.len == *len).then(|| (Arc::clone(key), b.layers.clone())),
+            Some(b) => (b.len() == *len).then(|| (Arc::clone(key), b.layers.clone())),
             None if states.len() >= 2 => Some((Arc::clone(key), states[0].cache.clone()?)),
             None => None,
         }
@@ -1803,8 +1808,8 @@ impl<'a> SamplingEngine<'a> {
             .batch
             .shared
             .iter()
-            .filter(|b| tokens.len() > b.len && tokens.starts_with(&b.tokens))
-            .max_by_key(|b| b.len)?;
+            .filter(|b| tokens.len() > b.len() && tokens.starts_with(&b.tokens))
+            .max_by_key(|b| b.len())?;
         Some(PrefixKv {
             tokens: b.tokens.clone(),
             layers: b.layers.clone(),
@@ -1821,33 +1826,34 @@ impl<'a> SamplingEngine<'a> {
         logits: Vec<Vec<f32>>,
         shared: Option<(ShareKey, Vec<SeqKv>)>,
     ) -> Result<()> {
-        let tokens = rows
-            .first()
-            .map(|id| self.seqs[id].seq.tokens.clone())
-            .unwrap_or_default();
-        let batch = &mut self.batch;
-        let (old, new) = (batch.rows.len(), rows.len());
+        let (old, new) = (self.batch.rows.len(), rows.len());
         // The new rows read the group whose key they share (joining it, or a new one); every
         // other group's flags grow by `new` unset ones.
         let joined = match shared {
-            Some((key, layers)) => {
-                match batch.shared.iter().position(|s| Arc::ptr_eq(&s.key, &key)) {
+            Some((key, shared_layers)) => {
+                match self
+                    .batch
+                    .shared
+                    .iter()
+                    .position(|s| Arc::ptr_eq(&s.key, &key))
+                {
                     Some(g) => Some(g),
                     None => {
-                        let len = layers[0].0.dims()[2];
-                        batch.shared.push(BatchShared {
+                        let len = shared_layers[0].0.dims()[2];
+                        let tokens = self.seqs[&rows[0]].seq.tokens[..len].to_vec();
+                        self.batch.shared.push(BatchShared {
                             key,
-                            tokens: tokens[..len].to_vec(),
-                            layers,
+                            tokens,
+                            layers: shared_layers,
                             rows: vec![false; old],
-                            len,
                         });
-                        Some(batch.shared.len() - 1)
+                        Some(self.batch.shared.len() - 1)
                     }
                 }
             }
             None => None,
         };
+        let batch = &mut self.batch;
         for (g, s) in batch.shared.iter_mut().enumerate() {
             s.rows.extend(std::iter::repeat_n(joined == Some(g), new));
         }

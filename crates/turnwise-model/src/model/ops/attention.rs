@@ -497,15 +497,7 @@ fn shared_fwd<T: ExpKernels>(
                 let nk = j1 - j0;
                 let s = &mut s[..rows * nk];
                 mm(s, nk, qm, k.block(0, h, j0, j1).t(), (rows, nk, d), false);
-                softmax_block(s, nk, (&mut o, &mut m, &mut l), d);
-                mm(
-                    &mut o,
-                    d,
-                    Mat::rows(&*s, nk),
-                    v.block(0, h, j0, j1),
-                    (rows, d, nk),
-                    true,
-                );
+                softmax_block(s, nk, (&mut o, &mut m, &mut l), v.block(0, h, j0, j1), d);
             }
             finish_rows(&mut o, &mut m, &l, d);
             (o, m)
@@ -845,15 +837,7 @@ fn fwd_tile<T: ExpKernels>(
         if !vis.block_full(b, (j0, j1), p0) {
             mask_tile(s, vis, b, (j0, nk), (p0, n));
         }
-        softmax_block(s, nk, (&mut o, &mut m, &mut l), d);
-        mm(
-            &mut o,
-            d,
-            Mat::rows(&*s, nk),
-            v.block(b, h, j0, j1),
-            (rows, d, nk),
-            true,
-        );
+        softmax_block(s, nk, (&mut o, &mut m, &mut l), v.block(b, h, j0, j1), d);
     }
     finish_rows(&mut o, &mut m, &l, d);
     (o, m)
@@ -862,11 +846,13 @@ fn fwd_tile<T: ExpKernels>(
 /// The online softmax's step over one block of scores `s` (`rows × nk`): each row's scores
 /// become `exp(s − m)` against its running maximum `m` (raised to the block's), and the row's
 /// sum `l` and output `o` (`rows × d`) are rescaled to it. A row whose block is wholly masked
-/// (−∞) becomes zeros and keeps its state. The caller then adds `s · V` to `o`.
+/// (−∞) becomes zeros and keeps its state. Then the block's values `vb` (`nk × d`) are added
+/// to `o`, weighted by `s`.
 fn softmax_block<T: ExpKernels>(
     s: &mut [T],
     nk: usize,
     (o, m, l): (&mut [T], &mut [T], &mut [T]),
+    vb: Mat<T>,
     d: usize,
 ) {
     for (r, row) in s.chunks_exact_mut(nk).enumerate() {
@@ -887,6 +873,8 @@ fn softmax_block<T: ExpKernels>(
         }
         l[r] += sum;
     }
+    let rows = m.len();
+    mm(o, d, Mat::rows(&*s, nk), vb, (rows, d, nk), true);
 }
 
 /// The online softmax's end: each output row `o` divided by its sum `l`, and `m` turned into

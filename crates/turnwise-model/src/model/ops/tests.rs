@@ -862,20 +862,7 @@ fn attention_with_shared_keys_equals_them_copied_per_row() {
     use super::attention::{SharedKeys, attention_shared_materialised, attention_with_shared};
     let dev = Device::Cpu;
     let (b, kv, g, d) = (4, 2, 3, 8);
-    let max_diff = |a: Tensor, b: &Tensor| {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_dtype(DType::F64)
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f64>()
-            .unwrap()
-    };
+    let max_diff = |a: Tensor, b: &Tensor| crate::model::tests::max_abs_diff(&a, b);
     for (t, past) in [(1usize, 9usize), (5, 0), (3, 12)] {
         let total = past + t;
         let mut mask = Vec::new();
