@@ -364,13 +364,7 @@ pub fn attention_with_shared(
         tensors.push(&sh.v);
     }
     let guards: Vec<_> = tensors.iter().map(|x| x.storage_and_layout()).collect();
-    let mut cpu = Vec::with_capacity(tensors.len());
-    for (s, l) in &guards {
-        match &**s {
-            Storage::Cpu(s) => cpu.push((s, *l)),
-            _ => candle_core::bail!("attention: a tensor is not on the CPU"),
-        }
-    }
+    let cpu = cpu_storages(&guards, "attention")?;
     macro_rules! go {
         ($t:ty) => {{
             let qs = contiguous::<$t>(cpu[0].0, cpu[0].1, "attention q")?;
@@ -391,6 +385,20 @@ pub fn attention_with_shared(
         DType::F64 => go!(f64),
         dt => candle_core::bail!("attention: unsupported dtype {dt:?}"),
     })
+}
+
+/// The CPU storages and layouts behind `guards` (an error naming `what` for a tensor elsewhere).
+fn cpu_storages<'a, G: std::ops::Deref<Target = Storage>>(
+    guards: &'a [(G, &'a Layout)],
+    what: &str,
+) -> Result<Vec<(&'a CpuStorage, &'a Layout)>> {
+    guards
+        .iter()
+        .map(|(s, l)| match &**s {
+            Storage::Cpu(s) => Ok((s, *l)),
+            _ => candle_core::bail!("{what}: a tensor is not on the CPU"),
+        })
+        .collect()
 }
 
 /// [`attention_with_shared`] by its definition: every group's shared keys and values copied
@@ -1126,13 +1134,7 @@ impl CustomOp3 for FlashAttention {
         };
         let tensors = [q, k, v, res, &grad];
         let guards: Vec<_> = tensors.iter().map(|t| t.storage_and_layout()).collect();
-        let mut cpu = Vec::with_capacity(5);
-        for (s, l) in &guards {
-            match &**s {
-                Storage::Cpu(s) => cpu.push((s, *l)),
-                _ => candle_core::bail!("attention backward: a tensor is not on the CPU"),
-            }
-        }
+        let cpu = cpu_storages(&guards, "attention backward")?;
         macro_rules! go {
             ($t:ty) => {{
                 let x = BwdInputs {
