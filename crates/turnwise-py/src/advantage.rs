@@ -12,7 +12,8 @@ use numpy::{IntoPyArray, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use turnwise_core::advantage::{
-    AdvantageBatch, AdvantageConfig, AdvantageOutput, ESTIMATORS, Rollout, RolloutTree, estimate,
+    AdvantageBatch, AdvantageConfig, AdvantageOutput, Channel, ESTIMATORS, Rollout, RolloutTree,
+    estimate,
 };
 
 use crate::error::{BindingError, Result, from_json, to_json};
@@ -353,19 +354,20 @@ fn output_dict<'py>(
         let a = padded(b, width, 0.0, |i| out.rollouts[i].returns.as_deref());
         d.set_item("returns", a.into_pyarray(py))?;
     }
-    if out.rollouts.iter().any(|r| r.clip_scale.is_some()) {
-        let a = padded(b, t_max, 1.0, |i| out.rollouts[i].clip_scale.as_deref());
-        d.set_item("clip_scale", a.into_pyarray(py))?;
-    }
-    if out
-        .rollouts
-        .iter()
-        .any(|r| r.normalized_info_gain.is_some())
-    {
-        let a = padded(b, t_max.saturating_sub(1), 0.0, |i| {
-            out.rollouts[i].normalized_info_gain.as_deref()
-        });
-        d.set_item("normalized_info_gain", a.into_pyarray(py))?;
+    // Each channel the estimator emitted, padded with its fill: [B, T_max] per agent turn,
+    // [B, T_max − 1] per process turn.
+    for c in Channel::ALL {
+        if out.rollouts.iter().any(|r| r.channels.contains_key(&c)) {
+            let width = if c.per_process_turn() {
+                t_max.saturating_sub(1)
+            } else {
+                t_max
+            };
+            let a = padded(b, width, c.fill(), |i| {
+                out.rollouts[i].channels.get(&c).map(Vec::as_slice)
+            });
+            d.set_item(c.key(), a.into_pyarray(py))?;
+        }
     }
     if !out.trees.is_empty() {
         let js = to_json("trees", &out.trees)?;

@@ -9,6 +9,7 @@
 //! the fixture.
 
 use std::path::PathBuf;
+use turnwise_core::advantage::Channel;
 
 use candle_core::{Device, Tensor, Var};
 use serde_json::{Value, json};
@@ -332,8 +333,9 @@ fn compute() -> Value {
         if tid {
             input = input.with_turn_id(&turn_id);
         }
-        if cfg.policy_loss == "a2tgpo" {
-            input = input.with_clip_scale(&clip_scale);
+        let kind: turnwise_model::loss::PolicyLossKind = cfg.policy_loss.parse().unwrap();
+        if kind.reads().contains(&Channel::ClipScale) {
+            input = input.with_channel(Channel::ClipScale, &clip_scale);
         }
         if let Some([tokens, sequences]) = denominators {
             input = input.with_denominators(AggDenominators { tokens, sequences });

@@ -100,11 +100,13 @@ fn minibatch_gradient_does_not_depend_on_the_shards() {
         r.turn_id.truncate(n);
         let a = if i % 2 == 0 { 1.0 } else { -0.5 };
         r.advantages = r.loss_mask.iter().map(|&m| a * f32::from(m)).collect();
-        r.clip_scale.truncate(n);
         r.returns.truncate(n);
         // A2TGPO's per-token clip scales, varied per row.
         let c = [0.8, 1.0, 1.2][i % 3];
-        r.clip_scale = r.loss_mask.iter().map(|_| c).collect();
+        r.channels.insert(
+            turnwise_core::advantage::Channel::ClipScale,
+            r.loss_mask.iter().map(|_| c).collect(),
+        );
     }
     let lens: Vec<usize> = rows.iter().map(|r| r.response.len()).collect();
     assert!(

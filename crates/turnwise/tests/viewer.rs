@@ -8,6 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use turnwise_core::advantage::Channel;
 
 use serde_json::Value;
 use turnwise::config::TrainConfig;
@@ -174,7 +175,7 @@ fn grpo_samples_carry_group_normalised_advantages_and_the_page_shows_them() {
                 r.trajectory.id
             );
         }
-        assert!(r.info_gain.is_none() && r.clip_scale.is_none() && r.step_groups.is_none());
+        assert!(r.info_gain.is_none() && r.channels.is_empty() && r.step_groups.is_none());
     }
     let data = check_page(&dir, &recs);
     assert_eq!(data["preset"], "grpo");
@@ -267,14 +268,14 @@ fn a2tgpo_samples_carry_information_gain_and_clip_scales() {
         let id = &r.trajectory.id;
         let ig = r.info_gain.as_ref().expect("information gains");
         assert_eq!(ig.len(), turns - 1, "{id}");
-        let c = r.clip_scale.as_ref().expect("clip scales");
+        let c = r.channels.get(&Channel::ClipScale).expect("clip scales");
         assert_eq!(c.len(), turns, "{id}");
         assert!(c.iter().all(|x| x.is_finite() && *x > 0.0), "{id}: {c:?}");
         assert_eq!(c.last(), Some(&1.0), "{id}: the final turn's scale is 1");
     }
     let data = check_page(&dir, &recs);
     let t0 = &data["episodes"][0]["turns"][0];
-    assert!(t0["clip_scale"].is_number());
+    assert!(t0["channels"]["clip_scale"].is_number());
     if recs[0].trajectory.num_turns() > 1 {
         assert!(t0["info_gain"].is_number());
     }

@@ -10,10 +10,11 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::channel::{Channel, Channels};
 use super::contract::{self, MetricDoc, Metrics, Needs};
 use super::input::{check_len, validate_common};
 use super::kernels::{
-    GroupNorm, Singleton, StdKind, discounted_suffix_sums, normalize_by_key, sigmoid,
+    GroupNorm, Singleton, StdKind, discounted_suffix_sums, mean, normalize_by_key, sigmoid,
 };
 use super::output::broadcast_turns;
 use super::{AdvantageBatch, AdvantageError, AdvantageOutput, Estimator, RolloutAdvantage};
@@ -105,12 +106,39 @@ impl Estimator for A2tgpoConfig {
         }
     }
 
-    fn emits_clip_scale(&self) -> bool {
-        true
+    fn emits(&self) -> &'static [Channel] {
+        &[Channel::NormalizedInfoGain, Channel::ClipScale]
     }
 
+    /// Its turn groups `G_{q,t}` (rollouts of prompt q with `T_i > t`, spec §3.5), the range
+    /// of its clip scales and the information gain per turn.
     fn metrics(&self, batch: &AdvantageBatch, out: &AdvantageOutput) -> Metrics {
-        contract::a2tgpo_metrics(batch, out)
+        let rs = &batch.rollouts;
+        let mut m = contract::info_gain_per_turn(rs);
+        m.extend(contract::group_stats(
+            "a2tgpo/turn_group",
+            rs.iter()
+                .flat_map(|r| (0..r.num_turns.saturating_sub(1)).map(move |t| (r.group, t))),
+        ));
+        let scales: Vec<f64> = out
+            .rollouts
+            .iter()
+            .filter_map(|o| o.channels.get(&Channel::ClipScale))
+            .flatten()
+            .copied()
+            .collect();
+        if !scales.is_empty() {
+            m.insert(
+                "a2tgpo/clip_scale/min".into(),
+                scales.iter().copied().fold(f64::INFINITY, f64::min),
+            );
+            m.insert(
+                "a2tgpo/clip_scale/max".into(),
+                scales.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            );
+            m.insert("a2tgpo/clip_scale/mean".into(), mean(&scales));
+        }
+        m
     }
 
     fn metric_docs(&self) -> &'static [MetricDoc] {
@@ -187,8 +215,10 @@ impl Estimator for A2tgpoConfig {
                     tokens: broadcast_turns(&r.turn_id, &turns, 0.0),
                     turns,
                     returns: None,
-                    clip_scale: Some(clip),
-                    normalized_info_gain: Some(nig),
+                    channels: Channels::from([
+                        (Channel::NormalizedInfoGain, nig),
+                        (Channel::ClipScale, clip),
+                    ]),
                 }
             })
             .collect();
@@ -227,7 +257,7 @@ mod tests {
             let r = &out.rollouts[i];
             assert_close(*r.turns.last().unwrap(), r_hat[i], TOL, &format!("R̂[{i}]"));
             assert_all_close(
-                r.normalized_info_gain.as_ref().unwrap(),
+                &r.channels[&Channel::NormalizedInfoGain],
                 ig_hat[i],
                 TOL,
                 &format!("îg[{i}]"),
@@ -246,7 +276,7 @@ mod tests {
             &[1.0],
         ];
         for (i, (r, c)) in out.rollouts.iter().zip(c).enumerate() {
-            assert_all_close(r.clip_scale.as_ref().unwrap(), c, TOL, &format!("c[{i}]"));
+            assert_all_close(&r.channels[&Channel::ClipScale], c, TOL, &format!("c[{i}]"));
         }
     }
 

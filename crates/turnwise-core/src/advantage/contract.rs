@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 
+use super::kernels::mean;
 use super::{AdvantageBatch, AdvantageOutput, Rollout, role_group};
 
 /// The inputs an estimator reads beyond the prompt groups, turn ids and outcomes of its
@@ -87,10 +88,6 @@ pub struct MetricDoc {
 /// Metrics of an estimator, by key.
 pub type Metrics = BTreeMap<String, f64>;
 
-fn mean(v: &[f64]) -> f64 {
-    v.iter().sum::<f64>() / v.len().max(1) as f64
-}
-
 /// Size statistics of the groups formed by `keys`: `{prefix}/groups`,
 /// `{prefix}/group_size/mean` and `{prefix}/singleton_share` (the share of members alone in
 /// their group, with no peer to be compared with: the estimator's singleton rule gives such a
@@ -142,37 +139,6 @@ pub(crate) fn info_gain_per_turn(rs: &[Rollout]) -> Metrics {
             .filter_map(|r| r.info_gain.get(t).copied())
             .collect();
         m.insert(format!("info_gain/turn_{t}/mean"), mean(&v));
-    }
-    m
-}
-
-/// A2TGPO's turn groups `G_{q,t}` (rollouts of prompt q with `T_i > t`, spec §3.5) and the
-/// range of its clip scales.
-pub(crate) fn a2tgpo_metrics(batch: &AdvantageBatch, out: &AdvantageOutput) -> Metrics {
-    let rs = &batch.rollouts;
-    let mut m = info_gain_per_turn(rs);
-    m.extend(group_stats(
-        "a2tgpo/turn_group",
-        rs.iter()
-            .flat_map(|r| (0..r.num_turns.saturating_sub(1)).map(move |t| (r.group, t))),
-    ));
-    let scales: Vec<f64> = out
-        .rollouts
-        .iter()
-        .filter_map(|o| o.clip_scale.as_ref())
-        .flatten()
-        .copied()
-        .collect();
-    if !scales.is_empty() {
-        m.insert(
-            "a2tgpo/clip_scale/min".into(),
-            scales.iter().copied().fold(f64::INFINITY, f64::min),
-        );
-        m.insert(
-            "a2tgpo/clip_scale/max".into(),
-            scales.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-        );
-        m.insert("a2tgpo/clip_scale/mean".into(), mean(&scales));
     }
     m
 }
@@ -265,7 +231,7 @@ pub(crate) fn gae_metrics(batch: &AdvantageBatch) -> Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::advantage::{AdvantageConfig, ESTIMATORS, Estimator};
+    use crate::advantage::{AdvantageConfig, Channel, ESTIMATORS, Estimator};
 
     /// Every key an estimator logs on a batch that exercises it is documented with a report
     /// label (so the report can show it), and every documented key is one it can log.
@@ -321,12 +287,16 @@ mod tests {
             .collect();
         assert_eq!(kl, ["grpo", "dr_grpo", "rloo", "gae"]);
         assert_eq!(get("gae").kl_placement(), Some(KlPlacement::TokenRewards));
-        let clip: Vec<&str> = ESTIMATORS
+        let emitting: Vec<&str> = ESTIMATORS
             .iter()
             .map(|(n, _)| *n)
-            .filter(|n| get(n).emits_clip_scale())
+            .filter(|n| !get(n).emits().is_empty())
             .collect();
-        assert_eq!(clip, ["a2tgpo"]);
+        assert_eq!(emitting, ["a2tgpo"]);
+        assert_eq!(
+            get("a2tgpo").emits(),
+            [Channel::NormalizedInfoGain, Channel::ClipScale]
+        );
         assert_eq!(get("grpo").needs(), Needs::default());
         assert_eq!(get("grpo").group_signal(), GroupSignal::Outcome);
     }

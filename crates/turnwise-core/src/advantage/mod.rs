@@ -22,14 +22,15 @@
 //!
 //! # Output
 //! [`AdvantageOutput`]: per rollout, per-token advantages aligned with `turn_id`, per-turn
-//! advantages, GAE returns, and the A2TGPO clip scale `c` (§5.5); per tree (AT2PO), node values
-//! and advantages.
+//! advantages, GAE returns, and the channels the estimator emits beside them ([`Channel`], e.g.
+//! A2TGPO's clip scale `c`, §5.5); per tree (AT2PO), node values and advantages.
 //!
 //! # Registry names
 //! `grpo`, `dr_grpo`, `rloo`, `mt_grpo`, `mt_grpo_code`, `gae`, `igpo`, `a2tgpo`, `at2po`,
 //! `tree_grpo`, `gigpo`, `t2po` (see [`ESTIMATORS`]).
 
 mod a2tgpo;
+mod channel;
 pub mod contract;
 mod difflib;
 mod error;
@@ -49,6 +50,7 @@ mod tree_grpo;
 mod proptests;
 
 pub use a2tgpo::{A2tgpoConfig, a2tgpo_clip_scale, a2tgpo_turn_advantages, turn_group_normalize};
+pub use channel::{Channel, ChannelValues, Channels};
 pub use contract::{GroupSignal, KlPlacement, MetricDoc, Metrics, Needs, StepSamples};
 pub use difflib::{SequenceMatcher, sequence_ratio};
 pub use error::AdvantageError;

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::channel::Channels;
+
 /// Advantages of one rollout.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RolloutAdvantage {
@@ -15,10 +17,11 @@ pub struct RolloutAdvantage {
     pub turns: Vec<f64>,
     /// GAE value targets `A + V` per token (before whitening); `None` for other estimators.
     pub returns: Option<Vec<f64>>,
-    /// A2TGPO per-turn clip scale `c_{i,t}` (§5.5; 1 for the final turn); `None` otherwise.
-    pub clip_scale: Option<Vec<f64>>,
-    /// A2TGPO normalized information gain `îg_{i,t}` per process turn; `None` otherwise.
-    pub normalized_info_gain: Option<Vec<f64>>,
+    /// The per-method data the estimator emits beside the advantages (the channels of
+    /// [`Estimator::emits`](super::Estimator::emits), e.g. A2TGPO's clip scale); empty for the
+    /// estimators that emit none.
+    #[serde(default, skip_serializing_if = "Channels::is_empty")]
+    pub channels: Channels,
 }
 
 /// AT2PO values of one tree (§3.6), for logging and for rollouts that are not leaves.

@@ -67,7 +67,7 @@ proptest! {
             if members.len() >= 2 && distinct {
                 let sum: f64 = members
                     .iter()
-                    .map(|&i| out.rollouts[i].normalized_info_gain.as_ref().unwrap()[t])
+                    .map(|&i| out.rollouts[i].channels[&crate::advantage::Channel::NormalizedInfoGain][t])
                     .sum();
                 prop_assert!(sum.abs() < 1e-6, "turn {}: {}", t, sum);
             }

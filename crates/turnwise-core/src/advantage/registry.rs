@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::channel::Channel;
 use super::contract::{GroupSignal, KlPlacement, MetricDoc, Metrics, Needs, StepSamples};
 use super::{
     A2tgpoConfig, AdvantageBatch, AdvantageError, AdvantageOutput, At2poConfig, DrGrpoConfig,
@@ -61,10 +62,11 @@ pub trait Estimator {
         false
     }
 
-    /// Whether its output carries A2TGPO's per-turn clip scales, which a loss that reads them
-    /// (`PolicyLossKind::reads_clip_scale`) needs.
-    fn emits_clip_scale(&self) -> bool {
-        false
+    /// The channels its output carries beside the advantages
+    /// ([`RolloutAdvantage::channels`](super::RolloutAdvantage::channels)), in [`Channel`]
+    /// order: a loss may read only channels its estimator emits (default: none).
+    fn emits(&self) -> &'static [Channel] {
+        &[]
     }
 
     /// How it scores and groups step samples, for the estimators over step samples (GiGPO,
@@ -243,8 +245,8 @@ impl Estimator for AdvantageConfig {
         self.inner().takes_final_reward_from_outcome()
     }
 
-    fn emits_clip_scale(&self) -> bool {
-        self.inner().emits_clip_scale()
+    fn emits(&self) -> &'static [Channel] {
+        self.inner().emits()
     }
 
     fn step_samples(&self) -> Option<StepSamples> {

@@ -2,9 +2,11 @@
 //!
 //! The losses follow the verl `core_algos` layout: a mini-batch of per-token tensors goes in
 //! (`logp` [B, L] differentiable, `old_logp`, `advantages`, `loss_mask`, optionally `turn_id`,
-//! per-token A2TGPO clip scales, reference log-probs, critic values), a scalar differentiable loss
-//! tensor plus a struct of plain-number metrics comes out. Policy losses are looked up by name in
-//! one registry with one signature ([`get_policy_loss_fn`], [`POLICY_LOSS_NAMES`]).
+//! the per-token channels the estimator emitted, such as A2TGPO's clip scales, reference
+//! log-probs, critic values), a scalar differentiable loss tensor plus a struct of plain-number
+//! metrics comes out. Policy losses are one registry table ([`LOSSES`], one row per loss with
+//! every property the shared body reads) run through one signature ([`compute_policy_loss`],
+//! [`PolicyLossKind::compute`]; names in [`POLICY_LOSS_NAMES`]).
 //!
 //! Module map (section numbers refer to `docs/algorithms.md` (in the repository root)):
 //!
@@ -52,9 +54,8 @@ pub use kl::{
     KlEstimator, KlPenalty, apply_kl_in_reward, kl_loss, kl_penalty,
 };
 pub use policy::{
-    POLICY_LOSS_NAMES, PolicyLossConfig, PolicyLossFn, PolicyLossInput, PolicyLossKind,
-    PolicyLossMetrics, PolicyLossOutput, RatioForm, ResolvedPolicyLoss, adaptive_clip_bounds,
-    adaptive_clip_scale, adaptive_clip_scale_tensor, compute_policy_loss, get_policy_loss_fn,
+    LOSSES, LossSpec, POLICY_LOSS_NAMES, PolicyLossConfig, PolicyLossInput, PolicyLossKind,
+    PolicyLossMetrics, PolicyLossOutput, RatioForm, ResolvedPolicyLoss, compute_policy_loss,
 };
 pub use turns::{Turn, TurnRule, TurnSegments, turn_kl_entropy};
 pub use value::{

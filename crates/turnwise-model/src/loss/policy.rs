@@ -37,6 +37,7 @@ use std::str::FromStr;
 
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
+use turnwise_core::advantage::Channel;
 
 use super::agg::{AggDenominators, AggOptions, LossAggMode, agg_row_weights, weighted_sum};
 use super::clip_bias::{
@@ -65,7 +66,7 @@ enum RatioLevel {
     Turn,
 }
 
-/// The registered policy losses (§5, §10).
+/// The registered policy losses (§5, §10); each one's properties are its row of [`LOSSES`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PolicyLossKind {
     /// Token PPO clip + dual clip (§5.1).
@@ -87,6 +88,115 @@ pub enum PolicyLossKind {
     /// GRPO token loss with clipping-bias correction (§5.6).
     SGrpo,
 }
+
+/// One registered policy loss: its name and every property the shared body ([`run`]), the
+/// config and the trainer read. A new loss is a variant and a row.
+#[derive(Debug, Clone, Copy)]
+pub struct LossSpec {
+    /// The loss.
+    pub kind: PolicyLossKind,
+    /// Its registry name.
+    pub name: &'static str,
+    /// The level its importance ratio is taken at.
+    level: RatioLevel,
+    /// Default `(ε_low, ε_high)` (§5.1–§5.5, §8).
+    pub default_clip: (f64, f64),
+    /// Aggregation hard-coded by the reference code (GSPO, ATPO `gspo_turn`).
+    pub forced_agg: Option<LossAggMode>,
+    /// Default ratio form of segment losses (\[REC\] §5.4: plain for ST-PPO, sg for ATPO/A2TGPO).
+    pub ratio_form: RatioForm,
+    /// Whether the clipping-bias correction is part of the method (§5.6).
+    pub implies_clip_bias: bool,
+    /// The channels of per-method data it reads (from the estimator's output; the config
+    /// refuses an estimator that does not emit them). A loss that reads
+    /// [`Channel::ClipScale`] scales its clip bounds by it per token (§5.5).
+    pub reads: &'static [Channel],
+    /// Whether its defining mechanism is a clip on the ratio (token, sequence or turn) or the
+    /// clipping-bias correction: it is then inert in an on-policy update, where every ratio is
+    /// exactly 1 (the config refuses that combination).
+    pub defined_by_clip: bool,
+}
+
+/// The row of a token-ratio PPO loss with the symmetric clip 0.2; the rows below change what
+/// differs.
+const TOKEN_PPO: LossSpec = LossSpec {
+    kind: PolicyLossKind::Vanilla,
+    name: "vanilla",
+    level: RatioLevel::Token,
+    default_clip: (0.2, 0.2),
+    forced_agg: None,
+    ratio_form: RatioForm::StopGradient,
+    implies_clip_bias: false,
+    reads: &[],
+    defined_by_clip: true,
+};
+
+/// The loss registry, in [`PolicyLossKind`] order.
+pub const LOSSES: [LossSpec; 9] = [
+    LossSpec {
+        defined_by_clip: false,
+        ..TOKEN_PPO
+    },
+    LossSpec {
+        kind: PolicyLossKind::Dapo,
+        name: "dapo",
+        default_clip: (0.2, 0.28),
+        ..TOKEN_PPO
+    },
+    LossSpec {
+        kind: PolicyLossKind::Gspo,
+        name: "gspo",
+        level: RatioLevel::Sequence,
+        default_clip: (3e-4, 4e-4),
+        forced_agg: Some(LossAggMode::SeqMeanTokenMean),
+        ..TOKEN_PPO
+    },
+    LossSpec {
+        kind: PolicyLossKind::Turn,
+        name: "turn",
+        level: RatioLevel::Turn,
+        ratio_form: RatioForm::Plain,
+        defined_by_clip: false,
+        ..TOKEN_PPO
+    },
+    // [DIFF] §5.5: A2TGPO App. B.4 vs B.5; [REC] 3e-3 / 4e-3 as in the AT2PO code.
+    LossSpec {
+        kind: PolicyLossKind::GspoTurn,
+        name: "gspo_turn",
+        level: RatioLevel::Turn,
+        default_clip: (3e-3, 4e-3),
+        forced_agg: Some(LossAggMode::SeqMeanTokenMean),
+        ..TOKEN_PPO
+    },
+    LossSpec {
+        kind: PolicyLossKind::A2tgpo,
+        name: "a2tgpo",
+        level: RatioLevel::Turn,
+        default_clip: (3e-3, 4e-3),
+        reads: &[Channel::ClipScale],
+        ..TOKEN_PPO
+    },
+    LossSpec {
+        kind: PolicyLossKind::SPpo,
+        name: "s_ppo",
+        implies_clip_bias: true,
+        ..TOKEN_PPO
+    },
+    LossSpec {
+        kind: PolicyLossKind::StPpo,
+        name: "st_ppo",
+        level: RatioLevel::Turn,
+        ratio_form: RatioForm::Plain,
+        implies_clip_bias: true,
+        ..TOKEN_PPO
+    },
+    LossSpec {
+        kind: PolicyLossKind::SGrpo,
+        name: "s_grpo",
+        implies_clip_bias: true,
+        ..TOKEN_PPO
+    },
+];
 
 /// Every name the registry answers to (`decoupled_clip` is an alias of `dapo`).
 pub const POLICY_LOSS_NAMES: &[&str] = &[
@@ -116,38 +226,23 @@ impl PolicyLossKind {
         Self::SGrpo,
     ];
 
+    /// Its row of [`LOSSES`].
+    pub fn spec(self) -> &'static LossSpec {
+        &LOSSES[self as usize]
+    }
+
     /// The registry name.
     pub fn name(self) -> &'static str {
-        match self {
-            Self::Vanilla => "vanilla",
-            Self::Dapo => "dapo",
-            Self::Gspo => "gspo",
-            Self::Turn => "turn",
-            Self::GspoTurn => "gspo_turn",
-            Self::A2tgpo => "a2tgpo",
-            Self::SPpo => "s_ppo",
-            Self::StPpo => "st_ppo",
-            Self::SGrpo => "s_grpo",
-        }
+        self.spec().name
     }
 
     fn level(self) -> RatioLevel {
-        match self {
-            Self::Vanilla | Self::Dapo | Self::SPpo | Self::SGrpo => RatioLevel::Token,
-            Self::Gspo => RatioLevel::Sequence,
-            Self::Turn | Self::GspoTurn | Self::A2tgpo | Self::StPpo => RatioLevel::Turn,
-        }
+        self.spec().level
     }
 
     /// Default `(ε_low, ε_high)` (§5.1–§5.5, §8).
     pub fn default_clip(self) -> (f64, f64) {
-        match self {
-            Self::Vanilla | Self::SPpo | Self::SGrpo | Self::Turn | Self::StPpo => (0.2, 0.2),
-            Self::Dapo => (0.2, 0.28),
-            Self::Gspo => (3e-4, 4e-4),
-            // [DIFF] §5.5: A2TGPO App. B.4 vs B.5; [REC] 3e-3 / 4e-3 as in the AT2PO code.
-            Self::GspoTurn | Self::A2tgpo => (3e-3, 4e-3),
-        }
+        self.spec().default_clip
     }
 
     /// Whether the dual clip (§5.1) applies: token-ratio losses only (GSPO/ATPO have none).
@@ -165,36 +260,37 @@ impl PolicyLossKind {
 
     /// Aggregation hard-coded by the reference code (GSPO, ATPO `gspo_turn`).
     pub fn forced_agg(self) -> Option<LossAggMode> {
-        match self {
-            Self::Gspo | Self::GspoTurn => Some(LossAggMode::SeqMeanTokenMean),
-            _ => None,
-        }
+        self.spec().forced_agg
     }
 
     /// Default ratio form of segment losses (\[REC\] §5.4: plain for ST-PPO, sg for ATPO/A2TGPO).
     pub fn default_ratio_form(self) -> RatioForm {
-        match self {
-            Self::Turn | Self::StPpo => RatioForm::Plain,
-            _ => RatioForm::StopGradient,
-        }
+        self.spec().ratio_form
     }
 
     /// Whether the clipping-bias correction is part of the method (§5.6).
     pub fn implies_clip_bias(self) -> bool {
-        matches!(self, Self::SPpo | Self::StPpo | Self::SGrpo)
+        self.spec().implies_clip_bias
     }
 
-    /// Whether the loss reads A2TGPO's per-turn clip scales (§5.5), which only an estimator
-    /// that emits them gives.
-    pub fn reads_clip_scale(self) -> bool {
-        self == Self::A2tgpo
+    /// The channels of per-method data the loss reads ([`LossSpec::reads`]).
+    pub fn reads(self) -> &'static [Channel] {
+        self.spec().reads
     }
 
     /// Whether the loss's defining mechanism is a clip on the ratio (token, sequence or turn)
-    /// or the clipping-bias correction: it is then inert in an on-policy update, where every
-    /// ratio is exactly 1 (the config refuses that combination).
+    /// or the clipping-bias correction ([`LossSpec::defined_by_clip`]).
     pub fn defined_by_clip(self) -> bool {
-        !matches!(self, Self::Vanilla | Self::Turn)
+        self.spec().defined_by_clip
+    }
+
+    /// Runs this loss on `input` (`cfg.policy_loss` is ignored).
+    pub fn compute(
+        self,
+        input: &PolicyLossInput<'_>,
+        cfg: &PolicyLossConfig,
+    ) -> Result<PolicyLossOutput> {
+        run(self, input, cfg)
     }
 }
 
@@ -381,9 +477,10 @@ pub struct PolicyLossInput<'a> {
     /// Explicit agent-turn index per token (−1 on observations), any numeric dtype (§1.2);
     /// `None` = mask runs.
     pub turn_id: Option<&'a Tensor>,
-    /// Per-token A2TGPO clip scale `c` (constant; see [`adaptive_clip_scale`]); required by
-    /// `a2tgpo`, ignored by the others.
-    pub clip_scale: Option<&'a Tensor>,
+    /// Per-token values of the channels the estimator emitted ([`Channel`], constants),
+    /// indexed by channel: a loss requires the ones it reads ([`PolicyLossKind::reads`]) and
+    /// ignores the others. Set with [`Self::with_channel`].
+    pub channels: [Option<&'a Tensor>; Channel::ALL.len()],
     /// Mini-batch totals when this is one micro-batch of a mini-batch.
     pub denominators: Option<AggDenominators>,
     /// Model parameters for the §5.6 `grad`-space clipping-bias norm (one extra backward).
@@ -412,7 +509,7 @@ impl<'a> PolicyLossInput<'a> {
             advantages,
             loss_mask,
             turn_id: None,
-            clip_scale: None,
+            channels: [None; Channel::ALL.len()],
             denominators: None,
             params: None,
             clip_bias_scale: None,
@@ -426,10 +523,15 @@ impl<'a> PolicyLossInput<'a> {
         self
     }
 
-    /// Adds A2TGPO per-token clip scales.
-    pub fn with_clip_scale(mut self, clip_scale: &'a Tensor) -> Self {
-        self.clip_scale = Some(clip_scale);
+    /// Adds the per-token values of `channel` (e.g. A2TGPO's clip scales, §5.5).
+    pub fn with_channel(mut self, channel: Channel, values: &'a Tensor) -> Self {
+        self.channels[channel as usize] = Some(values);
         self
+    }
+
+    /// The per-token values of `channel`, if given.
+    pub fn channel(&self, channel: Channel) -> Option<&'a Tensor> {
+        self.channels[channel as usize]
     }
 
     /// Adds the parameters for the `grad`-space clipping-bias norm (§5.6).
@@ -558,95 +660,15 @@ pub struct PolicyLossOutput {
     pub metrics: PolicyLossMetrics,
 }
 
-/// The common signature of registered policy losses (verl `core_algos` style).
-pub type PolicyLossFn = fn(&PolicyLossInput<'_>, &PolicyLossConfig) -> Result<PolicyLossOutput>;
-
-/// Looks a policy loss up by name; unknown names give [`LossError::UnknownPolicyLoss`].
-pub fn get_policy_loss_fn(name: &str) -> Result<PolicyLossFn> {
-    Ok(match name.parse::<PolicyLossKind>()? {
-        PolicyLossKind::Vanilla => vanilla,
-        PolicyLossKind::Dapo => dapo,
-        PolicyLossKind::Gspo => gspo,
-        PolicyLossKind::Turn => turn,
-        PolicyLossKind::GspoTurn => gspo_turn,
-        PolicyLossKind::A2tgpo => a2tgpo,
-        PolicyLossKind::SPpo => s_ppo,
-        PolicyLossKind::StPpo => st_ppo,
-        PolicyLossKind::SGrpo => s_grpo,
-    })
-}
-
-/// Runs the loss named in `cfg.policy_loss`.
+/// Runs the loss named in `cfg.policy_loss`; unknown names give
+/// [`LossError::UnknownPolicyLoss`].
 pub fn compute_policy_loss(
     input: &PolicyLossInput<'_>,
     cfg: &PolicyLossConfig,
 ) -> Result<PolicyLossOutput> {
-    get_policy_loss_fn(&cfg.policy_loss)?(input, cfg)
-}
-
-/// `vanilla`: token PPO clip + dual clip (§5.1). `cfg.policy_loss` is ignored.
-pub fn vanilla(input: &PolicyLossInput<'_>, cfg: &PolicyLossConfig) -> Result<PolicyLossOutput> {
-    run(PolicyLossKind::Vanilla, input, cfg)
-}
-
-/// `dapo`: decoupled clip ε_low = 0.2, ε_high = 0.28 (§5.2). `cfg.policy_loss` is ignored.
-pub fn dapo(input: &PolicyLossInput<'_>, cfg: &PolicyLossConfig) -> Result<PolicyLossOutput> {
-    run(PolicyLossKind::Dapo, input, cfg)
-}
-
-/// `gspo`: sequence ratio, stop-gradient token form, no dual clip (§5.3).
-pub fn gspo(input: &PolicyLossInput<'_>, cfg: &PolicyLossConfig) -> Result<PolicyLossOutput> {
-    run(PolicyLossKind::Gspo, input, cfg)
-}
-
-/// `turn`: plain turn ratio (ST-PPO eq. 3) (§5.4).
-pub fn turn(input: &PolicyLossInput<'_>, cfg: &PolicyLossConfig) -> Result<PolicyLossOutput> {
-    run(PolicyLossKind::Turn, input, cfg)
-}
-
-/// `gspo_turn`: stop-gradient turn ratio (ATPO eq. 4–5) (§5.4).
-pub fn gspo_turn(input: &PolicyLossInput<'_>, cfg: &PolicyLossConfig) -> Result<PolicyLossOutput> {
-    run(PolicyLossKind::GspoTurn, input, cfg)
-}
-
-/// `a2tgpo`: turn ratio with adaptive per-turn bounds `[1 − c·ε_low, 1 + c·ε_high]` (§5.5, eq. 10–12).
-pub fn a2tgpo(input: &PolicyLossInput<'_>, cfg: &PolicyLossConfig) -> Result<PolicyLossOutput> {
-    run(PolicyLossKind::A2tgpo, input, cfg)
-}
-
-/// `s_ppo`: token PPO scaled by 1/‖C_token‖₂ (§5.6).
-pub fn s_ppo(input: &PolicyLossInput<'_>, cfg: &PolicyLossConfig) -> Result<PolicyLossOutput> {
-    run(PolicyLossKind::SPpo, input, cfg)
-}
-
-/// `st_ppo`: plain turn-ratio PPO scaled by 1/‖C_turn‖₂ (§5.6).
-pub fn st_ppo(input: &PolicyLossInput<'_>, cfg: &PolicyLossConfig) -> Result<PolicyLossOutput> {
-    run(PolicyLossKind::StPpo, input, cfg)
-}
-
-/// `s_grpo`: GRPO token loss scaled by 1/‖C_GRPO‖₂ (§5.6).
-pub fn s_grpo(input: &PolicyLossInput<'_>, cfg: &PolicyLossConfig) -> Result<PolicyLossOutput> {
-    run(PolicyLossKind::SGrpo, input, cfg)
-}
-
-/// A2TGPO clip scale `c = 1 + β(2σ(îg) − 1)` (§5.5 eq. 10); β = 0.3 in the paper.
-pub fn adaptive_clip_scale(ig_hat: f64, beta: f64) -> f64 {
-    // 2σ(x) − 1 = tanh(x / 2)
-    1.0 + beta * (ig_hat / 2.0).tanh()
-}
-
-/// Tensor form of [`adaptive_clip_scale`] (detached: `c` is a constant, §5.5).
-pub fn adaptive_clip_scale_tensor(ig_hat: &Tensor, beta: f64) -> Result<Tensor> {
-    Ok(ig_hat
-        .detach()
-        .affine(0.5, 0.0)?
-        .tanh()?
-        .affine(beta, 1.0)?)
-}
-
-/// A2TGPO clip bounds `[1 − c·ε_low, 1 + c·ε_high]` (§5.5 eq. 11).
-pub fn adaptive_clip_bounds(c: f64, clip_low: f64, clip_high: f64) -> (f64, f64) {
-    (1.0 - c * clip_low, 1.0 + c * clip_high)
+    cfg.policy_loss
+        .parse::<PolicyLossKind>()?
+        .compute(input, cfg)
 }
 
 fn rows_of(t: &Tensor) -> Result<Vec<Vec<f64>>> {
@@ -732,13 +754,29 @@ fn run(
         RatioLevel::Turn => segment_ratio(logp, &old, &mask, &turns, r.ratio_form, &device)?,
     };
 
-    // --- Clip bounds [lo, hi]: constants, or A2TGPO's [1 − c·ε_low, 1 + c·ε_high] (§5.5).
-    let (lo, hi) = if kind == PolicyLossKind::A2tgpo {
-        let c = input.clip_scale.ok_or_else(|| LossError::MissingInput {
-            loss: name.to_string(),
-            input: "clip_scale".to_string(),
-            why: "A2TGPO needs the per-token adaptive clip scale c = 1 + β(2σ(îg) − 1)".to_string(),
-        })?;
+    // --- Channels: every one the loss reads must be given (the config checks that the
+    // estimator emits them).
+    for &ch in kind.reads() {
+        if input.channel(ch).is_none() {
+            return Err(LossError::MissingInput {
+                loss: name.to_string(),
+                input: ch.key().to_string(),
+                why: format!(
+                    "the {name} loss reads the estimator's `{ch}` channel per token, and it was \
+                     not given (an estimator that emits it must run before this loss)"
+                ),
+            });
+        }
+    }
+
+    // --- Clip bounds [lo, hi]: constants, or scaled per token by the clip-scale channel,
+    // [1 − c·ε_low, 1 + c·ε_high] (A2TGPO, §5.5).
+    let clip_scale = kind
+        .reads()
+        .contains(&Channel::ClipScale)
+        .then(|| input.channel(Channel::ClipScale))
+        .flatten();
+    let (lo, hi) = if let Some(c) = clip_scale {
         let c_rows = finite_rows(name, "clip_scale", c, Some(dims))?;
         if c_rows.iter().flatten().any(|&v| v < 0.0) {
             return Err(LossError::InvalidInput {
@@ -962,6 +1000,7 @@ fn run(
 mod tests {
     use super::*;
     use crate::loss::test_util::{assert_close, grad_rows, rows, scalar, t2, var2};
+    use turnwise_core::advantage::a2tgpo_clip_scale;
 
     const MASK: [f64; 7] = [1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0];
     const LOGR: [f64; 7] = [0.10, -0.05, 0.02, 0.0, 0.0, 0.01, 0.00];
@@ -988,7 +1027,10 @@ mod tests {
     /// One token with A and w = exp(logr).
     fn one(a: f64, w: f64, name: &str, c: &PolicyLossConfig) -> PolicyLossOutput {
         let (lp, old, adv, m) = (t2(&[&[w.ln()]]), t2(&[&[0.0]]), t2(&[&[a]]), t2(&[&[1.0]]));
-        get_policy_loss_fn(name).unwrap()(&PolicyLossInput::new(&lp, &old, &adv, &m), c).unwrap()
+        name.parse::<PolicyLossKind>()
+            .unwrap()
+            .compute(&PolicyLossInput::new(&lp, &old, &adv, &m), c)
+            .unwrap()
     }
 
     /// The loss table's declarations that the config and the trainer read.
@@ -1001,7 +1043,8 @@ mod tests {
                 .map(PolicyLossKind::name)
                 .collect::<Vec<_>>()
         };
-        assert_eq!(names(PolicyLossKind::reads_clip_scale), ["a2tgpo"]);
+        assert_eq!(names(|k| !k.reads().is_empty()), ["a2tgpo"]);
+        assert_eq!(PolicyLossKind::A2tgpo.reads(), [Channel::ClipScale]);
         assert_eq!(
             names(PolicyLossKind::defined_by_clip),
             [
@@ -1093,11 +1136,12 @@ mod tests {
         for (a, w, want) in [(-1.0, 4.0f64, 0.0), (-1.0, 1.5, 1.5), (1.0, 1.5, 0.0)] {
             let v = var2(&[&[w.ln()]]);
             let (old, adv, m) = (t2(&[&[0.0]]), t2(&[&[a]]), t2(&[&[1.0]]));
-            let o = vanilla(
-                &PolicyLossInput::new(v.as_tensor(), &old, &adv, &m),
-                &cfg("vanilla"),
-            )
-            .unwrap();
+            let o = PolicyLossKind::Vanilla
+                .compute(
+                    &PolicyLossInput::new(v.as_tensor(), &old, &adv, &m),
+                    &cfg("vanilla"),
+                )
+                .unwrap();
             assert!(
                 (grad_rows(&o.loss, &v)[0][0] - want).abs() < 1e-9,
                 "{a} {w}"
@@ -1108,7 +1152,9 @@ mod tests {
     #[test]
     fn spec_5_1_trajectory_token_mean() {
         let (lp, old, adv, m) = spec_traj();
-        let o = vanilla(&PolicyLossInput::new(&lp, &old, &adv, &m), &cfg("vanilla")).unwrap();
+        let o = PolicyLossKind::Vanilla
+            .compute(&PolicyLossInput::new(&lp, &old, &adv, &m), &cfg("vanilla"))
+            .unwrap();
         let per_tok = masked(&rows(&o.per_token_loss)[0]);
         assert_close(
             &per_tok,
@@ -1137,7 +1183,9 @@ mod tests {
     #[test]
     fn spec_5_3_gspo_ratio_value_and_gradient() {
         let (lp, old, adv, m) = spec_traj();
-        let o = gspo(&PolicyLossInput::new(&lp, &old, &adv, &m), &cfg("gspo")).unwrap();
+        let o = PolicyLossKind::Gspo
+            .compute(&PolicyLossInput::new(&lp, &old, &adv, &m), &cfg("gspo"))
+            .unwrap();
         let s = masked(&rows(&o.ratio)[0]);
         assert_close(&s, &[1.016129; 5], 1e-6);
         // s > 1 + 4e-4 → clipped: −0.5 · 1.0004 on every token, seq-mean-token-mean.
@@ -1149,7 +1197,9 @@ mod tests {
             clip_ratio: Some(0.2),
             ..cfg("gspo")
         };
-        let o = gspo(&PolicyLossInput::new(v.as_tensor(), &old, &adv, &m), &wide).unwrap();
+        let o = PolicyLossKind::Gspo
+            .compute(&PolicyLossInput::new(v.as_tensor(), &old, &adv, &m), &wide)
+            .unwrap();
         assert!((scalar(&o.loss) + 0.5 * 1.016129).abs() < 1e-6);
         let g = grad_rows(&o.loss, &v);
         assert_close(&masked(&g[0]), &[-0.5 * 1.016129 / 5.0; 5], 1e-6);
@@ -1199,7 +1249,9 @@ mod tests {
                 loss_agg_mode: Some(LossAggMode::SeqMeanTokenSum),
                 ..cfg("turn")
             };
-            let o = turn(&PolicyLossInput::new(v.as_tensor(), &old, &adv, &m), &c).unwrap();
+            let o = PolicyLossKind::Turn
+                .compute(&PolicyLossInput::new(v.as_tensor(), &old, &adv, &m), &c)
+                .unwrap();
             assert_close(&rows(&o.ratio)[0], &[1.016806; 3], 1e-6);
             assert_close(&grad_rows(&o.loss, &v)[0], &want, 1e-6);
         }
@@ -1211,25 +1263,31 @@ mod tests {
         // Turn 1 lies on the observation (no loss token); turns 0 and 2 carry the loss tokens.
         let ids = t2(&[&[0.0, 0.0, 0.0, 1.0, 1.0, 2.0, 2.0]]);
         let c = cfg("gspo_turn");
-        let explicit = gspo_turn(
-            &PolicyLossInput::new(&lp, &old, &adv, &m).with_turn_id(&ids),
-            &c,
-        )
-        .unwrap();
-        let runs = gspo_turn(&PolicyLossInput::new(&lp, &old, &adv, &m), &c).unwrap();
+        let explicit = PolicyLossKind::GspoTurn
+            .compute(
+                &PolicyLossInput::new(&lp, &old, &adv, &m).with_turn_id(&ids),
+                &c,
+            )
+            .unwrap();
+        let runs = PolicyLossKind::GspoTurn
+            .compute(&PolicyLossInput::new(&lp, &old, &adv, &m), &c)
+            .unwrap();
         assert_eq!(explicit.metrics.num_turns, 2);
         assert_eq!(explicit.metrics.turn_rule, TurnRule::ExplicitTurnId);
         assert!((scalar(&explicit.loss) - scalar(&runs.loss)).abs() < 1e-12);
         // One id over both runs → one turn with the GSPO sequence ratio.
         let one_id = t2(&[&[4.0, 4.0, 4.0, -1.0, -1.0, 4.0, 4.0]]);
-        let o = gspo_turn(
-            &PolicyLossInput::new(&lp, &old, &adv, &m).with_turn_id(&one_id),
-            &c,
-        )
-        .unwrap();
+        let o = PolicyLossKind::GspoTurn
+            .compute(
+                &PolicyLossInput::new(&lp, &old, &adv, &m).with_turn_id(&one_id),
+                &c,
+            )
+            .unwrap();
         assert_close(&masked(&rows(&o.ratio)[0]), &[1.016129; 5], 1e-6);
     }
 
+    /// §5.5's bounds `[1 − c·ε_low, 1 + c·ε_high]` from the estimator's clip scale (the one
+    /// formula of `c`, in turnwise-core): the loss clips a one-token turn exactly there.
     #[test]
     fn spec_5_5_adaptive_bounds() {
         let cases = [
@@ -1238,13 +1296,25 @@ mod tests {
             (2.0, 1.228478, (0.996315, 1.004914)),
         ];
         for (ig, c_want, (lo, hi)) in cases {
-            let c = adaptive_clip_scale(ig, 0.3);
+            let c = a2tgpo_clip_scale(ig, 0.3);
             assert!((c - c_want).abs() < 1e-6);
-            let (l, h) = adaptive_clip_bounds(c, 3e-3, 4e-3);
-            assert!((l - lo).abs() < 1e-6 && (h - hi).abs() < 1e-6);
+            let scale = t2(&[&[c]]);
+            // A > 0 and a ratio far above the bound: the loss is −A·hi; A < 0 and far below: A·lo.
+            for (a, w, want) in [(1.0, 1.1, -hi), (-1.0, 0.9, lo)] {
+                let (lp, old, adv, m) = (
+                    t2(&[&[f64::ln(w)]]),
+                    t2(&[&[0.0]]),
+                    t2(&[&[a]]),
+                    t2(&[&[1.0]]),
+                );
+                let input = PolicyLossInput::new(&lp, &old, &adv, &m)
+                    .with_channel(Channel::ClipScale, &scale);
+                let o = PolicyLossKind::A2tgpo
+                    .compute(&input, &cfg("a2tgpo"))
+                    .unwrap();
+                assert!((scalar(&o.loss) - want).abs() < 1e-6, "îg {ig}, A {a}");
+            }
         }
-        let ct = adaptive_clip_scale_tensor(&t2(&[&[-2.0, 0.0, 2.0]]), 0.3).unwrap();
-        assert_close(&rows(&ct)[0], &[0.771522, 1.0, 1.228478], 1e-6);
     }
 
     /// §5.5 on the §3.5 example: c per turn from îg (final turns îg = 0 → c = 1).
@@ -1259,7 +1329,7 @@ mod tests {
             ),
         ];
         for (ig, want) in cases {
-            let c: Vec<f64> = ig.iter().map(|&x| adaptive_clip_scale(x, 0.3)).collect();
+            let c: Vec<f64> = ig.iter().map(|&x| a2tgpo_clip_scale(x, 0.3)).collect();
             assert_close(&c, want, 1e-6);
         }
     }
@@ -1270,18 +1340,26 @@ mod tests {
         let c1 = t2(&[&[1.0; 7]]);
         let input = PolicyLossInput::new(&lp, &old, &adv, &m);
         // c = 1 everywhere → the gspo_turn loss −0.502.
-        let o = a2tgpo(&input.with_clip_scale(&c1), &cfg("a2tgpo")).unwrap();
+        let o = PolicyLossKind::A2tgpo
+            .compute(&input.with_channel(Channel::ClipScale, &c1), &cfg("a2tgpo"))
+            .unwrap();
         assert!((scalar(&o.loss) + 0.502).abs() < 1e-6);
         // îg = 2 on the second turn widens its upper bound to 1.004914 (ratio 1.005013 still clipped).
         let c2 = t2(&[&[1.0, 1.0, 1.0, 1.0, 1.0, 1.228478, 1.228478]]);
-        let o = a2tgpo(&input.with_clip_scale(&c2), &cfg("a2tgpo")).unwrap();
+        let o = PolicyLossKind::A2tgpo
+            .compute(&input.with_channel(Channel::ClipScale, &c2), &cfg("a2tgpo"))
+            .unwrap();
         let want = (3.0 * -0.502 + 2.0 * (-0.5 * 1.004914)) / 5.0;
         assert!((scalar(&o.loss) - want).abs() < 1e-6);
         // β large enough that the second turn is inside its bound → its loss is −0.5·s.
         let c3 = t2(&[&[1.0, 1.0, 1.0, 1.0, 1.0, 1.3, 1.3]]);
-        let o = a2tgpo(&input.with_clip_scale(&c3), &cfg("a2tgpo")).unwrap();
+        let o = PolicyLossKind::A2tgpo
+            .compute(&input.with_channel(Channel::ClipScale, &c3), &cfg("a2tgpo"))
+            .unwrap();
         assert!((scalar(&o.loss) - (3.0 * -0.502 + 2.0 * (-0.5 * 1.005013)) / 5.0).abs() < 1e-6);
-        let err = a2tgpo(&input, &cfg("a2tgpo")).unwrap_err();
+        let err = PolicyLossKind::A2tgpo
+            .compute(&input, &cfg("a2tgpo"))
+            .unwrap_err();
         assert!(matches!(err, LossError::MissingInput { ref input, .. } if input == "clip_scale"));
     }
 
@@ -1310,7 +1388,9 @@ mod tests {
         let adv = t2(&[&[1.0, 1.0, 1.0, 0.0, 0.0, -1.0, -1.0]]);
         let m = t2(&[&MASK]);
         let input = PolicyLossInput::new(&lp, &old, &adv, &m);
-        let base = vanilla(&input, &cfg("vanilla")).unwrap();
+        let base = PolicyLossKind::Vanilla
+            .compute(&input, &cfg("vanilla"))
+            .unwrap();
         for name in ["s_ppo", "s_grpo"] {
             let o = compute_policy_loss(&input, &cfg(name)).unwrap();
             assert!((o.metrics.clip_bias_scale - 0.338783).abs() < 1e-6);
@@ -1330,11 +1410,12 @@ mod tests {
         let lp2 = t2(&[&[0.3, 0.0, -0.1, 0.0, 0.0, -0.4, 0.05], &[0.0; 7]]);
         let adv2 = t2(&[&[1.0, 1.0, 1.0, 0.0, 0.0, -1.0, -1.0], &[1.0; 7]]);
         let m2 = t2(&[&MASK, &MASK]);
-        let o = s_ppo(
-            &PolicyLossInput::new(&lp2, &old2, &adv2, &m2),
-            &cfg("s_ppo"),
-        )
-        .unwrap();
+        let o = PolicyLossKind::SPpo
+            .compute(
+                &PolicyLossInput::new(&lp2, &old2, &adv2, &m2),
+                &cfg("s_ppo"),
+            )
+            .unwrap();
         assert!((o.metrics.clip_bias_scale - (0.338783 + 1.0) / 2.0).abs() < 1e-6);
         let per = rows(&o.per_token_loss);
         let want = (0.338783 * masked(&per[0]).iter().sum::<f64>()
@@ -1342,7 +1423,9 @@ mod tests {
             / 10.0;
         assert!((scalar(&o.loss) - want).abs() < 1e-6);
         // On-policy: nothing clipped, weight 1.
-        let o = s_ppo(&PolicyLossInput::new(&old, &old, &adv, &m), &cfg("s_ppo")).unwrap();
+        let o = PolicyLossKind::SPpo
+            .compute(&PolicyLossInput::new(&old, &old, &adv, &m), &cfg("s_ppo"))
+            .unwrap();
         assert_eq!(
             (o.metrics.clip_bias_scale, o.metrics.clip_bias_num_clipped),
             (1.0, 0)
@@ -1370,11 +1453,12 @@ mod tests {
         }
         // Only zero-advantage rows: nothing to weight, s̄ reported as 1.
         let zero = t2(&[&[0.0; 7], &[0.0; 7]]);
-        let o = s_grpo(
-            &PolicyLossInput::new(&lp2, &old2, &zero, &m2),
-            &cfg("s_grpo"),
-        )
-        .unwrap();
+        let o = PolicyLossKind::SGrpo
+            .compute(
+                &PolicyLossInput::new(&lp2, &old2, &zero, &m2),
+                &cfg("s_grpo"),
+            )
+            .unwrap();
         assert_eq!(
             (o.metrics.clip_bias_scale, o.metrics.clip_bias_share_sum),
             (1.0, 0.0)
@@ -1388,7 +1472,9 @@ mod tests {
         let adv = t2(&[&[1.0, 1.0, 1.0, 0.0, 0.0, -1.0, -1.0]]);
         let m = t2(&[&MASK]);
         let input = PolicyLossInput::new(&lp, &old, &adv, &m);
-        let base = vanilla(&input, &cfg("vanilla")).unwrap();
+        let base = PolicyLossKind::Vanilla
+            .compute(&input, &cfg("vanilla"))
+            .unwrap();
         for name in ["s_ppo", "s_grpo"] {
             let o = compute_policy_loss(&input, &with_clip_bias(name, inverse_norm())).unwrap();
             assert!((o.metrics.clip_bias_norm - 0.301426).abs() < 1e-6);
@@ -1400,11 +1486,12 @@ mod tests {
         assert!((base.metrics.clip_bias_norm - 0.301426).abs() < 1e-6);
         assert_eq!(base.metrics.clip_bias_scale, 1.0);
         // On-policy (w ≡ 1): nothing clipped → guard gives scale 1.
-        let o = s_ppo(
-            &PolicyLossInput::new(&old, &old, &adv, &m),
-            &with_clip_bias("s_ppo", inverse_norm()),
-        )
-        .unwrap();
+        let o = PolicyLossKind::SPpo
+            .compute(
+                &PolicyLossInput::new(&old, &old, &adv, &m),
+                &with_clip_bias("s_ppo", inverse_norm()),
+            )
+            .unwrap();
         assert_eq!(
             (o.metrics.clip_bias_scale, o.metrics.clip_bias_num_clipped),
             (1.0, 0)
@@ -1429,18 +1516,24 @@ mod tests {
             let lp = theta.as_tensor().affine(k, 0.0).unwrap();
             let params = [theta.clone()];
             let input = PolicyLossInput::new(&lp, &old, &adv, &m).with_params(&params);
-            let o = s_ppo(&input, &c).unwrap();
+            let o = PolicyLossKind::SPpo.compute(&input, &c).unwrap();
             let g = o.metrics.clip_bias_grad_norm.unwrap();
             assert!((g - k * 0.301426).abs() < 1e-6, "{k}: {g}");
             assert!((o.metrics.clip_bias_scale - 1.0 / g).abs() < 1e-9);
         }
         let lp = t2(&[&[0.3, 0.0, -0.1, 0.0, 0.0, -0.4, 0.05]]);
-        let err = s_ppo(&PolicyLossInput::new(&lp, &old, &adv, &m), &c).unwrap_err();
+        let err = PolicyLossKind::SPpo
+            .compute(&PolicyLossInput::new(&lp, &old, &adv, &m), &c)
+            .unwrap_err();
         assert!(matches!(err, LossError::MissingInput { ref input, .. } if input == "params"));
         // A precomputed mini-batch scale replaces the local one.
         let input = PolicyLossInput::new(&lp, &old, &adv, &m).with_clip_bias_scale(2.0);
-        let o = s_ppo(&input, &with_clip_bias("s_ppo", inverse_norm())).unwrap();
-        let base = vanilla(&input, &cfg("vanilla")).unwrap();
+        let o = PolicyLossKind::SPpo
+            .compute(&input, &with_clip_bias("s_ppo", inverse_norm()))
+            .unwrap();
+        let base = PolicyLossKind::Vanilla
+            .compute(&input, &cfg("vanilla"))
+            .unwrap();
         assert_eq!(o.metrics.clip_bias_scale, 2.0);
         assert!((scalar(&o.loss) - 2.0 * scalar(&base.loss)).abs() < 1e-12);
     }
@@ -1459,12 +1552,16 @@ mod tests {
                 ..inverse_norm()
             },
         );
-        let o = st_ppo(&PolicyLossInput::new(&lp, &old, &adv, &m), &literal).unwrap();
+        let o = PolicyLossKind::StPpo
+            .compute(&PolicyLossInput::new(&lp, &old, &adv, &m), &literal)
+            .unwrap();
         assert_eq!(o.metrics.clip_bias_num_clipped, 3);
         let w = 0.3f64.exp();
         let norm = (3.0 * (w / 5.0).powi(2)).sqrt();
         assert!((o.metrics.clip_bias_norm - norm).abs() < 1e-9);
-        let plain = turn(&PolicyLossInput::new(&lp, &old, &adv, &m), &cfg("turn")).unwrap();
+        let plain = PolicyLossKind::Turn
+            .compute(&PolicyLossInput::new(&lp, &old, &adv, &m), &cfg("turn"))
+            .unwrap();
         assert!((scalar(&o.loss) - scalar(&plain.loss) / norm).abs() < 1e-9);
     }
 
@@ -1478,12 +1575,14 @@ mod tests {
         let adv = t2(&[&[1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0]]);
         let m = t2(&[&MASK]);
         let input = PolicyLossInput::new(&lp, &old, &adv, &m);
-        let o = st_ppo(&input, &cfg("st_ppo")).unwrap();
+        let o = PolicyLossKind::StPpo
+            .compute(&input, &cfg("st_ppo"))
+            .unwrap();
         assert_eq!(o.metrics.clip_bias_num_clipped, 1);
         let (w0, w1) = (0.3f64.exp(), (-0.3f64).exp());
         let rho = w0 / (w0 * w0 + w1 * w1 + 3.0).sqrt();
         assert!((o.metrics.clip_bias_scale - (1.0 - rho)).abs() < 1e-9);
-        let plain = turn(&input, &cfg("turn")).unwrap();
+        let plain = PolicyLossKind::Turn.compute(&input, &cfg("turn")).unwrap();
         assert!((scalar(&o.loss) - (1.0 - rho) * scalar(&plain.loss)).abs() < 1e-9);
         let by_turn = with_clip_bias(
             "st_ppo",
@@ -1492,7 +1591,7 @@ mod tests {
                 ..ClipBiasConfig::default()
             },
         );
-        let o = st_ppo(&input, &by_turn).unwrap();
+        let o = PolicyLossKind::StPpo.compute(&input, &by_turn).unwrap();
         assert_eq!(
             (o.metrics.clip_bias_num_clipped, o.metrics.clip_bias_scale),
             (0, 1.0)
@@ -1514,7 +1613,7 @@ mod tests {
             ..cfg("vanilla")
         };
         let input = PolicyLossInput::new(&lp, &old, &adv, &m);
-        let o = vanilla(&input, &c).unwrap();
+        let o = PolicyLossKind::Vanilla.compute(&input, &c).unwrap();
         let per = rows(&o.per_token_loss);
         let mean = |r: &[f64]| masked(r).iter().sum::<f64>() / 5.0;
         let want = 0.5 * (3.317559 * mean(&per[0]) + mean(&per[1]));
@@ -1525,9 +1624,13 @@ mod tests {
     #[test]
     fn registry_names_and_unknown_error() {
         for name in POLICY_LOSS_NAMES {
-            assert!(get_policy_loss_fn(name).is_ok(), "{name}");
+            assert!(name.parse::<PolicyLossKind>().is_ok(), "{name}");
         }
-        let err = get_policy_loss_fn("ppo2").err().unwrap();
+        for (i, kind) in PolicyLossKind::ALL.into_iter().enumerate() {
+            assert_eq!(LOSSES[i].kind, kind, "row {i} of LOSSES");
+            assert_eq!(kind.name().parse::<PolicyLossKind>().unwrap(), kind);
+        }
+        let err = "ppo2".parse::<PolicyLossKind>().err().unwrap();
         let msg = err.to_string();
         assert!(msg.contains("ppo2") && msg.contains("gspo_turn"), "{msg}");
         let (lp, old, adv, m) = spec_traj();
@@ -1583,22 +1686,26 @@ mod tests {
     fn non_finite_inputs_are_named() {
         let (lp, _, adv, m) = spec_traj();
         let old = t2(&[&[-1.0, f64::NAN, -1.0, -1.0, -1.0, -1.0, -1.0]]);
-        let err = vanilla(&PolicyLossInput::new(&lp, &old, &adv, &m), &cfg("vanilla")).unwrap_err();
+        let err = PolicyLossKind::Vanilla
+            .compute(&PolicyLossInput::new(&lp, &old, &adv, &m), &cfg("vanilla"))
+            .unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("vanilla") && msg.contains("old_logp"), "{msg}");
         let inf_adv = t2(&[&[f64::INFINITY; 7]]);
-        let err = gspo_turn(
-            &PolicyLossInput::new(&lp, &lp, &inf_adv, &m),
-            &cfg("gspo_turn"),
-        )
-        .unwrap_err();
+        let err = PolicyLossKind::GspoTurn
+            .compute(
+                &PolicyLossInput::new(&lp, &lp, &inf_adv, &m),
+                &cfg("gspo_turn"),
+            )
+            .unwrap_err();
         assert!(matches!(err, LossError::NonFinite { ref tensor, .. } if tensor == "advantages"));
         let short = t2(&[&[0.0; 3]]);
-        let err = vanilla(
-            &PolicyLossInput::new(&lp, &short, &adv, &m),
-            &cfg("vanilla"),
-        )
-        .unwrap_err();
+        let err = PolicyLossKind::Vanilla
+            .compute(
+                &PolicyLossInput::new(&lp, &short, &adv, &m),
+                &cfg("vanilla"),
+            )
+            .unwrap_err();
         assert!(matches!(err, LossError::Shape { .. }));
     }
 
@@ -1608,11 +1715,12 @@ mod tests {
         let lp32 = lp.to_dtype(DType::F32).unwrap();
         let old32 = old.to_dtype(DType::F32).unwrap();
         let m32 = m.to_dtype(DType::F32).unwrap();
-        let o = vanilla(
-            &PolicyLossInput::new(&lp32, &old32, &adv, &m32),
-            &cfg("vanilla"),
-        )
-        .unwrap();
+        let o = PolicyLossKind::Vanilla
+            .compute(
+                &PolicyLossInput::new(&lp32, &old32, &adv, &m32),
+                &cfg("vanilla"),
+            )
+            .unwrap();
         assert_eq!(o.loss.dtype(), DType::F32);
         assert!((scalar(&o.loss) + 0.508665).abs() < 1e-5);
         let metrics = o.metrics.to_map();

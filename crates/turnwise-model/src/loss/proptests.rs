@@ -45,7 +45,7 @@ proptest! {
         let c = tensor(&vec![1.1; b * l], b, l);
         for kind in PolicyLossKind::ALL {
             let cfg = PolicyLossConfig::named(kind.name());
-            let input = PolicyLossInput::new(&old_t, &old_t, &adv_t, &m_t).with_clip_scale(&c);
+            let input = PolicyLossInput::new(&old_t, &old_t, &adv_t, &m_t).with_channel(turnwise_core::advantage::Channel::ClipScale, &c);
             let out = compute_policy_loss(&input, &cfg).unwrap();
             let mode = cfg.resolve().unwrap().agg_mode;
             let want = scalar(&agg_loss(&adv_t.neg().unwrap(), &m_t, mode, &AggOptions::default()).unwrap());
@@ -84,7 +84,7 @@ proptest! {
         let (lp_t, old_t, adv_t, m_t) = (tensor(&lp, b, l), tensor(&old, b, l), tensor(&adv, b, l), tensor(&mask, b, l));
         let c = tensor(&vec![0.8; b * l], b, l);
         for kind in PolicyLossKind::ALL {
-            let input = PolicyLossInput::new(&lp_t, &old_t, &adv_t, &m_t).with_clip_scale(&c);
+            let input = PolicyLossInput::new(&lp_t, &old_t, &adv_t, &m_t).with_channel(turnwise_core::advantage::Channel::ClipScale, &c);
             let out = compute_policy_loss(&input, &PolicyLossConfig::named(kind.name())).unwrap();
             prop_assert!(scalar(&out.loss).is_finite(), "{}", kind);
             prop_assert!(out.metrics.clip_bias_norm.is_finite());

@@ -472,18 +472,21 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// A loss that reads clip scales ([`PolicyLossKind::reads_clip_scale`], A2TGPO's) needs an
-    /// estimator that emits them ([`Estimator::emits_clip_scale`]).
+    /// A loss reads only channels its estimator emits ([`PolicyLossKind::reads`] ⊆
+    /// [`Estimator::emits`]).
     pub(super) fn validate_loss_reads_estimator(&self) -> Result<(), ConfigError> {
         let Ok(kind) = self.actor.policy.policy_loss.parse::<PolicyLossKind>() else {
             return Ok(());
         };
-        if kind.reads_clip_scale() && !self.advantage.emits_clip_scale() {
-            let emitters = estimators_where(|e| e.emits_clip_scale());
+        let emitted = self.advantage.emits();
+        if let Some(&missing) = kind.reads().iter().find(|c| !emitted.contains(c)) {
+            let emitters = estimators_where(|e| e.emits().contains(&missing));
             return Err(ConfigError::Invalid {
                 field: "actor.policy.policy_loss",
                 message: format!(
-                    "the {kind} loss needs the {} estimator's clip scales",
+                    "the {kind} loss reads the `{missing}` channel, which the {} estimator does \
+                     not emit (use {})",
+                    self.advantage.name(),
                     emitters.join(" or ")
                 ),
             });
@@ -498,5 +501,28 @@ fn listing(names: &[&str]) -> String {
         Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
         Some((last, _)) => last.to_string(),
         None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::TrainConfig;
+
+    /// A loss reads only channels its estimator emits: A2TGPO's loss over GRPO's advantages is
+    /// refused before anything runs, naming the channel and the estimator that emits it; over
+    /// A2TGPO's own estimator it passes.
+    #[test]
+    fn a_loss_reading_a_channel_needs_an_estimator_that_emits_it() {
+        let set = ["actor.policy.policy_loss=\"a2tgpo\"".to_string()];
+        let err = TrainConfig::resolve(Some("grpo"), None, &set)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("actor.policy.policy_loss")
+                && err.contains("`clip_scale` channel")
+                && err.contains("use a2tgpo"),
+            "{err}"
+        );
+        TrainConfig::resolve(Some("a2tgpo"), None, &set).unwrap();
     }
 }

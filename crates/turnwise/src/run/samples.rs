@@ -7,6 +7,7 @@
 //! annotations absent.
 
 use serde::{Deserialize, Serialize};
+use turnwise_core::advantage::ChannelValues;
 use turnwise_core::trajectory::Trajectory;
 
 use super::{RunDir, RunError, RunResult};
@@ -38,12 +39,11 @@ pub struct SampleRecord {
     /// Per process turn (IGPO, A2TGPO): the information gain of the turn's observation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub info_gain: Option<Vec<f64>>,
-    /// Per process turn (A2TGPO): the normalised information gain the clip scale is made of.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub normalized_info_gain: Option<Vec<f64>>,
-    /// Per agent turn (A2TGPO): the clip scale `c_{i,t}` of the turn's bounds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub clip_scale: Option<Vec<f64>>,
+    /// The channels the estimator emitted for the episode, each under its own key, one value
+    /// per turn ([`Channel`](turnwise_core::advantage::Channel): A2TGPO's
+    /// `normalized_info_gain` per process turn and `clip_scale` per agent turn).
+    #[serde(flatten)]
+    pub channels: ChannelValues<Vec<f64>>,
     /// Per agent token: the share of the update's mini-batch passes over it in which its PPO
     /// clip was active (what `actor/pg_clipfrac` counts); absent when nothing was trained.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -86,8 +86,7 @@ impl SampleRecord {
             advantages: None,
             turn_advantages: None,
             info_gain: None,
-            normalized_info_gain: None,
-            clip_scale: None,
+            channels: ChannelValues::default(),
             clipped: None,
             score: None,
             em: None,

@@ -15,7 +15,7 @@
 //! their log-probs and entropies, decoded with the tokenizer of the run's latest checkpoint (or
 //! as ids when there is none), without advantages, groups or clip state.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -173,10 +173,9 @@ pub struct TurnView {
     pub advantage: Option<f64>,
     /// The information gain of the observation after it.
     pub info_gain: Option<f64>,
-    /// A2TGPO's normalised information gain.
-    pub normalized_info_gain: Option<f64>,
-    /// A2TGPO's clip scale.
-    pub clip_scale: Option<f64>,
+    /// The turn's value of each channel the estimator emitted, by channel key (A2TGPO's
+    /// `normalized_info_gain` and `clip_scale`).
+    pub channels: BTreeMap<&'static str, f64>,
     /// The share of its trained tokens' update passes that clipped them.
     pub clipped: Option<f64>,
     /// GiGPO's anchor group of the step.
@@ -403,8 +402,11 @@ fn episode_view(
                 env_reward: rec.and_then(|x| x.env_reward),
                 advantage: at(&r.turn_advantages),
                 info_gain: at(&r.info_gain),
-                normalized_info_gain: at(&r.normalized_info_gain),
-                clip_scale: at(&r.clip_scale),
+                channels: r
+                    .channels
+                    .iter()
+                    .filter_map(|(c, v)| Some((c.key(), *v.get(k)?)))
+                    .collect(),
                 clipped: None,
                 step_group: r.step_groups.as_ref().and_then(|v| v.get(k).cloned()),
                 tokens: TokenColumns {

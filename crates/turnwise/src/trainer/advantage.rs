@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{Context, Result, bail};
 use turnwise_core::advantage::{
-    AdvantageBatch, Estimator, GroupSignal, KlPlacement, Rollout, broadcast_turns,
+    AdvantageBatch, Channels, Estimator, GroupSignal, KlPlacement, Rollout, broadcast_turns,
     place_turn_rewards,
 };
 use turnwise_core::control::filter_groups;
@@ -37,10 +37,9 @@ pub struct EpisodeAdvantage {
     /// Per agent turn: the turn's advantage (for the estimators whose advantage varies within
     /// a turn, GAE and IGPO's code form, the one at its first token).
     pub turns: Vec<f64>,
-    /// A2TGPO: per agent turn, the clip scale `c_{i,t}`.
-    pub clip_scale: Option<Vec<f64>>,
-    /// A2TGPO: per process turn, the normalised information gain.
-    pub normalized_info_gain: Option<Vec<f64>>,
+    /// The channels the estimator emitted for the episode ([`Channel`]: e.g. A2TGPO's clip
+    /// scale per agent turn and normalised information gain per process turn).
+    pub channels: Channels,
     /// The score the estimator read (the episode's outcome, after KL in the reward).
     pub score: f64,
     /// The prompt group's id in the step.
@@ -522,11 +521,10 @@ pub fn compute(
         if let Some(ret) = &adv.returns {
             row.returns = ret.iter().map(|&x| x as f32).collect();
         }
-        if let Some(c) = &adv.clip_scale {
-            row.clip_scale = broadcast_turns(&ro.turn_id, c, 1.0)
-                .into_iter()
-                .map(|x| x as f32)
-                .collect();
+        for (&c, per_turn) in &adv.channels {
+            let tokens = broadcast_turns(&ro.turn_id, per_turn, c.fill());
+            row.channels
+                .insert(c, tokens.into_iter().map(|x| x as f32).collect());
         }
         for (k, &m) in row.loss_mask.iter().enumerate() {
             if m > 0 {
@@ -599,8 +597,7 @@ fn episode_details(
             let (group_size, group_mean, group_std) = stats[&r.group];
             EpisodeAdvantage {
                 turns: a.turns.clone(),
-                clip_scale: a.clip_scale.clone(),
-                normalized_info_gain: a.normalized_info_gain.clone(),
+                channels: a.channels.clone(),
                 score: r.outcome,
                 group: r.group,
                 group_size,

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use anyhow::{Context, Result};
+use turnwise_core::advantage::ChannelValues;
 use turnwise_core::trajectory::Segment;
 use turnwise_model::tokenizer::TextTokenizer;
 
@@ -148,8 +149,7 @@ pub fn sample_records(
                     }
                     let d = t.detail;
                     rec.turn_advantages = Some(d.turns);
-                    rec.clip_scale = d.clip_scale;
-                    rec.normalized_info_gain = d.normalized_info_gain;
+                    rec.channels = ChannelValues(d.channels);
                     rec.score = Some(d.score);
                     rec.group = Some(SampleGroup {
                         id: d.group,
@@ -198,8 +198,7 @@ mod tests {
         }
         let detail = EpisodeAdvantage {
             turns: vec![0.0; 3],
-            clip_scale: None,
-            normalized_info_gain: None,
+            channels: Default::default(),
             score: 0.0,
             group: 0,
             group_size: 1,

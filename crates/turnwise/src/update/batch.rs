@@ -2,8 +2,11 @@
 //! width so every response starts at the same column; the log-prob of response token `k` is
 //! then column `P − 1 + k` of the teacher-forced pass.
 
+use std::collections::BTreeMap;
+
 use anyhow::{Result, bail};
 use candle_core::{DType, Device, Tensor};
+use turnwise_core::advantage::Channel;
 use turnwise_model::Transformer;
 use turnwise_model::logprobs::{SharedRow, shared_prefix_logprobs_entropy};
 use turnwise_model::model::critic::Critic;
@@ -25,8 +28,9 @@ pub struct Row {
     pub turn_id: Vec<i32>,
     /// Per response token: advantage.
     pub advantages: Vec<f32>,
-    /// Per response token: A2TGPO clip scale (1 elsewhere).
-    pub clip_scale: Vec<f32>,
+    /// Per response token, per channel the estimator emitted ([`Channel`], e.g. A2TGPO's clip
+    /// scale): the value of the token's turn (the channel's [`Channel::fill`] elsewhere).
+    pub channels: BTreeMap<Channel, Vec<f32>>,
     /// Per response token: value target (critic), if any.
     pub returns: Vec<f32>,
     /// Per response token: the log-prob recorded when the rollout sampled it (0 on
@@ -61,7 +65,7 @@ impl Row {
             loss_mask,
             turn_id,
             advantages: vec![0.0; n],
-            clip_scale: vec![1.0; n],
+            channels: BTreeMap::new(),
             returns: vec![0.0; n],
             sampled_logprobs: Vec::new(),
         }
@@ -106,7 +110,11 @@ impl Row {
                     loss_mask: self.loss_mask[start..end].to_vec(),
                     turn_id: self.turn_id[start..end].to_vec(),
                     advantages: self.advantages[start..end].to_vec(),
-                    clip_scale: self.clip_scale[start..end].to_vec(),
+                    channels: self
+                        .channels
+                        .iter()
+                        .map(|(&c, v)| (c, v[start..end].to_vec()))
+                        .collect(),
                     returns: self.returns[start..end].to_vec(),
                     sampled_logprobs: self
                         .sampled_logprobs
@@ -139,8 +147,9 @@ pub struct Packed {
     pub turn_id: Tensor,
     /// Advantages [B, L].
     pub advantages: Tensor,
-    /// Clip scales [B, L].
-    pub clip_scale: Tensor,
+    /// Per channel of the rows ([`Row::channels`]): its values [B, L] (padding: the
+    /// channel's [`Channel::fill`]).
+    pub channels: BTreeMap<Channel, Tensor>,
     /// Value targets [B, L].
     pub returns: Tensor,
     /// Each row's tokens (prompt then response) and prompt length.
@@ -234,7 +243,7 @@ pub fn pack(rows: &[&Row], device: &Device) -> Result<Packed> {
             || r.loss_mask.len() != n
             || r.turn_id.len() != n
             || r.advantages.len() != n
-            || r.clip_scale.len() != n
+            || r.channels.values().any(|v| v.len() != n)
             || r.returns.len() != n
         {
             bail!(
@@ -258,7 +267,23 @@ pub fn pack(rows: &[&Row], device: &Device) -> Result<Packed> {
     let mut mask = vec![0f32; b * l];
     let mut turn = vec![-1f32; b * l];
     let mut adv = vec![0f32; b * l];
-    let mut clip = vec![1f32; b * l];
+    let first = rows[0].channels.keys();
+    if let Some((i, _)) = rows
+        .iter()
+        .enumerate()
+        .find(|(_, r)| !r.channels.keys().eq(first.clone()))
+    {
+        bail!(
+            "row {i} carries the channels {:?} and row 0 {:?}: a batch's rows come from one estimator",
+            rows[i].channels.keys().collect::<Vec<_>>(),
+            rows[0].channels.keys().collect::<Vec<_>>()
+        );
+    }
+    let mut channels: BTreeMap<Channel, Vec<f32>> = rows[0]
+        .channels
+        .keys()
+        .map(|&c| (c, vec![c.fill() as f32; b * l]))
+        .collect();
     let mut ret = vec![0f32; b * l];
     let mut seqs = Vec::with_capacity(b);
     let mut scored = Vec::with_capacity(b);
@@ -278,7 +303,9 @@ pub fn pack(rows: &[&Row], device: &Device) -> Result<Packed> {
             mask[i * l + k] = f32::from(r.loss_mask[k]);
             turn[i * l + k] = r.turn_id[k] as f32;
             adv[i * l + k] = r.advantages[k];
-            clip[i * l + k] = r.clip_scale[k];
+            for (c, v) in &mut channels {
+                v[i * l + k] = r.channels[c][k];
+            }
             ret[i * l + k] = r.returns[k];
         }
         seqs.push((seq, r.prompt.len()));
@@ -302,7 +329,10 @@ pub fn pack(rows: &[&Row], device: &Device) -> Result<Packed> {
         loss_mask: f(mask)?,
         turn_id: f(turn)?,
         advantages: f(adv)?,
-        clip_scale: f(clip)?,
+        channels: channels
+            .into_iter()
+            .map(|(c, v)| Ok((c, f(v)?)))
+            .collect::<Result<_>>()?,
         returns: f(ret)?,
         groups: {
             let seqs: Vec<&[u32]> = seqs.iter().map(|(s, _)| s.as_slice()).collect();

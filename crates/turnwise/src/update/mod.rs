@@ -392,7 +392,6 @@ fn minibatch_clip_bias_scale(
     denominators: AggDenominators,
 ) -> Result<Option<f64>> {
     let resolved = cfg.loss.policy.resolve()?;
-    let reads_clip_scale = resolved.kind.reads_clip_scale();
     let cb = match resolved.clip_bias {
         Some(c)
             if c.rule == ClipBiasRule::InverseNorm
@@ -420,18 +419,30 @@ fn minibatch_clip_bias_scale(
                 response_logprobs(policy, p, cfg.temperature)
             })?;
         let lp = lp.detach();
-        let mut pin =
-            PolicyLossInput::new(&lp, &inp.old, &inp.packed.advantages, &inp.packed.loss_mask)
-                .with_denominators(denominators)
-                .with_turn_id(&inp.packed.turn_id);
-        if reads_clip_scale {
-            pin = pin.with_clip_scale(&inp.packed.clip_scale);
-        }
+        let pin = loss_input(&lp, &inp.old, &inp.packed, denominators);
         let out = compute_policy_loss(&pin, &cfg.loss.policy)?;
         Ok((out.metrics.clip_bias_norm * sequences_with_loss(rows, piece)).powi(2))
     })?;
     let sq: f64 = parts.iter().sum();
     Ok(Some(cb.scale_of(sq.sqrt() / denominators.sequences)))
+}
+
+/// The policy loss's input over `packed`: the current and old log-probs, the advantages, mask
+/// and turn ids, every channel the rows carry (the loss reads those it declares) and the
+/// mini-batch's denominators.
+fn loss_input<'a>(
+    logp: &'a Tensor,
+    old: &'a Tensor,
+    packed: &'a Packed,
+    denominators: AggDenominators,
+) -> PolicyLossInput<'a> {
+    let mut pin = PolicyLossInput::new(logp, old, &packed.advantages, &packed.loss_mask)
+        .with_denominators(denominators)
+        .with_turn_id(&packed.turn_id);
+    for (&c, values) in &packed.channels {
+        pin = pin.with_channel(c, values);
+    }
+    pin
 }
 
 /// Rows of `idx` with at least one loss token (at least 1).
@@ -514,8 +525,6 @@ pub fn minibatch_gradient(
         .collect();
     let pieces: Vec<Vec<usize>> = micro_batches.iter().flatten().cloned().collect();
     let cb_scale = minibatch_clip_bias_scale(policy, rows, &pieces, old_logp, cfg, denominators)?;
-    // A2TGPO's loss reads the clip scales its estimator wrote into the rows.
-    let reads_clip_scale = cfg.loss.policy.resolve()?.kind.reads_clip_scale();
     let piece = |piece_idx: &[usize]| -> Result<PieceOutcome> {
         let (inp, logp, entropy) = micro_input(
             policy,
@@ -532,12 +541,7 @@ pub fn minibatch_gradient(
             inp.packed.shared_tokens() as f64
         };
         let packed = &inp.packed;
-        let mut pin = PolicyLossInput::new(&logp, &inp.old, &packed.advantages, &packed.loss_mask)
-            .with_denominators(denominators)
-            .with_turn_id(&packed.turn_id);
-        if reads_clip_scale {
-            pin = pin.with_clip_scale(&packed.clip_scale);
-        }
+        let mut pin = loss_input(&logp, &inp.old, packed, denominators);
         if let Some(scale) = cb_scale {
             pin = pin.with_clip_bias_scale(scale);
         }
