@@ -694,7 +694,12 @@ fn require_some_run(study: &Study, out: &Path) -> Result<()> {
     if missing.len() < all {
         return Ok(());
     }
-    let shown = missing.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
+    let shown = missing
+        .iter()
+        .take(3)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
     let more = match missing.len().saturating_sub(3) {
         0 => String::new(),
         n => format!(" and {n} more"),
