@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the `turnwise` Python package (crates/turnwise-py: a PyO3 + maturin abi3 wheel) in a
-# fresh virtual env, installs it with numpy, pytest and CPU torch, and runs its Python tests
+# fresh virtual env, installs it with numpy, pytest, mypy and CPU torch, checks the native
+# module's type stub with mypy's stubtest and runs its Python tests
 # (crates/turnwise-py/python/tests). Any failure fails the script.
 #
 # Environment:
@@ -36,8 +37,8 @@ start=$(date +%s)
 wheel=$(ls "$wheels"/turnwise-*.whl)
 echo "built $wheel ($(du -h "$wheel" | cut -f1), $(($(date +%s) - start)) s)"
 
-echo "== python package: install the wheel, numpy, pytest and CPU torch"
-"$vpy" -m pip install "${pip_flags[@]}" "$wheel" numpy pytest
+echo "== python package: install the wheel, numpy, pytest, mypy and CPU torch"
+"$vpy" -m pip install "${pip_flags[@]}" "$wheel" numpy pytest "mypy==2.4.1"
 if "$vpy" -c "import torch" 2>/dev/null; then
     echo "torch $("$vpy" -c "import torch; print(torch.__version__)") is already there (system site)"
 elif ! "$vpy" -m pip install "${pip_flags[@]}" --retries 1 --timeout 30 torch \
@@ -45,6 +46,12 @@ elif ! "$vpy" -m pip install "${pip_flags[@]}" --retries 1 --timeout 30 torch \
     echo "torch from $torch_index failed; trying PyPI"
     "$vpy" -m pip install "${pip_flags[@]}" torch
 fi
+
+echo "== python package: mypy stubtest (python/turnwise/_native.pyi against the built module)"
+# The wheel ships `py.typed` and the native module's stub; stubtest checks every name, parameter
+# and default of the stub against the installed module (python/tests/test_typing.py checks the
+# names and parameters too, without mypy). Run outside the source tree, as pytest below is.
+(cd "$venv" && "$vpy" -m mypy.stubtest turnwise._native)
 
 echo "== python package: pytest"
 # Run from outside the source tree so that `import turnwise` is the installed wheel (the

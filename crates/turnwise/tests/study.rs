@@ -1,7 +1,7 @@
 //! `turnwise study`: a tiny study (2 arms × 2 seeds from one warm start) runs to a report whose
 //! numbers are those of the runs' eval files; a killed study resumes without redoing finished
 //! runs; `study plan`'s commands run under GNU parallel; malformed study files are refused
-//! naming the key.
+//! naming the key; a study directory without its runs (as committed) refuses a report.
 
 mod common;
 
@@ -798,6 +798,45 @@ fn the_shipped_paper_claims_study_resolves_and_validates() {
         ("sokoban", "sokoban"),
     ] {
         assert_eq!(p[ws]["environment"], env);
+    }
+}
+
+/// The committed study directory `studies/paper-claims/` keeps its file, panel and report, not
+/// its runs: `study report` on it refuses, naming the missing runs and the command that
+/// reproduces them, and leaves the report as it is (it used to overwrite it with a report of 0
+/// of 81 runs).
+#[test]
+fn the_committed_study_without_its_runs_refuses_a_report_naming_the_command() {
+    let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../studies/paper-claims");
+    let tmp = tempfile::tempdir().unwrap();
+    let s = tmp.path().join("paper-claims");
+    std::fs::create_dir(&s).unwrap();
+    for f in [
+        "study.toml",
+        "panel.json",
+        ".turnwise-study",
+        "report.md",
+        "report.json",
+    ] {
+        std::fs::copy(committed.join(f), s.join(f)).unwrap();
+    }
+    let out = turnwise(&["study", "report", "paper-claims"], tmp.path());
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "study report succeeded:\n{err}");
+    for want in [
+        "paper-claims holds none of study \"paper-claims\"'s 81 runs",
+        "(warm/boxed, warm/frozen_lake, warm/search_r1 and 78 more:",
+        "reproduce the runs with `turnwise study run ",
+        "study.toml --out paper-claims`",
+    ] {
+        assert!(err.contains(want), "{want:?} missing from:\n{err}");
+    }
+    for f in ["report.md", "report.json"] {
+        assert_eq!(
+            std::fs::read(s.join(f)).unwrap(),
+            std::fs::read(committed.join(f)).unwrap(),
+            "{f} was rewritten"
+        );
     }
 }
 

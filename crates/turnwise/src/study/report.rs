@@ -674,9 +674,57 @@ fn run_turn_health(dir: &Path, steps: u64) -> [[TurnHealth; HEALTH_TURNS]; 2] {
     out
 }
 
+/// Refuses a study directory that holds none of the study's runs (a committed study keeps its
+/// file, panel and report, not its runs: `studies/paper-claims/README.md`), rather than
+/// overwriting its report with one of no runs; names the missing runs and the command that
+/// reproduces them.
+fn require_some_run(study: &Study, out: &Path) -> Result<()> {
+    let missing: Vec<String> = study
+        .runs()
+        .iter()
+        .filter(|r| !matches!(r, RunId::Audit(_)))
+        .filter(|r| !r.dir(out).exists())
+        .map(RunId::label)
+        .collect();
+    let all = study
+        .runs()
+        .iter()
+        .filter(|r| !matches!(r, RunId::Audit(_)))
+        .count();
+    if missing.len() < all {
+        return Ok(());
+    }
+    let shown = missing
+        .iter()
+        .take(3)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    let more = match missing.len().saturating_sub(3) {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    bail!(
+        "{} holds none of study {:?}'s {} runs ({shown}{more}: no run directory under {} or {}), \
+         so its report is left as it is; reproduce the runs with `turnwise study run {} --out {}` \
+         (resumable; `turnwise study plan` lists them for a scheduler), then run `turnwise study \
+         report {}` again",
+        out.display(),
+        study.file.name,
+        all,
+        out.join("warm").display(),
+        out.join("runs").display(),
+        study.path.display(),
+        out.display(),
+        out.display(),
+    )
+}
+
 /// Writes `report.md`, `report.json` and `plots/*.svg` of the study directory `out`; returns
-/// the report's path.
+/// the report's path. A directory holding none of the study's runs is refused
+/// ([`require_some_run`]).
 pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
+    require_some_run(study, out)?;
     let panels = read_panels(out)?;
     // The report's files are recorded in the study's manifest while it is written.
     let _owner = crate::ownership::Owner::load(out, crate::ownership::Kind::Study)?;
