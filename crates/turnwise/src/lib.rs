@@ -18,6 +18,7 @@ pub mod ownership;
 pub(crate) mod parallel;
 pub mod pipeline;
 pub mod prompt;
+pub mod reward;
 pub mod rollout;
 pub mod run;
 pub mod serve;

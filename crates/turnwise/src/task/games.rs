@@ -12,13 +12,11 @@ use std::collections::HashSet;
 
 use anyhow::{Context, Result, bail};
 use turnwise_core::control::SplitMix64;
-use turnwise_core::reward::RewardOutput;
 use turnwise_env::env::{EnvError, Environment, Observation, StepResult, Task};
 use turnwise_env::games::{Direction, FrozenLake, FrozenLakeConfig, Sokoban, SokobanConfig};
 use turnwise_env::world::Split;
 
 use crate::config::{GameConfig, TaskConfig, TaskEnv};
-use crate::rollout::Episode;
 use crate::task::QaItem;
 
 /// Most states the Sokoban solver explores per solve.
@@ -304,30 +302,6 @@ impl GameTask {
             map.id,
             self.max_turns
         )
-    }
-}
-
-/// The reward of a game episode, whatever `reward.name` says (configs refuse `t2po_em`, which
-/// scores search actions): the environment's return (GiGPO's episode reward, the sum of its
-/// step rewards: 1 when the game is won), success as `em`, and the format verdict of every
-/// turn. GiGPO and T2PO read the step rewards from the turns' environment rewards, with
-/// `advantage.invalid_action_penalty` on every move the game could not parse (spec §10).
-pub fn game_reward(ep: &Episode) -> RewardOutput {
-    let turns = &ep.trajectory.turns;
-    let bad = turns.iter().filter(|t| !t.format_ok).count();
-    RewardOutput {
-        score: ep.env_return,
-        turn_rewards: Vec::new(),
-        em: f64::from(u8::from(ep.won)),
-        format_ok: bad == 0 && !turns.is_empty(),
-        parts: Vec::new(),
-        reason: match (bad, turns.is_empty()) {
-            (_, true) => "no turn".to_owned(),
-            (0, false) => String::new(),
-            (n, false) => {
-                format!("{n} turn(s) failed the <think>…</think><action>…</action> format")
-            }
-        },
     }
 }
 

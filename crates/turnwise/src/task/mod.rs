@@ -470,26 +470,6 @@ impl TaskSet {
         self.world.is_some() || self.game.is_some() || self.wiki.is_some()
     }
 
-    /// The episode reward of `ep` under `reward`: for a game the environment's return
-    /// ([`crate::task::games::game_reward`]), else `reward` scoring the agent's turns against
-    /// `golds`.
-    pub fn score_episode(
-        &self,
-        reward: &turnwise_core::reward::RewardConfig,
-        ep: &crate::rollout::Episode,
-        golds: &[String],
-    ) -> Result<turnwise_core::reward::RewardOutput> {
-        if self.scored_by_return() {
-            return Ok(crate::task::games::game_reward(ep));
-        }
-        let turns = crate::rollout::reward_turns(ep);
-        reward
-            .score(&turnwise_core::reward::RewardInput::from_turns(
-                &turns, golds,
-            ))
-            .with_context(|| format!("scoring {}", ep.trajectory.id))
-    }
-
     /// Renders prompts through `chat` (the model folder's chat template, `None` for a fresh
     /// model or a folder without one) as `task.prompt.chat_template` says.
     pub fn set_chat_template(&mut self, chat: Option<ChatTemplate>) -> Result<()> {
