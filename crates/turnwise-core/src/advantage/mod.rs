@@ -42,6 +42,7 @@ mod input;
 mod kernels;
 mod mt_grpo;
 mod output;
+mod registered;
 mod registry;
 mod tree;
 mod tree_grpo;
@@ -67,6 +68,7 @@ pub use mt_grpo::{
     MtGrpoCodeConfig, MtGrpoConfig, TurnGroupKey, mt_grpo_turn_advantages, role_group,
 };
 pub use output::{AdvantageOutput, RolloutAdvantage, TreeValues, broadcast_turns};
+pub use registered::{RegisteredEstimator, Registrable, register, registered};
 pub use registry::{
     AdvantageConfig, ESTIMATORS, Estimator, estimate, estimate_by_name, estimators_where,
 };

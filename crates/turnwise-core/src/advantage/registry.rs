@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::channel::Channel;
 use super::contract::{GroupSignal, KlPlacement, MetricDoc, Metrics, Needs, StepSamples};
+use super::registered::{RegisteredEstimator, is_registered, registered};
 use super::{
     A2tgpoConfig, AdvantageBatch, AdvantageError, AdvantageOutput, At2poConfig, DrGrpoConfig,
     GaeConfig, GigpoConfig, GrpoConfig, IgpoConfig, MtGrpoCodeConfig, MtGrpoConfig, RlooConfig,
@@ -96,8 +97,12 @@ pub trait Estimator {
 /// ```
 ///
 /// Missing fields take the spec defaults; unknown fields are errors.
+///
+/// A built-in estimator is a variant here and a row of the `estimators!` invocation below (its
+/// name, description and variant); an estimator of another crate is registered at run time
+/// ([`register`](super::register)) and held as [`Self::Registered`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "estimator", rename_all = "snake_case")]
+#[serde(remote = "Self", tag = "estimator", rename_all = "snake_case")]
 pub enum AdvantageConfig {
     /// §3.1 GRPO.
     Grpo(GrpoConfig),
@@ -123,35 +128,76 @@ pub enum AdvantageConfig {
     Gigpo(GigpoConfig),
     /// §3.7 T2PO (GiGPO with T2PO defaults).
     T2po(T2poConfig),
+    /// An estimator registered at run time ([`register`](super::register)), written like a
+    /// built-in one: `estimator = "its_name"` and its settings beside.
+    #[serde(skip)]
+    Registered(RegisteredEstimator),
 }
 
-/// Registered estimator names, with the spec section of each.
-pub const ESTIMATORS: &[(&str, &str)] = &[
-    ("grpo", "§3.1 GRPO: (s − mean) / (std + ε) per prompt group"),
-    ("dr_grpo", "§3.1 Dr.GRPO: s − mean"),
-    ("rloo", "§3.1 RLOO: leave-one-out baseline"),
-    (
-        "mt_grpo",
-        "§3.2 MT-GRPO: per-turn groups, summed future turn advantages",
-    ),
-    ("mt_grpo_code", "§3.2 two-turn MT-GRPO (TRL/verifiers code)"),
-    ("gae", "§3.3 GAE with critic values (PPO, MT-PPO, ST-PPO)"),
-    (
-        "igpo",
-        "§3.4 IGPO: information-gain turn rewards (paper or code form)",
-    ),
-    (
-        "a2tgpo",
-        "§3.5 A2TGPO: turn-group IG normalization + variance rescaling + clip scale",
-    ),
-    ("at2po", "§3.6 AT2PO: tree node values and turn-wise credit"),
-    ("tree_grpo", "§3.8 Tree-GRPO: inter- and intra-tree GRPO"),
-    (
-        "gigpo",
-        "§3.7 GiGPO: episode + anchor-state step advantages",
-    ),
-    ("t2po", "§3.7 T2PO: GiGPO fusion with similarity anchors"),
-];
+/// The registration rows of the built-in estimators: each names the estimator, describes it
+/// and gives its [`AdvantageConfig`] variant, and generates its row of [`ESTIMATORS`] and its
+/// dispatch (`AdvantageConfig::inner`).
+macro_rules! estimators {
+    ($($name:literal => $variant:ident, $doc:literal;)*) => {
+        /// Registered estimator names, with the spec section of each.
+        pub const ESTIMATORS: &[(&str, &str)] = &[$(($name, $doc)),*];
+
+        impl AdvantageConfig {
+            fn inner(&self) -> &dyn Estimator {
+                match self {
+                    $(AdvantageConfig::$variant(c) => c,)*
+                    AdvantageConfig::Registered(r) => r.estimator(),
+                }
+            }
+        }
+    };
+}
+
+estimators! {
+    "grpo" => Grpo, "§3.1 GRPO: (s − mean) / (std + ε) per prompt group";
+    "dr_grpo" => DrGrpo, "§3.1 Dr.GRPO: s − mean";
+    "rloo" => Rloo, "§3.1 RLOO: leave-one-out baseline";
+    "mt_grpo" => MtGrpo, "§3.2 MT-GRPO: per-turn groups, summed future turn advantages";
+    "mt_grpo_code" => MtGrpoCode, "§3.2 two-turn MT-GRPO (TRL/verifiers code)";
+    "gae" => Gae, "§3.3 GAE with critic values (PPO, MT-PPO, ST-PPO)";
+    "igpo" => Igpo, "§3.4 IGPO: information-gain turn rewards (paper or code form)";
+    "a2tgpo" => A2tgpo, "§3.5 A2TGPO: turn-group IG normalization + variance rescaling + clip scale";
+    "at2po" => At2po, "§3.6 AT2PO: tree node values and turn-wise credit";
+    "tree_grpo" => TreeGrpo, "§3.8 Tree-GRPO: inter- and intra-tree GRPO";
+    "gigpo" => Gigpo, "§3.7 GiGPO: episode + anchor-state step advantages";
+    "t2po" => T2po, "§3.7 T2PO: GiGPO fusion with similarity anchors";
+}
+
+impl Serialize for AdvantageConfig {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            AdvantageConfig::Registered(r) => r.serialize(s),
+            builtin => AdvantageConfig::serialize(builtin, s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for AdvantageConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let map = serde_json::Map::<String, serde_json::Value>::deserialize(d)?;
+        match map.get("estimator") {
+            Some(serde_json::Value::String(name)) if is_registered(name) => {
+                let name = name.clone();
+                RegisteredEstimator::from_settings(&name, map)
+                    .map(Self::Registered)
+                    .map_err(D::Error::custom)
+            }
+            Some(serde_json::Value::String(name))
+                if !registered().is_empty() && !ESTIMATORS.iter().any(|(n, _)| n == name) =>
+            {
+                Err(D::Error::custom(unknown(name)))
+            }
+            _ => AdvantageConfig::deserialize(serde_json::Value::Object(map))
+                .map_err(D::Error::custom),
+        }
+    }
+}
 
 impl AdvantageConfig {
     /// The default settings of the estimator called `name`.
@@ -163,7 +209,7 @@ impl AdvantageConfig {
     /// defaults; an `estimator` field, if present, must equal `name`). A TOML table converts to
     /// this through serde.
     pub fn from_settings(name: &str, settings: serde_json::Value) -> Result<Self, AdvantageError> {
-        if !ESTIMATORS.iter().any(|(n, _)| *n == name) {
+        if !ESTIMATORS.iter().any(|(n, _)| *n == name) && !is_registered(name) {
             return Err(unknown(name));
         }
         let mut map = match settings {
@@ -196,23 +242,6 @@ impl AdvantageConfig {
                 message: e.to_string(),
             }
         })
-    }
-
-    fn inner(&self) -> &dyn Estimator {
-        match self {
-            AdvantageConfig::Grpo(c) => c,
-            AdvantageConfig::DrGrpo(c) => c,
-            AdvantageConfig::Rloo(c) => c,
-            AdvantageConfig::MtGrpo(c) => c,
-            AdvantageConfig::MtGrpoCode(c) => c,
-            AdvantageConfig::Gae(c) => c,
-            AdvantageConfig::Igpo(c) => c,
-            AdvantageConfig::A2tgpo(c) => c,
-            AdvantageConfig::At2po(c) => c,
-            AdvantageConfig::TreeGrpo(c) => c,
-            AdvantageConfig::Gigpo(c) => c,
-            AdvantageConfig::T2po(c) => c,
-        }
     }
 }
 
@@ -265,22 +294,27 @@ impl Estimator for AdvantageConfig {
 /// The registered estimators that satisfy `pred`, with their default settings, in registry
 /// order (e.g. those that support KL in the reward, for a config error that lists them).
 pub fn estimators_where(pred: impl Fn(&AdvantageConfig) -> bool) -> Vec<&'static str> {
-    ESTIMATORS
-        .iter()
-        .map(|(n, _)| *n)
+    all_names()
+        .into_iter()
         .filter(|n| AdvantageConfig::default_for(n).is_ok_and(|c| pred(&c)))
         .collect()
 }
 
-fn unknown(name: &str) -> AdvantageError {
+pub(crate) fn unknown(name: &str) -> AdvantageError {
     AdvantageError::UnknownEstimator {
         name: name.to_string(),
-        known: ESTIMATORS
-            .iter()
-            .map(|(n, _)| *n)
-            .collect::<Vec<_>>()
-            .join(", "),
+        known: all_names().join(", "),
     }
+}
+
+/// The built-in estimators' names, then the registered ones'.
+fn all_names() -> Vec<&'static str> {
+    ESTIMATORS
+        .iter()
+        .copied()
+        .chain(registered())
+        .map(|(n, _)| n)
+        .collect()
 }
 
 /// Runs the estimator described by `cfg` on `batch` (the one shared signature).
