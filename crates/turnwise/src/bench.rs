@@ -290,7 +290,7 @@ pub fn train_step_seconds(cfg: &ModelConfig, steps: usize) -> Result<f64> {
 /// Median seconds of one step of the trainer's own supervised update
 /// ([`crate::update::sft_step`]) of `cfg` on [`TRAIN_BATCH`] rows of [`TRAIN_LEN`] tokens, over
 /// `steps` timed steps after one warm-up step, on a pool of `threads` threads: the rows are cut
-/// into one shard per thread ([`crate::update::parallel`]), so `threads = 1` is the step without
+/// into one shard per thread ([`crate::shard`]), so `threads = 1` is the step without
 /// data parallelism.
 pub fn trainer_step_seconds(cfg: &ModelConfig, steps: usize, threads: usize) -> Result<f64> {
     let pool = rayon::ThreadPoolBuilder::new()

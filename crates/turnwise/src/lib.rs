@@ -22,6 +22,7 @@ pub mod reward;
 pub mod rollout;
 pub mod run;
 pub mod serve;
+pub mod shard;
 pub mod study;
 pub mod task;
 pub mod trainer;

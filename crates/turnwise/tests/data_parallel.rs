@@ -1,4 +1,4 @@
-//! Data parallelism on the CPU's cores (`turnwise::update::parallel`): the warm start, the
+//! Data parallelism on the CPU's cores (`turnwise::shard`): the warm start, the
 //! actor's mini-batch gradient, the no-grad log-prob passes and batched sampling cut their rows
 //! into one shard per thread of rayon's pool. Cut into one shard or several, the results must
 //! agree to rounding: each shard's loss is divided by the whole batch's denominators, and the

@@ -262,10 +262,10 @@ pub fn probe(
     let mut by_len: Vec<usize> = (0..rows.len()).collect();
     by_len.sort_by(|&a, &b| rows[a].2.cmp(&rows[b].2));
     // Chunks run side by side on the CPU's cores.
-    let k = crate::update::parallel::training_shard_count(model, rows.len());
+    let k = crate::shard::training_shard_count(model, rows.len());
     let chunk = PROBE_CHUNK.min(rows.len().div_ceil(k).max(1));
     let chunks: Vec<&[usize]> = by_len.chunks(chunk).collect();
-    let parts = crate::update::parallel::map_chunks(k, &chunks, |c| {
+    let parts = crate::shard::map_chunks(k, &chunks, |c| {
         span_logprobs(
             model,
             &c.iter()
@@ -297,7 +297,7 @@ pub fn probe(
 
 /// Per row `(ids, span)`, the log-prob of each token `ids[k]`, `k` in `span`, given the
 /// tokens before it (every `k` must be at least 1). Rows that share a prefix of at least
-/// [`crate::update::batch::MIN_SHARED_PREFIX`] tokens (the probes of one episode share its
+/// [`crate::shard::MIN_SHARED_PREFIX`] tokens (the probes of one episode share its
 /// prompt and earlier turns) run it once
 /// ([`turnwise_model::logprobs::shared_prefix_logprobs_entropy`]); the others in one padded
 /// pass. The LM head and the softmax run only at the positions that predict a span token.
@@ -314,7 +314,7 @@ pub fn span_logprobs(
         }
     }
     let seqs: Vec<&[u32]> = rows.iter().map(|r| r.0).collect();
-    let groups = crate::update::prefix_groups(&seqs, crate::update::batch::MIN_SHARED_PREFIX);
+    let groups = crate::shard::prefix_groups(&seqs, crate::shard::MIN_SHARED_PREFIX);
     if groups.is_empty() {
         return padded_span_logprobs(model, rows);
     }
@@ -523,7 +523,7 @@ mod tests {
             .map(|(r, s)| (r.as_slice(), s.clone()))
             .collect();
         let seqs: Vec<&[u32]> = probes.iter().map(Vec::as_slice).collect();
-        assert_eq!(crate::update::prefix_groups(&seqs, 8).len(), 1);
+        assert_eq!(crate::shard::prefix_groups(&seqs, 8).len(), 1);
         let full = teacher_forced_logprobs(&model, seqs.iter().copied()).unwrap();
         let got = span_logprobs(&model, &input).unwrap();
         for ((f, g), s) in full.iter().zip(&got).zip(spans.iter()) {

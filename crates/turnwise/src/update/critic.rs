@@ -20,9 +20,10 @@ use turnwise_model::model::weights::{
 use turnwise_model::optim::{AdamW, AdamWConfig, GradAccumulator, Gradients};
 
 use super::{
-    Row, loss_tokens, minibatch_denominators, pack, parallel, per_row_no_grad, response_values,
-    row_shards, sort_rows,
+    Row, loss_tokens, minibatch_denominators, pack, per_row_no_grad, response_values, row_shards,
+    sort_rows,
 };
+use crate::shard;
 
 /// File of a checkpoint holding the critic's weights (trunk and value head, Hugging Face names).
 pub const CRITIC_WEIGHTS_FILE: &str = "critic.safetensors";
@@ -201,7 +202,7 @@ impl CriticModel {
         for _ in 0..cfg.epochs.max(1) {
             let perm = order(n);
             for mb in perm.chunks(mini) {
-                // The mini-batch's loss, cut into one shard per core (update/parallel.rs):
+                // The mini-batch's loss, cut into one shard per core (shard.rs):
                 // each shard divides by the whole mini-batch's denominators. Sharing
                 // prefixes, the shards are runs of the rows in token order (rows that share a
                 // prefix meet in a shard, which runs it once), as the actor's are.
@@ -209,11 +210,11 @@ impl CriticModel {
                 let model = &self.model;
                 let vars = self.optimizer.vars();
                 let device = model.trunk().device();
-                let k = parallel::training_shard_count(model.trunk(), mb.len());
+                let k = shard::training_shard_count(model.trunk(), mb.len());
                 let mut sorted = mb.to_vec();
                 sort_rows(rows, &mut sorted, cfg.share_prefix);
                 let shards = row_shards(rows, &sorted, k, cfg.share_prefix);
-                let parts = parallel::map_chunks(k, &shards, |shard: &Vec<usize>| {
+                let parts = shard::map_chunks(k, &shards, |shard: &Vec<usize>| {
                     let refs: Vec<&Row> = shard.iter().map(|&i| &rows[i]).collect();
                     let mut packed = pack(&refs, device)?;
                     if !cfg.share_prefix {

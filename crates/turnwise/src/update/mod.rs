@@ -4,7 +4,6 @@
 
 pub mod batch;
 pub(crate) mod critic;
-pub mod parallel;
 
 use std::collections::BTreeMap;
 
@@ -17,9 +16,9 @@ use turnwise_model::loss::clip_bias::{ClipBiasRule, ClipBiasScope, ClipBiasSpace
 use turnwise_model::loss::policy::{PolicyLossInput, compute_policy_loss};
 use turnwise_model::optim::{AdamW, GradAccumulator, Gradients};
 
-pub use batch::{
-    Packed, PrefixGroup, Row, pack, prefix_groups, response_logprobs, response_values,
-};
+use crate::shard;
+
+pub use batch::{Packed, Row, pack, response_logprobs, response_values};
 
 /// Result of one optimizer update.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -70,9 +69,9 @@ pub fn sft_step(
     let mut idx: Vec<usize> = (0..rows.len()).collect();
     idx.sort_by(|&a, &b| token_order(rows[a], rows[b]));
     let vars = opt.vars();
-    let k = parallel::training_shard_count(policy, rows.len());
-    let shards = parallel::shards_in_order(&idx, k, |i| row_len(rows[i]));
-    let parts = parallel::map_chunks(k, &shards, |shard: &Vec<usize>| {
+    let k = shard::training_shard_count(policy, rows.len());
+    let shards = shard::shards_in_order(&idx, k, |i| row_len(rows[i]));
+    let parts = shard::map_chunks(k, &shards, |shard: &Vec<usize>| {
         let refs: Vec<&Row> = shard.iter().map(|&i| rows[i]).collect();
         let packed = pack(&refs, policy.device())?;
         let (logp, _) = response_logprobs(policy, &packed, 1.0)?;
@@ -149,10 +148,10 @@ pub(crate) fn per_row_no_grad(
     let mut order: Vec<usize> = (0..rows.len()).collect();
     sort_rows(rows, &mut order, share_prefix);
     // At least one chunk per core, so that the chunks run side by side.
-    let k = parallel::training_shard_count(model, rows.len());
+    let k = shard::training_shard_count(model, rows.len());
     let chunk = chunk.max(1).min(rows.len().div_ceil(k).max(1));
     let chunks: Vec<&[usize]> = order.chunks(chunk).collect();
-    let parts = parallel::map_chunks(k, &chunks, |c| {
+    let parts = shard::map_chunks(k, &chunks, |c| {
         let refs: Vec<&Row> = c.iter().map(|&i| &rows[i]).collect();
         let mut packed = pack(&refs, model.device())?;
         if !share_prefix {
@@ -183,7 +182,7 @@ pub(crate) fn sort_rows(rows: &[Row], idx: &mut [usize], share_prefix: bool) {
 
 /// The rows `idx` (sorted by [`sort_rows`]) cut into at most `k` shards that run side by
 /// side: sharing prefixes, contiguous runs in that order (rows sharing a prefix meet in a
-/// shard, which runs it once); otherwise balanced by length ([`parallel::shards_by_len`]).
+/// shard, which runs it once); otherwise balanced by length ([`shard::shards_by_len`]).
 pub(crate) fn row_shards(
     rows: &[Row],
     idx: &[usize],
@@ -191,9 +190,9 @@ pub(crate) fn row_shards(
     share_prefix: bool,
 ) -> Vec<Vec<usize>> {
     if share_prefix {
-        parallel::shards_in_order(idx, k, |i| row_len(&rows[i]))
+        shard::shards_in_order(idx, k, |i| row_len(&rows[i]))
     } else {
-        parallel::shards_by_len(idx, k, |i| row_len(&rows[i]))
+        shard::shards_by_len(idx, k, |i| row_len(&rows[i]))
     }
 }
 
@@ -412,8 +411,8 @@ fn minibatch_clip_bias_scale(
         );
     }
     // ‖C_mb‖² = Σ_piece (B_piece · ‖C_piece‖)² / B_mb², since c = (1/B)(1/|y|)·1·w·Â.
-    let k = parallel::training_shard_count(policy, pieces.len());
-    let parts = parallel::map_chunks(k, pieces, |piece| {
+    let k = shard::training_shard_count(policy, pieces.len());
+    let parts = shard::map_chunks(k, pieces, |piece| {
         let (inp, lp, _) =
             micro_input(policy, cfg.share_prefix, rows, piece, old_logp, None, |p| {
                 response_logprobs(policy, p, cfg.temperature)
@@ -494,7 +493,7 @@ enum PieceOutcome {
 
 /// The gradient of the mini-batch `mb` (row indices) of `rows`: micro-batches of
 /// `cfg.micro_batch` rows of similar length, each cut into one shard per core whose
-/// forward/backward passes run side by side ([`parallel`]), each adding its share of the
+/// forward/backward passes run side by side ([`shard`]), each adding its share of the
 /// mini-batch loss (the loss denominators span the mini-batch, so the gradient does not depend
 /// on the grouping; with a clip-bias loss, the §5.6 scale is computed over the whole
 /// mini-batch first). `None` (with a warning) when a loss is not finite.
@@ -518,7 +517,7 @@ pub fn minibatch_gradient(
     }
     .max(1);
     let denominators = minibatch_denominators(rows, &mb);
-    let k = parallel::training_shard_count(policy, micro);
+    let k = shard::training_shard_count(policy, micro);
     let micro_batches: Vec<Vec<Vec<usize>>> = mb
         .chunks(micro)
         .map(|m| row_shards(rows, m, k, cfg.share_prefix))
@@ -625,7 +624,7 @@ pub fn minibatch_gradient(
     // One micro-batch at a time (its shards side by side), so that at most one micro-batch of
     // activations is alive.
     for shards in &micro_batches {
-        for outcome in parallel::map_chunks(shards.len(), shards, |s| piece(s))? {
+        for outcome in shard::map_chunks(shards.len(), shards, |s| piece(s))? {
             let PieceOutcome::Done {
                 grads,
                 metrics,

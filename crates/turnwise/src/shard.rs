@@ -1,4 +1,7 @@
-//! Data-parallel forward/backward passes on the CPU's cores.
+//! How a batch of rows is cut: into shards for data-parallel forward/backward passes on the
+//! CPU's cores, and into groups of rows that share a prefix, which a pass runs once. The
+//! training update (`update/`) and the information-gain probes (`rollout/info_gain.rs`) both
+//! cut their batches here.
 //!
 //! The policy of a small model spends most of a training step in candle's element-wise CPU
 //! kernels, which run on the calling thread: one forward/backward over a batch keeps one core
@@ -136,9 +139,66 @@ pub fn map_chunks<C: Sync, T: Send>(
     chunks.par_iter().map(&f).collect()
 }
 
+/// The shortest prefix that rows share for a pass (`update::pack`, the information-gain probes)
+/// to compute it once: below it, the second forward call costs about what sharing saves.
+pub const MIN_SHARED_PREFIX: usize = 8;
+
+/// Rows of a packed batch whose first `len` tokens are the same.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixGroup {
+    /// Length of the shared prefix (shorter than every row of the group).
+    pub len: usize,
+    /// The rows (indices into the batch), at least two.
+    pub rows: Vec<usize>,
+}
+
+/// Groups of rows that share a prefix of at least `min_len` tokens, found greedily over the
+/// rows in lexicographic order (so rows of one prompt, a tree's branches and one trajectory's
+/// step samples are neighbours): a run of neighbours grows while the tokens it saves,
+/// `(rows − 1) · shared`, do not shrink. A group's prefix is shorter than each of its rows.
+pub fn prefix_groups(seqs: &[&[u32]], min_len: usize) -> Vec<PrefixGroup> {
+    let mut order: Vec<usize> = (0..seqs.len()).collect();
+    order.sort_by(|&a, &b| seqs[a].cmp(seqs[b]));
+    let lcp = |a: &[u32], b: &[u32]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let mut groups = Vec::new();
+    let close = |run: &mut Vec<usize>, c: usize, groups: &mut Vec<PrefixGroup>| {
+        if run.len() >= 2 {
+            groups.push(PrefixGroup {
+                len: c,
+                rows: std::mem::take(run),
+            });
+        }
+        run.clear();
+    };
+    let mut run: Vec<usize> = Vec::new();
+    let mut c = 0usize;
+    for &r in &order {
+        let own = seqs[r].len().saturating_sub(1);
+        let Some(&prev) = run.last() else {
+            run.push(r);
+            c = own;
+            continue;
+        };
+        let joined = c.min(lcp(seqs[prev], seqs[r])).min(own);
+        let saves_before = (run.len() - 1) * c;
+        if joined >= min_len.max(1) && run.len() * joined >= saves_before {
+            run.push(r);
+            c = joined;
+        } else {
+            close(&mut run, c, &mut groups);
+            run.push(r);
+            c = own;
+        }
+    }
+    close(&mut run, c, &mut groups);
+    for g in &mut groups {
+        g.rows.sort_unstable();
+    }
+    groups
+}
 #[cfg(test)]
 mod tests {
-    use super::{shards_by_len, shards_in_order};
+    use super::{PrefixGroup, prefix_groups, shards_by_len, shards_in_order};
 
     #[test]
     fn shards_in_order_keep_the_order_and_balance_cost() {
@@ -193,5 +253,66 @@ mod tests {
             shards_by_len(&[0, 1, 2], 1, |i| lens[i]),
             vec![vec![0, 1, 2]]
         );
+    }
+
+    /// Rows of one prompt group together; a tree's branches share more than the prompt; a run
+    /// stops growing when a further row would save less than it costs; a prefix never swallows
+    /// a whole row; short common prefixes are not worth a group.
+    #[test]
+    fn prefix_groups_find_rows_that_share_a_prefix() {
+        let p: Vec<u32> = (100..110).collect();
+        let q: Vec<u32> = (200..212).collect();
+        let with = |base: &[u32], tail: &[u32]| -> Vec<u32> { [base, tail].concat() };
+        let seqs = [
+            with(&p, &[1, 2, 3]),         // 0: prompt p
+            with(&q, &[7]),               // 1: prompt q
+            with(&p, &[1, 2, 9, 9]),      // 2: p, shares "1 2" with row 0
+            with(&q, &[8, 8]),            // 3: q
+            vec![1, 2, 3],                // 4: alone
+            with(&p, &[5]),               // 5: p
+            with(&p[..3], &[50, 51, 52]), // 6: shares 3 tokens with p only
+        ];
+        let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+        let groups = prefix_groups(&refs, 8);
+        assert_eq!(
+            groups,
+            vec![
+                PrefixGroup {
+                    len: 10,
+                    rows: vec![0, 2, 5]
+                },
+                PrefixGroup {
+                    len: 12,
+                    rows: vec![1, 3]
+                },
+            ]
+        );
+        // Two branches of a tree share 12 tokens; a third row shares the 10-token prompt only:
+        // 2 · 10 = 20 saved by all three against 12 by the pair, so all three.
+        let tree = [
+            with(&p, &[1, 2, 3, 4]),
+            with(&p, &[1, 2, 5]),
+            with(&p, &[6, 6]),
+        ];
+        let refs: Vec<&[u32]> = tree.iter().map(Vec::as_slice).collect();
+        assert_eq!(
+            prefix_groups(&refs, 8),
+            vec![PrefixGroup {
+                len: 10,
+                rows: vec![0, 1, 2]
+            }]
+        );
+        // A row that is the others' prefix: the shared part stops before its last token.
+        let nested = [p.clone(), with(&p, &[1, 2])];
+        let refs: Vec<&[u32]> = nested.iter().map(Vec::as_slice).collect();
+        assert_eq!(
+            prefix_groups(&refs, 8),
+            vec![PrefixGroup {
+                len: 9,
+                rows: vec![0, 1]
+            }]
+        );
+        assert!(prefix_groups(&refs, 10).is_empty());
+        assert!(prefix_groups(&[], 8).is_empty());
     }
 }
