@@ -23,6 +23,7 @@ pub mod control;
 pub mod grammar;
 pub mod info_gain;
 pub mod pip;
+pub mod range;
 pub mod reward;
 pub mod trajectory;
 

@@ -66,6 +66,59 @@ fn config_prints_the_resolved_config_and_checks_it() {
 }
 
 #[test]
+fn config_refuses_what_the_estimator_refuses_and_lists_every_bad_key() {
+    // GiGPO's and T2PO's estimator refuse a similarity threshold of 1 at their first advantage
+    // step; `config` refuses it first, naming the key, through the estimator's own check.
+    let tmp = tempfile::tempdir().unwrap();
+    for preset in ["gigpo", "t2po"] {
+        let out = turnwise(
+            &[
+                "config",
+                "--preset",
+                preset,
+                "--set",
+                "advantage.enable_similarity=true",
+                "--set",
+                "advantage.similarity_thresh=1.0",
+            ],
+            tmp.path(),
+        );
+        assert!(!out.status.success(), "{preset}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("config field `advantage.similarity_thresh`: must be in (0, 1)"),
+            "{preset}: {err}"
+        );
+    }
+    // Three bad keys in three sections: each on its own line, in one run.
+    let out = turnwise(
+        &[
+            "config",
+            "--preset",
+            "grpo",
+            "--set",
+            "optim.beta1=1.5",
+            "--set",
+            "advantage.epsilon=-1",
+            "--set",
+            "rollout.group_size=0",
+        ],
+        tmp.path(),
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    for key in ["optim.beta1", "advantage.epsilon", "rollout.group_size"] {
+        assert_eq!(
+            err.lines()
+                .filter(|l| l.contains(&format!("config field `{key}`")))
+                .count(),
+            1,
+            "{key}: {err}"
+        );
+    }
+}
+
+#[test]
 fn config_makes_the_checks_that_need_the_task() {
     // The review's two settings that passed `config` and failed only after `--overwrite` had
     // deleted the old run.

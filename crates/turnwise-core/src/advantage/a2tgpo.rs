@@ -11,7 +11,10 @@
 use serde::{Deserialize, Serialize};
 
 use super::channel::{Channel, Channels};
+use crate::range::Range;
+
 use super::contract::{self, MetricDoc, Metrics, Needs};
+use super::error::settings_result;
 use super::input::{check_len, validate_common};
 use super::kernels::{
     GroupNorm, Singleton, StdKind, discounted_suffix_sums, mean, normalize_by_key, sigmoid,
@@ -97,6 +100,15 @@ pub fn a2tgpo_turn_advantages(
 impl Estimator for A2tgpoConfig {
     fn name(&self) -> &'static str {
         "a2tgpo"
+    }
+
+    fn validate(&self) -> Result<(), AdvantageError> {
+        let mut p = Vec::new();
+        Range::UnitInterval.check(&mut p, "gamma", self.gamma);
+        Range::StdEpsilon.check(&mut p, "ig_epsilon", self.ig_epsilon);
+        Range::StdEpsilon.check(&mut p, "outcome_epsilon", self.outcome_epsilon);
+        Range::NonNegative.check(&mut p, "clip_beta", self.clip_beta);
+        settings_result("a2tgpo", p)
     }
 
     fn needs(&self) -> Needs {

@@ -22,6 +22,15 @@ pub enum AdvantageError {
         /// What was wrong.
         message: String,
     },
+    /// Settings out of their ranges ([`Estimator::validate`](super::Estimator::validate)), every
+    /// one of them, each under its field's name.
+    #[error("invalid settings for advantage estimator `{estimator}`: {problems}")]
+    InvalidSettings {
+        /// Estimator name.
+        estimator: &'static str,
+        /// Each setting out of range.
+        problems: crate::range::RangeErrors,
+    },
     /// A rollout lacks an input that this estimator needs (e.g. GAE without `values`).
     #[error("advantage estimator `{estimator}`: rollout {rollout} is missing `{field}`")]
     MissingInput {
@@ -90,4 +99,18 @@ pub enum AdvantageError {
         /// Number of masked elements.
         count: usize,
     },
+}
+
+/// `Ok` when `problems` is empty, else [`AdvantageError::InvalidSettings`] of `estimator` listing
+/// them all (what each estimator's [`Estimator::validate`](super::Estimator::validate) returns).
+pub(crate) fn settings_result(
+    estimator: &'static str,
+    problems: Vec<crate::range::RangeError>,
+) -> Result<(), AdvantageError> {
+    crate::range::RangeErrors::into_result(problems).map_err(|problems| {
+        AdvantageError::InvalidSettings {
+            estimator,
+            problems,
+        }
+    })
 }

@@ -7,7 +7,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::range::Range;
+
 use super::contract::{self, KlPlacement, MetricDoc, Metrics, Needs};
+use super::error::settings_result;
 use super::input::{check_len, validate_common};
 use super::kernels::masked_whiten;
 use super::output::first_token_per_turn;
@@ -115,6 +118,13 @@ fn token_rewards(name: &'static str, i: usize, r: &Rollout) -> Result<Vec<f64>, 
 impl Estimator for GaeConfig {
     fn name(&self) -> &'static str {
         "gae"
+    }
+
+    fn validate(&self) -> Result<(), AdvantageError> {
+        let mut p = Vec::new();
+        Range::UnitInterval.check(&mut p, "gamma", self.gamma);
+        Range::UnitInterval.check(&mut p, "lam", self.lam);
+        settings_result("gae", p)
     }
 
     fn needs(&self) -> Needs {

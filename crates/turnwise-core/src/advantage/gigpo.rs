@@ -25,8 +25,11 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::range::{self, Range, RangeError};
+
 use super::contract::{self, MetricDoc, Metrics, Needs, StepSamples};
 use super::difflib::sequence_ratio;
+use super::error::settings_result;
 use super::input::{check_len, validate_common};
 use super::kernels::{
     GroupNorm, Singleton, StdKind, discounted_suffix_sums, group_indices, normalize_by_key,
@@ -108,6 +111,14 @@ macro_rules! gigpo_settings {
                 $est
             }
 
+            fn validate(&self) -> Result<(), AdvantageError> {
+                let mut p = Vec::new();
+                Range::UnitInterval.check(&mut p, "gamma", self.gamma);
+                Range::StdEpsilon.check(&mut p, "epsilon", self.epsilon);
+                check_similarity_thresh(&mut p, self.similarity_thresh);
+                settings_result($est, p)
+            }
+
             fn needs(&self) -> Needs {
                 Needs {
                     step_rewards: true,
@@ -142,6 +153,7 @@ macro_rules! gigpo_settings {
             }
 
             fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError> {
+                self.validate()?;
                 let s = GigpoSettings {
                     gamma: self.gamma,
                     step_advantage_w: self.step_advantage_w,
@@ -168,6 +180,20 @@ gigpo_settings!(
     /// own invalid-action penalty defaults to 0 here.
     T2poConfig, "t2po", sim = true, thresh = 0.9, invalid = 0.0
 );
+
+/// `similarity_thresh` lies strictly between 0 and 1: a ratio of 0 would join every anchor to
+/// the first cluster and one of 1 only identical anchors, which `enable_similarity = false` does
+/// exactly. Checked whether or not similarity is on, as the field states its range.
+fn check_similarity_thresh(problems: &mut Vec<RangeError>, t: f64) {
+    range::check(
+        problems,
+        t > 0.0 && t < 1.0,
+        "similarity_thresh",
+        "in (0, 1), both ends excluded (set advantage.enable_similarity = false to match anchors \
+         exactly)",
+        t,
+    );
+}
 
 struct GigpoSettings {
     gamma: f64,
@@ -231,14 +257,6 @@ fn gigpo_estimate(
     s: &GigpoSettings,
 ) -> Result<AdvantageOutput, AdvantageError> {
     validate_common(name, batch)?;
-    if let Some(t) = s.similarity
-        && !(t > 0.0 && t < 1.0)
-    {
-        return Err(AdvantageError::InvalidConfig {
-            estimator: name.to_string(),
-            message: format!("similarity_thresh must be in (0, 1) when similarity is on, got {t}"),
-        });
-    }
     for (i, r) in batch.rollouts.iter().enumerate() {
         check_len(name, i, "step_rewards", r.step_rewards.len(), r.num_turns)?;
         check_len(name, i, "anchors", r.anchors.len(), r.num_turns)?;
@@ -613,7 +631,7 @@ mod tests {
         };
         assert!(matches!(
             cfg.estimate(&example()),
-            Err(AdvantageError::InvalidConfig { .. })
+            Err(AdvantageError::InvalidSettings { .. })
         ));
     }
 }

@@ -5,7 +5,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::range::Range;
+
 use super::contract::KlPlacement;
+use super::error::settings_result;
 use super::input::validate_common;
 use super::kernels::{StdKind, dr_grpo_center, grpo_normalize, normalize_by_key, rloo};
 use super::output::turn_constant;
@@ -65,6 +68,12 @@ pub(crate) fn outcome_estimator(
 impl Estimator for GrpoConfig {
     fn name(&self) -> &'static str {
         "grpo"
+    }
+
+    fn validate(&self) -> Result<(), AdvantageError> {
+        let mut p = Vec::new();
+        Range::StdEpsilon.check(&mut p, "epsilon", self.epsilon);
+        settings_result("grpo", p)
     }
 
     fn kl_placement(&self) -> Option<KlPlacement> {

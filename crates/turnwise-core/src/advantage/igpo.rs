@@ -12,7 +12,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::range::Range;
+
 use super::contract::{self, MetricDoc, Metrics, Needs};
+use super::error::settings_result;
 use super::input::{check_len, validate_common};
 use super::kernels::{StdKind, discounted_suffix_sums, group_indices, mean};
 use super::output::{first_token_per_turn, turn_constant};
@@ -96,6 +99,13 @@ pub fn igpo_code_group(token_rewards: &[Vec<f64>], gamma: f64) -> Vec<Vec<f64>> 
 impl Estimator for IgpoConfig {
     fn name(&self) -> &'static str {
         "igpo"
+    }
+
+    fn validate(&self) -> Result<(), AdvantageError> {
+        let mut p = Vec::new();
+        Range::UnitInterval.check(&mut p, "gamma", self.gamma);
+        Range::StdEpsilon.check(&mut p, "epsilon", self.epsilon);
+        settings_result("igpo", p)
     }
 
     fn needs(&self) -> Needs {

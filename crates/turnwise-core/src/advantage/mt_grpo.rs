@@ -3,7 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::range::Range;
+
 use super::contract::{self, MetricDoc, Metrics, Needs};
+use super::error::settings_result;
 use super::input::{check_len, validate_common};
 use super::kernels::{GroupNorm, StdKind, normalize_by_key};
 use super::output::turn_constant;
@@ -128,6 +131,12 @@ impl Estimator for MtGrpoConfig {
         "mt_grpo"
     }
 
+    fn validate(&self) -> Result<(), AdvantageError> {
+        let mut p = Vec::new();
+        Range::StdEpsilon.check(&mut p, "epsilon", self.epsilon);
+        settings_result("mt_grpo", p)
+    }
+
     fn needs(&self) -> Needs {
         Needs {
             turn_rewards: true,
@@ -199,6 +208,13 @@ impl Estimator for MtGrpoConfig {
 impl Estimator for MtGrpoCodeConfig {
     fn name(&self) -> &'static str {
         "mt_grpo_code"
+    }
+
+    fn validate(&self) -> Result<(), AdvantageError> {
+        let mut p = Vec::new();
+        Range::StdEpsilon.check(&mut p, "epsilon", self.epsilon);
+        Range::NonNegative.check(&mut p, "turn_advantage_coef", self.turn_advantage_coef);
+        settings_result("mt_grpo_code", p)
     }
 
     fn needs(&self) -> Needs {

@@ -21,6 +21,14 @@ pub trait Estimator {
     /// Registry name (e.g. `"grpo"`).
     fn name(&self) -> &'static str;
 
+    /// Checks that its settings lie in their ranges, reporting every one that does not under
+    /// its field's name ([`AdvantageError::InvalidSettings`]; default: nothing to check). The
+    /// config calls it (prefixing `advantage.`), and so does the estimator's own runtime check,
+    /// so that both refuse the same values.
+    fn validate(&self) -> Result<(), AdvantageError> {
+        Ok(())
+    }
+
     /// Computes the advantages of `batch`.
     fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError>;
 
@@ -248,6 +256,10 @@ impl AdvantageConfig {
 impl Estimator for AdvantageConfig {
     fn name(&self) -> &'static str {
         self.inner().name()
+    }
+
+    fn validate(&self) -> Result<(), AdvantageError> {
+        self.inner().validate()
     }
 
     fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError> {

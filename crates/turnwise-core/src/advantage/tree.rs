@@ -10,7 +10,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::range::Range;
+
 use super::contract::Needs;
+use super::error::settings_result;
 use super::input::{check_finite, validate_common};
 use super::kernels::{StdKind, grpo_normalize, mean, softmax, std_population};
 use super::output::TreeValues;
@@ -192,6 +195,12 @@ pub fn tree_node_advantages(
 impl Estimator for At2poConfig {
     fn name(&self) -> &'static str {
         "at2po"
+    }
+
+    fn validate(&self) -> Result<(), AdvantageError> {
+        let mut p = Vec::new();
+        Range::StdEpsilon.check(&mut p, "epsilon", self.epsilon);
+        settings_result("at2po", p)
     }
 
     fn needs(&self) -> Needs {

@@ -6,7 +6,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::range::Range;
+
 use super::contract::Needs;
+use super::error::settings_result;
 use super::input::validate_common;
 use super::kernels::{StdKind, group_indices, grpo_normalize, normalize_by_key};
 use super::output::turn_constant;
@@ -67,6 +70,12 @@ pub fn tree_grpo_group(
 impl Estimator for TreeGrpoConfig {
     fn name(&self) -> &'static str {
         "tree_grpo"
+    }
+
+    fn validate(&self) -> Result<(), AdvantageError> {
+        let mut p = Vec::new();
+        Range::StdEpsilon.check(&mut p, "epsilon", self.epsilon);
+        settings_result("tree_grpo", p)
     }
 
     fn needs(&self) -> Needs {

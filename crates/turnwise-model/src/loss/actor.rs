@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
+use turnwise_core::range::{Range, RangeErrors};
 
 use super::agg::AggOptions;
 use super::entropy::entropy_bonus;
@@ -43,6 +44,40 @@ impl Default for ActorLossConfig {
             kl_loss_type: KlPenalty::default(),
             entropy_coeff: 0.0,
         }
+    }
+}
+
+impl ActorLossConfig {
+    /// Checks that its numbers lie in their ranges, reporting every one that does not
+    /// ([`LossError::InvalidSettings`], each under its field's name relative to `[actor]`): the
+    /// coefficients `kl_loss_coef` and `entropy_coeff` at least 0; the clip ratios
+    /// `policy.clip_ratio`, `policy.clip_ratio_low` and `policy.clip_ratio_high`, where set,
+    /// above 0; the dual clip `policy.clip_ratio_c`, where set, above 1 (whether or not the
+    /// loss uses it). [`PolicyLossConfig::resolve`] checks the resolved loss's own bounds.
+    pub fn validate(&self) -> Result<()> {
+        let mut p = Vec::new();
+        Range::NonNegative.check(&mut p, "entropy_coeff", self.entropy_coeff);
+        Range::NonNegative.check(&mut p, "kl_loss_coef", self.kl_loss_coef);
+        let policy = &self.policy;
+        for (field, value, range) in [
+            ("policy.clip_ratio", policy.clip_ratio, Range::Positive),
+            ("policy.clip_ratio_c", policy.clip_ratio_c, Range::AboveOne),
+            (
+                "policy.clip_ratio_high",
+                policy.clip_ratio_high,
+                Range::Positive,
+            ),
+            (
+                "policy.clip_ratio_low",
+                policy.clip_ratio_low,
+                Range::Positive,
+            ),
+        ] {
+            if let Some(x) = value {
+                range.check(&mut p, field, x);
+            }
+        }
+        RangeErrors::into_result(p).map_err(LossError::InvalidSettings)
     }
 }
 

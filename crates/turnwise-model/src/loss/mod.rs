@@ -132,6 +132,10 @@ pub enum LossError {
     /// A configuration value is out of range.
     #[error("invalid loss config: {0}")]
     InvalidConfig(String),
+    /// Settings out of their ranges ([`ActorLossConfig::validate`]), every one of them, each
+    /// under its field's name relative to `[actor]` (`policy.clip_ratio`).
+    #[error("invalid loss config: {0}")]
+    InvalidSettings(turnwise_core::range::RangeErrors),
     /// An error from candle.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),

@@ -14,6 +14,7 @@
 //! (`[eval]`, `[run]`). `overrides.rs` layers documents and applies `--set`; `numbers.rs` checks
 //! every number once more: finite, and in the range stated for its key.
 
+mod cross;
 mod model;
 mod numbers;
 mod openenv;
@@ -99,6 +100,46 @@ pub enum ConfigError {
         /// The cause.
         cause: std::io::Error,
     },
+    /// Several values are wrong ([`TrainConfig::validate`] checks every section in one pass):
+    /// each problem on its own line, one per key.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Several(Vec<ConfigError>),
+}
+
+impl ConfigError {
+    /// The dotted key the error is about, where it names one.
+    fn field(&self) -> Option<&str> {
+        match self {
+            ConfigError::Field { field, .. } => Some(field),
+            ConfigError::Invalid { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+
+    /// `Ok` without problems, the problem itself when there is one, else
+    /// [`ConfigError::Several`] of them in the order found. A key reported twice (a value
+    /// that is not finite is also out of its range) is reported once, by the first check that
+    /// found it, and a section reported after one of its keys (`actor.policy` after
+    /// `actor.policy.clip_ratio_c`, when the loss refuses what its range refused) is not
+    /// reported again.
+    fn all(problems: Vec<ConfigError>) -> Result<(), ConfigError> {
+        let mut kept: Vec<ConfigError> = Vec::new();
+        for p in problems {
+            let reported = p.field().is_some_and(|f| {
+                kept.iter()
+                    .filter_map(ConfigError::field)
+                    .any(|k| k == f || k.strip_prefix(f).is_some_and(|rest| rest.starts_with('.')))
+            });
+            if !reported {
+                kept.push(p);
+            }
+        }
+        match kept.len() {
+            0 => Ok(()),
+            1 => Err(kept.remove(0)),
+            _ => Err(ConfigError::Several(kept)),
+        }
+    }
 }
 /// This machine's memory in bytes (`MemTotal` of /proc/meminfo); `None` where it cannot be read.
 pub fn machine_memory_bytes() -> Option<u64> {
@@ -398,72 +439,57 @@ impl TrainConfig {
         bytes
     }
 
-    /// Refuses a batch whose [`TrainConfig::rollout_memory_floor`] exceeds `total` bytes (this
-    /// machine's memory; `None` when it cannot be read, and then nothing is checked), naming the
-    /// keys that size it.
-    fn validate_memory(&self, total: Option<u64>) -> Result<(), ConfigError> {
-        let Some(total) = total else { return Ok(()) };
-        let need = self.rollout_memory_floor();
-        if need > u128::from(total) {
-            let gb = |b: u128| b as f64 / 1e9;
-            return Err(ConfigError::Invalid {
-                field: "rollout.group_size",
-                message: format!(
-                    "rollout.prompts_per_step × rollout.group_size = {} × {} sequences of up to \
-                     {} tokens (rollout.max_response_tokens; model.max_position_embeddings {} for \
-                     a fresh model's KV cache) need at least {:.1} GB, more than this machine's \
-                     {:.1} GB of memory",
-                    self.rollout.prompts_per_step,
-                    self.rollout.group_size,
-                    self.rollout.max_response_tokens,
-                    self.model.max_position_embeddings,
-                    gb(need),
-                    gb(u128::from(total))
-                ),
-            });
-        }
-        Ok(())
-    }
-
-    /// Checks ranges and cross-field consistency. Each section checks itself (beside its
-    /// struct); the checks run in the order they ran when they were one function, so that a
-    /// config with several bad values reports the same one first. That is why some sections
-    /// are checked in more than one step.
+    /// Checks every value in one pass and reports every problem at once
+    /// ([`ConfigError::Several`], one line per key): every number is finite
+    /// ([`numbers::validate`]); each section checks its own keys, beside its struct, where the
+    /// parts of `turnwise-core` and `turnwise-model` check theirs (`[advantage]`, `[actor]`);
+    /// the rules that tie sections together are in `cross.rs`.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let max_response_tokens = self.rollout.max_response_tokens;
-        self.rollout.validate_sampling()?;
-        self.model.validate_device()?;
-        self.run.validate_tracking()?;
-        self.rollout.validate_tree_shape()?;
-        self.rollout.validate_control()?;
-        self.validate_samples()?;
-        self.rollout.validate_chain_only()?;
-        self.rollout.validate_remote(self.model.lora.rank)?;
-        self.judge.validate(&self.reward)?;
-        self.optim.validate_ranges()?;
-        self.critic.validate()?;
-        self.sft.validate_ranges()?;
-        self.rsft.validate_lr()?;
-        self.rollout.validate_branch_penalty()?;
-        self.model.validate_ranges(max_response_tokens)?;
-        self.task.validate_limits()?;
-        self.eval.validate()?;
-        self.optim.validate_min_lr_ratio()?;
-        self.run.validate_checkpoints()?;
-        numbers::validate(self)?;
-        self.task.validate_source(max_response_tokens)?;
-        self.validate_memory(machine_memory_bytes())?;
-        self.task.validate(&self.reward, self.rollout.tti.enabled)?;
-        self.optim.validate()?;
-        self.sft.validate()?;
-        self.rsft.validate()?;
-        self.model.validate_heads()?;
-        self.validate_policy_loss()?;
-        self.validate_reward()?;
-        self.validate_method_needs()?;
-        self.rollout.validate_filter()?;
-        self.overlong_buffer.validate(max_response_tokens)?;
-        self.validate_loss_reads_estimator()
+        let mut problems = numbers::validate(self);
+        // [advantage], [actor]: the estimator's and the loss's own ranges.
+        problems.extend(self.validate_parts());
+        let sections = [
+            // [task]
+            self.task.validate_limits(),
+            self.task.validate_source(max_response_tokens),
+            self.task.validate(&self.reward, self.rollout.tti.enabled),
+            // [model]
+            self.model.validate_device(),
+            self.model.validate_ranges(max_response_tokens),
+            self.model.validate_heads(),
+            // [sft], [rsft]
+            self.sft.validate_ranges(),
+            self.sft.validate(),
+            self.rsft.validate_lr(),
+            self.rsft.validate(),
+            // [rollout]
+            self.rollout.validate_sampling(),
+            self.rollout.validate_tree_shape(),
+            self.rollout.validate_control(),
+            self.rollout.validate_chain_only(),
+            self.rollout.validate_remote(self.model.lora.rank),
+            self.rollout.validate_branch_penalty(),
+            self.rollout.validate_filter(),
+            // [reward], [overlong_buffer], [judge]
+            self.validate_reward(),
+            self.overlong_buffer.validate(max_response_tokens),
+            self.judge.validate(&self.reward),
+            // [actor]: the loss it names
+            self.validate_policy_loss(),
+            // [optim], [critic]
+            self.optim.validate_ranges(),
+            self.optim.validate_min_lr_ratio(),
+            self.optim.validate(),
+            self.critic.validate(),
+            // [eval], [run]
+            self.eval.validate(),
+            self.run.validate_tracking(),
+            self.run.validate_checkpoints(),
+        ];
+        problems.extend(sections.into_iter().filter_map(Result::err));
+        problems.extend(self.validate_cross(machine_memory_bytes()));
+        ConfigError::all(problems)
     }
 }
 

@@ -843,18 +843,17 @@ fn other_crates_numbers_are_refused_outside_their_stated_ranges() {
 /// the two-turn task's estimator) refuses a value just outside the range under that key.
 #[test]
 fn every_stated_number_range_names_a_live_key() {
-    use super::numbers::NumberRange;
+    use turnwise_core::range::Range;
     let mut bases: Vec<(&str, Vec<String>)> =
         presets::names().iter().map(|p| (*p, Vec::new())).collect();
     bases.push(("mt-grpo", vec!["task.env=\"two_turn\"".into()]));
     for &(key, range) in super::update::NUMBER_RANGES {
         let (bad, what) = match range {
-            NumberRange::UnitInterval => ("1.5", "in [0, 1]"),
-            NumberRange::OpenUnitInterval => ("1.0", "in (0, 1)"),
-            NumberRange::NonNegative => ("-1", "a non-negative number"),
-            NumberRange::StdEpsilon => ("0", "positive (it is added"),
-            NumberRange::Positive => ("0", "positive"),
-            NumberRange::AboveOne => ("1", "above 1"),
+            Range::UnitInterval => ("1.5", "in [0, 1]"),
+            Range::NonNegative => ("-1", "a non-negative number"),
+            Range::StdEpsilon => ("0", "positive (it is added"),
+            Range::Positive => ("0", "positive"),
+            Range::AboveOne => ("1", "above 1"),
         };
         let want = format!("config field `{key}`: must be {what}");
         let refused = bases.iter().any(|(preset, sets)| {
@@ -894,4 +893,66 @@ fn similarity_thresholds_the_estimator_refuses_are_refused_by_the_config() {
             }
         }
     }
+}
+
+/// One pass: a config with bad keys in three sections (an estimator's setting, the optimizer,
+/// the rollout) reports all three at once, each on its own line under its key, and a value that
+/// is also not finite is reported once.
+#[test]
+fn every_bad_key_is_reported_at_once() {
+    let sets: Vec<String> = [
+        "advantage.epsilon=-1",
+        "optim.beta1=1.5",
+        "rollout.group_size=0",
+        "actor.entropy_coeff=nan",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let e = TrainConfig::resolve(Some("grpo"), None, &sets).unwrap_err();
+    let ConfigError::Several(problems) = &e else {
+        panic!("one error for several bad keys: {e}");
+    };
+    let text = e.to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), problems.len(), "{text}");
+    for want in [
+        "config field `advantage.epsilon`: must be a non-negative number, got -1",
+        "config field `optim.beta1`: must be in [0, 1), got 1.5",
+        "config field `actor.entropy_coeff`: must be a finite number, got NaN",
+    ] {
+        assert!(lines.contains(&want), "{want}: {text}");
+    }
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.starts_with("config field `rollout.group_size`"))
+            .count(),
+        1,
+        "{text}"
+    );
+    assert_eq!(lines.len(), 4, "{text}");
+}
+
+/// The estimator's and the loss's own checks ([`TrainConfig::validate_parts`]) report every
+/// setting out of range under its dotted key, and pass a preset's settings.
+#[test]
+fn the_parts_report_their_own_settings_under_their_keys() {
+    let mut cfg = TrainConfig::resolve(Some("a2tgpo"), None, &[]).unwrap();
+    assert!(cfg.validate_parts().is_empty());
+    let turnwise_core::advantage::AdvantageConfig::A2tgpo(a) = &mut cfg.advantage else {
+        panic!("a2tgpo names its estimator");
+    };
+    a.gamma = 1.5;
+    a.clip_beta = -0.1;
+    cfg.actor.policy.clip_ratio_low = Some(0.0);
+    let keys: Vec<String> = cfg.validate_parts().iter().map(|e| e.to_string()).collect();
+    assert_eq!(
+        keys,
+        [
+            "config field `advantage.gamma`: must be in [0, 1], got 1.5",
+            "config field `advantage.clip_beta`: must be a non-negative number, got -0.1",
+            "config field `actor.policy.clip_ratio_low`: must be positive, got 0",
+        ]
+    );
 }

@@ -1,14 +1,15 @@
-//! The update stage: `[optim]`, `[critic]` and `[algorithm]`, the checks of these sections and
-//! those of `[advantage]` and `[actor]` (whose types live in `turnwise-core` and
-//! `turnwise-model`), and the ranges of those types' numbers, by key.
+//! The update stage: `[optim]`, `[critic]` and `[algorithm]` and the checks of these sections,
+//! and the checks of `[advantage]` and `[actor]` (whose types live in `turnwise-core` and
+//! `turnwise-model` and check their own ranges), under their dotted keys.
 
 use serde::{Deserialize, Serialize};
 
-use super::numbers::{NumberRange, check, non_negative, positive, unit, unit_open};
-use turnwise_core::advantage::{Estimator, estimators_where};
-use turnwise_model::loss::policy::PolicyLossKind;
+use super::numbers::{check, non_negative, positive, unit, unit_open};
+use turnwise_core::advantage::{AdvantageError, Estimator};
+use turnwise_core::range::{Range, RangeErrors};
+use turnwise_model::loss::LossError;
 
-use super::{ConfigError, RolloutStrategy, TrainConfig};
+use super::{ConfigError, TrainConfig};
 
 /// Optimizer and PPO-epoch settings of the RL phase.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -197,28 +198,14 @@ impl Default for AlgorithmConfig {
 /// number of a config must be finite ([`super::numbers::validate`]).
 pub(super) const MAY_BE_INFINITE: &[&str] = &["optim.grad_clip"];
 
-/// The range of each number of the estimators', losses' and KL controller's settings, by key
-/// (their types live in `turnwise-core` and `turnwise-model`; the estimator a config names
-/// decides which of the `advantage.*` keys it has). [`super::numbers::validate`] checks them
-/// together with every other number of the config.
-pub(super) const NUMBER_RANGES: &[(&str, NumberRange)] = &[
-    ("actor.entropy_coeff", NumberRange::NonNegative),
-    ("actor.kl_loss_coef", NumberRange::NonNegative),
-    ("actor.policy.clip_ratio", NumberRange::Positive),
-    ("actor.policy.clip_ratio_c", NumberRange::AboveOne),
-    ("actor.policy.clip_ratio_high", NumberRange::Positive),
-    ("actor.policy.clip_ratio_low", NumberRange::Positive),
-    ("advantage.clip_beta", NumberRange::NonNegative),
-    ("advantage.epsilon", NumberRange::StdEpsilon),
-    ("advantage.gamma", NumberRange::UnitInterval),
-    ("advantage.ig_epsilon", NumberRange::StdEpsilon),
-    ("advantage.lam", NumberRange::UnitInterval),
-    ("advantage.outcome_epsilon", NumberRange::StdEpsilon),
-    ("advantage.similarity_thresh", NumberRange::OpenUnitInterval),
-    ("advantage.turn_advantage_coef", NumberRange::NonNegative),
-    ("algorithm.kl_ctrl.horizon", NumberRange::NonNegative),
-    ("algorithm.kl_ctrl.kl_coef", NumberRange::NonNegative),
-    ("algorithm.kl_ctrl.target_kl", NumberRange::NonNegative),
+/// The range of each number of the KL controller's settings, by key (its type lives in
+/// `turnwise-model`). [`super::numbers::validate`] checks them together with every other number
+/// of the config. The estimators' and losses' settings check their own ranges
+/// ([`TrainConfig::validate_parts`]).
+pub(super) const NUMBER_RANGES: &[(&str, Range)] = &[
+    ("algorithm.kl_ctrl.horizon", Range::NonNegative),
+    ("algorithm.kl_ctrl.kl_coef", Range::NonNegative),
+    ("algorithm.kl_ctrl.target_kl", Range::NonNegative),
 ];
 
 impl OptimConfig {
@@ -330,53 +317,6 @@ impl TrainConfig {
         (steps, steps - 1)
     }
 
-    /// Checks `optim.samples` against the memory window and the parts that read whole rows.
-    pub(super) fn validate_samples(&self) -> Result<(), ConfigError> {
-        let bad = |field, message: String| Err(ConfigError::Invalid { field, message });
-        match self.optim.samples {
-            TrainSamples::Trajectory => {
-                // The window drops turns once a turn has more than P turns before it.
-                if let Some(p) = self.rollout.memory_window
-                    && self.task.max_turns > p + 1
-                {
-                    return bad(
-                        "rollout.memory_window",
-                        format!(
-                            "a window of {p} turns drops earlier turns from the context of turn \
-                             {} onwards (task.max_turns = {}), but optim.samples = \
-                             \"trajectory\" trains every turn on the whole history, which is not \
-                             what it was sampled from; set optim.samples = \"step\" (each step \
-                             trained on its own context), or a window of at least {} turns",
-                            p + 2,
-                            self.task.max_turns,
-                            self.task.max_turns - 1
-                        ),
-                    );
-                }
-            }
-            TrainSamples::Step => {
-                if self.critic.enabled {
-                    return bad(
-                        "optim.samples",
-                        "\"step\" rows are not supported with a critic (critic.enabled): its \
-                         values and returns are per trajectory row"
-                            .into(),
-                    );
-                }
-                if self.algorithm.use_kl_in_reward {
-                    return bad(
-                        "optim.samples",
-                        "\"step\" rows are not supported with KL in the reward \
-                         (algorithm.use_kl_in_reward): use the KL loss (actor.use_kl_loss), as \
-                         verl-agent does"
-                            .into(),
-                    );
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Checks that `[actor.policy]` names a known loss with valid settings.
     pub(super) fn validate_policy_loss(&self) -> Result<(), ConfigError> {
         self.actor
@@ -389,118 +329,41 @@ impl TrainConfig {
         Ok(())
     }
 
-    /// What the estimator and the loss declare they need: the estimator's inputs (a critic,
-    /// information-gain probes, tree rollouts; [`Estimator::needs`]), off-policy updates for a
-    /// loss defined by its clip ([`PolicyLossKind::defined_by_clip`]), an estimator that takes
-    /// KL in the reward ([`Estimator::kl_placement`]) and the KL controller of
-    /// `algorithm.use_kl_in_reward`.
-    pub(super) fn validate_method_needs(&self) -> Result<(), ConfigError> {
-        let bad = |field, message: String| Err(ConfigError::Invalid { field, message });
-        let r = &self.rollout;
-        let o = &self.optim;
-        let est = self.advantage.name();
-        let needs = self.advantage.needs();
-        if needs.critic_values && !self.critic.enabled {
-            return bad(
-                "critic.enabled",
-                format!("the {est} estimator needs a critic: set critic.enabled = true"),
-            );
-        }
-        if needs.info_gain && !r.info_gain {
-            return bad(
-                "rollout.info_gain",
-                format!(
-                    "the {est} estimator needs information-gain probes: set rollout.info_gain = true"
-                ),
-            );
-        }
-        if needs.trees && r.strategy == RolloutStrategy::Chain {
-            return bad(
-                "rollout.strategy",
-                format!(
-                    "the {est} estimator needs tree rollouts (strategy = \"tree\" or \"random_tree\")"
-                ),
-            );
-        }
-        // A loss whose defining mechanism is a clip (or the clipping-bias correction) needs
-        // off-policy updates: with one epoch over one mini-batch every ratio is exactly 1 and
-        // no clip can bind (review X1), so the method would silently train as plain PG.
-        let kind = self
-            .actor
-            .policy
-            .resolve()
-            .map_err(|e| ConfigError::Invalid {
-                field: "actor.policy",
-                message: e.to_string(),
-            })?
-            .kind;
-        let rows = r.prompts_per_step * r.group_size;
-        if kind.defined_by_clip()
-            && o.ppo_epochs == 1
-            && (o.mini_batch_size == 0 || o.mini_batch_size >= rows)
-        {
-            return bad(
-                "optim.mini_batch_size",
-                format!(
-                    "the {} loss is defined by its clip, which cannot bind in an on-policy update \
-                     (optim.ppo_epochs = 1 and one mini-batch of all {rows} rollouts): set \
-                     optim.mini_batch_size below {rows} or optim.ppo_epochs above 1",
-                    kind.name()
-                ),
-            );
-        }
-        if self.algorithm.use_kl_in_reward {
-            if self.advantage.kl_placement().is_none() {
-                let takers = estimators_where(|e| e.kl_placement().is_some());
-                return bad(
-                    "algorithm.use_kl_in_reward",
-                    format!(
-                        "KL in the reward applies to the {} estimators, not {est}; use \
-                         actor.use_kl_loss",
-                        listing(&takers)
-                    ),
-                );
-            }
-            self.algorithm
-                .kl_ctrl
-                .build()
-                .map_err(|e| ConfigError::Invalid {
-                    field: "algorithm.kl_ctrl",
-                    message: e.to_string(),
-                })?;
-        }
-        Ok(())
-    }
-
-    /// A loss reads only channels its estimator emits ([`PolicyLossKind::reads`] ⊆
-    /// [`Estimator::emits`]).
-    pub(super) fn validate_loss_reads_estimator(&self) -> Result<(), ConfigError> {
-        let Ok(kind) = self.actor.policy.policy_loss.parse::<PolicyLossKind>() else {
-            return Ok(());
+    /// The ranges the estimator and the loss state for their own settings
+    /// ([`Estimator::validate`], [`turnwise_model::loss::ActorLossConfig::validate`]), every
+    /// value out of range under its dotted key (`advantage.similarity_thresh`,
+    /// `actor.policy.clip_ratio`).
+    pub(super) fn validate_parts(&self) -> Vec<ConfigError> {
+        let under = |section: &str, problems: RangeErrors| {
+            problems
+                .0
+                .into_iter()
+                .map(|p| ConfigError::Field {
+                    field: format!("{section}.{}", p.field),
+                    message: p.message,
+                })
+                .collect::<Vec<_>>()
         };
-        let emitted = self.advantage.emits();
-        if let Some(&missing) = kind.reads().iter().find(|c| !emitted.contains(c)) {
-            let emitters = estimators_where(|e| e.emits().contains(&missing));
-            return Err(ConfigError::Invalid {
-                field: "actor.policy.policy_loss",
-                message: format!(
-                    "the {kind} loss reads the `{missing}` channel, which the {} estimator does \
-                     not emit (use {})",
-                    self.advantage.name(),
-                    emitters.join(" or ")
-                ),
-            });
+        let mut out = Vec::new();
+        match self.advantage.validate() {
+            Ok(()) => {}
+            Err(AdvantageError::InvalidSettings { problems, .. }) => {
+                out.extend(under("advantage", problems))
+            }
+            Err(e) => out.push(ConfigError::Invalid {
+                field: "advantage",
+                message: e.to_string(),
+            }),
         }
-        Ok(())
-    }
-}
-
-/// `a, b and c`.
-fn listing(names: &[&str]) -> String {
-    match names.split_last() {
-        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
-        Some((last, _)) => last.to_string(),
-        None => String::new(),
+        match self.actor.validate() {
+            Ok(()) => {}
+            Err(LossError::InvalidSettings(problems)) => out.extend(under("actor", problems)),
+            Err(e) => out.push(ConfigError::Invalid {
+                field: "actor",
+                message: e.to_string(),
+            }),
+        }
+        out
     }
 }
 
