@@ -67,8 +67,8 @@ world=(--set task.world.countries=4 --set task.world.cities=8 --set task.world.c
     --set model.num_kv_heads=2 --set model.intermediate_size=64
     --set rollout.max_turn_tokens=48 --set rollout.max_response_tokens=240)
 
-mapfile -t presets < <("$before" presets | grep -oE '^[a-z0-9][a-z0-9-]*')
-mapfile -t presets_after < <("$after" presets | grep -oE '^[a-z0-9][a-z0-9-]*')
+mapfile -t presets < <("$before" presets | grep -oE '^[a-z0-9][a-z0-9-]*' | grep -vx preset)
+mapfile -t presets_after < <("$after" presets | grep -oE '^[a-z0-9][a-z0-9-]*' | grep -vx preset)
 [ ${#presets[@]} -gt 0 ] || { echo "$before presets listed none" >&2; exit 1; }
 failures=0
 if [ "${presets[*]}" != "${presets_after[*]}" ]; then

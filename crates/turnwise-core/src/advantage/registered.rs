@@ -28,21 +28,23 @@ impl<T: Estimator + Default + Serialize + DeserializeOwned + Send + Sync + 'stat
 /// The shareable estimator behind a registered entry.
 type Shared = Arc<dyn Estimator + Send + Sync>;
 
+/// A settings table (with every default filled in).
+type Settings = serde_json::Map<String, serde_json::Value>;
+
+/// Builds an estimator and its canonical settings from a settings table.
+type Build = fn(serde_json::Value) -> Result<(Shared, Settings), String>;
+
 /// One registered estimator.
 struct Entry {
     name: &'static str,
     doc: &'static str,
     type_id: TypeId,
-    build: fn(
-        serde_json::Value,
-    ) -> Result<(Shared, serde_json::Map<String, serde_json::Value>), String>,
+    build: Build,
 }
 
 static REGISTERED: RwLock<Vec<Entry>> = RwLock::new(Vec::new());
 
-fn build<T: Registrable>(
-    settings: serde_json::Value,
-) -> Result<(Shared, serde_json::Map<String, serde_json::Value>), String> {
+fn build<T: Registrable>(settings: serde_json::Value) -> Result<(Shared, Settings), String> {
     let t: T = serde_json::from_value(settings).map_err(|e| e.to_string())?;
     let canonical = match serde_json::to_value(&t).map_err(|e| e.to_string())? {
         serde_json::Value::Object(m) => m,
