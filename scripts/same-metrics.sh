@@ -237,7 +237,8 @@ PY
 # A preset's batch overrides: the smallest prompts per step from 2 whose rounded, proportional
 # mini-batch keeps the preset's update structure (TrainConfig::update_structure).
 scaled_batch() {
-    "$before" config --preset "$1" | python3 -c '
+    # (judge.enabled = false: only the batch is read, and a judge preset needs an endpoint.)
+    "$before" config --preset "$1" --set judge.enabled=false | python3 -c '
 import sys, tomllib
 c = tomllib.loads(sys.stdin.read())
 p0, g = c["rollout"]["prompts_per_step"], c["rollout"]["group_size"]
