@@ -150,22 +150,10 @@ impl Rollout {
         self
     }
 
-    /// Sets the scope of every step's anchor (GiGPO / T2PO): see [`Rollout::anchor_scopes`].
-    pub fn with_anchor_scopes(mut self, scopes: Vec<String>) -> Self {
-        self.anchor_scopes = scopes;
-        self
-    }
-
     /// Sets per-step penalties on the discounted step returns (GiGPO / T2PO): see
     /// [`Rollout::step_penalties`].
     pub fn with_step_penalties(mut self, penalties: Vec<f64>) -> Self {
         self.step_penalties = penalties;
-        self
-    }
-
-    /// Sets per-step episode scores (GiGPO / T2PO).
-    pub fn with_step_scores(mut self, step_scores: Vec<f64>) -> Self {
-        self.step_scores = Some(step_scores);
         self
     }
 
@@ -179,13 +167,6 @@ impl Rollout {
         self.turn_id
             .iter()
             .rposition(|&t| t >= 0 && t as usize == turn)
-    }
-
-    /// Index of the first token of turn `turn`, if the turn has tokens.
-    pub fn first_token_of_turn(&self, turn: usize) -> Option<usize> {
-        self.turn_id
-            .iter()
-            .position(|&t| t >= 0 && t as usize == turn)
     }
 }
 

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::range::Range;
 
-use super::contract::Needs;
+use super::contract::{MetricDoc, Metrics, Needs};
 use super::error::settings_result;
 use super::input::{check_finite, validate_common};
 use super::kernels::{StdKind, grpo_normalize, mean, softmax, std_population};
@@ -208,6 +208,38 @@ impl Estimator for At2poConfig {
             trees: true,
             ..Needs::default()
         }
+    }
+
+    /// The size of the node values below the roots, the turn credit: whether credit reaches
+    /// the loss.
+    fn metrics(&self, batch: &AdvantageBatch, out: &AdvantageOutput) -> Metrics {
+        let node_values: Vec<f64> = batch
+            .trees
+            .iter()
+            .zip(&out.trees)
+            .flat_map(|(tree, v)| {
+                tree.nodes
+                    .iter()
+                    .zip(&v.values)
+                    .filter(|(n, _)| n.parent.is_some())
+                    .map(|(_, x)| x.abs())
+            })
+            .collect();
+        let mut m = Metrics::new();
+        if !node_values.is_empty() {
+            m.insert(
+                "tree/node_value/abs_mean".into(),
+                node_values.iter().sum::<f64>() / node_values.len() as f64,
+            );
+        }
+        m
+    }
+
+    fn metric_docs(&self) -> &'static [MetricDoc] {
+        &[MetricDoc {
+            key: "tree/node_value/abs_mean",
+            label: "tree node value |V|",
+        }]
     }
 
     fn estimate(&self, batch: &AdvantageBatch) -> Result<AdvantageOutput, AdvantageError> {

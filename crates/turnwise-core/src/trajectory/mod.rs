@@ -268,11 +268,6 @@ impl TurnRecord {
     pub fn is_tool_call(&self) -> bool {
         matches!(self.action, TurnAction::Search { .. })
     }
-
-    /// Whether this turn gave the final answer.
-    pub fn is_final_answer(&self) -> bool {
-        matches!(self.action, TurnAction::Answer { .. })
-    }
 }
 
 /// Why a rollout ended.

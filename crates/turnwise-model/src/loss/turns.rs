@@ -141,15 +141,6 @@ impl TurnSegments {
             len,
         }
     }
-
-    /// Number of turns of each row.
-    pub fn turns_per_row(&self) -> Vec<usize> {
-        let mut n = vec![0; self.batch];
-        for t in &self.turns {
-            n[t.row] += 1;
-        }
-        n
-    }
 }
 
 fn push_turn(

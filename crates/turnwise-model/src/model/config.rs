@@ -368,11 +368,6 @@ impl ModelConfig {
         }
     }
 
-    /// Number of query heads sharing one key/value head.
-    pub fn kv_groups(&self) -> usize {
-        self.num_attention_heads / self.num_key_value_heads
-    }
-
     /// Every parameter name and shape of this model, in Hugging Face naming, sorted by name.
     pub fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)> {
         let h = self.hidden_size;

@@ -1055,19 +1055,6 @@ impl<'a> SamplingEngine<'a> {
         Ok(self.seqs.remove(&id).map(|s| s.seq).expect("checked above"))
     }
 
-    /// Drops the cache of a sequence that is not running (it is recomputed if it runs again).
-    pub fn drop_cache(&mut self, id: SeqId) -> Result<()> {
-        let st = self.state_mut(id)?;
-        if st.seq.status != SeqStatus::Running {
-            st.cache = None;
-            st.cached = 0;
-            st.room = None;
-            st.shared = None;
-            st.looked_up = false;
-        }
-        Ok(())
-    }
-
     /// The sequence `id`, if it exists.
     pub fn sequence(&self, id: SeqId) -> Option<&Sequence> {
         self.seqs.get(&id).map(|s| &s.seq)

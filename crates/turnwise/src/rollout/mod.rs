@@ -629,11 +629,6 @@ impl RolloutControl {
     pub fn needs_signal(&self) -> bool {
         self.tti.enabled || self.tds.enabled
     }
-
-    /// Whether any control is on.
-    pub fn is_active(&self) -> bool {
-        self.needs_signal() || self.memory_window.is_some()
-    }
 }
 
 /// Token ids of a forced text queue: each entry is encoded on its own and the ids concatenated;

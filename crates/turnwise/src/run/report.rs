@@ -234,11 +234,6 @@ const ROLLOUT_MECHANISM: &[(&str, &[&str], Better)] = &[
         Better::Neither,
     ),
     (
-        "tree node value |V|",
-        &["tree/node_value/abs_mean"],
-        Better::Neither,
-    ),
-    (
         "two-turn: tool executed",
         &["reward/tool_execution"],
         Better::Higher,

@@ -484,25 +484,6 @@ pub fn compute(
         .advantage
         .estimate(&batch)
         .with_context(|| format!("estimator {name}"))?;
-    // AT2PO node values (the turn credit): their size shows whether credit reaches the loss.
-    let node_values: Vec<f64> = batch
-        .trees
-        .iter()
-        .zip(&out.trees)
-        .flat_map(|(tree, v)| {
-            tree.nodes
-                .iter()
-                .zip(&v.values)
-                .filter(|(n, _)| n.parent.is_some())
-                .map(|(_, x)| x.abs())
-        })
-        .collect();
-    if !node_values.is_empty() {
-        metrics.insert(
-            "tree/node_value/abs_mean".into(),
-            node_values.iter().sum::<f64>() / node_values.len() as f64,
-        );
-    }
     let mut rows = Vec::with_capacity(episodes.len());
     let mut all = Vec::new();
     let details = episode_details(cfg, &batch, &out);

@@ -1254,11 +1254,6 @@ pub fn read_demonstrations(path: &Path) -> Result<Vec<crate::task::Demonstration
     Ok(out)
 }
 
-/// Mean of a tensor (helper for metrics).
-pub fn tensor_mean(t: &Tensor) -> Result<f64> {
-    Ok(f64::from(t.mean_all()?.to_scalar::<f32>()?))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
