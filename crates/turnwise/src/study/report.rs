@@ -674,10 +674,19 @@ fn run_turn_health(dir: &Path, steps: u64) -> [[TurnHealth; HEALTH_TURNS]; 2] {
     out
 }
 
+/// Whether `out/report.json` is a report of at least one finished run.
+fn reports_finished_runs(out: &Path) -> bool {
+    std::fs::read_to_string(out.join("report.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v.get("finished").and_then(serde_json::Value::as_u64))
+        .is_some_and(|n| n > 0)
+}
+
 /// Refuses a study directory that holds none of the study's runs (a committed study keeps its
-/// file, panel and report, not its runs: `studies/paper-claims/README.md`), rather than
-/// overwriting its report with one of no runs; names the missing runs and the command that
-/// reproduces them.
+/// file, panel and report, not its runs: `studies/paper-claims/README.md`) when its report
+/// is one of finished runs, rather than overwriting it with one of none; names the missing
+/// runs and the command that reproduces them.
 fn require_some_run(study: &Study, out: &Path) -> Result<()> {
     let missing: Vec<String> = study
         .runs()
@@ -691,7 +700,9 @@ fn require_some_run(study: &Study, out: &Path) -> Result<()> {
         .iter()
         .filter(|r| !matches!(r, RunId::Audit(_)))
         .count();
-    if missing.len() < all {
+    // A study planned but not run yet reports its progress (0 finished); only a report of
+    // finished runs is kept from being replaced by one of none.
+    if missing.len() < all || !reports_finished_runs(out) {
         return Ok(());
     }
     let shown = missing
