@@ -89,7 +89,8 @@ pub fn registered() -> Vec<(&'static str, &'static str)> {
 
 /// Whether `name` is a registered (not built-in) estimator.
 pub(crate) fn is_registered(name: &str) -> bool {
-    registered().iter().any(|(n, _)| *n == name)
+    let reg = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
+    reg.iter().any(|e| e.name == name)
 }
 
 /// The settings of a registered estimator, as a config holds them

@@ -247,10 +247,11 @@ pub fn pack(rows: &[&Row], device: &Device) -> Result<Packed> {
             mask[i * l + k] = f32::from(r.loss_mask[k]);
             turn[i * l + k] = r.turn_id[k] as f32;
             adv[i * l + k] = r.advantages[k];
-            for (c, v) in &mut channels {
-                v[i * l + k] = r.channels[c][k];
-            }
             ret[i * l + k] = r.returns[k];
+        }
+        for (c, v) in &mut channels {
+            let src = &r.channels[c];
+            v[i * l..i * l + src.len()].copy_from_slice(src);
         }
         seqs.push((seq, r.prompt.len()));
         scored.push(
