@@ -23,17 +23,31 @@ pub enum Channel {
     /// A2TGPO's clip scale `c_{i,t} = 1 + β(2σ(îg) − 1)`, one per agent turn (1 for the final
     /// turn, §5.5): a loss that reads it scales its clip range by it, per token.
     ClipScale,
+    /// GiGPO's and T2PO's anchor group of each step sample (eq. 6), one per agent turn: the
+    /// group's id in the batch, numbered in first appearance over the step samples in
+    /// trajectory-major order (shown in the samples and the viewer).
+    StepGroup,
+    /// The size, in step samples, of the anchor group of [`Channel::StepGroup`], one per agent
+    /// turn.
+    StepGroupSize,
 }
 
 impl Channel {
     /// Every channel, in declaration order.
-    pub const ALL: [Channel; 2] = [Channel::NormalizedInfoGain, Channel::ClipScale];
+    pub const ALL: [Channel; 4] = [
+        Channel::NormalizedInfoGain,
+        Channel::ClipScale,
+        Channel::StepGroup,
+        Channel::StepGroupSize,
+    ];
 
     /// Its name: the key it is written under in samples, in the Python API and in errors.
     pub fn key(self) -> &'static str {
         match self {
             Channel::NormalizedInfoGain => "normalized_info_gain",
             Channel::ClipScale => "clip_scale",
+            Channel::StepGroup => "step_group",
+            Channel::StepGroupSize => "step_group_size",
         }
     }
 
@@ -45,11 +59,13 @@ impl Channel {
 
     /// The value a token takes when the channel is spread over a rollout's tokens and the
     /// token's turn has no entry (observation tokens, turns beyond the channel's, padding):
-    /// the neutral value, so that a clip scale of 1 leaves the loss's own bounds.
+    /// the neutral value, so that a clip scale of 1 leaves the loss's own bounds; no step group
+    /// (−1) of no step samples (0).
     pub fn fill(self) -> f64 {
         match self {
-            Channel::NormalizedInfoGain => 0.0,
+            Channel::NormalizedInfoGain | Channel::StepGroupSize => 0.0,
             Channel::ClipScale => 1.0,
+            Channel::StepGroup => -1.0,
         }
     }
 }

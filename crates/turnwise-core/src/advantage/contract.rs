@@ -292,7 +292,11 @@ mod tests {
             .map(|(n, _)| *n)
             .filter(|n| !get(n).emits().is_empty())
             .collect();
-        assert_eq!(emitting, ["a2tgpo"]);
+        assert_eq!(emitting, ["a2tgpo", "gigpo", "t2po"]);
+        assert_eq!(
+            get("gigpo").emits(),
+            [Channel::StepGroup, Channel::StepGroupSize]
+        );
         assert_eq!(
             get("a2tgpo").emits(),
             [Channel::NormalizedInfoGain, Channel::ClipScale]

@@ -35,7 +35,7 @@ use super::kernels::{
     GroupNorm, Singleton, StdKind, discounted_suffix_sums, group_indices, normalize_by_key,
 };
 use super::output::turn_constant;
-use super::{AdvantageBatch, AdvantageError, AdvantageOutput, Estimator};
+use super::{AdvantageBatch, AdvantageError, AdvantageOutput, Channel, Estimator};
 
 /// GiGPO normalization mode.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,6 +124,10 @@ macro_rules! gigpo_settings {
                     step_rewards: true,
                     ..Needs::default()
                 }
+            }
+
+            fn emits(&self) -> &'static [Channel] {
+                &[Channel::StepGroup, Channel::StepGroupSize]
             }
 
             fn step_samples(&self) -> Option<StepSamples> {
@@ -355,25 +359,55 @@ fn gigpo_estimate(
         .collect();
     let st_norm = s.norm(Singleton::Zero);
     let step_adv = normalize_by_key(&returns, &keys, |x| st_norm.apply(x));
+    let (group_ids, group_sizes) = step_group_channels(&keys);
 
-    let mut per_turn: Vec<Vec<f64>> = batch
-        .rollouts
-        .iter()
-        .map(|r| vec![0.0; r.num_turns])
-        .collect();
-    for j in 0..n {
-        per_turn[owner[j]][step[j]] = episode[j] + s.step_advantage_w * step_adv[j];
-    }
+    let per_rollout = |values: &dyn Fn(usize) -> f64| {
+        let mut per_turn: Vec<Vec<f64>> = batch
+            .rollouts
+            .iter()
+            .map(|r| vec![0.0; r.num_turns])
+            .collect();
+        for j in 0..n {
+            per_turn[owner[j]][step[j]] = values(j);
+        }
+        per_turn
+    };
+    let advantages = per_rollout(&|j| episode[j] + s.step_advantage_w * step_adv[j]);
+    let ids = per_rollout(&|j| group_ids[j] as f64);
+    let sizes = per_rollout(&|j| group_sizes[j] as f64);
     Ok(AdvantageOutput {
         estimator: name.to_string(),
         rollouts: batch
             .rollouts
             .iter()
-            .zip(per_turn)
-            .map(|(r, t)| turn_constant(&r.turn_id, t))
+            .zip(advantages)
+            .zip(ids.into_iter().zip(sizes))
+            .map(|((r, t), (id, size))| {
+                let mut out = turn_constant(&r.turn_id, t);
+                out.channels.insert(Channel::StepGroup, id);
+                out.channels.insert(Channel::StepGroupSize, size);
+                out
+            })
             .collect(),
         trees: Vec::new(),
     })
+}
+
+/// The anchor group of every step sample (its key: prompt group, anchor scope, cluster), as
+/// ([`Channel::StepGroup`]) the group's id, numbered in first appearance over `keys` (the step
+/// samples in trajectory-major order), and ([`Channel::StepGroupSize`]) its size in step samples.
+fn step_group_channels<K: Eq + std::hash::Hash + Copy>(keys: &[K]) -> (Vec<usize>, Vec<usize>) {
+    let mut sizes: HashMap<K, usize> = HashMap::new();
+    for &k in keys {
+        *sizes.entry(k).or_default() += 1;
+    }
+    let mut ids: HashMap<K, usize> = HashMap::new();
+    keys.iter()
+        .map(|k| {
+            let next = ids.len();
+            (*ids.entry(*k).or_insert(next), sizes[k])
+        })
+        .unzip()
 }
 
 #[cfg(test)]
@@ -398,6 +432,47 @@ mod tests {
 
     fn flat(out: &AdvantageOutput) -> Vec<f64> {
         out.rollouts.iter().flat_map(|r| r.turns.clone()).collect()
+    }
+
+    /// Per rollout, the (id, size) of each step's anchor group as the channels carry them.
+    fn step_groups(out: &AdvantageOutput) -> Vec<Vec<(f64, f64)>> {
+        out.rollouts
+            .iter()
+            .map(|r| {
+                let ids = &r.channels[&Channel::StepGroup];
+                let sizes = &r.channels[&Channel::StepGroupSize];
+                ids.iter().copied().zip(sizes.iter().copied()).collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_anchor_groups_it_normalised_in_are_emitted_per_step() {
+        // Exact anchors: "Q" is shared, the two INFO1 spellings are not.
+        let exact = GigpoConfig::default().estimate(&example()).unwrap();
+        assert_eq!(
+            step_groups(&exact),
+            [
+                vec![(0.0, 2.0), (1.0, 1.0), (2.0, 1.0)],
+                vec![(0.0, 2.0), (3.0, 1.0)]
+            ]
+        );
+        // T2PO's similarity 0.9 joins INFO1 and "INFO1.", so the step term of those two steps
+        // is normalised in a group of two (eq. 6).
+        let similar = T2poConfig::default().estimate(&example()).unwrap();
+        assert_eq!(
+            step_groups(&similar),
+            [
+                vec![(0.0, 2.0), (1.0, 2.0), (2.0, 1.0)],
+                vec![(0.0, 2.0), (1.0, 2.0)]
+            ]
+        );
+        // Anchor scopes split a group: the same anchor in two scopes is two groups.
+        let mut batch = example();
+        batch.rollouts[0].anchor_scopes = vec!["a".into(); 3];
+        batch.rollouts[1].anchor_scopes = vec!["b".into(); 2];
+        let scoped = GigpoConfig::default().estimate(&batch).unwrap();
+        assert_eq!(step_groups(&scoped)[1][0], (3.0, 1.0));
     }
 
     #[test]

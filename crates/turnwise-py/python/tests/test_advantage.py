@@ -197,6 +197,15 @@ def test_tree_grpo_and_gigpo_run():
     assert g.turns[0, 1] > g.turns[1, 1]
 
 
+def test_gigpo_returns_the_anchor_groups_it_normalised_in():
+    # Both rollouts start in state s0 and part after it: one group of two, then two singletons.
+    g = tw.gigpo([[0.0, 1.0], [0.0, 0.0]], [["s0", "s1"], ["s0", "s2"]], outcome=[1.0, 0.0])
+    assert g.step_group.tolist() == [[0.0, 1.0], [0.0, 2.0]]
+    assert g.step_group_size.tolist() == [[2.0, 1.0], [2.0, 1.0]]
+    # An estimator over whole rollouts has no step groups.
+    assert tw.grpo([1.0, 0.0]).step_group is None
+
+
 def test_gigpo_step_penalties_lower_only_their_own_steps_return():
     # Two rollouts through the same anchor states with the same rewards; the first is penalised
     # at its last step. After discounting (verl-agent), the step-0 returns stay equal, so the

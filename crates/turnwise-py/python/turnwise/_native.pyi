@@ -64,7 +64,8 @@ def estimate_arrays(
 
     Returns ``estimator`` (its name), ``tokens`` ``[B, L]``, ``turns`` ``[B, T_max]``,
     ``num_turns`` ``[B]`` (int64) and, where the estimator gives them, ``returns``,
-    ``clip_scale``, ``normalized_info_gain`` and ``trees_json`` (a JSON string).
+    ``clip_scale``, ``normalized_info_gain``, ``step_group``, ``step_group_size`` and
+    ``trees_json`` (a JSON string).
     """
 
 def estimate_json(name: str, settings: str, batch: str) -> str:

@@ -72,6 +72,11 @@ class Advantages:
     clip_scale: Any = None
     #: ``[B, T_max - 1]`` A2TGPO normalized information gain per process turn.
     normalized_info_gain: Any = None
+    #: ``[B, T_max]`` GiGPO/T2PO anchor group of each step (its id in the batch, numbered in
+    #: first appearance; -1 on padding).
+    step_group: Any = None
+    #: ``[B, T_max]`` GiGPO/T2PO size of each step's anchor group in step samples (0 on padding).
+    step_group_size: Any = None
     #: AT2PO per-tree ``{"values": [...], "advantages": [...]}``; ``None`` otherwise.
     trees: Optional[list] = None
 
@@ -151,6 +156,8 @@ def estimate(
         returns=ret(out.get("returns")),
         clip_scale=ret(out.get("clip_scale")),
         normalized_info_gain=ret(out.get("normalized_info_gain")),
+        step_group=ret(out.get("step_group")),
+        step_group_size=ret(out.get("step_group_size")),
         trees=None if tj is None else json.loads(tj),
     )
 
@@ -332,7 +339,16 @@ def _retype(out: Advantages, ret: Returner) -> Advantages:
     """Re-applies the caller's torch/numpy choice when inputs were converted beforehand."""
     if not ret.torch:
         return out
-    for f in ("tokens", "turns", "num_turns", "returns", "clip_scale", "normalized_info_gain"):
+    for f in (
+        "tokens",
+        "turns",
+        "num_turns",
+        "returns",
+        "clip_scale",
+        "normalized_info_gain",
+        "step_group",
+        "step_group_size",
+    ):
         v = getattr(out, f)
         if isinstance(v, np.ndarray):
             setattr(out, f, ret(v))

@@ -8,6 +8,7 @@ use turnwise_core::advantage::{
     place_turn_rewards,
 };
 use turnwise_core::control::filter_groups;
+use turnwise_model::loss::policy::PolicyLossKind;
 use turnwise_model::loss::{KlEstimator, apply_kl_in_reward};
 
 use super::sampling::ScoredEpisode;
@@ -51,10 +52,6 @@ pub struct EpisodeAdvantage {
     pub group_mean: f64,
     /// Sample (unbiased) standard deviation of the same scores; 0 for one score.
     pub group_std: f64,
-    /// GiGPO and T2PO: per agent turn, the step's anchor group (its id in the batch and its
-    /// size in step samples), formed as the estimator forms it (within the prompt group and
-    /// the step's anchor scope, exact anchors or by similarity).
-    pub step_groups: Option<Vec<(usize, usize)>>,
 }
 
 /// Count, mean and sample (unbiased) standard deviation of `values` (std 0 below two values).
@@ -69,49 +66,6 @@ pub fn mean_std(values: &[f64]) -> (usize, f64, f64) {
         _ => (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt(),
     };
     (n, mean, std)
-}
-
-/// GiGPO's anchor groups of every step sample of `rs` (per rollout, per step: the group's id,
-/// numbered in first appearance, and its size), formed as the estimator forms them: within
-/// each prompt group and anchor scope, by identical anchors or, with `similarity`, by
-/// `anchor_clusters`' greedy clustering over the step samples in trajectory-major order.
-pub fn step_groups(rs: &[Rollout], similarity: Option<f64>) -> Vec<Vec<(usize, usize)>> {
-    // (prompt group, scope) → step samples (rollout, step), in trajectory-major order.
-    let mut scopes: BTreeMap<(usize, &str), Vec<(usize, usize)>> = BTreeMap::new();
-    for (i, r) in rs.iter().enumerate() {
-        for k in 0..r.anchors.len() {
-            let scope = r.anchor_scopes.get(k).map_or("", String::as_str);
-            scopes.entry((r.group, scope)).or_default().push((i, k));
-        }
-    }
-    let mut cluster_of: BTreeMap<(usize, usize), (usize, &str, usize)> = BTreeMap::new();
-    for (&(g, scope), members) in &scopes {
-        let anchors: Vec<&str> = members
-            .iter()
-            .map(|&(i, k)| rs[i].anchors[k].as_str())
-            .collect();
-        let clusters = turnwise_core::advantage::anchor_clusters(&anchors, similarity);
-        for (&m, c) in members.iter().zip(clusters) {
-            cluster_of.insert(m, (g, scope, c));
-        }
-    }
-    let mut sizes: BTreeMap<(usize, &str, usize), usize> = BTreeMap::new();
-    for key in cluster_of.values() {
-        *sizes.entry(*key).or_default() += 1;
-    }
-    let mut ids: BTreeMap<(usize, &str, usize), usize> = BTreeMap::new();
-    rs.iter()
-        .enumerate()
-        .map(|(i, r)| {
-            (0..r.anchors.len())
-                .map(|k| {
-                    let key = cluster_of[&(i, k)];
-                    let next = ids.len();
-                    (*ids.entry(key).or_insert(next), sizes[&key])
-                })
-                .collect()
-        })
-        .collect()
 }
 
 /// KL in the reward (spec §5.8, verl `apply_kl_penalty`): per episode, the behaviour and
@@ -484,6 +438,14 @@ pub fn compute(
         .advantage
         .estimate(&batch)
         .with_context(|| format!("estimator {name}"))?;
+    // The channels the policy loss reads travel to it spread over each row's tokens; the
+    // others stay per turn, in the episode details (the samples show them).
+    let reads = cfg
+        .actor
+        .policy
+        .policy_loss
+        .parse::<PolicyLossKind>()
+        .map_or(&[][..], PolicyLossKind::reads);
     let mut rows = Vec::with_capacity(episodes.len());
     let mut all = Vec::new();
     let details = episode_details(cfg, &batch, &out);
@@ -502,7 +464,7 @@ pub fn compute(
         if let Some(ret) = &adv.returns {
             row.returns = ret.iter().map(|&x| x as f32).collect();
         }
-        for (&c, per_turn) in &adv.channels {
+        for (&c, per_turn) in adv.channels.iter().filter(|(c, _)| reads.contains(c)) {
             let tokens = broadcast_turns(&ro.turn_id, per_turn, c.fill());
             row.channels
                 .insert(c, tokens.into_iter().map(|x| x as f32).collect());
@@ -570,8 +532,6 @@ fn episode_details(
             (g, (sizes[&g], mean, std))
         })
         .collect();
-    let similarity = samples.map(|s| s.similarity);
-    let mut steps = similarity.map(|s| step_groups(rs, s).into_iter());
     rs.iter()
         .zip(&out.rollouts)
         .map(|(r, a)| {
@@ -584,7 +544,6 @@ fn episode_details(
                 group_size,
                 group_mean,
                 group_std,
-                step_groups: steps.as_mut().and_then(Iterator::next),
             }
         })
         .collect()

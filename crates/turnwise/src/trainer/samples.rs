@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use anyhow::{Context, Result};
-use turnwise_core::advantage::ChannelValues;
+use turnwise_core::advantage::{Channel, ChannelValues, Channels};
 use turnwise_core::trajectory::Segment;
 use turnwise_model::tokenizer::TextTokenizer;
 
@@ -149,18 +149,15 @@ pub fn sample_records(
                     }
                     let d = t.detail;
                     rec.turn_advantages = Some(d.turns);
-                    rec.channels = ChannelValues(d.channels);
+                    let mut channels = d.channels;
+                    rec.step_groups = step_groups(&mut channels);
+                    rec.channels = ChannelValues(channels);
                     rec.score = Some(d.score);
                     rec.group = Some(SampleGroup {
                         id: d.group,
                         size: d.group_size,
                         mean: d.group_mean,
                         std: d.group_std,
-                    });
-                    rec.step_groups = d.step_groups.map(|v| {
-                        v.into_iter()
-                            .map(|(id, size)| StepGroup { id, size })
-                            .collect()
                     });
                 }
                 None => {
@@ -177,6 +174,24 @@ pub fn sample_records(
             Ok(rec)
         })
         .collect()
+}
+
+/// The anchor groups of the step-group channels ([`Channel::StepGroup`] and
+/// [`Channel::StepGroupSize`], which GiGPO's and T2PO's estimators emit), taken out of
+/// `channels`: a sample writes them as one `step_groups` list of `{id, size}` per agent turn,
+/// as it did before channels existed (the viewer and the compat fixtures read that form).
+fn step_groups(channels: &mut Channels) -> Option<Vec<StepGroup>> {
+    let ids = channels.remove(&Channel::StepGroup);
+    let sizes = channels.remove(&Channel::StepGroupSize);
+    Some(
+        ids?.iter()
+            .zip(sizes?)
+            .map(|(&id, size)| StepGroup {
+                id: id as usize,
+                size: size as usize,
+            })
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -204,7 +219,6 @@ mod tests {
             group_size: 1,
             group_mean: 0.0,
             group_std: 0.0,
-            step_groups: None,
         };
         let mut t = TrainedSample::new(&row, &detail);
         t.add_clips(
