@@ -18,7 +18,7 @@ pub struct Args {
 pub fn exec(args: Args) -> Result<()> {
     let Args { name, verbose } = args;
     use turnwise::config::presets::{
-        PRESETS, QUICKSTART, QUICKSTART_DESCRIPTION, QUICKSTART_SUMMARY, SUMMARIES,
+        PRESETS, QUICKSTART, QUICKSTART_DESCRIPTION, QUICKSTART_SUMMARY, summary,
     };
     let paragraph = |name: &str| -> Result<()> {
         let cfg = TrainConfig::resolve(Some(name), None, &[])?;
@@ -42,11 +42,15 @@ pub fn exec(args: Args) -> Result<()> {
         }
         return paragraph(QUICKSTART);
     }
-    let rows: Vec<(&str, &str, &str)> = SUMMARIES
+    let mut rows: Vec<(&str, String, String)> = PRESETS
         .iter()
-        .copied()
-        .chain([(QUICKSTART, QUICKSTART_SUMMARY.0, QUICKSTART_SUMMARY.1)])
-        .collect();
+        .map(|&(name, _)| summary(name).map(|(method, what)| (name, method, what)))
+        .collect::<Result<_, _>>()?;
+    rows.push((
+        QUICKSTART,
+        QUICKSTART_SUMMARY.0.into(),
+        QUICKSTART_SUMMARY.1.into(),
+    ));
     let width = rows.iter().map(|r| r.1.chars().count()).max().unwrap_or(0);
     println!(
         "{:<12} {:<width$}  what it does",

@@ -352,6 +352,9 @@ impl TrainConfig {
             name
         };
         let mut table = parse_table(presets::get(base)?, &format!("preset {base}"))?;
+        for key in presets::LISTING_KEYS {
+            table.remove(key);
+        }
         if let Some(v) = table.remove(presets::FOR_ENV) {
             for_env = presets::for_env_table(base, v)?;
         }
@@ -375,6 +378,9 @@ impl TrainConfig {
             cause,
         })?;
         let mut table = parse_table(&text, &path.display().to_string())?;
+        for key in presets::LISTING_KEYS {
+            table.remove(key);
+        }
         absolutize_paths(&mut table, path.parent().unwrap_or(Path::new("")))?;
         Ok(table)
     }

@@ -3,37 +3,14 @@
 
 use super::ConfigError;
 
-/// Every preset: `(name, TOML text)`.
-pub const PRESETS: &[(&str, &str)] = &[
-    ("grpo", include_str!("../../../../presets/grpo.toml")),
-    ("dr-grpo", include_str!("../../../../presets/dr-grpo.toml")),
-    ("rloo", include_str!("../../../../presets/rloo.toml")),
-    ("dapo", include_str!("../../../../presets/dapo.toml")),
-    ("gspo", include_str!("../../../../presets/gspo.toml")),
-    ("ppo", include_str!("../../../../presets/ppo.toml")),
-    ("mt-grpo", include_str!("../../../../presets/mt-grpo.toml")),
-    ("mt-ppo", include_str!("../../../../presets/mt-ppo.toml")),
-    (
-        "mt-ppo-judge",
-        include_str!("../../../../presets/mt-ppo-judge.toml"),
-    ),
-    ("igpo", include_str!("../../../../presets/igpo.toml")),
-    ("a2tgpo", include_str!("../../../../presets/a2tgpo.toml")),
-    ("at2po", include_str!("../../../../presets/at2po.toml")),
-    (
-        "tree-grpo",
-        include_str!("../../../../presets/tree-grpo.toml"),
-    ),
-    (
-        "turn-ppo",
-        include_str!("../../../../presets/turn-ppo.toml"),
-    ),
-    ("s-ppo", include_str!("../../../../presets/s-ppo.toml")),
-    ("st-ppo", include_str!("../../../../presets/st-ppo.toml")),
-    ("s-grpo", include_str!("../../../../presets/s-grpo.toml")),
-    ("gigpo", include_str!("../../../../presets/gigpo.toml")),
-    ("t2po", include_str!("../../../../presets/t2po.toml")),
-];
+/// Every preset: `(name, TOML text)`, one per file of the repository's `presets/` folder, in
+/// file-name order (found by the crate's `build.rs`: a new preset is its file alone).
+pub const PRESETS: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/presets.rs"));
+
+/// The keys of a preset that describe it rather than configure a run: its `method` (paper) and
+/// `summary` (what it does), its line in `turnwise presets` and README's table of presets. The
+/// config layers leave them out (a preset file copied as a config file still reads).
+pub const LISTING_KEYS: [&str; 2] = ["method", "summary"];
 
 /// The table of a preset that holds its settings per environment: `[for_env.two_turn]` is
 /// applied over the environment's own settings when `task.env = "two_turn"` (see
@@ -95,7 +72,7 @@ pub fn get(name: &str) -> Result<&'static str, ConfigError> {
         })
 }
 
-/// Every method preset's name (the 18 of [`PRESETS`]; [`QUICKSTART`] is not among them).
+/// Every method preset's name (those of [`PRESETS`]; [`QUICKSTART`] is not among them).
 pub fn names() -> Vec<&'static str> {
     PRESETS.iter().map(|(n, _)| *n).collect()
 }
@@ -113,101 +90,27 @@ pub const QUICKSTART: &str = "quickstart";
 /// The method preset the quickstart builds on.
 pub const QUICKSTART_BASE: &str = "a2tgpo";
 
-/// One line per preset for `turnwise presets`: its name, its method (paper) and what it does,
-/// as README's table of presets has them (`tests/cli.rs` keeps the two equal).
-pub const SUMMARIES: &[(&str, &str, &str)] = &[
-    (
-        "grpo",
-        "GRPO (Search-R1's baseline)",
-        "group-normalised outcome reward, token clip 0.2 with dual clip 3, KL in the loss",
-    ),
-    (
-        "dr-grpo",
-        "Dr.GRPO",
-        "GRPO without the std normalisation, summed over tokens with one constant length",
-    ),
-    ("rloo", "RLOO", "leave-one-out baseline over the group"),
-    (
-        "dapo",
-        "DAPO",
-        "clip-higher 0.2/0.28, dynamic sampling of informative groups, overlong reward shaping",
-    ),
-    (
-        "gspo",
-        "GSPO",
-        "one sequence-level ratio per rollout, clip 3e-4/4e-4",
-    ),
-    (
-        "ppo",
-        "PPO (Search-R1's)",
-        "a critic with GAE γ = λ = 1, KL in the reward",
-    ),
-    (
-        "mt-ppo",
-        "MT-PPO (turn-level-rewards.md)",
-        "verifiable turn rewards at turn ends, GAE over a critic",
-    ),
-    (
-        "mt-ppo-judge",
-        "MT-PPO with an LLM judge (turn-level-rewards.md)",
-        "a judge's rubric scores replace the rules' intermediate turn rewards (the outcome stays verifiable); calibrated against the rules before RL; ships no judge: needs `judge.base_url`",
-    ),
-    (
-        "mt-grpo",
-        "MT-GRPO (turn-level-rewards.md)",
-        "outcome and turn rewards normalised in separate groups; with `task.env = \"two_turn\"`, the paper's own two-turn experiment",
-    ),
-    (
-        "igpo",
-        "IGPO",
-        "information gain of the gold answer after each turn as turn rewards",
-    ),
-    (
-        "a2tgpo",
-        "A2TGPO (a2tgpo.md)",
-        "information gain, turn-group normalisation, √n rescaling, an adaptive turn-level clip",
-    ),
-    (
-        "at2po",
-        "AT2PO (at2po.md)",
-        "entropy-guided tree rollouts, tree node values as turn credit, a turn-level loss",
-    ),
-    (
-        "tree-grpo",
-        "Tree-GRPO",
-        "random tree rollouts, advantages within and across trees",
-    ),
-    (
-        "turn-ppo",
-        "Turn-PPO (st-ppo.md)",
-        "PPO with a turn-level ratio",
-    ),
-    (
-        "s-ppo",
-        "S-PPO (st-ppo.md)",
-        "token-ratio PPO, clipped samples down-weighted by their clipping error",
-    ),
-    (
-        "st-ppo",
-        "ST-PPO (st-ppo.md)",
-        "turn-ratio PPO with the same clipping-bias correction",
-    ),
-    (
-        "s-grpo",
-        "S-GRPO (st-ppo.md)",
-        "GRPO advantages with the clipping-bias correction",
-    ),
-    (
-        "gigpo",
-        "GiGPO",
-        "episode groups plus step groups of identical states; every environment step its own training row",
-    ),
-    (
-        "t2po",
-        "T2PO (t2po.md)",
-        "thinking intervention, turn-level resampling, a memory window, a rejection-sampling warm start",
-    ),
-];
+/// Preset `name`'s line in `turnwise presets`: its method (paper) and what it does (its
+/// [`LISTING_KEYS`]).
+pub fn summary(name: &str) -> Result<(String, String), ConfigError> {
+    let table: toml::Table = get(name)?.parse().map_err(|e| ConfigError::Invalid {
+        field: "preset",
+        message: format!("preset {name} is not TOML: {e}"),
+    })?;
+    let key = |k: &str| -> Result<String, ConfigError> {
+        table
+            .get(k)
+            .and_then(toml::Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| ConfigError::Invalid {
+                field: "preset",
+                message: format!(
+                    "preset {name} has no `{k}` string (its line in `turnwise presets`)"
+                ),
+            })
+    };
+    Ok((key(LISTING_KEYS[0])?, key(LISTING_KEYS[1])?))
+}
 
 /// The quickstart's line in `turnwise presets` (method, what it does).
 pub const QUICKSTART_SUMMARY: (&str, &str) = (

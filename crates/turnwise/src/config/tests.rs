@@ -10,7 +10,45 @@ fn every_preset_resolves_and_validates() {
             !cfg.description.is_empty(),
             "preset {name} has no description"
         );
+        let (method, what) = presets::summary(name).unwrap();
+        assert!(!method.is_empty() && !what.is_empty(), "preset {name}");
     }
+}
+
+/// Every file of the repository's `presets/` folder is a preset under its file stem, and
+/// nothing else is: the list is found, not written by hand.
+#[test]
+fn the_presets_are_the_files_of_the_presets_folder() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../presets");
+    let mut files: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .map(|p| {
+            let name = p.file_stem().unwrap().to_str().unwrap().to_string();
+            (name, std::fs::read_to_string(&p).unwrap())
+        })
+        .collect();
+    files.sort();
+    let embedded: Vec<(String, String)> = presets::PRESETS
+        .iter()
+        .map(|(n, t)| (n.to_string(), t.to_string()))
+        .collect();
+    assert_eq!(embedded, files);
+}
+
+/// A preset's listing keys (`method`, `summary`) describe it and configure nothing: a preset
+/// file copied as a config file resolves to the preset's own config.
+#[test]
+fn a_preset_file_used_as_a_config_file_reads_as_the_preset() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("grpo.toml");
+    std::fs::write(&path, presets::get("grpo").unwrap()).unwrap();
+    let from_file = TrainConfig::resolve(Some("grpo"), Some(&path), &[]).unwrap();
+    assert_eq!(
+        from_file,
+        TrainConfig::resolve(Some("grpo"), None, &[]).unwrap()
+    );
 }
 
 /// Every preset cites its papers in full ("Title. Authors (year). arXiv:id", or anonymous
