@@ -30,6 +30,10 @@ pub struct Needs {
     /// Step rewards and the anchor state of every step ([`Rollout::step_rewards`],
     /// [`Rollout::anchors`]): GiGPO, T2PO.
     pub step_rewards: bool,
+    /// The final reward `R^F` through the outcome only, when it also reads per-turn rewards
+    /// (GAE with MT-PPO's rewards, eq. 10): the reward's last turn entry is `R^F` itself, and
+    /// the trainer takes it out of the turn rewards so that it is counted once.
+    pub final_reward_in_outcome: bool,
 }
 
 /// Where KL in the reward (spec §5.8) is subtracted for an estimator that supports it.
@@ -264,7 +268,13 @@ mod tests {
         let get = |n: &str| AdvantageConfig::default_for(n).unwrap();
         assert!(get("gae").needs().critic_values);
         assert_eq!(get("gae").group_signal(), GroupSignal::EveryGroup);
-        assert!(get("gae").takes_final_reward_from_outcome());
+        assert!(get("gae").needs().final_reward_in_outcome);
+        let in_outcome: Vec<&str> = ESTIMATORS
+            .iter()
+            .map(|(n, _)| *n)
+            .filter(|n| get(n).needs().final_reward_in_outcome)
+            .collect();
+        assert_eq!(in_outcome, ["gae"]);
         for n in ["igpo", "a2tgpo"] {
             assert!(get(n).needs().info_gain, "{n}");
         }

@@ -130,16 +130,13 @@ impl Estimator for GaeConfig {
     fn needs(&self) -> Needs {
         Needs {
             critic_values: true,
+            final_reward_in_outcome: true,
             ..Needs::default()
         }
     }
 
     fn kl_placement(&self) -> Option<KlPlacement> {
         Some(KlPlacement::TokenRewards)
-    }
-
-    fn takes_final_reward_from_outcome(&self) -> bool {
-        true
     }
 
     fn metrics(&self, batch: &AdvantageBatch, _out: &AdvantageOutput) -> Metrics {

@@ -64,13 +64,6 @@ pub trait Estimator {
         None
     }
 
-    /// Whether it places the outcome itself at the last agent token when it also reads per-turn
-    /// rewards (GAE with MT-PPO's rewards, eq. 10): the reward's last turn entry, the final
-    /// reward `R^F`, is then taken out of the turn rewards, so that it is counted once.
-    fn takes_final_reward_from_outcome(&self) -> bool {
-        false
-    }
-
     /// The channels its output carries beside the advantages
     /// ([`RolloutAdvantage::channels`](super::RolloutAdvantage::channels)), in [`Channel`]
     /// order: a loss may read only channels its estimator emits (default: none).
@@ -280,10 +273,6 @@ impl Estimator for AdvantageConfig {
 
     fn kl_placement(&self) -> Option<KlPlacement> {
         self.inner().kl_placement()
-    }
-
-    fn takes_final_reward_from_outcome(&self) -> bool {
-        self.inner().takes_final_reward_from_outcome()
     }
 
     fn emits(&self) -> &'static [Channel] {

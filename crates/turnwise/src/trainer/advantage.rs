@@ -243,7 +243,7 @@ pub fn anchor_scopes(cfg: &TrainConfig, anchors: &[String]) -> Vec<String> {
 /// that every reward is counted once and every penalty lands on its own step:
 ///
 /// - An estimator that
-///   [takes the final reward from the outcome](Estimator::takes_final_reward_from_outcome)
+///   [takes the final reward from the outcome](turnwise_core::advantage::Needs::final_reward_in_outcome)
 ///   (GAE) with turn rewards (MT-PPO, eq. 10): `R^I_k` at the end of every process turn and
 ///   `R^F` once, at the last agent token. The reward's last turn entry is `R^F` itself (it must
 ///   equal the outcome; an error otherwise), so it is taken out of `turn_rewards` and placed
@@ -268,7 +268,7 @@ pub fn anchor_scopes(cfg: &TrainConfig, anchors: &[String]) -> Vec<String> {
 pub fn place_rewards(cfg: &TrainConfig, ep: &Episode, r: &mut Rollout) -> Result<usize> {
     let mut penalised = 0;
     let id = &ep.trajectory.id;
-    if cfg.advantage.takes_final_reward_from_outcome() && !r.turn_rewards.is_empty() {
+    if cfg.advantage.needs().final_reward_in_outcome && !r.turn_rewards.is_empty() {
         let last = r.turn_rewards.len() - 1;
         let final_reward = r.turn_rewards[last];
         if (final_reward - r.outcome).abs() > 1e-9 {
