@@ -360,6 +360,63 @@ pub fn compute(
             details: Vec::new(),
         });
     }
+    check_info_gains(episodes)?;
+    let (mut rollouts, penalised) = estimator_rollouts(cfg, episodes, values)?;
+    let reward_kl = match kl {
+        Some(k) => Some(subtract_reward_kl(cfg, episodes, &mut rollouts, k)?),
+        None => None,
+    };
+    // verl's `critic/rewards/*`: each rollout's reward as the estimator receives it (the sum of
+    // its token rewards, KL in the reward included; else its outcome plus its turn rewards).
+    let rewards: Vec<f64> = rollouts
+        .iter()
+        .map(|r| match &r.token_rewards {
+            Some(t) => t.iter().sum(),
+            None => r.outcome + r.turn_rewards.iter().sum::<f64>(),
+        })
+        .collect();
+    insert_mean_max_min(&mut metrics, "critic/rewards", &rewards);
+    let batch = advantage_batch(rollouts, trees, episodes)?;
+    let out = cfg
+        .advantage
+        .estimate(&batch)
+        .with_context(|| format!("estimator {name}"))?;
+    let details = episode_details(cfg, &batch, &out);
+    let (rows, trained) = training_rows(cfg, episodes, &batch, &out)?;
+    insert_mean_max_min(&mut metrics, "critic/advantages", &trained);
+    metrics.extend(cfg.advantage.metrics(&batch, &out));
+    if cfg.advantage.step_samples().is_some() {
+        metrics.insert("gigpo/penalised_steps".into(), penalised as f64);
+    }
+    Ok(AdvantageRows {
+        rows,
+        metrics,
+        reward_kl,
+        details,
+    })
+}
+
+/// `{prefix}/mean`, `/max` and `/min` of `values` (verl's `critic/*` statistics), nothing when
+/// there are none.
+fn insert_mean_max_min(metrics: &mut BTreeMap<String, f64>, prefix: &str, values: &[f64]) {
+    if values.is_empty() {
+        return;
+    }
+    let n = values.len() as f64;
+    metrics.insert(format!("{prefix}/mean"), values.iter().sum::<f64>() / n);
+    metrics.insert(
+        format!("{prefix}/max"),
+        values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    );
+    metrics.insert(
+        format!("{prefix}/min"),
+        values.iter().copied().fold(f64::INFINITY, f64::min),
+    );
+}
+
+/// Information gains come for every episode of a batch or for none, and each episode's have
+/// one entry per process turn.
+fn check_info_gains(episodes: &[ScoredEpisode]) -> Result<()> {
     if episodes.iter().any(|e| e.info_gain.is_some()) {
         for (index, e) in episodes.iter().enumerate() {
             let gains = e.info_gain.as_deref().with_context(|| {
@@ -371,8 +428,18 @@ pub fn compute(
             crate::rollout::info_gain::check_episode_gains(index, &e.episode, gains)?;
         }
     }
+    Ok(())
+}
+
+/// The estimator's view of each episode ([`rollout_of`], its anchor scopes, its rewards placed
+/// by [`place_rewards`] and the critic's `values`), and how many step samples were penalised.
+fn estimator_rollouts(
+    cfg: &TrainConfig,
+    episodes: &[ScoredEpisode],
+    values: Option<&[Vec<f32>]>,
+) -> Result<(Vec<Rollout>, usize)> {
     let mut penalised = 0usize;
-    let mut rollouts: Vec<Rollout> = episodes
+    let rollouts = episodes
         .iter()
         .enumerate()
         .map(|(i, e)| -> Result<Rollout> {
@@ -391,55 +458,41 @@ pub fn compute(
             })
         })
         .collect::<Result<_>>()?;
-    let reward_kl = match kl {
-        Some(k) => Some(subtract_reward_kl(cfg, episodes, &mut rollouts, k)?),
-        None => None,
+    Ok((rollouts, penalised))
+}
+
+/// The estimator's batch: the rollouts, and with tree rollouts each rollout labelled with its
+/// own tree (Tree-GRPO's intra-tree group; AT2PO's tree index) and leaf, the leaves carrying
+/// the episode scores (AT2PO's leaf values).
+fn advantage_batch(
+    mut rollouts: Vec<Rollout>,
+    trees: Option<&TreeBatch>,
+    episodes: &[ScoredEpisode],
+) -> Result<AdvantageBatch> {
+    let Some(t) = trees else {
+        return Ok(AdvantageBatch::new(rollouts));
     };
-    // verl's `critic/rewards/*`: each rollout's reward as the estimator receives it (the sum of
-    // its token rewards, KL in the reward included; else its outcome plus its turn rewards).
-    let rewards: Vec<f64> = rollouts
-        .iter()
-        .map(|r| match &r.token_rewards {
-            Some(t) => t.iter().sum(),
-            None => r.outcome + r.turn_rewards.iter().sum::<f64>(),
-        })
-        .collect();
-    if !rewards.is_empty() {
-        metrics.insert(
-            "critic/rewards/mean".into(),
-            rewards.iter().sum::<f64>() / rewards.len() as f64,
-        );
-        metrics.insert(
-            "critic/rewards/max".into(),
-            rewards.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-        );
-        metrics.insert(
-            "critic/rewards/min".into(),
-            rewards.iter().copied().fold(f64::INFINITY, f64::min),
-        );
+    for (r, &(tree, leaf)) in rollouts.iter_mut().zip(&t.leaf_of) {
+        r.tree = Some(tree);
+        r.leaf = Some(leaf);
     }
-    let batch = match trees {
-        Some(t) => {
-            // Each rollout is labelled with its own tree (Tree-GRPO's intra-tree group; AT2PO's
-            // tree index) and leaf; the leaves carry the episode scores (AT2PO's leaf values).
-            for (r, &(tree, leaf)) in rollouts.iter_mut().zip(&t.leaf_of) {
-                r.tree = Some(tree);
-                r.leaf = Some(leaf);
-            }
-            let scores: Vec<f64> = episodes.iter().map(|e| e.score).collect();
-            let rewarded = t
-                .with_leaf_rewards(&scores)
-                .context("writing the episode scores into the tree leaves")?;
-            AdvantageBatch::with_trees(rollouts, rewarded)
-        }
-        None => AdvantageBatch::new(rollouts),
-    };
-    let out = cfg
-        .advantage
-        .estimate(&batch)
-        .with_context(|| format!("estimator {name}"))?;
-    // The channels the policy loss reads travel to it spread over each row's tokens; the
-    // others stay per turn, in the episode details (the samples show them).
+    let scores: Vec<f64> = episodes.iter().map(|e| e.score).collect();
+    let rewarded = t
+        .with_leaf_rewards(&scores)
+        .context("writing the episode scores into the tree leaves")?;
+    Ok(AdvantageBatch::with_trees(rollouts, rewarded))
+}
+
+/// One training row per episode with the estimator's advantages, value targets and the
+/// channels the policy loss reads spread over its tokens (the others stay per turn, in the
+/// episode details the samples show); and the advantages of every loss token, in order.
+fn training_rows(
+    cfg: &TrainConfig,
+    episodes: &[ScoredEpisode],
+    batch: &AdvantageBatch,
+    out: &turnwise_core::advantage::AdvantageOutput,
+) -> Result<(Vec<Row>, Vec<f64>)> {
+    let name = cfg.advantage.name();
     let reads = cfg
         .actor
         .policy
@@ -447,8 +500,7 @@ pub fn compute(
         .parse::<PolicyLossKind>()
         .map_or(&[][..], PolicyLossKind::reads);
     let mut rows = Vec::with_capacity(episodes.len());
-    let mut all = Vec::new();
-    let details = episode_details(cfg, &batch, &out);
+    let mut trained = Vec::new();
     for ((e, ro), adv) in episodes.iter().zip(&batch.rollouts).zip(&out.rollouts) {
         let trajectory = &e.episode.trajectory;
         let mut row = Row::from_trajectory(trajectory, cfg.rollout.train_on_forced);
@@ -471,33 +523,12 @@ pub fn compute(
         }
         for (k, &m) in row.loss_mask.iter().enumerate() {
             if m > 0 {
-                all.push(adv.tokens[k]);
+                trained.push(adv.tokens[k]);
             }
         }
         rows.push(row);
     }
-    if !all.is_empty() {
-        let n = all.len() as f64;
-        metrics.insert("critic/advantages/mean".into(), all.iter().sum::<f64>() / n);
-        metrics.insert(
-            "critic/advantages/max".into(),
-            all.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-        );
-        metrics.insert(
-            "critic/advantages/min".into(),
-            all.iter().copied().fold(f64::INFINITY, f64::min),
-        );
-    }
-    metrics.extend(cfg.advantage.metrics(&batch, &out));
-    if cfg.advantage.step_samples().is_some() {
-        metrics.insert("gigpo/penalised_steps".into(), penalised as f64);
-    }
-    Ok(AdvantageRows {
-        rows,
-        metrics,
-        reward_kl,
-        details,
-    })
+    Ok((rows, trained))
 }
 
 /// [`EpisodeAdvantage`] of every rollout of `batch`.
