@@ -707,9 +707,29 @@ impl World {
     /// Generates the world described by `config`.
     pub fn generate(config: &WorldConfig) -> Result<World, WorldError> {
         config.validate()?;
-        let seed = config.seed;
+        let mut entities = Self::name_entities(config)?;
+        let mut by_kind: [Vec<EntityId>; 4] = Default::default();
+        for e in &entities {
+            by_kind[e.kind.index()].push(e.id);
+        }
+        Self::relate(config.seed, &mut entities, &by_kind);
+        let subject_split = Self::split_subjects(config, entities.len(), &by_kind);
+        let distractors = Self::distractors(config, &entities);
+        let mut world = World {
+            config: config.clone(),
+            entities,
+            subject_split,
+            distractors,
+            questions: Vec::new(),
+        };
+        world.questions = world.make_questions();
+        Ok(world)
+    }
 
-        // Names.
+    /// The entities with their names and aliases, kind by kind (the `names` stream), without
+    /// facts.
+    fn name_entities(config: &WorldConfig) -> Result<Vec<Entity>, WorldError> {
+        let seed = config.seed;
         let mut name_rng = SplitMix64::stream(seed, "names");
         let mut inventory: Vec<&'static str> = SYLLABLES.to_vec();
         name_rng.shuffle(&mut inventory);
@@ -804,13 +824,13 @@ impl World {
                 });
             }
         }
-        let mut by_kind: [Vec<EntityId>; 4] = Default::default();
-        for e in &entities {
-            by_kind[e.kind.index()].push(e.id);
-        }
-        let [countries, cities, companies, persons] = &by_kind;
+        Ok(entities)
+    }
 
-        // Relations.
+    /// Each entity's facts (the `relations` stream): every city in a country, each country's
+    /// capital, each company's founder and base, each person's birthplace and employer.
+    fn relate(seed: u64, entities: &mut [Entity], by_kind: &[Vec<EntityId>; 4]) {
+        let [countries, cities, companies, persons] = by_kind;
         let mut rel_rng = SplitMix64::stream(seed, "relations");
         let mut cities_of: HashMap<EntityId, Vec<EntityId>> = HashMap::new();
         for (i, &city) in cities.iter().enumerate() {
@@ -838,11 +858,19 @@ impl World {
             entities[person].facts.push((BornIn, born));
             entities[person].facts.push((WorksFor, employer));
         }
+    }
 
-        // Subject splits: per kind, a shuffled partition.
+    /// Each entity's split as a question subject (the `splits` stream): per kind, a shuffled
+    /// partition into held-out (validation, then test) and training subjects.
+    fn split_subjects(
+        config: &WorldConfig,
+        entities: usize,
+        by_kind: &[Vec<EntityId>; 4],
+    ) -> Vec<Split> {
+        let seed = config.seed;
         let mut split_rng = SplitMix64::stream(seed, "splits");
-        let mut subject_split = vec![Split::Train; entities.len()];
-        for ids in &by_kind {
+        let mut subject_split = vec![Split::Train; entities];
+        for ids in by_kind {
             let mut ids = ids.clone();
             split_rng.shuffle(&mut ids);
             let held = ((ids.len() as f64) * config.heldout_fraction).round() as usize;
@@ -861,10 +889,15 @@ impl World {
                 };
             }
         }
+        subject_split
+    }
 
-        // Distractors.
+    /// The distractor passages (the `distractors` stream): templates naming two random
+    /// entities.
+    fn distractors(config: &WorldConfig, entities: &[Entity]) -> Vec<String> {
+        let seed = config.seed;
         let mut d_rng = SplitMix64::stream(seed, "distractors");
-        let distractors = (0..config.distractors)
+        (0..config.distractors)
             .map(|i| {
                 let (title, text) = *d_rng.pick(&DISTRACTOR_TEMPLATES);
                 let a = &entities[d_rng.below(entities.len())].name;
@@ -874,17 +907,7 @@ impl World {
                     &text.replace("{a}", a).replace("{b}", b),
                 )
             })
-            .collect();
-
-        let mut world = World {
-            config: config.clone(),
-            entities,
-            subject_split,
-            distractors,
-            questions: Vec::new(),
-        };
-        world.questions = world.make_questions();
-        Ok(world)
+            .collect()
     }
 
     fn make_questions(&self) -> Vec<Question> {
