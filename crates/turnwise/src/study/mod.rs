@@ -22,7 +22,7 @@
 pub(crate) mod file;
 pub mod report;
 pub mod runner;
-pub(crate) mod stats;
+pub(crate) use turnwise_report::stats;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
