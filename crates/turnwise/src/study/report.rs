@@ -15,7 +15,7 @@ use serde::Serialize;
 use super::stats::{
     BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, Interval, mean, paired_bootstrap, t_interval,
 };
-use super::{Metric, Panels, RunId, Study, StudyFile, is_finished, read_panels};
+use super::{Audit, Metric, Panels, RunId, Study, StudyFile, is_finished, read_panels};
 use crate::run::{LineChart, MetricsLog, RunDir, Series, read_metrics};
 use crate::trainer::eval::QuestionOutcome;
 
@@ -296,8 +296,19 @@ fn audit_section(study: &Study, out: &Path, numbers: &mut ReportNumbers) -> Resu
             n.realised_density
         );
     }
+    write_estimator_scores(&mut md, &found);
+    for (a, n) in found {
+        numbers.audits.insert(a.name.clone(), n);
+    }
+    Ok(md)
+}
+
+/// The audits' tables of each estimator's scores against the replay (Spearman's ρ with its
+/// p-value, sign agreement on decisive turns), the random floor last, and why an estimator was
+/// left out.
+fn write_estimator_scores(md: &mut String, found: &[(&Audit, AuditNumbers)]) {
     let mut names: Vec<String> = Vec::new();
-    for (_, n) in &found {
+    for (_, n) in found {
         for k in n.estimators.keys() {
             if !names.contains(k) {
                 names.push(k.clone());
@@ -348,7 +359,7 @@ fn audit_section(study: &Study, out: &Path, numbers: &mut ReportNumbers) -> Resu
         }
     }
     let mut why: BTreeMap<&str, &str> = BTreeMap::new();
-    for (_, n) in &found {
+    for (_, n) in found {
         for (k, v) in &n.skipped {
             why.entry(k.as_str()).or_insert(v.as_str());
         }
@@ -359,10 +370,6 @@ fn audit_section(study: &Study, out: &Path, numbers: &mut ReportNumbers) -> Resu
             let _ = writeln!(md, "- {k} left out: {v}.");
         }
     }
-    for (a, n) in found {
-        numbers.audits.insert(a.name.clone(), n);
-    }
-    Ok(md)
 }
 
 /// A claim's result.
