@@ -14,7 +14,7 @@ pub mod bench;
 pub mod checkpoints;
 pub mod config;
 pub mod model_source;
-pub mod ownership;
+pub use turnwise_report::ownership;
 pub(crate) mod parallel;
 pub mod pipeline;
 pub mod prompt;

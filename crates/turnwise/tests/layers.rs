@@ -6,8 +6,13 @@
 use std::path::{Path, PathBuf};
 
 /// `(module, module it must not import)`: an earlier stage of task → rollout → reward →
-/// advantage → update and a later one.
-const BACK_ARROWS: &[(&str, &str)] = &[("task", "rollout"), ("rollout", "update")];
+/// advantage → update and a later one; `config` (read by every stage) and `run` (the run
+/// directory, written last).
+const BACK_ARROWS: &[(&str, &str)] = &[
+    ("task", "rollout"),
+    ("rollout", "update"),
+    ("config", "run"),
+];
 
 /// The files of top-level module `m`: `src/m.rs` and everything under `src/m/`.
 fn files_of(m: &str) -> Vec<PathBuf> {

@@ -12,7 +12,7 @@ use std::path::Path;
 use common::{event_scalars, metrics_as_scalars};
 
 /// Records each call as a JSON line in `$FAKE_WANDB_LOG`.
-const FAKE_WANDB: &str = include_str!("fake_wandb/wandb.py");
+const FAKE_WANDB: &str = include_str!("../../turnwise-report/tests/fake_wandb/wandb.py");
 
 fn args(out: &Path, extra: &[&str]) -> Vec<String> {
     let mut a: Vec<String> = ["train", "--preset", "grpo", "--out"]

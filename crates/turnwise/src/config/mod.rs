@@ -500,7 +500,7 @@ impl TrainConfig {
 }
 
 /// The resolved config of run directory `dir` (its `config.toml`).
-pub fn run_config(dir: &crate::run::RunDir) -> anyhow::Result<TrainConfig> {
+pub fn run_config(dir: &turnwise_report::run::RunDir) -> anyhow::Result<TrainConfig> {
     let text = dir.read_config()?;
     let table = anyhow::Context::with_context(text.parse::<toml::Table>(), || {
         format!("parsing {}", dir.config_path().display())

@@ -107,11 +107,11 @@ pub enum WandbSetting {
 
 impl WandbSetting {
     /// The sidecar's mode, `None` when off.
-    pub fn mode(self) -> Option<crate::run::wandb::WandbMode> {
+    pub fn mode(self) -> Option<turnwise_report::run::wandb::WandbMode> {
         match self {
             Self::Off => None,
-            Self::Online => Some(crate::run::wandb::WandbMode::Online),
-            Self::Offline => Some(crate::run::wandb::WandbMode::Offline),
+            Self::Online => Some(turnwise_report::run::wandb::WandbMode::Online),
+            Self::Offline => Some(turnwise_report::run::wandb::WandbMode::Offline),
         }
     }
 }

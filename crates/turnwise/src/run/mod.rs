@@ -1,4 +1,7 @@
 //! The run directory: everything a training run leaves on disk, and the tools that read it back.
+//! They live in the `turnwise-report` crate (`turnwise_report::run`, `turnwise_report::ownership`),
+//! which this module re-exports; what depends on training stays here: picking a run's
+//! checkpoint ([`pick_checkpoint`]) and progress bars ([`Progress`]).
 //!
 //! ```text
 //! <run>/
@@ -26,139 +29,26 @@
 //!
 //! [`Progress`] draws progress bars on a terminal and logs a line every few percent elsewhere.
 
-mod catalog;
-mod dir;
-mod metrics;
 mod open;
-mod plots;
 mod progress;
-mod report;
-mod samples;
-mod svg;
-pub mod tensorboard;
-pub mod view;
-pub(crate) mod wandb;
 
-use std::path::{Path, PathBuf};
-
-pub use catalog::{
+pub use open::{REFERENCE_DIR, pick_checkpoint};
+pub use progress::{Progress, ProgressMode};
+pub(crate) use turnwise_report::run::wandb;
+pub use turnwise_report::run::{
     COMPARE_CHARTS, RunInfo, SUMMARY_KEYS, WORLD_KEYS, compare_charts, compare_table,
     differing_world_keys, find_runs, runs_table, world_settings, write_compare_charts,
 };
-pub(crate) use dir::read_json_lines;
-pub(crate) use dir::write_atomic;
-pub use dir::{COMPLETE_MARKER, Checkpoint, LOCK_FILE, RUN_MARKER, RunDir, legacy_run_class};
-pub use metrics::{MetricsLog, MetricsRecord, MetricsWriter, PairedGain, read_metrics};
-pub use open::{REFERENCE_DIR, pick_checkpoint};
-pub use plots::{PlotFile, PlotSpec, SeriesSpec, default_plot_specs, plot_records, write_plots};
-pub use progress::{Progress, ProgressMode};
-pub use report::{ReportInput, render_report, write_report};
-pub use samples::{SampleGroup, SampleRecord, StepGroup, TurnText};
-pub use svg::{LineChart, Series};
-
-/// What went wrong with a file of the run directory, and which file.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    /// An I/O operation failed.
-    #[error("cannot {action} {}: {cause}", path.display())]
-    Io {
-        /// The file or directory.
-        path: PathBuf,
-        /// What was being done ("create the directory", "append to", ...).
-        action: &'static str,
-        /// The underlying error.
-        cause: std::io::Error,
-    },
-    /// A new run would overwrite a directory that already holds files.
-    #[error(
-        "the run directory {} is not empty (pass --overwrite to replace it, or `turnwise resume` it)",
-        path.display()
-    )]
-    NotEmpty {
-        /// The directory.
-        path: PathBuf,
-    },
-    /// Another process holds the run directory's lock (a run or a resume in progress).
-    #[error(
-        "the run directory {} is in use by another turnwise process{holder} (its lock file {} is held)",
-        path.display(), lock.display()
-    )]
-    Locked {
-        /// The directory.
-        path: PathBuf,
-        /// The lock file.
-        lock: PathBuf,
-        /// ` (pid N)` when the holder wrote its process id, else empty.
-        holder: String,
-    },
-    /// The path exists but is not a directory.
-    #[error("{} exists and is not a directory", path.display())]
-    NotADirectory {
-        /// The path.
-        path: PathBuf,
-    },
-    /// The directory does not look like a run directory (no `config.toml`).
-    #[error("{} is not a run directory: {reason}", path.display())]
-    NotARunDir {
-        /// The directory.
-        path: PathBuf,
-        /// Why not.
-        reason: String,
-    },
-    /// `config.toml` exists already with other contents (it is written once per run).
-    #[error("{} exists already with another configuration", path.display())]
-    ConfigChanged {
-        /// The config file.
-        path: PathBuf,
-    },
-    /// A complete checkpoint exists already for this step.
-    #[error("the checkpoint {} exists already and is complete", path.display())]
-    CheckpointExists {
-        /// The checkpoint directory.
-        path: PathBuf,
-    },
-    /// A line of a JSON-lines file is not what was expected.
-    #[error("{}:{line}: {message}", path.display())]
-    BadLine {
-        /// The file.
-        path: PathBuf,
-        /// The line number, starting at 1.
-        line: usize,
-        /// What is wrong with it.
-        message: String,
-    },
-    /// Experiment tracking (the Weights & Biases sidecar) failed; the message says why and what
-    /// to do.
-    #[error("{message}")]
-    Tracking {
-        /// What went wrong.
-        message: String,
-    },
-    /// A path turnwise did not write (or that changed since) is in the way, or the ownership
-    /// manifest cannot be read or written ([`crate::ownership`]).
-    #[error(transparent)]
-    Ownership(#[from] crate::ownership::OwnershipError),
-    /// A value could not be serialized.
-    #[error("cannot serialize a line for {}: {cause}", path.display())]
-    Serialize {
-        /// The file it was meant for.
-        path: PathBuf,
-        /// The underlying error.
-        cause: serde_json::Error,
-    },
-}
-
-impl RunError {
-    /// Wraps an I/O error with the path and the action.
-    pub(crate) fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Self {
-        let path = path.to_path_buf();
-        move |cause| RunError::Io {
-            path,
-            action,
-            cause,
-        }
-    }
-}
-
-/// Result of the run-directory functions.
-pub type RunResult<T> = std::result::Result<T, RunError>;
+pub use turnwise_report::run::{
+    COMPLETE_MARKER, Checkpoint, LOCK_FILE, RUN_MARKER, RunDir, legacy_run_class,
+};
+pub use turnwise_report::run::{LineChart, SampleGroup, SampleRecord, Series, StepGroup, TurnText};
+pub use turnwise_report::run::{
+    MetricsLog, MetricsRecord, MetricsWriter, PairedGain, read_metrics,
+};
+pub use turnwise_report::run::{
+    PlotFile, PlotSpec, SeriesSpec, default_plot_specs, plot_records, write_plots,
+};
+pub use turnwise_report::run::{ReportInput, render_report, write_report};
+pub use turnwise_report::run::{RunError, RunResult, tensorboard, view};
+pub(crate) use turnwise_report::run::{read_json_lines, write_atomic};

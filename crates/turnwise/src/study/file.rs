@@ -345,6 +345,16 @@ impl StudyFile {
     /// presets, references between arms, warm starts, the baseline and the claims, and no
     /// override of a key the study sets itself ([`STUDY_KEYS`]). `source` names the file.
     pub fn check(&self, source: &Path) -> Result<(), StudyError> {
+        self.check_basics(source)?;
+        self.check_warm_starts(source)?;
+        let names = self.check_arms(source)?;
+        self.check_baselines(source, &names)?;
+        self.check_claims(source, &names)?;
+        self.check_audits(source, &names)
+    }
+
+    /// The study's name, seeds, budget and panel.
+    fn check_basics(&self, source: &Path) -> Result<(), StudyError> {
         let bad = |key: String, message: String| StudyError::Key {
             path: source.to_path_buf(),
             key,
@@ -385,24 +395,49 @@ impl StudyFile {
                 "evaluates nothing: set greedy or sampled (or both) to true".into(),
             ));
         }
-        let check_sets = |key: &str, sets: &[String], what: &str| -> Result<(), StudyError> {
-            for (i, s) in sets.iter().enumerate() {
-                if !s.contains('=') {
-                    return Err(bad(
-                        format!("{key}[{i}]"),
-                        format!("{s:?} is not key=value (e.g. \"optim.lr=1e-4\")"),
-                    ));
-                }
-                if let Some((k, by)) = study_key(s, &self.budget) {
-                    return Err(bad(
-                        format!("{key}[{i}]"),
-                        format!("{s:?} sets `{k}`, which the study sets for {what} from {by}"),
-                    ));
-                }
-            }
-            Ok(())
+        Ok(())
+    }
+
+    /// Each of `sets` (under `key`) is `key=value` and sets no key the study sets itself for
+    /// `what`.
+    fn check_sets(
+        &self,
+        source: &Path,
+        key: &str,
+        sets: &[String],
+        what: &str,
+    ) -> Result<(), StudyError> {
+        let bad = |key: String, message: String| StudyError::Key {
+            path: source.to_path_buf(),
+            key,
+            message,
         };
-        check_sets("sets", &self.sets, "every run")?;
+        for (i, s) in sets.iter().enumerate() {
+            if !s.contains('=') {
+                return Err(bad(
+                    format!("{key}[{i}]"),
+                    format!("{s:?} is not key=value (e.g. \"optim.lr=1e-4\")"),
+                ));
+            }
+            if let Some((k, by)) = study_key(s, &self.budget) {
+                return Err(bad(
+                    format!("{key}[{i}]"),
+                    format!("{s:?} sets `{k}`, which the study sets for {what} from {by}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The study's own `sets`, and its warm starts: at least one, their names, presets and
+    /// settings.
+    fn check_warm_starts(&self, source: &Path) -> Result<(), StudyError> {
+        let bad = |key: String, message: String| StudyError::Key {
+            path: source.to_path_buf(),
+            key,
+            message,
+        };
+        self.check_sets(source, "sets", &self.sets, "every run")?;
         if self.warm_start.is_empty() {
             return Err(bad(
                 "warm_start".into(),
@@ -419,7 +454,7 @@ impl StudyFile {
                 ));
             }
             super::check_preset(&w.preset).map_err(|m| bad(format!("{key}.preset"), m))?;
-            check_sets(&format!("{key}.common"), &w.common, "every run")?;
+            self.check_sets(source, &format!("{key}.common"), &w.common, "every run")?;
             for (i, s) in w.sets.iter().enumerate() {
                 let k = s.split_once('=').map_or(s.as_str(), |(k, _)| k).trim();
                 if !s.contains('=') {
@@ -444,6 +479,17 @@ impl StudyFile {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// The arms: names (folder names, each once), presets, warm starts and settings; returns
+    /// each arm's index by name.
+    fn check_arms(&self, source: &Path) -> Result<BTreeMap<&str, usize>, StudyError> {
+        let bad = |key: String, message: String| StudyError::Key {
+            path: source.to_path_buf(),
+            key,
+            message,
+        };
         let mut names = BTreeMap::new();
         for (i, a) in self.arms.iter().enumerate() {
             let key = format!("arm[{i}]");
@@ -487,25 +533,37 @@ impl StudyFile {
                 }
                 _ => {}
             }
-            check_sets(&format!("{key}.sets"), &a.sets, "every arm")?;
+            self.check_sets(source, &format!("{key}.sets"), &a.sets, "every arm")?;
         }
+        Ok(names)
+    }
+
+    /// At least one arm; the baseline, and each warm start's own baseline, is an arm (of that
+    /// warm start).
+    fn check_baselines(
+        &self,
+        source: &Path,
+        names: &BTreeMap<&str, usize>,
+    ) -> Result<(), StudyError> {
+        let bad = |key: String, message: String| StudyError::Key {
+            path: source.to_path_buf(),
+            key,
+            message,
+        };
         if self.arms.is_empty() {
             return Err(bad(
                 "arm".into(),
                 "the study needs at least one [[arm]]".into(),
             ));
         }
-        let arm_list = || {
-            self.arms
-                .iter()
-                .map(|a| a.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
         if !names.contains_key(self.baseline.as_str()) {
             return Err(bad(
                 "baseline".into(),
-                format!("no arm {:?}; the arms are {}", self.baseline, arm_list()),
+                format!(
+                    "no arm {:?}; the arms are {}",
+                    self.baseline,
+                    self.arm_list()
+                ),
             ));
         }
         for (name, w) in &self.warm_start {
@@ -513,7 +571,7 @@ impl StudyFile {
                 let Some(&i) = names.get(b.as_str()) else {
                     return Err(bad(
                         format!("warm_start.{name}.baseline"),
-                        format!("no arm {b:?}; the arms are {}", arm_list()),
+                        format!("no arm {b:?}; the arms are {}", self.arm_list()),
                     ));
                 };
                 if self.warm_start_of(&self.arms[i]) != name {
@@ -524,6 +582,25 @@ impl StudyFile {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// The arms' names, comma-separated (for errors naming an unknown arm).
+    fn arm_list(&self) -> String {
+        self.arms
+            .iter()
+            .map(|a| a.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The claims: names (each once) and the two different arms they compare.
+    fn check_claims(&self, source: &Path, names: &BTreeMap<&str, usize>) -> Result<(), StudyError> {
+        let bad = |key: String, message: String| StudyError::Key {
+            path: source.to_path_buf(),
+            key,
+            message,
+        };
         let mut claim_names = BTreeSet::new();
         for (i, c) in self.claims.iter().enumerate() {
             let key = format!("claim[{i}]");
@@ -540,7 +617,7 @@ impl StudyFile {
                 if !names.contains_key(arm.as_str()) {
                     return Err(bad(
                         format!("{key}.{field}"),
-                        format!("no arm {arm:?}; the arms are {}", arm_list()),
+                        format!("no arm {arm:?}; the arms are {}", self.arm_list()),
                     ));
                 }
             }
@@ -551,6 +628,16 @@ impl StudyFile {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// The audits: names (folder names, each once), the run each reads, and their settings.
+    fn check_audits(&self, source: &Path, names: &BTreeMap<&str, usize>) -> Result<(), StudyError> {
+        let bad = |key: String, message: String| StudyError::Key {
+            path: source.to_path_buf(),
+            key,
+            message,
+        };
         let mut audit_names = BTreeSet::new();
         for (i, a) in self.audits.iter().enumerate() {
             let key = format!("audit[{i}]");

@@ -22,7 +22,7 @@
 pub(crate) mod file;
 pub mod report;
 pub mod runner;
-pub(crate) mod stats;
+pub(crate) use turnwise_report::stats;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -491,6 +491,13 @@ impl Study {
                 });
             }
         }
+        self.check_comparable(&panels)?;
+        Ok(Panels { version: 1, panels })
+    }
+
+    /// Each arm is evaluated on its baseline's questions, and each claim's two arms on the same
+    /// questions in the environment the claim names (`panels`: each warm start's panel).
+    fn check_comparable(&self, panels: &BTreeMap<String, PanelIds>) -> Result<(), StudyError> {
         let panel_of_arm = |name: &str| {
             let arm = self.file.arm(name).expect("checked");
             &panels[self.file.warm_start_of(arm)]
@@ -533,7 +540,7 @@ impl Study {
                 )));
             }
         }
-        Ok(Panels { version: 1, panels })
+        Ok(())
     }
 
     /// Prepares the study directory `out`: creates it, or accepts it when it holds this study

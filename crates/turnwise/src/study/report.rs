@@ -15,7 +15,7 @@ use serde::Serialize;
 use super::stats::{
     BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, Interval, mean, paired_bootstrap, t_interval,
 };
-use super::{Metric, Panels, RunId, Study, is_finished, read_panels};
+use super::{Audit, Metric, Panels, RunId, Study, StudyFile, is_finished, read_panels};
 use crate::run::{LineChart, MetricsLog, RunDir, Series, read_metrics};
 use crate::trainer::eval::QuestionOutcome;
 
@@ -296,8 +296,19 @@ fn audit_section(study: &Study, out: &Path, numbers: &mut ReportNumbers) -> Resu
             n.realised_density
         );
     }
+    write_estimator_scores(&mut md, &found);
+    for (a, n) in found {
+        numbers.audits.insert(a.name.clone(), n);
+    }
+    Ok(md)
+}
+
+/// The audits' tables of each estimator's scores against the replay (Spearman's ρ with its
+/// p-value, sign agreement on decisive turns), the random floor last, and why an estimator was
+/// left out.
+fn write_estimator_scores(md: &mut String, found: &[(&Audit, AuditNumbers)]) {
     let mut names: Vec<String> = Vec::new();
-    for (_, n) in &found {
+    for (_, n) in found {
         for k in n.estimators.keys() {
             if !names.contains(k) {
                 names.push(k.clone());
@@ -348,7 +359,7 @@ fn audit_section(study: &Study, out: &Path, numbers: &mut ReportNumbers) -> Resu
         }
     }
     let mut why: BTreeMap<&str, &str> = BTreeMap::new();
-    for (_, n) in &found {
+    for (_, n) in found {
         for (k, v) in &n.skipped {
             why.entry(k.as_str()).or_insert(v.as_str());
         }
@@ -359,10 +370,6 @@ fn audit_section(study: &Study, out: &Path, numbers: &mut ReportNumbers) -> Resu
             let _ = writeln!(md, "- {k} left out: {v}.");
         }
     }
-    for (a, n) in found {
-        numbers.audits.insert(a.name.clone(), n);
-    }
-    Ok(md)
 }
 
 /// A claim's result.
@@ -733,7 +740,8 @@ fn require_some_run(study: &Study, out: &Path) -> Result<()> {
 
 /// Writes `report.md`, `report.json` and `plots/*.svg` of the study directory `out`; returns
 /// the report's path. A directory holding none of the study's runs is refused
-/// ([`require_some_run`]).
+/// ([`require_some_run`]). Each section of the report is written by a function of its own, in
+/// the order the report shows them; those with numbers in `report.json` return them too.
 pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
     require_some_run(study, out)?;
     let panels = read_panels(out)?;
@@ -766,6 +774,41 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
         claims: BTreeMap::new(),
         audits: BTreeMap::new(),
     };
+    let mut md = intro_section(study, finished, total_runs);
+    md.push_str(&warm_starts_section(file, out, &panels));
+    let (section, per_arm) = arms_section(file, &arms, &metrics);
+    md.push_str(&section);
+    numbers.arms = per_arm;
+    let (section, vs_baseline) = baseline_section(&arms, &by_name, &metrics);
+    md.push_str(&section);
+    numbers.vs_baseline = vs_baseline;
+    let (section, claims) = claims_section(file, &by_name);
+    md.push_str(&section);
+    numbers.claims = claims;
+    md.push_str(&curves_section(file, &arms, out)?);
+    md.push_str(&costs_section(&arms));
+    md.push_str(&stability_section(&arms));
+
+    let audits = audit_section(study, out, &mut numbers)?;
+    md.push_str(&audits);
+
+    md.push_str(&health_section(file, &arms, out));
+    md.push_str(&pending_section(&arms));
+
+    let path = out.join("report.md");
+    write_owned(&path, md.as_bytes())?;
+    let json = out.join("report.json");
+    write_owned(
+        &json,
+        (serde_json::to_string_pretty(&numbers).expect("numbers serialize") + "\n").as_bytes(),
+    )?;
+    Ok(path)
+}
+
+/// The report's title, what it covers (runs finished, arms, seeds, budget, panel) and how to
+/// read its figures.
+fn intro_section(study: &Study, finished: usize, total_runs: usize) -> String {
+    let file = &study.file;
     let mut md = String::new();
     let _ = writeln!(md, "# Study `{}`\n", file.name);
     let _ = writeln!(
@@ -814,7 +857,12 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
          *reversed* when below, *inconclusive* otherwise; it stays *pending* until two paired \
          seeds have finished (one seed's interval holds the questions' noise, not the seeds').\n"
     );
+    md
+}
 
+/// The warm starts: preset, environment, panel and their EM before RL.
+fn warm_starts_section(file: &StudyFile, out: &Path, panels: &Panels) -> String {
+    let mut md = String::new();
     // Warm starts.
     let _ = writeln!(
         md,
@@ -849,11 +897,22 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
             }
         );
     }
+    md
+}
 
+/// Per arm and metric: the mean over seeds after RL with its interval; the numbers by arm
+/// and metric name for `report.json`.
+fn arms_section(
+    file: &StudyFile,
+    arms: &[ArmData],
+    metrics: &[Metric],
+) -> (String, BTreeMap<String, BTreeMap<String, JsonInterval>>) {
+    let mut md = String::new();
+    let mut numbers = BTreeMap::new();
     // Per arm.
     let _ = writeln!(md, "\n## Results per arm (after RL)\n");
     let mut head = "| arm | preset | warm start | seeds finished |".to_string();
-    for m in &metrics {
+    for m in metrics {
         let _ = write!(head, " {} |", m.name());
     }
     let _ = writeln!(
@@ -861,7 +920,7 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
         "{head} greedy EM before RL |\n|{}",
         "---|".repeat(5 + metrics.len())
     );
-    for a in &arms {
+    for a in arms {
         let mut row = format!(
             "| `{}` | `{}` | `{}` | {} of {} |",
             a.name,
@@ -871,7 +930,7 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
             file.seeds.len()
         );
         let mut per = BTreeMap::new();
-        for &m in &metrics {
+        for &m in metrics {
             let i = arm_interval(a, m);
             let _ = write!(row, " {} |", arm_cell(i));
             if let Some(i) = i {
@@ -892,20 +951,31 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
                 pct(mean(&before))
             }
         );
-        numbers.arms.insert(a.name.clone(), per);
+        numbers.insert(a.name.clone(), per);
     }
+    (md, numbers)
+}
 
+/// Per arm (not a baseline) and metric: the paired difference against its baseline; the
+/// numbers by arm and metric name for `report.json`.
+fn baseline_section(
+    arms: &[ArmData],
+    by_name: &BTreeMap<&str, &ArmData>,
+    metrics: &[Metric],
+) -> (String, BTreeMap<String, BTreeMap<String, JsonInterval>>) {
+    let mut md = String::new();
+    let mut numbers = BTreeMap::new();
     // Against the baseline.
     let _ = writeln!(
         md,
         "\n## Paired differences against the baseline (points, arm − baseline)\n"
     );
     let mut head = "| arm | baseline | seeds paired |".to_string();
-    for m in &metrics {
+    for m in metrics {
         let _ = write!(head, " {} |", m.name());
     }
     let _ = writeln!(md, "{head}\n|{}", "---|".repeat(3 + metrics.len()));
-    for a in &arms {
+    for a in arms {
         if a.name == a.baseline {
             continue;
         }
@@ -919,7 +989,7 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
             .count();
         let mut row = format!("| `{}` | `{}` | {paired} |", a.name, b.name);
         let mut per = BTreeMap::new();
-        for &m in &metrics {
+        for &m in metrics {
             let i = paired_difference(a, b, m);
             let _ = write!(row, " {} |", pct_interval(i, true));
             if let Some(i) = i {
@@ -927,9 +997,19 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
             }
         }
         let _ = writeln!(md, "{row}");
-        numbers.vs_baseline.insert(a.name.clone(), per);
+        numbers.insert(a.name.clone(), per);
     }
+    (md, numbers)
+}
 
+/// The study file's claims, each with our paired difference and its verdict; the results by
+/// claim name for `report.json`.
+fn claims_section(
+    file: &StudyFile,
+    by_name: &BTreeMap<&str, &ArmData>,
+) -> (String, BTreeMap<String, ClaimResult>) {
+    let mut md = String::new();
+    let mut numbers = BTreeMap::new();
     // Claims.
     if !file.claims.is_empty() {
         let _ = writeln!(
@@ -953,7 +1033,7 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
                 pct_interval(i, true),
                 i.map_or(0, |i| i.n)
             );
-            numbers.claims.insert(
+            numbers.insert(
                 c.name.clone(),
                 ClaimResult {
                     ours: i.map(JsonInterval::from),
@@ -962,7 +1042,12 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
             );
         }
     }
+    (md, numbers)
+}
 
+/// The learning curves per warm start, written to `plots/*.svg`, and the section showing them.
+fn curves_section(file: &StudyFile, arms: &[ArmData], out: &Path) -> Result<String> {
+    let mut md = String::new();
     // Learning curves.
     let plots = out.join("plots");
     std::fs::create_dir_all(&plots).with_context(|| format!("creating {}", plots.display()))?;
@@ -990,13 +1075,19 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
             let _ = writeln!(md, "![{title}, warm start {ws}](plots/{name})\n");
         }
     }
+    Ok(md)
+}
 
+/// Per arm: agent tokens, turns and tool calls per episode, training response tokens and
+/// wall time.
+fn costs_section(arms: &[ArmData]) -> String {
+    let mut md = String::new();
     // Episode costs and wall time.
     let _ = writeln!(
         md,
         "## Cost per episode and wall time (means over finished seeds)\n\n| arm | agent tokens (greedy / sampled) | turns (greedy / sampled) | tool calls (greedy / sampled) | training response tokens per step | RL wall time, s (min–max) | total, s |\n|---|---|---|---|---|---|---|"
     );
-    for a in &arms {
+    for a in arms {
         let both = |k: &str| {
             let g: Vec<f64> = a
                 .runs
@@ -1046,7 +1137,13 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
             mean_cell(&total, 0)
         );
     }
+    md
+}
 
+/// Per arm: runs that ended below their warm start, skipped updates, clip fraction, entropy
+/// and the largest KL.
+fn stability_section(arms: &[ArmData]) -> String {
+    let mut md = String::new();
     // Stability.
     let _ = writeln!(
         md,
@@ -1057,7 +1154,7 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
          significantly | skipped updates per run | clip fraction | entropy, first → last step | \
          largest KL (old‖new) |\n|---|---|---|---|---|---|---|"
     );
-    for a in &arms {
+    for a in arms {
         let mut below = 0;
         let mut significant = 0;
         for r in &a.runs {
@@ -1129,10 +1226,13 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
                 .map_or("–".into(), |v| format!("{v:.4}"))
         );
     }
+    md
+}
 
-    let audits = audit_section(study, out, &mut numbers)?;
-    md.push_str(&audits);
-
+/// Per arm and turn position: broken formats, empty and repeated searches in the first and
+/// the second half of the RL steps.
+fn health_section(file: &StudyFile, arms: &[ArmData], out: &Path) -> String {
+    let mut md = String::new();
     // Reasoning health per turn, from the runs' sampled training episodes.
     let _ = writeln!(
         md,
@@ -1144,7 +1244,7 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
          turn | turns seen | format broken, % | empty searches, % | repeated searches, % \
          |\n|---|---|---|---|---|---|"
     );
-    for a in &arms {
+    for a in arms {
         let mut pooled = [[TurnHealth::default(); HEALTH_TURNS]; 2];
         for r in &a.runs {
             let dir = RunId::Arm(a.name.clone(), r.seed).dir(out);
@@ -1186,7 +1286,12 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
             );
         }
     }
+    md
+}
 
+/// The runs not finished yet, if any.
+fn pending_section(arms: &[ArmData]) -> String {
+    let mut md = String::new();
     let pending: Vec<String> = arms
         .iter()
         .flat_map(|a| {
@@ -1203,15 +1308,7 @@ pub fn write_study_report(study: &Study, out: &Path) -> Result<PathBuf> {
             pending.join(", ")
         );
     }
-
-    let path = out.join("report.md");
-    write_owned(&path, md.as_bytes())?;
-    let json = out.join("report.json");
-    write_owned(
-        &json,
-        (serde_json::to_string_pretty(&numbers).expect("numbers serialize") + "\n").as_bytes(),
-    )?;
-    Ok(path)
+    md
 }
 
 /// Writes a file of the study's report, when the study's manifest (if it has one: studies of

@@ -279,7 +279,6 @@ pub fn run_study(study: &Study, out: &Path, opts: &StudyRunOptions) -> Result<()
         if threads == 1 { "" } else { "s" },
         out.display()
     );
-    let index_of = |r: &RunId| runs.iter().position(|x| x == r);
     let shared = Mutex::new((states, already));
     let wake = Condvar::new();
     let elapsed = |t: Instant| {
@@ -292,47 +291,7 @@ pub fn run_study(study: &Study, out: &Path, opts: &StudyRunOptions) -> Result<()
                 loop {
                     // Pick the first waiting run whose warm start is done; fail those whose
                     // warm start failed; stop when nothing is waiting.
-                    let picked = {
-                        let mut g = shared.lock().unwrap_or_else(|e| e.into_inner());
-                        loop {
-                            let mut pick = None;
-                            let mut waiting = false;
-                            for (i, run) in runs.iter().enumerate() {
-                                if g.0[i] != State::Waiting {
-                                    continue;
-                                }
-                                let dep = study.dependency(run).and_then(|d| index_of(&d));
-                                match dep.map(|d| g.0[d].clone()) {
-                                    Some(State::Failed(_)) => {
-                                        let why = format!(
-                                            "not started: the run it needs, {}, failed",
-                                            study
-                                                .dependency(run)
-                                                .map(|d| d.label())
-                                                .unwrap_or_default()
-                                        );
-                                        g.0[i] = State::Failed(why.clone());
-                                        g.1 += 1;
-                                        println!("[{}/{total}] {} {why}", g.1, run.label());
-                                    }
-                                    None | Some(State::Done) => {
-                                        pick = Some(i);
-                                        break;
-                                    }
-                                    _ => waiting = true,
-                                }
-                            }
-                            if let Some(i) = pick {
-                                g.0[i] = State::Running;
-                                break Some(i);
-                            }
-                            if !waiting {
-                                wake.notify_all();
-                                break None;
-                            }
-                            g = wake.wait(g).unwrap_or_else(|e| e.into_inner());
-                        }
-                    };
+                    let picked = pick_run(study, &runs, &shared, &wake);
                     let Some(i) = picked else { return };
                     let run = &runs[i];
                     let log = run.log(out);
@@ -371,9 +330,16 @@ pub fn run_study(study: &Study, out: &Path, opts: &StudyRunOptions) -> Result<()
         }
     });
     let (states, _) = shared.into_inner().unwrap_or_else(|e| e.into_inner());
+    report_end(study, &runs, &states, &elapsed(t0))
+}
+
+/// Prints how the study's runs ended (`took`: the study's elapsed time) and fails naming every
+/// failed run.
+fn report_end(study: &Study, runs: &[RunId], states: &[State], took: &str) -> Result<()> {
+    let total = runs.len();
     let failed: Vec<String> = runs
         .iter()
-        .zip(&states)
+        .zip(states)
         .filter_map(|(r, s)| match s {
             State::Failed(why) => Some(format!("{} ({why})", r.label())),
             _ => None,
@@ -384,7 +350,7 @@ pub fn run_study(study: &Study, out: &Path, opts: &StudyRunOptions) -> Result<()
         "study {:?}: {done} of {total} runs finished, {} failed, in {}",
         study.file.name,
         failed.len(),
-        elapsed(t0)
+        took
     );
     if !failed.is_empty() {
         bail!(
@@ -394,6 +360,54 @@ pub fn run_study(study: &Study, out: &Path, opts: &StudyRunOptions) -> Result<()
         );
     }
     Ok(())
+}
+
+/// Picks the first waiting run whose warm start is done, marking it running; fails those whose
+/// warm start failed; waits while runs are running; `None` when nothing is waiting.
+fn pick_run(
+    study: &Study,
+    runs: &[RunId],
+    shared: &Mutex<(Vec<State>, usize)>,
+    wake: &Condvar,
+) -> Option<usize> {
+    let total = runs.len();
+    let index_of = |r: &RunId| runs.iter().position(|x| x == r);
+    let mut g = shared.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let mut pick = None;
+        let mut waiting = false;
+        for (i, run) in runs.iter().enumerate() {
+            if g.0[i] != State::Waiting {
+                continue;
+            }
+            let dep = study.dependency(run).and_then(|d| index_of(&d));
+            match dep.map(|d| g.0[d].clone()) {
+                Some(State::Failed(_)) => {
+                    let why = format!(
+                        "not started: the run it needs, {}, failed",
+                        study.dependency(run).map(|d| d.label()).unwrap_or_default()
+                    );
+                    g.0[i] = State::Failed(why.clone());
+                    g.1 += 1;
+                    println!("[{}/{total}] {} {why}", g.1, run.label());
+                }
+                None | Some(State::Done) => {
+                    pick = Some(i);
+                    break;
+                }
+                _ => waiting = true,
+            }
+        }
+        if let Some(i) = pick {
+            g.0[i] = State::Running;
+            return Some(i);
+        }
+        if !waiting {
+            wake.notify_all();
+            return None;
+        }
+        g = wake.wait(g).unwrap_or_else(|e| e.into_inner());
+    }
 }
 
 /// Runs `run` as `exe study run-one …` with `threads` matmul threads, its output appended to

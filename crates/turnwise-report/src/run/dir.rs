@@ -232,9 +232,6 @@ fn sync_dir(path: &Path) -> RunResult<()> {
     Ok(())
 }
 
-/// Writes `bytes` to `path` through a temporary file and a rename, so that readers see either the
-/// old file or the whole new one.
-/// Writes `items` to `path`, one JSON line each, atomically.
 /// `path` with `.gz` appended: where a packed run keeps a JSON-lines file gzipped (the
 /// committed runs of a study, `docs/runs.md`: "Method comparison studies").
 pub(crate) fn gzipped(path: &Path) -> PathBuf {
@@ -247,10 +244,7 @@ pub(crate) fn gzipped(path: &Path) -> PathBuf {
 /// when only that exists, from its gzipped copy `path.gz` ([`gzipped`]); `None` when neither
 /// exists. A line that does not parse is a [`RunError::BadLine`] whose message is `what`
 /// followed by serde's.
-pub(crate) fn read_json_lines<T: DeserializeOwned>(
-    path: &Path,
-    what: &str,
-) -> RunResult<Option<Vec<T>>> {
+pub fn read_json_lines<T: DeserializeOwned>(path: &Path, what: &str) -> RunResult<Option<Vec<T>>> {
     let (path, text) = if path.is_file() {
         let text = fs::read_to_string(path).map_err(RunError::io("read", path))?;
         (path.to_path_buf(), text)
@@ -280,6 +274,7 @@ pub(crate) fn read_json_lines<T: DeserializeOwned>(
     Ok(Some(out))
 }
 
+/// Writes `items` to `path`, one JSON line each, atomically.
 fn write_json_lines<T: Serialize>(path: &Path, items: &[T]) -> RunResult<()> {
     let mut buf = Vec::new();
     for item in items {
@@ -306,7 +301,9 @@ fn remove_checkpoint(c: &Checkpoint) -> RunResult<()> {
     Ok(())
 }
 
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> RunResult<()> {
+/// Writes `bytes` to `path` through a temporary file and a rename, so that readers see either the
+/// old file or the whole new one.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> RunResult<()> {
     // Inside a folder turnwise owns, only what it wrote is replaced; what it writes is
     // recorded (crate::ownership).
     ownership::may_write(path)?;
@@ -1138,18 +1135,6 @@ mod tests {
         fs::write(run.metrics_path(), b"{\"step\":1,\"loss\":0.5}\n").unwrap();
         let err = run.check_metrics_rewritable().unwrap_err().to_string();
         assert!(err.contains("metrics.jsonl"), "{err}");
-    }
-
-    #[test]
-    fn run_entries_name_what_the_pipeline_writes() {
-        for name in [
-            crate::pipeline::FIRST_PROMPT_FILE,
-            crate::pipeline::REFERENCE_DIR,
-            crate::pipeline::WEIGHTS_DIR,
-            "summary.json",
-        ] {
-            assert!(RUN_ENTRIES.contains(&name), "{name}");
-        }
     }
 
     #[test]

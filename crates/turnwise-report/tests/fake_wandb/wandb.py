@@ -1,5 +1,6 @@
-# A stand-in for the `wandb` package, for the tests of the W&B sidecar (src/run/wandb.rs and
-# tests/tracking.rs): records every call as a JSON line in $FAKE_WANDB_LOG;
+# A stand-in for the `wandb` package, for the tests of the W&B sidecar
+# (crates/turnwise-report/src/run/wandb.rs and crates/turnwise/tests/tracking.rs): records every
+# call as a JSON line in $FAKE_WANDB_LOG;
 # $FAKE_WANDB_DIE_AFTER=N exits the process at the N+1-th `log`, and $FAKE_WANDB_HANG=1 makes
 # `log` never return.
 import json, os, time

@@ -1,4 +1,4 @@
-"""turnwise's Weights & Biases sidecar (embedded in the binary by crates/turnwise/src/run/wandb.rs).
+"""turnwise's Weights & Biases sidecar (embedded in the binary by crates/turnwise-report/src/run/wandb.rs).
 
 Protocol, one JSON object per line. turnwise writes to stdin: first the run's settings
 {"mode": "online"|"offline", "project", "entity", "name", "group", "job_type", "dir", "config"},

@@ -201,12 +201,42 @@ impl LineChart {
         };
         let (xa, xb, xticks, xstep) = ticks(x0, x1, 8);
         let (ya, yb, yticks, ystep) = ticks(y0, y1, 5);
-        let pw = WIDTH - LEFT - RIGHT;
-        let ph = HEIGHT - TOP - BOTTOM;
-        let sx = |x: f64| LEFT + (x - xa) / (xb - xa) * pw;
-        let sy = |y: f64| TOP + ph - (y - ya) / (yb - ya) * ph;
+        let frame = Frame {
+            xa,
+            xb,
+            ya,
+            yb,
+            pw: WIDTH - LEFT - RIGHT,
+            ph: HEIGHT - TOP - BOTTOM,
+        };
 
         let mut s = String::new();
+        self.write_frame(&mut s, &frame, (&xticks, xstep), (&yticks, ystep));
+        if all.is_empty() {
+            let _ = writeln!(
+                s,
+                r##"<text x="{:.2}" y="{:.2}" text-anchor="middle" fill="#888888">no data</text>"##,
+                LEFT + frame.pw / 2.0,
+                TOP + frame.ph / 2.0
+            );
+        }
+        write_bands(&mut s, &frame, &bands);
+        write_curves(&mut s, &frame, &series);
+        write_legend(&mut s, &frame, &series);
+        s.push_str("</svg>\n");
+        s
+    }
+
+    /// The document's head, the title, the grid, the axes with their tick labels and the axis
+    /// labels.
+    fn write_frame(
+        &self,
+        s: &mut String,
+        frame: &Frame,
+        (xticks, xstep): (&[f64], f64),
+        (yticks, ystep): (&[f64], f64),
+    ) {
+        let (pw, ph) = (frame.pw, frame.ph);
         let _ = writeln!(
             s,
             r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
@@ -224,16 +254,16 @@ impl LineChart {
         );
         // Grid and ticks.
         let _ = writeln!(s, r##"<g class="grid" stroke="#e0e0e0" stroke-width="1">"##);
-        for &t in &xticks {
-            let x = sx(t);
+        for &t in xticks {
+            let x = frame.sx(t);
             let _ = writeln!(
                 s,
                 r#"<line x1="{x:.2}" y1="{TOP:.2}" x2="{x:.2}" y2="{:.2}"/>"#,
                 TOP + ph
             );
         }
-        for &t in &yticks {
-            let y = sy(t);
+        for &t in yticks {
+            let y = frame.sy(t);
             let _ = writeln!(
                 s,
                 r#"<line x1="{LEFT:.2}" y1="{y:.2}" x2="{:.2}" y2="{y:.2}"/>"#,
@@ -250,23 +280,23 @@ impl LineChart {
             TOP + ph
         );
         let _ = writeln!(s, r#"<g class="xticks" text-anchor="middle">"#);
-        for &t in &xticks {
+        for &t in xticks {
             let _ = writeln!(
                 s,
                 r#"<text x="{:.2}" y="{:.2}">{}</text>"#,
-                sx(t),
+                frame.sx(t),
                 TOP + ph + 16.0,
                 escape(&tick_label(t, xstep))
             );
         }
         let _ = writeln!(s, "</g>");
         let _ = writeln!(s, r#"<g class="yticks" text-anchor="end">"#);
-        for &t in &yticks {
+        for &t in yticks {
             let _ = writeln!(
                 s,
                 r#"<text x="{:.2}" y="{:.2}">{}</text>"#,
                 LEFT - 6.0,
-                sy(t) + 4.0,
+                frame.sy(t) + 4.0,
                 escape(&tick_label(t, ystep))
             );
         }
@@ -286,92 +316,114 @@ impl LineChart {
                 escape(&self.y_label)
             );
         }
-        if all.is_empty() {
-            let _ = writeln!(
-                s,
-                r##"<text x="{:.2}" y="{:.2}" text-anchor="middle" fill="#888888">no data</text>"##,
-                LEFT + pw / 2.0,
-                TOP + ph / 2.0
-            );
-        }
-        // Bands, behind every curve.
-        for (i, band) in bands.iter().enumerate().filter(|(_, b)| !b.is_empty()) {
-            let color = COLORS[i % COLORS.len()];
-            let coords: Vec<String> = band
-                .iter()
-                .map(|&(x, _, hi)| format!("{:.2},{:.2}", sx(x), sy(hi)))
-                .chain(
-                    band.iter()
-                        .rev()
-                        .map(|&(x, lo, _)| format!("{:.2},{:.2}", sx(x), sy(lo))),
-                )
-                .collect();
-            let _ = writeln!(
-                s,
-                r#"<polygon class="band" fill="{color}" fill-opacity="0.18" stroke="none" points="{}"/>"#,
-                coords.join(" ")
-            );
-        }
-        // Curves.
-        for (i, (ser, pts)) in series.iter().enumerate() {
-            let color = COLORS[i % COLORS.len()];
-            let coords: Vec<String> = pts
-                .iter()
-                .map(|&(x, y)| format!("{:.2},{:.2}", sx(x), sy(y)))
-                .collect();
-            let _ = writeln!(
-                s,
-                r#"<polyline class="series" data-label="{}" fill="none" stroke="{color}" stroke-width="1.8" stroke-linejoin="round" points="{}"/>"#,
-                escape(&ser.label),
-                coords.join(" ")
-            );
-            if pts.len() <= MARKERS_UP_TO {
-                let _ = writeln!(s, r#"<g class="markers" fill="{color}">"#);
-                for &(x, y) in pts {
-                    let _ = writeln!(
-                        s,
-                        r#"<circle cx="{:.2}" cy="{:.2}" r="2.5"/>"#,
-                        sx(x),
-                        sy(y)
-                    );
-                }
-                let _ = writeln!(s, "</g>");
-            }
-        }
-        // Legend.
-        if series.len() > 1 {
-            let width = series
-                .iter()
-                .map(|(ser, _)| ser.label.chars().count())
-                .max()
-                .unwrap_or(0) as f64
-                * 7.0
-                + 36.0;
-            let (lx, ly) = (LEFT + pw - width - 8.0, TOP + 8.0);
-            let _ = writeln!(
-                s,
-                r##"<g class="legend"><rect x="{lx:.2}" y="{ly:.2}" width="{width:.2}" height="{:.2}" fill="white" fill-opacity="0.85" stroke="#cccccc"/>"##,
-                series.len() as f64 * 16.0 + 8.0
-            );
-            for (i, (ser, _)) in series.iter().enumerate() {
-                let y = ly + 16.0 + i as f64 * 16.0;
-                let color = COLORS[i % COLORS.len()];
+    }
+}
+
+/// The plot area: the axis domains (`xa..xb`, `ya..yb`) and the plot's width and height in
+/// pixels, which map data to SVG coordinates.
+struct Frame {
+    xa: f64,
+    xb: f64,
+    ya: f64,
+    yb: f64,
+    pw: f64,
+    ph: f64,
+}
+
+impl Frame {
+    /// The SVG x coordinate of data x.
+    fn sx(&self, x: f64) -> f64 {
+        LEFT + (x - self.xa) / (self.xb - self.xa) * self.pw
+    }
+
+    /// The SVG y coordinate of data y.
+    fn sy(&self, y: f64) -> f64 {
+        TOP + self.ph - (y - self.ya) / (self.yb - self.ya) * self.ph
+    }
+}
+
+/// The series' bands, shaded behind every curve.
+fn write_bands(s: &mut String, frame: &Frame, bands: &[Vec<(f64, f64, f64)>]) {
+    for (i, band) in bands.iter().enumerate().filter(|(_, b)| !b.is_empty()) {
+        let color = COLORS[i % COLORS.len()];
+        let coords: Vec<String> = band
+            .iter()
+            .map(|&(x, _, hi)| format!("{:.2},{:.2}", frame.sx(x), frame.sy(hi)))
+            .chain(
+                band.iter()
+                    .rev()
+                    .map(|&(x, lo, _)| format!("{:.2},{:.2}", frame.sx(x), frame.sy(lo))),
+            )
+            .collect();
+        let _ = writeln!(
+            s,
+            r#"<polygon class="band" fill="{color}" fill-opacity="0.18" stroke="none" points="{}"/>"#,
+            coords.join(" ")
+        );
+    }
+}
+
+/// One polyline per series, with a dot on each point when it has few.
+fn write_curves(s: &mut String, frame: &Frame, series: &[(&Series, Vec<(f64, f64)>)]) {
+    for (i, (ser, pts)) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let coords: Vec<String> = pts
+            .iter()
+            .map(|&(x, y)| format!("{:.2},{:.2}", frame.sx(x), frame.sy(y)))
+            .collect();
+        let _ = writeln!(
+            s,
+            r#"<polyline class="series" data-label="{}" fill="none" stroke="{color}" stroke-width="1.8" stroke-linejoin="round" points="{}"/>"#,
+            escape(&ser.label),
+            coords.join(" ")
+        );
+        if pts.len() <= MARKERS_UP_TO {
+            let _ = writeln!(s, r#"<g class="markers" fill="{color}">"#);
+            for &(x, y) in pts {
                 let _ = writeln!(
                     s,
-                    r#"<line x1="{:.2}" y1="{:.2}" x2="{:.2}" y2="{:.2}" stroke="{color}" stroke-width="2.5"/><text x="{:.2}" y="{:.2}">{}</text>"#,
-                    lx + 6.0,
-                    y - 4.0,
-                    lx + 24.0,
-                    y - 4.0,
-                    lx + 30.0,
-                    y,
-                    escape(&ser.label)
+                    r#"<circle cx="{:.2}" cy="{:.2}" r="2.5"/>"#,
+                    frame.sx(x),
+                    frame.sy(y)
                 );
             }
             let _ = writeln!(s, "</g>");
         }
-        s.push_str("</svg>\n");
-        s
+    }
+}
+
+/// The legend, when there are several series.
+fn write_legend(s: &mut String, frame: &Frame, series: &[(&Series, Vec<(f64, f64)>)]) {
+    if series.len() > 1 {
+        let width = series
+            .iter()
+            .map(|(ser, _)| ser.label.chars().count())
+            .max()
+            .unwrap_or(0) as f64
+            * 7.0
+            + 36.0;
+        let (lx, ly) = (LEFT + frame.pw - width - 8.0, TOP + 8.0);
+        let _ = writeln!(
+            s,
+            r##"<g class="legend"><rect x="{lx:.2}" y="{ly:.2}" width="{width:.2}" height="{:.2}" fill="white" fill-opacity="0.85" stroke="#cccccc"/>"##,
+            series.len() as f64 * 16.0 + 8.0
+        );
+        for (i, (ser, _)) in series.iter().enumerate() {
+            let y = ly + 16.0 + i as f64 * 16.0;
+            let color = COLORS[i % COLORS.len()];
+            let _ = writeln!(
+                s,
+                r#"<line x1="{:.2}" y1="{:.2}" x2="{:.2}" y2="{:.2}" stroke="{color}" stroke-width="2.5"/><text x="{:.2}" y="{:.2}">{}</text>"#,
+                lx + 6.0,
+                y - 4.0,
+                lx + 24.0,
+                y - 4.0,
+                lx + 30.0,
+                y,
+                escape(&ser.label)
+            );
+        }
+        let _ = writeln!(s, "</g>");
     }
 }
 

@@ -343,6 +343,45 @@ fn episode_view(
     path: &Path,
 ) -> ViewResult<EpisodeView> {
     let t = &r.trajectory;
+    check_annotations(r, path)?;
+    let texts = token_texts(r, tokenizer);
+    let mut turns = turn_views(r);
+    let any_forced = fill_token_columns(r, &texts, &mut turns);
+    finish_turns(&mut turns, any_forced);
+    let prompt = match (&r.prompt_text, tokenizer) {
+        (Some(p), _) => p.clone(),
+        (None, Some(tok)) => tok
+            .decode(&t.prompt_ids, false)
+            .unwrap_or_else(|_| format!("{:?}", t.prompt_ids)),
+        (None, None) => format!("{:?}", t.prompt_ids),
+    };
+    let reward = t.outcome_reward;
+    Ok(EpisodeView {
+        index,
+        id: t.id.clone(),
+        prompt_uid: t.prompt_uid.clone(),
+        prompt,
+        group: r.group.clone(),
+        reward,
+        score: r.score,
+        em: r.em,
+        correct: match r.em {
+            Some(e) => Some(e > 0.0),
+            None => reward.map(|x| x > 0.0),
+        },
+        finish: finish_text(t.finish).to_string(),
+        format_ok: r.format_ok,
+        answer: r.answer.clone(),
+        gold: r.gold.clone(),
+        trained: r.trained,
+        turns,
+    })
+}
+
+/// The record's trajectory is valid and its per-token annotations (advantages, clipped shares,
+/// token texts) have one value per agent token; else an error naming the file and the episode.
+fn check_annotations(r: &SampleRecord, path: &Path) -> ViewResult<()> {
+    let t = &r.trajectory;
     let bad = |message: String| ViewError::Inconsistent {
         path: path.to_path_buf(),
         episode: t.id.clone(),
@@ -350,7 +389,6 @@ fn episode_view(
     };
     t.validate().map_err(|e| bad(e.to_string()))?;
     let n_tokens = t.agent_token_count();
-    let n_turns = t.num_turns();
     let per_token = |name: &str, v: &Option<Vec<f64>>| -> ViewResult<()> {
         match v {
             Some(v) if v.len() != n_tokens => Err(bad(format!(
@@ -368,20 +406,29 @@ fn episode_view(
             r.token_texts.len()
         )));
     }
-    // Token texts: recorded, decoded now, or the ids.
-    let texts: Vec<String> = if !r.token_texts.is_empty() {
-        r.token_texts.clone()
-    } else {
-        let mut out = Vec::with_capacity(n_tokens);
-        for a in t.agent_segments() {
-            match tokenizer.map(|tok| tok.decode_pieces(&a.ids)) {
-                Some(Ok(p)) => out.extend(p),
-                _ => out.extend(a.ids.iter().map(|id| format!("⟨{id}⟩"))),
-            }
+    Ok(())
+}
+
+/// The text of each agent token: recorded, decoded now, or the ids.
+fn token_texts(r: &SampleRecord, tokenizer: Option<&TextTokenizer>) -> Vec<String> {
+    if !r.token_texts.is_empty() {
+        return r.token_texts.clone();
+    }
+    let mut out = Vec::with_capacity(r.trajectory.agent_token_count());
+    for a in r.trajectory.agent_segments() {
+        match tokenizer.map(|tok| tok.decode_pieces(&a.ids)) {
+            Some(Ok(p)) => out.extend(p),
+            _ => out.extend(a.ids.iter().map(|id| format!("⟨{id}⟩"))),
         }
-        out
-    };
-    let mut turns: Vec<TurnView> = (0..n_turns)
+    }
+    out
+}
+
+/// One view per turn with its per-turn values, and empty token columns for the annotations the
+/// record has.
+fn turn_views(r: &SampleRecord) -> Vec<TurnView> {
+    let t = &r.trajectory;
+    (0..t.num_turns())
         .map(|k| {
             let rec = t.turns.get(k);
             let at = |v: &Option<Vec<f64>>| v.as_ref().and_then(|v| v.get(k).copied());
@@ -417,10 +464,15 @@ fn episode_view(
                 },
             }
         })
-        .collect();
-    let mut any_forced = vec![false; n_turns];
+        .collect()
+}
+
+/// Appends each agent token (id, text, log-prob, entropy, advantage, clipped share, forced) to
+/// its turn's columns; returns, per turn, whether any of its tokens was forced.
+fn fill_token_columns(r: &SampleRecord, texts: &[String], turns: &mut [TurnView]) -> Vec<bool> {
+    let mut any_forced = vec![false; turns.len()];
     let mut k = 0usize;
-    for seg in &t.segments {
+    for seg in &r.trajectory.segments {
         let Segment::Agent(a) = seg else { continue };
         let turn = &mut turns[a.turn];
         let cols = &mut turn.tokens;
@@ -444,6 +496,12 @@ fn episode_view(
             k += 1;
         }
     }
+    any_forced
+}
+
+/// Per turn: the clipped share of its sampled tokens, no forced column when nothing was forced,
+/// and the text of its tokens when no turn text was recorded.
+fn finish_turns(turns: &mut [TurnView], any_forced: Vec<bool>) {
     for (turn, forced) in turns.iter_mut().zip(any_forced) {
         let cols = &mut turn.tokens;
         // The share of the turn's sampled tokens' update passes that clipped them.
@@ -465,34 +523,6 @@ fn episode_view(
             turn.text = cols.text.concat();
         }
     }
-    let prompt = match (&r.prompt_text, tokenizer) {
-        (Some(p), _) => p.clone(),
-        (None, Some(tok)) => tok
-            .decode(&t.prompt_ids, false)
-            .unwrap_or_else(|_| format!("{:?}", t.prompt_ids)),
-        (None, None) => format!("{:?}", t.prompt_ids),
-    };
-    let reward = t.outcome_reward;
-    Ok(EpisodeView {
-        index,
-        id: t.id.clone(),
-        prompt_uid: t.prompt_uid.clone(),
-        prompt,
-        group: r.group.clone(),
-        reward,
-        score: r.score,
-        em: r.em,
-        correct: match r.em {
-            Some(e) => Some(e > 0.0),
-            None => reward.map(|x| x > 0.0),
-        },
-        finish: finish_text(t.finish).to_string(),
-        format_ok: r.format_ok,
-        answer: r.answer.clone(),
-        gold: r.gold.clone(),
-        trained: r.trained,
-        turns,
-    })
 }
 
 /// The page of `data`: the template with the data embedded as JSON (every `<` escaped, so no

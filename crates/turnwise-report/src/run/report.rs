@@ -436,12 +436,26 @@ fn write_metric_table(
     let _ = writeln!(out);
 }
 
+/// One evaluation line of a mode: the step, its metrics by name and its EM by hop.
+type EvalRow = (u64, BTreeMap<String, f64>, BTreeMap<u32, f64>);
+
 fn write_eval(out: &mut String, log: &MetricsLog) {
+    let modes = eval_rows(log);
+    if modes.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "## Evaluation\n");
+    for (mode, rows) in &modes {
+        write_eval_mode(out, mode, rows);
+    }
+}
+
+/// The evaluation lines of `log` by mode (`parse_eval_key`), non-finite values left out.
+fn eval_rows(log: &MetricsLog) -> BTreeMap<String, Vec<EvalRow>> {
     // mode → rows of (step, name → value, hop → value)
-    type Row = (u64, BTreeMap<String, f64>, BTreeMap<u32, f64>);
-    let mut modes: BTreeMap<String, Vec<Row>> = BTreeMap::new();
+    let mut modes: BTreeMap<String, Vec<EvalRow>> = BTreeMap::new();
     for r in &log.records {
-        let mut per_mode: BTreeMap<String, Row> = BTreeMap::new();
+        let mut per_mode: BTreeMap<String, EvalRow> = BTreeMap::new();
         for (key, v) in &r.values {
             let Some(v) = v.filter(|v| v.is_finite()) else {
                 continue;
@@ -465,84 +479,84 @@ fn write_eval(out: &mut String, log: &MetricsLog) {
             modes.entry(mode).or_default().push(row);
         }
     }
-    if modes.is_empty() {
-        return;
+    modes
+}
+
+/// The section of one evaluation mode: what it is, the EM change from first to last, and a
+/// table of every evaluation's metrics and per-hop EM.
+fn write_eval_mode(out: &mut String, mode: &str, rows: &[EvalRow]) {
+    let title = if mode.is_empty() {
+        "eval".to_string()
+    } else {
+        format!("eval/{mode}")
+    };
+    let _ = writeln!(out, "### {}\n", cell(&title));
+    let names: BTreeSet<&str> = rows
+        .iter()
+        .flat_map(|r| r.1.keys().map(String::as_str))
+        .collect();
+    let game = names.contains("invalid_actions");
+    if let Some((split, decoding)) = mode.split_once('/')
+        && matches!(split, "train" | "validation" | "test")
+    {
+        let _ = writeln!(
+            out,
+            "The {split} split, {} decoding; `n` is the number of {} evaluated.\n",
+            cell(decoding),
+            if game { "maps" } else { "questions" }
+        );
     }
-    let _ = writeln!(out, "## Evaluation\n");
-    for (mode, rows) in &modes {
-        let title = if mode.is_empty() {
-            "eval".to_string()
-        } else {
-            format!("eval/{mode}")
-        };
-        let _ = writeln!(out, "### {}\n", cell(&title));
-        let names: BTreeSet<&str> = rows
-            .iter()
-            .flat_map(|r| r.1.keys().map(String::as_str))
-            .collect();
-        let game = names.contains("invalid_actions");
-        if let Some((split, decoding)) = mode.split_once('/')
-            && matches!(split, "train" | "validation" | "test")
-        {
-            let _ = writeln!(
-                out,
-                "The {split} split, {} decoding; `n` is the number of {} evaluated.\n",
-                cell(decoding),
-                if game { "maps" } else { "questions" }
-            );
-        }
-        let mut cols: Vec<&str> = EVAL_ORDER
-            .iter()
-            .copied()
-            .filter(|n| names.contains(n))
-            .collect();
-        cols.extend(names.iter().copied().filter(|n| !EVAL_ORDER.contains(n)));
-        let hops: BTreeSet<u32> = rows.iter().flat_map(|r| r.2.keys().copied()).collect();
-        if let (Some(first), Some(last)) = (rows.first(), rows.last())
-            && rows.len() > 1
-            && let (Some(a), Some(b)) = (first.1.get("em"), last.1.get("em"))
-        {
-            let _ = writeln!(
-                out,
-                "{} {} (step {}) → {} (step {}): {:+.1} points.\n",
-                if game { "Success" } else { "EM" },
-                pct(*a),
-                first.0,
-                pct(*b),
-                last.0,
-                (b - a) * 100.0
-            );
-        }
-        let mut header = String::from("| step |");
-        let mut rule = String::from("|---|");
+    let mut cols: Vec<&str> = EVAL_ORDER
+        .iter()
+        .copied()
+        .filter(|n| names.contains(n))
+        .collect();
+    cols.extend(names.iter().copied().filter(|n| !EVAL_ORDER.contains(n)));
+    let hops: BTreeSet<u32> = rows.iter().flat_map(|r| r.2.keys().copied()).collect();
+    if let (Some(first), Some(last)) = (rows.first(), rows.last())
+        && rows.len() > 1
+        && let (Some(a), Some(b)) = (first.1.get("em"), last.1.get("em"))
+    {
+        let _ = writeln!(
+            out,
+            "{} {} (step {}) → {} (step {}): {:+.1} points.\n",
+            if game { "Success" } else { "EM" },
+            pct(*a),
+            first.0,
+            pct(*b),
+            last.0,
+            (b - a) * 100.0
+        );
+    }
+    let mut header = String::from("| step |");
+    let mut rule = String::from("|---|");
+    for c in &cols {
+        let _ = write!(header, " {} |", cell(eval_label(c, game)));
+        rule.push_str("---|");
+    }
+    for h in &hops {
+        let _ = write!(header, " EM {h}-hop |");
+        rule.push_str("---|");
+    }
+    let _ = writeln!(out, "{header}\n{rule}");
+    for (step, vals, hop_vals) in rows {
+        let mut line = format!("| {step} |");
         for c in &cols {
-            let _ = write!(header, " {} |", cell(eval_label(c, game)));
-            rule.push_str("---|");
+            let s = match vals.get(*c) {
+                Some(v) if *c == "n" => format!("{v}"),
+                Some(v) if RATES.contains(c) && (0.0..=1.0).contains(v) => pct(*v),
+                Some(v) => num(*v),
+                None => "".into(),
+            };
+            let _ = write!(line, " {s} |");
         }
         for h in &hops {
-            let _ = write!(header, " EM {h}-hop |");
-            rule.push_str("---|");
+            let s = hop_vals.get(h).map(|v| pct(*v)).unwrap_or_default();
+            let _ = write!(line, " {s} |");
         }
-        let _ = writeln!(out, "{header}\n{rule}");
-        for (step, vals, hop_vals) in rows {
-            let mut line = format!("| {step} |");
-            for c in &cols {
-                let s = match vals.get(*c) {
-                    Some(v) if *c == "n" => format!("{v}"),
-                    Some(v) if RATES.contains(c) && (0.0..=1.0).contains(v) => pct(*v),
-                    Some(v) => num(*v),
-                    None => "".into(),
-                };
-                let _ = write!(line, " {s} |");
-            }
-            for h in &hops {
-                let s = hop_vals.get(h).map(|v| pct(*v)).unwrap_or_default();
-                let _ = write!(line, " {s} |");
-            }
-            let _ = writeln!(out, "{line}");
-        }
-        let _ = writeln!(out);
+        let _ = writeln!(out, "{line}");
     }
+    let _ = writeln!(out);
 }
 
 fn write_plots_section(out: &mut String, plots: &[PlotFile], base: &Path) {
@@ -805,72 +819,6 @@ mod tests {
         assert_eq!(duration(125.0), "2m 05s");
         assert_eq!(duration(3723.0), "1h 02m 03s");
         assert_eq!(duration(f64::NAN), "?");
-    }
-
-    /// The mechanism table lists only what the run's preset uses: grpo and a2tgpo log the
-    /// clipping-bias statistics and DAPO's dynamic-sampling counts too (the review's report of
-    /// a2tgpo showed "clipping-bias scale" and "refill rounds"), which a run that turns them on
-    /// shows.
-    #[test]
-    fn the_mechanism_table_shows_the_mechanisms_the_config_turns_on() {
-        let record = |step: u64| crate::run::MetricsRecord {
-            step,
-            phase: "train".into(),
-            time: None,
-            values: [
-                ("train/em", 0.5),
-                ("actor/clip_bias_scale", 1.0),
-                ("actor/clip_bias_num_clipped", 0.0),
-                ("batch/filtered_groups", 0.0),
-                ("batch/refill_rounds", 0.0),
-                ("a2tgpo/clip_scale/max", 1.1),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), Some(v)))
-            .collect(),
-        };
-        let log = MetricsLog::from_records(vec![record(1), record(2)]);
-        let md = |config: &str| {
-            render_report(&ReportInput {
-                title: "t",
-                log: &log,
-                config: Some(config),
-                plots: &[],
-                base: Path::new("."),
-            })
-        };
-        let rows = [
-            "clipping-bias scale",
-            "clipping-bias clipped tokens",
-            "filtered groups",
-        ];
-        for preset in ["grpo", "a2tgpo"] {
-            let cfg = crate::config::TrainConfig::resolve(Some(preset), None, &[]).unwrap();
-            let text = md(&cfg.to_toml());
-            for row in rows.iter().chain(&["refill rounds"]) {
-                assert!(
-                    !text.contains(&format!("| {row} |")),
-                    "{preset}: {row}\n{text}"
-                );
-            }
-            assert!(text.contains("| A2TGPO clip scale, max |"), "{text}");
-        }
-        let cfg = crate::config::TrainConfig::resolve(Some("dapo"), None, &[]).unwrap();
-        assert!(cfg.rollout.filter_zero_variance_groups);
-        let text = md(&cfg.to_toml());
-        assert!(text.contains("| refill rounds |"), "{text}");
-        assert!(!text.contains("| clipping-bias scale |"), "{text}");
-        let on = "[actor.policy]\nclip_bias = { rule = \"inverse_norm\" }\n";
-        assert!(md(on).contains("| clipping-bias scale |"));
-        // Without a config, what was logged decides.
-        let bare = render_report(&ReportInput {
-            title: "t",
-            log: &log,
-            config: None,
-            plots: &[],
-            base: Path::new("."),
-        });
-        assert!(bare.contains("| refill rounds |"), "{bare}");
     }
 
     fn sample_run(root: &Path) -> RunDir {
