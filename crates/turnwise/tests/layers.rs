@@ -6,8 +6,13 @@
 use std::path::{Path, PathBuf};
 
 /// `(module, module it must not import)`: an earlier stage of task → rollout → reward →
-/// advantage → update and a later one.
-const BACK_ARROWS: &[(&str, &str)] = &[("task", "rollout"), ("rollout", "update")];
+/// advantage → update and a later one, or the training loop and the policy server built on it
+/// (the trainer starts served policies through `rollout::host::PolicyHost`).
+const BACK_ARROWS: &[(&str, &str)] = &[
+    ("task", "rollout"),
+    ("rollout", "update"),
+    ("trainer", "serve"),
+];
 
 /// The files of top-level module `m`: `src/m.rs` and everything under `src/m/`.
 fn files_of(m: &str) -> Vec<PathBuf> {

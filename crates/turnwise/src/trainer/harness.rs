@@ -1,18 +1,18 @@
 //! The harness rollout backend: an agent program of the user's plays each episode, and the
-//! trainer trains on what the policy server recorded of its requests. (It lives with the
-//! trainer, which runs the policy server, rather than in `rollout/`, which `serve` builds on.)
+//! trainer trains on what the policy server recorded of its requests.
 //!
-//! The trainer serves its current policy on loopback with `turnwise serve` (started from the
-//! warm-started weights, reloaded after every optimizer step as the remote backend's servers
-//! are: [`Harness::sync`]). Per episode it registers a session with the episode's seed
-//! (`POST /v1/sessions`: request k of the session samples with `turn_seed(seed, k)`, what the
-//! built-in rollout draws for turn k), runs `rollout.harness.command` with the task, the
-//! session id and the server's URL in its environment (at most `workers` at once, each within
-//! `timeout_secs`, its process group killed beyond), then takes the session's records
-//! (`DELETE /v1/sessions/{id}`) and reconstructs them ([`crate::serve::session::reconstruct`]):
-//! each run of requests that extend one another token-exactly is one trajectory, with the
-//! tokens between completions as observation tokens (mask 0). A history the program re-rendered
-//! starts a new trajectory, trained as its own sample with the episode's reward.
+//! The trainer serves its current policy on loopback with `turnwise serve`, started through the
+//! installed [`crate::rollout::host::PolicyHost`] from the warm-started weights and reloaded after
+//! every optimizer step as the remote backend's servers are ([`Harness::sync`]). Per episode it
+//! registers a session with the episode's seed (`POST /v1/sessions`: request k of the session
+//! samples with `turn_seed(seed, k)`, what the built-in rollout draws for turn k), runs
+//! `rollout.harness.command` with the task, the session id and the server's URL in its environment
+//! (at most `workers` at once, each within `timeout_secs`, its process group killed beyond), then
+//! takes the session's records (`DELETE /v1/sessions/{id}`) and reconstructs them
+//! ([`crate::rollout::session::reconstruct`]): each run of requests that extend one another
+//! token-exactly is one trajectory, with the tokens between completions as observation tokens
+//! (mask 0). A history the program re-rendered starts a new trajectory, trained as its own sample
+//! with the episode's reward.
 //!
 //! The turns' records (parsed actions, format verdicts, searches, anchor states) come from
 //! replaying the turns' text through the task's environment, so every reward, estimator and
@@ -40,9 +40,9 @@ use turnwise_env::server::BackgroundServer;
 use turnwise_model::tokenizer::TextTokenizer;
 
 use crate::config::{HarnessConfig, HarnessReward, RemoteConfig};
+use crate::rollout::host::{HostOptions, PolicyHost, ServedPolicy};
+use crate::rollout::session::{SessionRecord, TracePiece, TraceSegment, reconstruct};
 use crate::rollout::{Decoding, Episode, EpisodeSpec, TurnControl, record_step};
-use crate::serve::session::{SessionRecord, TracePiece, TraceSegment, reconstruct};
-use crate::serve::{PolicyServer, ServeConfig, load_served};
 
 /// The name the served policy answers to (`TURNWISE_MODEL`).
 pub const SERVED_NAME: &str = "turnwise-policy";
@@ -54,7 +54,7 @@ const STDOUT_MAX: usize = 1 << 20;
 
 /// The policy server a harness run trains through, once started.
 struct Served {
-    server: PolicyServer,
+    server: Box<dyn ServedPolicy>,
     sync: crate::rollout::remote::RemoteBackend,
     version: u64,
 }
@@ -63,6 +63,7 @@ struct Served {
 /// [`Harness::sync`]) and, for the search task, a retrieval server for the programs.
 pub struct Harness {
     config: HarnessConfig,
+    host: std::sync::Arc<dyn PolicyHost>,
     served: Mutex<Option<Served>>,
     retriever: Option<BackgroundServer>,
     client: reqwest::blocking::Client,
@@ -303,6 +304,7 @@ impl Harness {
         config: &HarnessConfig,
         retriever: Option<std::sync::Arc<dyn turnwise_env::search::Retriever>>,
     ) -> Result<Self> {
+        let host = crate::rollout::host::installed("rollout.backend = \"harness\"")?;
         let retriever = match retriever {
             Some(r) => Some(
                 BackgroundServer::start(
@@ -323,6 +325,7 @@ impl Harness {
             .context("building the harness's HTTP client")?;
         Ok(Self {
             config: config.clone(),
+            host,
             served: Mutex::new(None),
             retriever,
             client,
@@ -376,15 +379,16 @@ impl Harness {
                 s.version = version;
             }
             None => {
-                let model = load_served(folder)
+                let model = self
+                    .host
+                    .load(folder)
                     .with_context(|| format!("loading {} to serve", folder.display()))?;
-                let config = ServeConfig {
-                    addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-                    name: Some(SERVED_NAME.into()),
-                    weight_version: version.to_string(),
-                    ..ServeConfig::default()
+                let options = HostOptions {
+                    name: SERVED_NAME.into(),
+                    weight_version: Some(version.to_string()),
                 };
-                let server = PolicyServer::start(model, &config)
+                let server = model
+                    .start(&options)
                     .context("starting the harness's policy server")?;
                 let sync = crate::rollout::remote::RemoteBackend::connect(&RemoteConfig {
                     urls: vec![server.url()],
