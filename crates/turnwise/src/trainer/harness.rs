@@ -304,7 +304,7 @@ impl Harness {
         config: &HarnessConfig,
         retriever: Option<std::sync::Arc<dyn turnwise_env::search::Retriever>>,
     ) -> Result<Self> {
-        let host = crate::rollout::host::installed("rollout.backend = \"harness\"")?;
+        let host = crate::rollout::host::installed("the harness backend")?;
         let retriever = match retriever {
             Some(r) => Some(
                 BackgroundServer::start(
