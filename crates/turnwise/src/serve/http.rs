@@ -171,6 +171,48 @@ struct Sampling<'a> {
     guided_choice: Option<Vec<String>>,
 }
 
+/// The sampling fields that `/v1/completions` and `/v1/chat/completions` share, as the request
+/// gives them, beside the route's token limit and log-prob count: both routes' [`Sampling`]
+/// comes from it (`From`), with OpenAI's defaults.
+struct CommonSampling<'a> {
+    /// The request's token limit, the field it is named by, and the route's default.
+    max_tokens: (Option<usize>, &'a str, usize),
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    top_k: Option<i64>,
+    n: Option<usize>,
+    stop: &'a [String],
+    stop_token_ids: Option<&'a [u32]>,
+    ignore_eos: bool,
+    seed: Option<u64>,
+    /// The alternatives asked for per token, and the field that asks.
+    top_logprobs: (usize, &'a str),
+    guided_choice: Option<Vec<String>>,
+}
+
+impl<'a> From<&CommonSampling<'a>> for Sampling<'a> {
+    fn from(c: &CommonSampling<'a>) -> Self {
+        let (max_tokens, max_name, default_max) = c.max_tokens;
+        Sampling {
+            prefix: "",
+            max_new_tokens: max_tokens.unwrap_or(default_max),
+            max_given: max_tokens.is_some(),
+            max_name,
+            temperature: c.temperature.unwrap_or(1.0),
+            top_p: c.top_p.unwrap_or(1.0),
+            top_k: c.top_k.unwrap_or(-1),
+            stop: c.stop.to_vec(),
+            stop_token_ids: c.stop_token_ids.map(<[u32]>::to_vec).unwrap_or_default(),
+            ignore_eos: c.ignore_eos,
+            top_logprobs: c.top_logprobs.0,
+            top_logprobs_name: c.top_logprobs.1,
+            n: c.n.unwrap_or(1),
+            seed: c.seed,
+            guided_choice: c.guided_choice.clone(),
+        }
+    }
+}
+
 impl App {
     fn field(prefix: &str, name: &str) -> String {
         format!("{prefix}{name}")
@@ -873,24 +915,20 @@ async fn completions(
         .map(OneOrMany::into_vec)
         .unwrap_or_default();
     let n = req.n.unwrap_or(1);
-    let sampling = Sampling {
-        prefix: "",
-        max_new_tokens: req.max_tokens.unwrap_or(16),
-        max_given: req.max_tokens.is_some(),
-        max_name: "max_tokens",
-        temperature: req.temperature.unwrap_or(1.0),
-        top_p: req.top_p.unwrap_or(1.0),
-        top_k: req.top_k.unwrap_or(-1),
-        stop: stop.clone(),
-        stop_token_ids: req.stop_token_ids.clone().unwrap_or_default(),
+    let sampling = Sampling::from(&CommonSampling {
+        max_tokens: (req.max_tokens, "max_tokens", 16),
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        n: req.n,
+        stop: &stop,
+        stop_token_ids: req.stop_token_ids.as_deref(),
         ignore_eos: req.ignore_eos,
-        top_logprobs: req.logprobs.unwrap_or(0),
-        top_logprobs_name: "logprobs",
-        n,
         seed: req.seed,
+        top_logprobs: (req.logprobs.unwrap_or(0), "logprobs"),
         guided_choice: requested_choice(&req.guided_choice, &req.structured_outputs)
             .map_err(|(f, m)| ApiError::bad(f, m))?,
-    };
+    });
     let requests = app.requests(prompts.clone(), &sampling)?;
     let outputs = app
         .run_session(
@@ -991,28 +1029,25 @@ async fn chat_completions(
     if top > 0 && !req.logprobs {
         return Err(ApiError::bad("top_logprobs", "needs logprobs: true"));
     }
-    let sampling = Sampling {
-        prefix: "",
-        max_new_tokens: req.max_completion_tokens.or(req.max_tokens).unwrap_or(512),
-        max_given: req.max_completion_tokens.or(req.max_tokens).is_some(),
-        max_name: if req.max_completion_tokens.is_some() {
-            "max_completion_tokens"
-        } else {
-            "max_tokens"
-        },
-        temperature: req.temperature.unwrap_or(1.0),
-        top_p: req.top_p.unwrap_or(1.0),
-        top_k: req.top_k.unwrap_or(-1),
-        stop: stop.clone(),
-        stop_token_ids: req.stop_token_ids.clone().unwrap_or_default(),
+    let max_name = if req.max_completion_tokens.is_some() {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    let sampling = Sampling::from(&CommonSampling {
+        max_tokens: (req.max_completion_tokens.or(req.max_tokens), max_name, 512),
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        n: req.n,
+        stop: &stop,
+        stop_token_ids: req.stop_token_ids.as_deref(),
         ignore_eos: req.ignore_eos,
-        top_logprobs: top,
-        top_logprobs_name: "top_logprobs",
-        n: req.n.unwrap_or(1),
         seed: req.seed,
+        top_logprobs: (top, "top_logprobs"),
         guided_choice: requested_choice(&req.guided_choice, &req.structured_outputs)
             .map_err(|(f, m)| ApiError::bad(f, m))?,
-    };
+    });
     let requests = app.requests(vec![prompt.clone()], &sampling)?;
     let number = app.requests.fetch_add(1, Ordering::Relaxed);
     // What the tool-call parser finds in each choice goes into the session's records too.
