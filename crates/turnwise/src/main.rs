@@ -57,6 +57,8 @@ fn main() -> std::process::ExitCode {
         unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
     }
     quiet_on_broken_pipe();
+    // A run that serves a policy (the harness backend, `judge.serve`) starts it through this.
+    turnwise::rollout::host::install(std::sync::Arc::new(turnwise::serve::LocalHost));
     let cli = commands::Cli::parse();
     commands::init_logging(cli.quiet);
     match commands::run(cli) {

@@ -704,3 +704,35 @@ fn presets_lists_one_line_each_and_the_paragraphs_on_request() {
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("grpo"), "{}", text(&out.stderr));
 }
+
+/// The binary installs `turnwise serve` as the policy host at start: a harness run serves its
+/// policy and gets as far as its programs (here they never call the model, so every episode
+/// fails and the run stops naming them), never to "no policy host is installed".
+#[test]
+fn train_serves_the_harness_policy_through_the_installed_host() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args: Vec<String> = ["train", "--preset", "grpo", "--out", "run"]
+        .map(String::from)
+        .to_vec();
+    let mut sets = common::tiny_overrides();
+    sets.extend(
+        [
+            "run.steps=1",
+            "eval.questions=2",
+            "rollout.backend=\"harness\"",
+            "rollout.harness.command=[\"sh\", \"-c\", \"exit 0\"]",
+        ]
+        .map(String::from),
+    );
+    for s in &sets {
+        args.push("--set".into());
+        args.push(s.clone());
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = turnwise(&refs, tmp.path());
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(!err.contains("no policy host"), "{err}");
+    assert!(err.contains("harness episodes failed"), "{err}");
+    assert!(err.contains("never called the model"), "{err}");
+}

@@ -37,6 +37,7 @@ fn with_harness(sets: &[String], command: &[&str], extra: &[&str]) -> Vec<String
 }
 
 fn warm(preset: &str, sets: &[String]) -> Trainer {
+    common::install_policy_host();
     let mut t = Trainer::new(TrainConfig::resolve(Some(preset), None, sets).unwrap()).unwrap();
     t.warm_start(&mut |_, _, _| {}).unwrap();
     t.freeze_reference().unwrap();

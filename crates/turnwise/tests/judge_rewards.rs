@@ -281,6 +281,7 @@ fn the_judge_preset_serves_its_judge_inside_the_run() {
     // mt-ppo-judge serves SmolLM2-135M-Instruct; here the tiny GGUF fixture stands in (the
     // preset test does the same). The preset asks in choice mode, so even a random 3-layer
     // model's verdicts parse: every rollout is judged, one request per turn.
+    common::install_policy_host();
     let tmp = tempfile::tempdir().unwrap();
     let gguf = long_context_fixture(tmp.path());
     let sets = judged(&[format!("judge.serve=\"{}\"", gguf.display())]);
@@ -360,6 +361,7 @@ fn cached_verdicts(dir: &Path) -> Vec<(String, Vec<String>)> {
 
 #[test]
 fn a_served_judge_in_choice_mode_scores_the_turns_the_step_trains_on() {
+    common::install_policy_host();
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("verdicts");
     let gguf = long_context_fixture(tmp.path());

@@ -7,11 +7,13 @@ use std::path::{Path, PathBuf};
 
 /// `(module, module it must not import)`: an earlier stage of task → rollout → reward →
 /// advantage → update and a later one; `config` (read by every stage) and `run` (the run
-/// directory, written last).
+/// directory, written last); or the training loop and the policy server built on it (the
+/// trainer starts served policies through `rollout::host::PolicyHost`).
 const BACK_ARROWS: &[(&str, &str)] = &[
     ("task", "rollout"),
     ("rollout", "update"),
     ("config", "run"),
+    ("trainer", "serve"),
 ];
 
 /// The files of top-level module `m`: `src/m.rs` and everything under `src/m/`.

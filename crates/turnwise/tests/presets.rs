@@ -119,6 +119,7 @@ fn run_preset(name: &str, steps: usize, extra: &[&str]) -> anyhow::Result<Run> {
     sets.extend(ROOM.map(String::from));
     // Kept until the run ends: mt-ppo-judge's judge.
     let _judge_dir = if name == "mt-ppo-judge" {
+        common::install_policy_host();
         // SmolLM2 would judge in seconds per rollout: the tiny GGUF fixture stands in, its
         // context raised from 256 to 8192 tokens (its RoPE positions are computed) so that the
         // rubric prompt fits, as tests/judge_rewards.rs does; in the preset's choice mode every

@@ -8,9 +8,11 @@
 //! - [`info_gain`]: the IGPO / A2TGPO probes (§4), one batched teacher-forced pass;
 //! - [`remote`]: chains whose turns inference servers generate (`rollout.backend = "remote"`).
 
+pub mod host;
 pub mod info_gain;
 pub mod protocol;
 pub(crate) mod remote;
+pub mod session;
 pub mod tree;
 
 use std::collections::BTreeMap;

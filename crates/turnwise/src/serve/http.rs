@@ -171,6 +171,48 @@ struct Sampling<'a> {
     guided_choice: Option<Vec<String>>,
 }
 
+/// The sampling fields that `/v1/completions` and `/v1/chat/completions` share, as the request
+/// gives them, beside the route's token limit and log-prob count: both routes' [`Sampling`]
+/// comes from it (`From`), with OpenAI's defaults.
+struct CommonSampling<'a> {
+    /// The request's token limit, the field it is named by, and the route's default.
+    max_tokens: (Option<usize>, &'a str, usize),
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    top_k: Option<i64>,
+    n: Option<usize>,
+    stop: &'a [String],
+    stop_token_ids: Option<&'a [u32]>,
+    ignore_eos: bool,
+    seed: Option<u64>,
+    /// The alternatives asked for per token, and the field that asks.
+    top_logprobs: (usize, &'a str),
+    guided_choice: Option<Vec<String>>,
+}
+
+impl<'a> From<&CommonSampling<'a>> for Sampling<'a> {
+    fn from(c: &CommonSampling<'a>) -> Self {
+        let (max_tokens, max_name, default_max) = c.max_tokens;
+        Sampling {
+            prefix: "",
+            max_new_tokens: max_tokens.unwrap_or(default_max),
+            max_given: max_tokens.is_some(),
+            max_name,
+            temperature: c.temperature.unwrap_or(1.0),
+            top_p: c.top_p.unwrap_or(1.0),
+            top_k: c.top_k.unwrap_or(-1),
+            stop: c.stop.to_vec(),
+            stop_token_ids: c.stop_token_ids.map(<[u32]>::to_vec).unwrap_or_default(),
+            ignore_eos: c.ignore_eos,
+            top_logprobs: c.top_logprobs.0,
+            top_logprobs_name: c.top_logprobs.1,
+            n: c.n.unwrap_or(1),
+            seed: c.seed,
+            guided_choice: c.guided_choice.clone(),
+        }
+    }
+}
+
 impl App {
     fn field(prefix: &str, name: &str) -> String {
         format!("{prefix}{name}")
@@ -625,7 +667,58 @@ async fn generate(
     if sp.min_p != 0.0 {
         return Err(unsupported("sampling_params.min_p", "min_p"));
     }
-    let (prompts, batched) = match (&req.input_ids, &req.text) {
+    let (prompts, batched) = generate_prompts(&app, &req)?;
+    let stop = sp.stop.clone().map(OneOrMany::into_vec).unwrap_or_default();
+    let sampling = Sampling {
+        prefix: "sampling_params.",
+        max_new_tokens: sp.max_new_tokens.unwrap_or(128),
+        max_given: sp.max_new_tokens.is_some(),
+        max_name: "max_new_tokens",
+        temperature: sp.temperature,
+        top_p: sp.top_p,
+        top_k: sp.top_k,
+        stop: stop.clone(),
+        stop_token_ids: sp.stop_token_ids.clone(),
+        ignore_eos: sp.ignore_eos,
+        top_logprobs: req.top_logprobs_num,
+        top_logprobs_name: "top_logprobs_num",
+        n: sp.n,
+        seed: sp.sampling_seed,
+        guided_choice: None,
+    };
+    let requests = app.requests(prompts, &sampling)?;
+    let outputs = app
+        .run_session(
+            session.as_deref(),
+            "/generate",
+            requests,
+            &sampling,
+            &[],
+            None,
+        )
+        .await?;
+    let latency = t0.elapsed().as_secs_f64();
+    let rid = req
+        .rid
+        .clone()
+        .unwrap_or_else(|| json!(app.request_id("gen")));
+    let answers: Vec<GenerateOutput> = outputs
+        .iter()
+        .map(|o| generate_output(&app, &req, o, &stop, &rid, latency))
+        .collect();
+    let body = if !batched && sp.n == 1 {
+        serde_json::to_value(&answers[0])
+    } else {
+        serde_json::to_value(&answers)
+    }
+    .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok(axum::Json(body).into_response())
+}
+
+/// `/generate`'s prompts, from `input_ids` or `text` (one or a batch), checked against the
+/// context; and whether the request was a batch.
+fn generate_prompts(app: &App, req: &GenerateRequest) -> Result<(Vec<Vec<u32>>, bool), ApiError> {
+    Ok(match (&req.input_ids, &req.text) {
         (Some(_), Some(_)) => {
             return Err(ApiError::bad(
                 "input_ids",
@@ -670,113 +763,83 @@ async fn generate(
             }
             (prompts, batched)
         }
-    };
-    let stop = sp.stop.clone().map(OneOrMany::into_vec).unwrap_or_default();
-    let sampling = Sampling {
-        prefix: "sampling_params.",
-        max_new_tokens: sp.max_new_tokens.unwrap_or(128),
-        max_given: sp.max_new_tokens.is_some(),
-        max_name: "max_new_tokens",
-        temperature: sp.temperature,
-        top_p: sp.top_p,
-        top_k: sp.top_k,
-        stop: stop.clone(),
-        stop_token_ids: sp.stop_token_ids.clone(),
-        ignore_eos: sp.ignore_eos,
-        top_logprobs: req.top_logprobs_num,
-        top_logprobs_name: "top_logprobs_num",
-        n: sp.n,
-        seed: sp.sampling_seed,
-        guided_choice: None,
-    };
-    let requests = app.requests(prompts, &sampling)?;
-    let outputs = app
-        .run_session(
-            session.as_deref(),
-            "/generate",
-            requests,
-            &sampling,
-            &[],
-            None,
-        )
-        .await?;
-    let latency = t0.elapsed().as_secs_f64();
-    let rid = req
-        .rid
-        .clone()
-        .unwrap_or_else(|| json!(app.request_id("gen")));
-    let answers: Vec<GenerateOutput> = outputs
-        .iter()
-        .map(|o| {
-            let lp = |pairs: &[(u32, f32)]| -> Vec<(f64, u32, Option<String>)> {
-                pairs
-                    .iter()
-                    .map(|&(t, l)| (f64::from(l), t, None))
-                    .collect()
-            };
-            let finish_reason = match &o.finish {
-                Finish::StopToken(t) => SglFinishReason {
-                    kind: "stop".into(),
-                    matched: Some(json!(t)),
-                    length: None,
-                    message: None,
-                },
-                Finish::StopString(i) => SglFinishReason {
-                    kind: "stop".into(),
-                    matched: stop.get(*i).map(|s| json!(s)),
-                    length: None,
-                    message: None,
-                },
-                Finish::Length => SglFinishReason {
-                    kind: "length".into(),
-                    matched: None,
-                    length: Some(o.tokens.len()),
-                    message: None,
-                },
-                Finish::ChoiceComplete => SglFinishReason {
-                    kind: "stop".into(),
-                    matched: None,
-                    length: None,
-                    message: None,
-                },
-                Finish::Abort => SglFinishReason {
-                    kind: "abort".into(),
-                    matched: None,
-                    length: None,
-                    message: Some("aborted for a weight update".into()),
-                },
-            };
-            GenerateOutput {
-                text: app.text_of(o, &stop, sp.skip_special_tokens, sp.no_stop_trim),
-                output_ids: o.tokens.clone(),
-                meta_info: SglMetaInfo {
-                    id: rid.clone(),
-                    finish_reason,
-                    prompt_tokens: o.prompt_len,
-                    completion_tokens: o.tokens.len(),
-                    cached_tokens: 0,
-                    weight_version: Some(o.weight_version.clone()),
-                    output_token_logprobs: req.return_logprob.then(|| {
-                        o.tokens
-                            .iter()
-                            .zip(&o.logprobs)
-                            .map(|(&t, &l)| (f64::from(l), t, None))
-                            .collect()
-                    }),
-                    output_top_logprobs: (req.return_logprob && req.top_logprobs_num > 0)
-                        .then(|| o.top_logprobs.iter().map(|p| lp(p)).collect()),
-                    e2e_latency: latency,
-                },
-            }
-        })
-        .collect();
-    let body = if !batched && sp.n == 1 {
-        serde_json::to_value(&answers[0])
-    } else {
-        serde_json::to_value(&answers)
+    })
+}
+
+/// SGLang's finish reason of `o`, whose stop strings are `stop`.
+fn sgl_finish(o: &GenOutput, stop: &[String]) -> SglFinishReason {
+    match &o.finish {
+        Finish::StopToken(t) => SglFinishReason {
+            kind: "stop".into(),
+            matched: Some(json!(t)),
+            length: None,
+            message: None,
+        },
+        Finish::StopString(i) => SglFinishReason {
+            kind: "stop".into(),
+            matched: stop.get(*i).map(|s| json!(s)),
+            length: None,
+            message: None,
+        },
+        Finish::Length => SglFinishReason {
+            kind: "length".into(),
+            matched: None,
+            length: Some(o.tokens.len()),
+            message: None,
+        },
+        Finish::ChoiceComplete => SglFinishReason {
+            kind: "stop".into(),
+            matched: None,
+            length: None,
+            message: None,
+        },
+        Finish::Abort => SglFinishReason {
+            kind: "abort".into(),
+            matched: None,
+            length: None,
+            message: Some("aborted for a weight update".into()),
+        },
     }
-    .map_err(|e| ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    Ok(axum::Json(body).into_response())
+}
+
+/// One `/generate` answer: `o`'s text and ids, and its meta info under request id `rid`.
+fn generate_output(
+    app: &App,
+    req: &GenerateRequest,
+    o: &GenOutput,
+    stop: &[String],
+    rid: &Value,
+    latency: f64,
+) -> GenerateOutput {
+    let sp = &req.sampling_params;
+    let lp = |pairs: &[(u32, f32)]| -> Vec<(f64, u32, Option<String>)> {
+        pairs
+            .iter()
+            .map(|&(t, l)| (f64::from(l), t, None))
+            .collect()
+    };
+    GenerateOutput {
+        text: app.text_of(o, stop, sp.skip_special_tokens, sp.no_stop_trim),
+        output_ids: o.tokens.clone(),
+        meta_info: SglMetaInfo {
+            id: rid.clone(),
+            finish_reason: sgl_finish(o, stop),
+            prompt_tokens: o.prompt_len,
+            completion_tokens: o.tokens.len(),
+            cached_tokens: 0,
+            weight_version: Some(o.weight_version.clone()),
+            output_token_logprobs: req.return_logprob.then(|| {
+                o.tokens
+                    .iter()
+                    .zip(&o.logprobs)
+                    .map(|(&t, &l)| (f64::from(l), t, None))
+                    .collect()
+            }),
+            output_top_logprobs: (req.return_logprob && req.top_logprobs_num > 0)
+                .then(|| o.top_logprobs.iter().map(|p| lp(p)).collect()),
+            e2e_latency: latency,
+        },
+    }
 }
 
 fn usage(outputs: &[GenOutput]) -> Value {
@@ -852,24 +915,20 @@ async fn completions(
         .map(OneOrMany::into_vec)
         .unwrap_or_default();
     let n = req.n.unwrap_or(1);
-    let sampling = Sampling {
-        prefix: "",
-        max_new_tokens: req.max_tokens.unwrap_or(16),
-        max_given: req.max_tokens.is_some(),
-        max_name: "max_tokens",
-        temperature: req.temperature.unwrap_or(1.0),
-        top_p: req.top_p.unwrap_or(1.0),
-        top_k: req.top_k.unwrap_or(-1),
-        stop: stop.clone(),
-        stop_token_ids: req.stop_token_ids.clone().unwrap_or_default(),
+    let sampling = Sampling::from(&CommonSampling {
+        max_tokens: (req.max_tokens, "max_tokens", 16),
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        n: req.n,
+        stop: &stop,
+        stop_token_ids: req.stop_token_ids.as_deref(),
         ignore_eos: req.ignore_eos,
-        top_logprobs: req.logprobs.unwrap_or(0),
-        top_logprobs_name: "logprobs",
-        n,
         seed: req.seed,
+        top_logprobs: (req.logprobs.unwrap_or(0), "logprobs"),
         guided_choice: requested_choice(&req.guided_choice, &req.structured_outputs)
             .map_err(|(f, m)| ApiError::bad(f, m))?,
-    };
+    });
     let requests = app.requests(prompts.clone(), &sampling)?;
     let outputs = app
         .run_session(
@@ -960,12 +1019,128 @@ async fn chat_completions(
     if req.stream {
         return Err(unsupported("stream", "streaming"));
     }
+    let (prompt, retokenization, use_tools) = chat_prompt(&app, &req, session.as_deref())?;
+    let stop = req
+        .stop
+        .clone()
+        .map(OneOrMany::into_vec)
+        .unwrap_or_default();
+    let top = req.top_logprobs.unwrap_or(0);
+    if top > 0 && !req.logprobs {
+        return Err(ApiError::bad("top_logprobs", "needs logprobs: true"));
+    }
+    let max_name = if req.max_completion_tokens.is_some() {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    let sampling = Sampling::from(&CommonSampling {
+        max_tokens: (req.max_completion_tokens.or(req.max_tokens), max_name, 512),
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        n: req.n,
+        stop: &stop,
+        stop_token_ids: req.stop_token_ids.as_deref(),
+        ignore_eos: req.ignore_eos,
+        seed: req.seed,
+        top_logprobs: (top, "top_logprobs"),
+        guided_choice: requested_choice(&req.guided_choice, &req.structured_outputs)
+            .map_err(|(f, m)| ApiError::bad(f, m))?,
+    });
+    let requests = app.requests(vec![prompt.clone()], &sampling)?;
+    let number = app.requests.fetch_add(1, Ordering::Relaxed);
+    // What the tool-call parser finds in each choice goes into the session's records too.
+    let parse_stats = |o: &GenOutput| tools::parse_hermes(&app.tool_text(o, &stop)).stats;
+    let outputs = app
+        .run_session(
+            session.as_deref(),
+            "/v1/chat/completions",
+            requests,
+            &sampling,
+            &[retokenization],
+            use_tools.then_some(&parse_stats as &(dyn Fn(&GenOutput) -> ToolCallParse + Sync)),
+        )
+        .await?;
+    let skip = req.skip_special_tokens.unwrap_or(true);
+    let mut calls_made = 0usize;
+    let choices: Vec<Value> = outputs
+        .iter()
+        .enumerate()
+        .map(|(index, o)| {
+            let parse = use_tools.then(|| tools::parse_hermes(&app.tool_text(o, &stop)));
+            let mut c = chat_choice(&app, &req, index, o, &stop, skip);
+            if let Some(p) = parse {
+                add_tool_calls(&app, &mut c, o, p, number, &mut calls_made);
+            }
+            if req.return_token_ids {
+                c["token_ids"] = json!(o.tokens);
+            }
+            c
+        })
+        .collect();
+    let mut answer = json!({
+        "id": format!("chatcmpl-{number}"),
+        "object": "chat.completion",
+        "created": created(),
+        "model": req.model.clone().unwrap_or_else(|| app.name.clone()),
+        "choices": choices,
+        "usage": usage(&outputs),
+        "weight_version": outputs.first().map(|o| o.weight_version.clone()),
+    });
+    if req.return_token_ids {
+        answer["prompt_token_ids"] = json!(prompt);
+    }
+    Ok(axum::Json(answer).into_response())
+}
+
+/// The prompt of a chat request: its messages checked and rendered by the served model's chat
+/// template (with its `tools` when they are used), encoded in its session and checked against
+/// the context; how it was tokenised; and whether the request uses tools.
+fn chat_prompt(
+    app: &App,
+    req: &ChatCompletionRequest,
+    session: Option<&str>,
+) -> Result<(Vec<u32>, Option<Retokenization>, bool), ApiError> {
     let Some(chat) = &app.chat else {
         return Err(ApiError::bad(
             "messages",
             "the served model has no chat template; use /v1/completions or /generate",
         ));
     };
+    let (messages, use_tools) = chat_request_messages(req)?;
+    let render = |extra: &Value| {
+        if req.continue_final_message {
+            chat.render_continuing_final_with(&messages, extra)
+                .map_err(|e| ApiError::bad("continue_final_message", e.to_string()))
+        } else {
+            chat.render_with(&messages, req.add_generation_prompt, extra)
+                .map_err(|e| ApiError::bad("messages", e.to_string()))
+        }
+    };
+    let rendered = if use_tools {
+        let with = render(&json!({"tools": req.tools}))?;
+        if with == render(&json!({}))? {
+            return Err(ApiError::bad(
+                "tools",
+                "the served model's chat template does not render tools",
+            ));
+        }
+        with
+    } else {
+        render(&json!({}))?
+    };
+    let (prompt, retokenization) = app.encode_in_session("messages", &rendered, session)?;
+    app.check_prompt("messages", &prompt)?;
+    Ok((prompt, retokenization, use_tools))
+}
+
+/// A chat request's messages, checked (non-empty, known roles, `tools` and `tool_choice`,
+/// `parallel_tool_calls`, `continue_final_message`) and converted for the template; and
+/// whether the request uses tools.
+fn chat_request_messages(
+    req: &ChatCompletionRequest,
+) -> Result<(Vec<ChatMessage>, bool), ApiError> {
     if req.messages.is_empty() {
         return Err(ApiError::bad("messages", "is empty"));
     }
@@ -1016,153 +1191,82 @@ async fn chat_completions(
             ));
         }
     }
-    let render = |extra: &Value| {
-        if req.continue_final_message {
-            chat.render_continuing_final_with(&messages, extra)
-                .map_err(|e| ApiError::bad("continue_final_message", e.to_string()))
-        } else {
-            chat.render_with(&messages, req.add_generation_prompt, extra)
-                .map_err(|e| ApiError::bad("messages", e.to_string()))
-        }
-    };
-    let rendered = if use_tools {
-        let with = render(&json!({"tools": req.tools}))?;
-        if with == render(&json!({}))? {
-            return Err(ApiError::bad(
-                "tools",
-                "the served model's chat template does not render tools",
-            ));
-        }
-        with
-    } else {
-        render(&json!({}))?
-    };
-    let (prompt, retokenization) =
-        app.encode_in_session("messages", &rendered, session.as_deref())?;
-    app.check_prompt("messages", &prompt)?;
-    let stop = req
-        .stop
-        .clone()
-        .map(OneOrMany::into_vec)
-        .unwrap_or_default();
-    let top = req.top_logprobs.unwrap_or(0);
-    if top > 0 && !req.logprobs {
-        return Err(ApiError::bad("top_logprobs", "needs logprobs: true"));
-    }
-    let sampling = Sampling {
-        prefix: "",
-        max_new_tokens: req.max_completion_tokens.or(req.max_tokens).unwrap_or(512),
-        max_given: req.max_completion_tokens.or(req.max_tokens).is_some(),
-        max_name: if req.max_completion_tokens.is_some() {
-            "max_completion_tokens"
-        } else {
-            "max_tokens"
-        },
-        temperature: req.temperature.unwrap_or(1.0),
-        top_p: req.top_p.unwrap_or(1.0),
-        top_k: req.top_k.unwrap_or(-1),
-        stop: stop.clone(),
-        stop_token_ids: req.stop_token_ids.clone().unwrap_or_default(),
-        ignore_eos: req.ignore_eos,
-        top_logprobs: top,
-        top_logprobs_name: "top_logprobs",
-        n: req.n.unwrap_or(1),
-        seed: req.seed,
-        guided_choice: requested_choice(&req.guided_choice, &req.structured_outputs)
-            .map_err(|(f, m)| ApiError::bad(f, m))?,
-    };
-    let requests = app.requests(vec![prompt.clone()], &sampling)?;
-    let number = app.requests.fetch_add(1, Ordering::Relaxed);
-    // What the tool-call parser finds in each choice goes into the session's records too.
-    let parse_stats = |o: &GenOutput| tools::parse_hermes(&app.tool_text(o, &stop)).stats;
-    let outputs = app
-        .run_session(
-            session.as_deref(),
-            "/v1/chat/completions",
-            requests,
-            &sampling,
-            &[retokenization],
-            use_tools.then_some(&parse_stats as &(dyn Fn(&GenOutput) -> ToolCallParse + Sync)),
-        )
-        .await?;
-    let skip = req.skip_special_tokens.unwrap_or(true);
-    let mut calls_made = 0usize;
+    Ok((messages, use_tools))
+}
+
+/// One choice of a chat answer: `o`'s message, finish and stop reasons, and its log-probs when
+/// the request asked for them.
+fn chat_choice(
+    app: &App,
+    req: &ChatCompletionRequest,
+    index: usize,
+    o: &GenOutput,
+    stop: &[String],
+    skip: bool,
+) -> Value {
     let entry = |t: u32, l: f32| {
         let text = app.token_text(t, false);
         json!({"token": text, "logprob": l, "bytes": text.as_bytes()})
     };
-    let choices: Vec<Value> = outputs
-        .iter()
-        .enumerate()
-        .map(|(index, o)| {
-            let parse = use_tools.then(|| tools::parse_hermes(&app.tool_text(o, &stop)));
-            let logprobs = req.logprobs.then(|| {
-                let content: Vec<Value> = o
-                    .tokens
-                    .iter()
-                    .zip(&o.logprobs)
-                    .enumerate()
-                    .map(|(i, (&t, &l))| {
-                        let mut e = entry(t, l);
-                        e["top_logprobs"] =
-                            json!(o.top_logprobs.get(i).map_or_else(Vec::new, |p| {
-                                p.iter().map(|&(t, l)| entry(t, l)).collect::<Vec<_>>()
-                            }));
-                        e
-                    })
-                    .collect();
-                json!({"content": content})
-            });
-            let mut c = json!({
-                "index": index,
-                "message": {"role": "assistant", "content": app.text_of(o, &stop, skip, false)},
-                "finish_reason": openai_finish(&o.finish),
-                "stop_reason": stop_reason(&o.finish, &stop),
-                "logprobs": logprobs,
-            });
-            if let Some(p) = parse {
-                app.tool_counters.add(&p.stats);
-                if p.stats.blocks > 0 {
-                    c["message"]["content"] = json!(p.content);
-                }
-                if !p.calls.is_empty() {
-                    let calls: Vec<Value> = p
-                        .calls
-                        .iter()
-                        .map(|call| {
-                            calls_made += 1;
-                            call.to_openai(&format!("call_{number}_{}", calls_made - 1))
-                        })
-                        .collect();
-                    c["message"]["tool_calls"] = json!(calls);
-                    if matches!(
-                        o.finish,
-                        Finish::StopToken(_) | Finish::StopString(_) | Finish::ChoiceComplete
-                    ) {
-                        c["finish_reason"] = json!("tool_calls");
-                    }
-                }
-                c["tool_call_parse"] = json!(p.stats);
-            }
-            if req.return_token_ids {
-                c["token_ids"] = json!(o.tokens);
-            }
-            c
-        })
-        .collect();
-    let mut answer = json!({
-        "id": format!("chatcmpl-{number}"),
-        "object": "chat.completion",
-        "created": created(),
-        "model": req.model.clone().unwrap_or_else(|| app.name.clone()),
-        "choices": choices,
-        "usage": usage(&outputs),
-        "weight_version": outputs.first().map(|o| o.weight_version.clone()),
+    let logprobs = req.logprobs.then(|| {
+        let content: Vec<Value> = o
+            .tokens
+            .iter()
+            .zip(&o.logprobs)
+            .enumerate()
+            .map(|(i, (&t, &l))| {
+                let mut e = entry(t, l);
+                e["top_logprobs"] = json!(o.top_logprobs.get(i).map_or_else(Vec::new, |p| {
+                    p.iter().map(|&(t, l)| entry(t, l)).collect::<Vec<_>>()
+                }));
+                e
+            })
+            .collect();
+        json!({"content": content})
     });
-    if req.return_token_ids {
-        answer["prompt_token_ids"] = json!(prompt);
+    json!({
+        "index": index,
+        "message": {"role": "assistant", "content": app.text_of(o, stop, skip, false)},
+        "finish_reason": openai_finish(&o.finish),
+        "stop_reason": stop_reason(&o.finish, stop),
+        "logprobs": logprobs,
+    })
+}
+
+/// What the tool-call parser found in `o` (`p`) put into its choice `c`: the content without
+/// the call blocks, the calls (numbered `call_<number>_<k>` across the request's choices from
+/// `calls_made`), `tool_calls` as the finish reason of a completion that stopped after calls,
+/// and the parse counts; counted in the server's tool counters.
+fn add_tool_calls(
+    app: &App,
+    c: &mut Value,
+    o: &GenOutput,
+    p: tools::HermesParse,
+    number: u64,
+    calls_made: &mut usize,
+) {
+    app.tool_counters.add(&p.stats);
+    if p.stats.blocks > 0 {
+        c["message"]["content"] = json!(p.content);
     }
-    Ok(axum::Json(answer).into_response())
+    if !p.calls.is_empty() {
+        let calls: Vec<Value> = p
+            .calls
+            .iter()
+            .map(|call| {
+                *calls_made += 1;
+                call.to_openai(&format!("call_{number}_{}", *calls_made - 1))
+            })
+            .collect();
+        c["message"]["tool_calls"] = json!(calls);
+        if matches!(
+            o.finish,
+            Finish::StopToken(_) | Finish::StopString(_) | Finish::ChoiceComplete
+        ) {
+            c["finish_reason"] = json!("tool_calls");
+        }
+    }
+    c["tool_call_parse"] = json!(p.stats);
 }
 
 /// The template's messages for the request's: an assistant message may have no content (its

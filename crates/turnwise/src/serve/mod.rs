@@ -69,6 +69,7 @@ use turnwise_model::sampling::{EngineConfig, PrefixCacheConfig, SpeculativeConfi
 use crate::config::run_config;
 use crate::model_source::checkpoint_metadata;
 use crate::model_source::{ModelTensors, load_init_tensors};
+use crate::rollout::host::{HostOptions, LoadedPolicy, PolicyHost, ServedPolicy};
 use crate::run::RunDir;
 use crate::run::pick_checkpoint;
 use worker::{Shared, WorkerHandle};
@@ -376,6 +377,39 @@ impl Drop for PolicyServer {
         if let Err(e) = self.stop() {
             tracing::error!(error = %e, "policy server shutdown failed");
         }
+    }
+}
+
+/// `turnwise serve` as the trainer's [`PolicyHost`]: [`load_served`], then
+/// [`PolicyServer::start`] on a free loopback port with the other settings at their defaults.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LocalHost;
+
+impl PolicyHost for LocalHost {
+    fn load(&self, spec: &Path) -> Result<Box<dyn LoadedPolicy>> {
+        Ok(Box::new(load_served(spec)?))
+    }
+}
+
+impl LoadedPolicy for ServedModel {
+    fn start(self: Box<Self>, options: &HostOptions) -> Result<Box<dyn ServedPolicy>> {
+        let defaults = ServeConfig::default();
+        let config = ServeConfig {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            name: Some(options.name.clone()),
+            weight_version: options
+                .weight_version
+                .clone()
+                .unwrap_or(defaults.weight_version.clone()),
+            ..defaults
+        };
+        Ok(Box::new(PolicyServer::start(*self, &config)?))
+    }
+}
+
+impl ServedPolicy for PolicyServer {
+    fn url(&self) -> String {
+        PolicyServer::url(self)
     }
 }
 

@@ -1,18 +1,18 @@
 //! The harness rollout backend: an agent program of the user's plays each episode, and the
-//! trainer trains on what the policy server recorded of its requests. (It lives with the
-//! trainer, which runs the policy server, rather than in `rollout/`, which `serve` builds on.)
+//! trainer trains on what the policy server recorded of its requests.
 //!
-//! The trainer serves its current policy on loopback with `turnwise serve` (started from the
-//! warm-started weights, reloaded after every optimizer step as the remote backend's servers
-//! are: [`Harness::sync`]). Per episode it registers a session with the episode's seed
-//! (`POST /v1/sessions`: request k of the session samples with `turn_seed(seed, k)`, what the
-//! built-in rollout draws for turn k), runs `rollout.harness.command` with the task, the
-//! session id and the server's URL in its environment (at most `workers` at once, each within
-//! `timeout_secs`, its process group killed beyond), then takes the session's records
-//! (`DELETE /v1/sessions/{id}`) and reconstructs them ([`crate::serve::session::reconstruct`]):
-//! each run of requests that extend one another token-exactly is one trajectory, with the
-//! tokens between completions as observation tokens (mask 0). A history the program re-rendered
-//! starts a new trajectory, trained as its own sample with the episode's reward.
+//! The trainer serves its current policy on loopback with `turnwise serve`, started through the
+//! installed [`crate::rollout::host::PolicyHost`] from the warm-started weights and reloaded after
+//! every optimizer step as the remote backend's servers are ([`Harness::sync`]). Per episode it
+//! registers a session with the episode's seed (`POST /v1/sessions`: request k of the session
+//! samples with `turn_seed(seed, k)`, what the built-in rollout draws for turn k), runs
+//! `rollout.harness.command` with the task, the session id and the server's URL in its environment
+//! (at most `workers` at once, each within `timeout_secs`, its process group killed beyond), then
+//! takes the session's records (`DELETE /v1/sessions/{id}`) and reconstructs them
+//! ([`crate::rollout::session::reconstruct`]): each run of requests that extend one another
+//! token-exactly is one trajectory, with the tokens between completions as observation tokens
+//! (mask 0). A history the program re-rendered starts a new trajectory, trained as its own sample
+//! with the episode's reward.
 //!
 //! The turns' records (parsed actions, format verdicts, searches, anchor states) come from
 //! replaying the turns' text through the task's environment, so every reward, estimator and
@@ -40,9 +40,9 @@ use turnwise_env::server::BackgroundServer;
 use turnwise_model::tokenizer::TextTokenizer;
 
 use crate::config::{HarnessConfig, HarnessReward, RemoteConfig};
+use crate::rollout::host::{HostOptions, PolicyHost, ServedPolicy};
+use crate::rollout::session::{SessionRecord, TracePiece, TraceSegment, reconstruct};
 use crate::rollout::{Decoding, Episode, EpisodeSpec, TurnControl, record_step};
-use crate::serve::session::{SessionRecord, TracePiece, TraceSegment, reconstruct};
-use crate::serve::{PolicyServer, ServeConfig, load_served};
 
 /// The name the served policy answers to (`TURNWISE_MODEL`).
 pub const SERVED_NAME: &str = "turnwise-policy";
@@ -54,7 +54,7 @@ const STDOUT_MAX: usize = 1 << 20;
 
 /// The policy server a harness run trains through, once started.
 struct Served {
-    server: PolicyServer,
+    server: Box<dyn ServedPolicy>,
     sync: crate::rollout::remote::RemoteBackend,
     version: u64,
 }
@@ -63,6 +63,7 @@ struct Served {
 /// [`Harness::sync`]) and, for the search task, a retrieval server for the programs.
 pub struct Harness {
     config: HarnessConfig,
+    host: std::sync::Arc<dyn PolicyHost>,
     served: Mutex<Option<Served>>,
     retriever: Option<BackgroundServer>,
     client: reqwest::blocking::Client,
@@ -303,6 +304,7 @@ impl Harness {
         config: &HarnessConfig,
         retriever: Option<std::sync::Arc<dyn turnwise_env::search::Retriever>>,
     ) -> Result<Self> {
+        let host = crate::rollout::host::installed("the harness backend")?;
         let retriever = match retriever {
             Some(r) => Some(
                 BackgroundServer::start(
@@ -323,6 +325,7 @@ impl Harness {
             .context("building the harness's HTTP client")?;
         Ok(Self {
             config: config.clone(),
+            host,
             served: Mutex::new(None),
             retriever,
             client,
@@ -376,15 +379,16 @@ impl Harness {
                 s.version = version;
             }
             None => {
-                let model = load_served(folder)
+                let model = self
+                    .host
+                    .load(folder)
                     .with_context(|| format!("loading {} to serve", folder.display()))?;
-                let config = ServeConfig {
-                    addr: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-                    name: Some(SERVED_NAME.into()),
-                    weight_version: version.to_string(),
-                    ..ServeConfig::default()
+                let options = HostOptions {
+                    name: SERVED_NAME.into(),
+                    weight_version: Some(version.to_string()),
                 };
-                let server = PolicyServer::start(model, &config)
+                let server = model
+                    .start(&options)
                     .context("starting the harness's policy server")?;
                 let sync = crate::rollout::remote::RemoteBackend::connect(&RemoteConfig {
                     urls: vec![server.url()],
@@ -411,6 +415,25 @@ impl Harness {
             .iter()
             .map(|spec| self.program_env(&base, spec, cx))
             .collect::<Result<Vec<_>>>()?;
+        let outcomes = self.run_programs(&base, specs, &envs)?;
+        let mut out = HarnessRollout::default();
+        out.stats.episodes = specs.len();
+        for (i, outcome) in outcomes.into_iter().enumerate() {
+            self.add_outcome(i, &specs[i], outcome, cx, &mut out)?;
+        }
+        self.check_failures(specs.len(), &out.stats, out.episodes.is_empty())?;
+        self.check_tool_parse_rate(&out.stats)?;
+        Ok(out)
+    }
+
+    /// Runs the program of every spec (`envs[i]` is spec `i`'s environment), at most `workers`
+    /// at once; after the first error no other program starts, and that error is returned.
+    fn run_programs(
+        &self,
+        base: &str,
+        specs: &[EpisodeSpec],
+        envs: &[Vec<(&'static str, String)>],
+    ) -> Result<Vec<Outcome>> {
         let next = AtomicUsize::new(0);
         let outcomes: Mutex<Vec<Option<Outcome>>> =
             Mutex::new((0..specs.len()).map(|_| None).collect());
@@ -423,7 +446,7 @@ impl Harness {
                         if i >= specs.len() || first_error.lock().expect("lock").is_some() {
                             break;
                         }
-                        match self.run_one(&base, &specs[i], &envs[i]) {
+                        match self.run_one(base, &specs[i], &envs[i]) {
                             Ok(out) => outcomes.lock().expect("lock")[i] = Some(out),
                             Err(e) => {
                                 first_error.lock().expect("lock").get_or_insert(e);
@@ -436,142 +459,159 @@ impl Harness {
         if let Some(e) = first_error.into_inner().expect("lock") {
             return Err(e);
         }
-        let mut out = HarnessRollout::default();
-        out.stats.episodes = specs.len();
-        for (i, outcome) in outcomes.into_inner().expect("lock").into_iter().enumerate() {
-            let (run, records, posted) = outcome.expect("every spec ran");
-            let spec = &specs[i];
-            out.stats.program_seconds.push(run.seconds);
-            let fail = |kind, detail: String| Failure {
-                episode: spec.id.clone(),
-                kind,
-                detail,
-            };
-            if run.timed_out {
-                out.stats.failures.push(fail(
-                    FailureKind::Timeout,
-                    format!(
-                        "ran past rollout.harness.timeout_secs = {} and was killed{}",
-                        self.config.timeout_secs,
-                        tail_note(&run.stderr_tail)
-                    ),
+        Ok(outcomes
+            .into_inner()
+            .expect("lock")
+            .into_iter()
+            .map(|o| o.expect("every spec ran"))
+            .collect())
+    }
+
+    /// Adds what the program of `spec` (spec `i`) did to `out`: its trajectories as episodes,
+    /// or the failure that leaves them out.
+    fn add_outcome(
+        &self,
+        i: usize,
+        spec: &EpisodeSpec,
+        (run, records, posted): Outcome,
+        cx: &HarnessContext<'_>,
+        out: &mut HarnessRollout,
+    ) -> Result<()> {
+        out.stats.program_seconds.push(run.seconds);
+        let reward = match self.program_verdict(spec, &run, &records, posted) {
+            Ok(reward) => reward,
+            Err(failure) => {
+                out.stats.failures.push(failure);
+                return Ok(());
+            }
+        };
+        let segments = reconstruct(&records);
+        let built = match build_segments(&segments, &records, spec, cx)? {
+            Ok(built) => built,
+            Err(detail) => {
+                out.stats.failures.push(Failure {
+                    episode: spec.id.clone(),
+                    kind: FailureKind::OverBudget,
+                    detail,
+                });
+                return Ok(());
+            }
+        };
+        count_records(&records, &segments, &mut out.stats);
+        let n = built.len();
+        for (k, ep) in built.into_iter().enumerate() {
+            out.episodes.push(ep);
+            out.sources.push(i);
+            out.program_rewards.push(reward);
+            out.is_final.push(k + 1 == n);
+        }
+        Ok(())
+    }
+
+    /// How the program of `spec` ended: its reward (`reward = "program"`; `None` for the task's
+    /// reward), or why the episode failed (it timed out, crashed, never called the model, or
+    /// gave no reward when it must).
+    fn program_verdict(
+        &self,
+        spec: &EpisodeSpec,
+        run: &ProgramRun,
+        records: &[SessionRecord],
+        posted: Option<f64>,
+    ) -> std::result::Result<Option<f64>, Failure> {
+        let fail = |kind, detail: String| Failure {
+            episode: spec.id.clone(),
+            kind,
+            detail,
+        };
+        if run.timed_out {
+            return Err(fail(
+                FailureKind::Timeout,
+                format!(
+                    "ran past rollout.harness.timeout_secs = {} and was killed{}",
+                    self.config.timeout_secs,
+                    tail_note(&run.stderr_tail)
+                ),
+            ));
+        }
+        match &run.status {
+            Ok(0) => {}
+            Ok(code) => {
+                return Err(fail(
+                    FailureKind::Crash,
+                    format!("exited with status {code}{}", tail_note(&run.stderr_tail)),
                 ));
-                continue;
             }
-            match &run.status {
-                Ok(0) => {}
-                Ok(code) => {
-                    out.stats.failures.push(fail(
-                        FailureKind::Crash,
-                        format!("exited with status {code}{}", tail_note(&run.stderr_tail)),
-                    ));
-                    continue;
-                }
-                Err(what) => {
-                    out.stats.failures.push(fail(
-                        FailureKind::Crash,
-                        format!("{what}{}", tail_note(&run.stderr_tail)),
-                    ));
-                    continue;
-                }
-            }
-            if records.is_empty() {
-                out.stats.failures.push(fail(
-                    FailureKind::NoCalls,
-                    format!(
-                        "never called the model in session {:?} (send the header X-Session-Id: \
-                         $TURNWISE_SESSION_ID, or user = $TURNWISE_SESSION_ID, with every \
-                         request to $OPENAI_BASE_URL)",
-                        spec.id
-                    ),
+            Err(what) => {
+                return Err(fail(
+                    FailureKind::Crash,
+                    format!("{what}{}", tail_note(&run.stderr_tail)),
                 ));
-                continue;
-            }
-            let reward = match self.config.reward {
-                HarnessReward::Task => None,
-                HarnessReward::Program => match program_reward(&run.stdout).or(posted) {
-                    Some(r) => Some(r),
-                    None => {
-                        out.stats.failures.push(fail(
-                            FailureKind::NoReward,
-                            "rollout.harness.reward = \"program\" but the last line of its \
-                             standard output is not {\"reward\": <number>} and it posted none \
-                             to $TURNWISE_BASE_URL/v1/sessions/$TURNWISE_SESSION_ID/reward"
-                                .into(),
-                        ));
-                        continue;
-                    }
-                },
-            };
-            let segments = reconstruct(&records);
-            let mut built = Vec::with_capacity(segments.len());
-            let mut over = None;
-            for (k, seg) in segments.iter().enumerate() {
-                let id = match k {
-                    0 => spec.id.clone(),
-                    _ => format!("{}-seg{k}", spec.id),
-                };
-                let response: usize = seg.pieces.iter().map(|p| p.ids().len()).sum();
-                if response > cx.decoding.max_response_tokens
-                    || seg.prompt_ids.len() + response > cx.max_positions
-                {
-                    over = Some(format!(
-                        "trajectory {k} has {} prompt and {response} response tokens: beyond \
-                         rollout.max_response_tokens = {} or the model's {} positions",
-                        seg.prompt_ids.len(),
-                        cx.decoding.max_response_tokens,
-                        cx.max_positions
-                    ));
-                    break;
-                }
-                built.push(build_episode(seg, &records, spec, id, cx)?);
-            }
-            if let Some(detail) = over {
-                out.stats
-                    .failures
-                    .push(fail(FailureKind::OverBudget, detail));
-                continue;
-            }
-            count_records(&records, &segments, &mut out.stats);
-            let n = built.len();
-            for (k, ep) in built.into_iter().enumerate() {
-                out.episodes.push(ep);
-                out.sources.push(i);
-                out.program_rewards.push(reward);
-                out.is_final.push(k + 1 == n);
             }
         }
-        let failed = out.stats.failed();
+        if records.is_empty() {
+            return Err(fail(
+                FailureKind::NoCalls,
+                format!(
+                    "never called the model in session {:?} (send the header X-Session-Id: \
+                     $TURNWISE_SESSION_ID, or user = $TURNWISE_SESSION_ID, with every \
+                     request to $OPENAI_BASE_URL)",
+                    spec.id
+                ),
+            ));
+        }
+        match self.config.reward {
+            HarnessReward::Task => Ok(None),
+            HarnessReward::Program => match program_reward(&run.stdout).or(posted) {
+                Some(r) => Ok(Some(r)),
+                None => Err(fail(
+                    FailureKind::NoReward,
+                    "rollout.harness.reward = \"program\" but the last line of its \
+                     standard output is not {\"reward\": <number>} and it posted none \
+                     to $TURNWISE_BASE_URL/v1/sessions/$TURNWISE_SESSION_ID/reward"
+                        .into(),
+                )),
+            },
+        }
+    }
+
+    /// Stops the rollout when more than `max_failed_share` of its `specs` episodes failed, or
+    /// every one did (`none_left`), naming the first failures; warns when some did.
+    fn check_failures(&self, specs: usize, stats: &HarnessStats, none_left: bool) -> Result<()> {
+        let failed = stats.failed();
         if failed > 0 {
-            let share = failed as f64 / specs.len().max(1) as f64;
-            let first = &out.stats.failures[0];
+            let share = failed as f64 / specs.max(1) as f64;
+            let first = &stats.failures[0];
             tracing::warn!(
                 failed,
-                episodes = specs.len(),
+                episodes = specs,
                 first = %format!("{}: {} ({})", first.episode, first.kind.name(), first.detail),
                 "harness episodes failed"
             );
-            if share > self.config.max_failed_share || out.episodes.is_empty() {
-                let list: Vec<String> = out
-                    .stats
+            if share > self.config.max_failed_share || none_left {
+                let list: Vec<String> = stats
                     .failures
                     .iter()
                     .take(3)
                     .map(|f| format!("{} ({}): {}", f.episode, f.kind.name(), f.detail))
                     .collect();
                 bail!(
-                    "{failed} of {} harness episodes failed, more than \
+                    "{failed} of {specs} harness episodes failed, more than \
                      rollout.harness.max_failed_share = {}; the program is {:?}. First \
                      failures:\n  {}",
-                    specs.len(),
                     self.config.max_failed_share,
                     self.config.command,
                     list.join("\n  ")
                 );
             }
         }
+        Ok(())
+    }
+
+    /// Stops the rollout when the tool-call parser extracted a call from fewer of the
+    /// completions offered tools than `min_tool_parse_rate`.
+    fn check_tool_parse_rate(&self, stats: &HarnessStats) -> Result<()> {
         if self.config.min_tool_parse_rate > 0.0
-            && let Some(rate) = out.stats.tool_parse_rate()
+            && let Some(rate) = stats.tool_parse_rate()
             && rate < self.config.min_tool_parse_rate
         {
             bail!(
@@ -584,7 +624,7 @@ impl Harness {
                 self.config.min_tool_parse_rate
             );
         }
-        Ok(out)
+        Ok(())
     }
 
     /// The environment the program of `spec` runs with.
@@ -695,6 +735,38 @@ impl Harness {
         };
         Ok((run, records, reward))
     }
+}
+
+/// The episodes of one program's trajectories (`segments` of `records`): the first keeps the
+/// spec's id, the others are `<id>-seg<k>`. `Ok(Err(detail))` when a trajectory exceeds the
+/// response budget or the model's positions (no episode is built from it or after it).
+fn build_segments(
+    segments: &[TraceSegment],
+    records: &[SessionRecord],
+    spec: &EpisodeSpec,
+    cx: &HarnessContext<'_>,
+) -> Result<std::result::Result<Vec<Episode>, String>> {
+    let mut built = Vec::with_capacity(segments.len());
+    for (k, seg) in segments.iter().enumerate() {
+        let id = match k {
+            0 => spec.id.clone(),
+            _ => format!("{}-seg{k}", spec.id),
+        };
+        let response: usize = seg.pieces.iter().map(|p| p.ids().len()).sum();
+        if response > cx.decoding.max_response_tokens
+            || seg.prompt_ids.len() + response > cx.max_positions
+        {
+            return Ok(Err(format!(
+                "trajectory {k} has {} prompt and {response} response tokens: beyond \
+                 rollout.max_response_tokens = {} or the model's {} positions",
+                seg.prompt_ids.len(),
+                cx.decoding.max_response_tokens,
+                cx.max_positions
+            )));
+        }
+        built.push(build_episode(seg, records, spec, id, cx)?);
+    }
+    Ok(Ok(built))
 }
 
 /// Adds one program's records and their trajectories to `stats`.

@@ -51,21 +51,21 @@ use crate::task::TaskSet;
 use turnwise_env::world::Split;
 
 use super::Trainer;
-use crate::serve::{PolicyServer, ServeConfig, load_served};
+use crate::rollout::host::{HostOptions, ServedPolicy};
 
 /// The judge of a run: the client, and the server it started when `judge.serve` is set.
 pub struct TurnJudge {
     judge: LlmJudge,
     settings: JudgeSettings,
     /// Kept alive for the run; dropped (stopped) with the trainer.
-    _server: Option<PolicyServer>,
+    _server: Option<Box<dyn ServedPolicy>>,
 }
 
 impl std::fmt::Debug for TurnJudge {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TurnJudge")
             .field("judge", &self.judge)
-            .field("serving", &self._server.as_ref().map(PolicyServer::url))
+            .field("serving", &self._server.as_ref().map(|s| s.url()))
             .finish()
     }
 }
@@ -80,14 +80,15 @@ impl TurnJudge {
         let (server, base_url, model) = match &settings.serve {
             Some(spec) => {
                 let t = Instant::now();
-                let served = load_served(Path::new(spec))
+                let served = crate::rollout::host::installed("judge.serve")?
+                    .load(Path::new(spec))
                     .with_context(|| format!("judge.serve = {spec:?}"))?;
-                let config = ServeConfig {
-                    addr: "127.0.0.1:0".parse().expect("a loopback address"),
-                    name: Some(settings.model.clone()),
-                    ..ServeConfig::default()
+                let options = HostOptions {
+                    name: settings.model.clone(),
+                    weight_version: None,
                 };
-                let server = PolicyServer::start(served, &config)
+                let server = served
+                    .start(&options)
                     .with_context(|| format!("serving the judge {spec}"))?;
                 tracing::info!(
                     judge = %spec,

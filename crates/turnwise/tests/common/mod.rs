@@ -30,6 +30,14 @@ pub fn tiny_overrides() -> Vec<String> {
     .collect()
 }
 
+/// Installs `turnwise serve` as the process's policy host, as the `turnwise` binary does at
+/// start: a test whose trainer serves a policy (`rollout.backend = "harness"`, `judge.serve`)
+/// calls it first.
+#[allow(dead_code)]
+pub fn install_policy_host() {
+    turnwise::rollout::host::install(std::sync::Arc::new(turnwise::serve::LocalHost));
+}
+
 /// Copies the directory tree `from` to `to` (a run directory, to "kill" or corrupt a copy).
 #[allow(dead_code)]
 pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
