@@ -41,8 +41,8 @@ use turnwise_core::advantage::Channel;
 
 use super::agg::{AggDenominators, AggOptions, LossAggMode, agg_row_weights, weighted_sum};
 use super::clip_bias::{
-    ClipBiasConfig, ClipBiasRatio, ClipBiasRule, ClipBiasScope, ClipBiasSpace, clip_bias,
-    clip_bias_grad_norm,
+    ClipBiasConfig, ClipBiasRatio, ClipBiasResult, ClipBiasRule, ClipBiasScope, ClipBiasSpace,
+    clip_bias, clip_bias_grad_norm,
 };
 use super::turns::{TurnRule, TurnSegments, turn_kl_entropy};
 use super::{LossError, Result, check_finite_values, finite_rows, finite_scalar, masked_mean_rows};
@@ -708,7 +708,9 @@ fn segment_ratio(
     Ok(log_s.minimum(10.0)?.exp()?)
 }
 
-/// The shared body of every policy loss (§5.1–§5.6), read top to bottom.
+/// The shared body of every policy loss (§5.1–§5.6), read top to bottom: checked inputs, the
+/// ratio, the channels it reads, the clip bounds, the clipped per-token loss, the diagnostics,
+/// the clipping-bias correction and the aggregate.
 fn run(
     kind: PolicyLossKind,
     input: &PolicyLossInput<'_>,
@@ -716,284 +718,485 @@ fn run(
 ) -> Result<PolicyLossOutput> {
     let r = cfg.resolve_as(kind)?;
     let name = kind.name();
-    let device = input.logp.device().clone();
-    let dtype = input.logp.dtype();
-
-    // --- Inputs: shapes, NaN/inf, constants detached and cast to logp's dtype.
-    let logp_rows = finite_rows(name, "logp", input.logp, None)?;
-    let dims = (logp_rows.len(), logp_rows.first().map_or(0, Vec::len));
-    let old_rows = finite_rows(name, "old_logp", input.old_logp, Some(dims))?;
-    let adv_rows = finite_rows(name, "advantages", input.advantages, Some(dims))?;
-    let mask_rows = finite_rows(name, "loss_mask", input.loss_mask, Some(dims))?;
-    let turn_rows = match input.turn_id {
-        Some(t) => Some(finite_rows(name, "turn_id", t, Some(dims))?),
-        None => None,
+    let body = LossBody {
+        kind,
+        name,
+        r: &r,
+        input,
+        device: input.logp.device().clone(),
+        x: CheckedInput::new(name, input)?,
     };
-    let logp = input.logp;
-    let old = input.old_logp.detach().to_dtype(dtype)?;
-    let adv = input.advantages.detach().to_dtype(dtype)?;
-    let mask = input.loss_mask.detach().to_dtype(dtype)?;
-    let logr_rows: Vec<Vec<f64>> = logp_rows
-        .iter()
-        .zip(&old_rows)
-        .map(|(p, o)| p.iter().zip(o).map(|(p, o)| p - o).collect())
-        .collect();
-    let turns = TurnSegments::from_rows(name, &mask_rows, turn_rows.as_deref())?;
-
-    // --- Ratio r: token (§5.1), sequence (§5.3) or turn (§5.4).
-    let ratio = match kind.level() {
-        RatioLevel::Token => {
-            // w = exp(clamp(logp − old_logp, ±20))
-            let c = r.log_ratio_clamp;
-            logp.sub(&old)?.clamp(-c, c)?.exp()?
-        }
-        RatioLevel::Sequence => {
-            let seq = TurnSegments::whole_sequences(&mask_rows);
-            segment_ratio(logp, &old, &mask, &seq, r.ratio_form, &device)?
-        }
-        RatioLevel::Turn => segment_ratio(logp, &old, &mask, &turns, r.ratio_form, &device)?,
-    };
-
-    // --- Channels: every one the loss reads must be given (the config checks that the
-    // estimator emits them).
-    for &ch in kind.reads() {
-        if input.channel(ch).is_none() {
-            return Err(LossError::MissingInput {
-                loss: name.to_string(),
-                input: ch.key().to_string(),
-                why: format!(
-                    "the {name} loss reads the estimator's `{ch}` channel per token, and it was \
-                     not given (an estimator that emits it must run before this loss)"
-                ),
-            });
-        }
-    }
-
-    // --- Clip bounds [lo, hi]: constants, or scaled per token by the clip-scale channel,
-    // [1 − c·ε_low, 1 + c·ε_high] (A2TGPO, §5.5).
-    let clip_scale = kind
-        .reads()
-        .contains(&Channel::ClipScale)
-        .then(|| input.channel(Channel::ClipScale))
-        .flatten();
-    let (lo, hi) = if let Some(c) = clip_scale {
-        let c_rows = finite_rows(name, "clip_scale", c, Some(dims))?;
-        if c_rows.iter().flatten().any(|&v| v < 0.0) {
-            return Err(LossError::InvalidInput {
-                loss: name.to_string(),
-                msg: "clip_scale must be ≥ 0".to_string(),
-            });
-        }
-        let c = c.detach().to_dtype(dtype)?;
-        (c.affine(-r.clip_low, 1.0)?, c.affine(r.clip_high, 1.0)?)
-    } else {
-        let ones = mask.ones_like()?;
-        (
-            ones.affine(0.0, 1.0 - r.clip_low)?,
-            ones.affine(0.0, 1.0 + r.clip_high)?,
-        )
-    };
-
-    // --- PPO clip: l1 = −A·r, l2 = −A·clip(r, lo, hi), l_clip = max(l1, l2) (§5.1).
-    let neg_adv = adv.neg()?;
-    let l1 = neg_adv.mul(&ratio)?;
-    let l2 = neg_adv.mul(&ratio.maximum(&lo)?.minimum(&hi)?)?;
-    let l_clip = l1.maximum(&l2)?;
-
-    // --- Dual clip: for A < 0, loss_t = min(l_clip, −A·c) (§5.1, token losses only).
-    let (loss_mat, l3) = match r.clip_ratio_c {
-        Some(c) => {
-            let l3 = neg_adv.affine(c, 0.0)?;
-            let dual = l_clip.minimum(&l3)?;
-            (adv.lt(0.0)?.where_cond(&dual, &l_clip)?, Some(l3))
-        }
-        None => (l_clip.clone(), None),
-    };
-    // --- Truncated importance sampling: each token's loss times its constant weight.
-    let loss_mat = match input.is_weights {
-        Some(w) => {
-            let w_rows = finite_rows(name, "is_weights", w, Some(dims))?;
-            if w_rows.iter().flatten().any(|&v| v < 0.0) {
-                return Err(LossError::InvalidInput {
-                    loss: name.to_string(),
-                    msg: "is_weights must be ≥ 0".to_string(),
-                });
-            }
-            loss_mat.mul(&w.detach().to_dtype(dtype)?)?
-        }
-        None => loss_mat,
-    };
-
-    // --- Diagnostics (§7) on detached values.
-    let (l1_rows, l2_rows, lc_rows) = (rows_of(&l1)?, rows_of(&l2)?, rows_of(&l_clip)?);
-    let indicator = |f: &dyn Fn(usize, usize) -> bool| -> Vec<Vec<f64>> {
-        (0..dims.0)
-            .map(|i| (0..dims.1).map(|t| f64::from(u8::from(f(i, t)))).collect())
-            .collect()
-    };
-    let clipped: Vec<Vec<bool>> = (0..dims.0)
-        .map(|i| {
-            (0..dims.1)
-                .map(|t| mask_rows[i][t] > 0.0 && l2_rows[i][t] > l1_rows[i][t])
-                .collect()
-        })
-        .collect();
-    let pg_clipfrac = masked_mean_rows(
-        &indicator(&|i, t| l2_rows[i][t] > l1_rows[i][t]),
-        &mask_rows,
-    );
-    let (ratio_rows_d, lo_rows, hi_rows) = (rows_of(&ratio)?, rows_of(&lo)?, rows_of(&hi)?);
-    let pg_clipfrac_high = masked_mean_rows(
-        &indicator(&|i, t| adv_rows[i][t] > 0.0 && ratio_rows_d[i][t] > hi_rows[i][t]),
-        &mask_rows,
-    );
-    let pg_clipfrac_low = masked_mean_rows(
-        &indicator(&|i, t| adv_rows[i][t] < 0.0 && ratio_rows_d[i][t] < lo_rows[i][t]),
-        &mask_rows,
-    );
-    let pg_clipfrac_lower = match &l3 {
-        Some(l3) => {
-            let l3_rows = rows_of(l3)?;
-            masked_mean_rows(
-                &indicator(&|i, t| lc_rows[i][t] > l3_rows[i][t] && adv_rows[i][t] < 0.0),
-                &mask_rows,
-            )
-        }
-        None => 0.0,
-    };
-    let kl_rows: Vec<Vec<f64>> = logr_rows
-        .iter()
-        .map(|row| {
-            row.iter()
-                .map(|v| -v.clamp(-r.log_ratio_clamp, r.log_ratio_clamp))
-                .collect()
-        })
-        .collect();
-    let ppo_kl = masked_mean_rows(&kl_rows, &mask_rows);
-    let (turn_kl_entropy, single_turn_count) = turn_kl_entropy(&logr_rows, &turns);
-
-    // --- Clipping-bias correction (§5.6): C from the token ratio (Alg. 1) or the clipped one.
+    let ratio = body.ratio()?;
+    body.check_channels()?;
+    let bounds = body.clip_bounds()?;
+    let clipped = body.clipped_loss(&ratio, &bounds)?;
+    let diag = body.diagnostics(&ratio, &bounds, &clipped)?;
     let ratio_rows = rows_of(&ratio)?;
-    let cb_cfg = r.clip_bias.unwrap_or_default();
-    let cb = if cb_cfg.ratio == ClipBiasRatio::Token && kind.level() != RatioLevel::Token {
-        let c = r.log_ratio_clamp;
-        let token_ratio: Vec<Vec<f64>> = logr_rows
-            .iter()
-            .map(|row| row.iter().map(|v| v.clamp(-c, c).exp()).collect())
-            .collect();
-        let bound = |b: f64| vec![vec![b; dims.1]; dims.0];
-        clip_bias(
-            &token_ratio,
-            &adv_rows,
-            &mask_rows,
-            &bound(1.0 - r.clip_low),
-            &bound(1.0 + r.clip_high),
-            &cb_cfg,
-        )
-    } else {
-        clip_bias(
-            &ratio_rows,
-            &adv_rows,
-            &mask_rows,
-            &rows_of(&lo)?,
-            &rows_of(&hi)?,
-            &cb_cfg,
-        )
-    };
-
-    // --- Aggregate (§5.7) with the per-sequence weights, times the clip-bias scale.
-    let agg_opts = AggOptions {
-        norm_constant: r.loss_scale_factor,
-        denominators: input.denominators,
-    };
-    let mut weights = agg_row_weights(&mask_rows, r.agg_mode, &agg_opts)?;
-    let grad_norm = match r.clip_bias {
-        Some(c) if c.norm_space == ClipBiasSpace::Grad => {
-            let params = input.params.ok_or_else(|| LossError::MissingInput {
-                loss: name.to_string(),
-                input: "params".to_string(),
-                why: "clip_bias.norm_space = grad needs the model parameters".to_string(),
-            })?;
-            let g = clip_bias_grad_norm(&ratio, &ratio_rows, &cb, params)?;
-            check_finite_values(name, "clip_bias_grad_norm", std::iter::once(g))?;
-            Some(g)
-        }
-        _ => None,
-    };
-    let (mut cb_weight_sum, mut cb_share_sum) = (0.0, 0.0);
-    let (scale, reported_scale) = match r.clip_bias {
-        None => (1.0, 1.0),
-        Some(c) if c.rule == ClipBiasRule::Downweight => {
-            // The loss rows carry the weights; nothing else is scaled (§5.6: the mix of the
-            // samples' gradients is what survives AdamW). s̄ is a diagnostic over the rows that
-            // have a gradient to weight (G_i ≠ 0): a row whose advantages are all 0 (an
-            // uninformative GRPO group) has weight 1 and would otherwise dilute it.
-            let signal = cb.sample_signal.iter();
-            for (i, ((w, s), &has)) in weights
-                .iter_mut()
-                .zip(cb.sample_weights())
-                .zip(signal)
-                .enumerate()
-            {
-                if has {
-                    let share = *w * mask_rows[i].iter().sum::<f64>();
-                    cb_share_sum += share;
-                    cb_weight_sum += share * s;
-                }
-                *w *= s;
-            }
-            let mean = if cb_share_sum > 0.0 {
-                cb_weight_sum / cb_share_sum
-            } else {
-                1.0
-            };
-            (1.0, mean)
-        }
-        Some(c) if c.norm_scope == ClipBiasScope::Minibatch => {
-            let s = match (input.clip_bias_scale, grad_norm) {
-                (Some(s), _) => s,
-                (None, Some(g)) => c.scale_of(g),
-                (None, None) => cb.scale,
-            };
-            check_finite_values(name, "clip_bias_scale", std::iter::once(s))?;
-            (s, s)
-        }
-        Some(_) => {
-            for (w, s) in weights.iter_mut().zip(&cb.sample_scales) {
-                *w *= s;
-            }
-            let n = cb.sample_scales.len().max(1) as f64;
-            (1.0, cb.sample_scales.iter().sum::<f64>() / n)
-        }
-    };
-    let loss = weighted_sum(&loss_mat, &mask, &weights, &device)?.affine(scale, 0.0)?;
-    let pg_loss = finite_scalar(name, "loss", &loss)?;
+    let cb = body.clip_bias(&ratio_rows, &bounds)?;
+    let agg = body.aggregate(&clipped.loss_mat, &ratio, &ratio_rows, &cb)?;
+    let turns = &body.x.turns;
 
     Ok(PolicyLossOutput {
-        loss,
-        per_token_loss: loss_mat,
+        loss: agg.loss,
+        per_token_loss: clipped.loss_mat,
         ratio: ratio.detach(),
-        clipped,
+        clipped: diag.clipped,
         metrics: PolicyLossMetrics {
             loss_name: name,
-            pg_loss,
+            pg_loss: agg.pg_loss,
+            pg_clipfrac: diag.pg_clipfrac,
+            pg_clipfrac_lower: diag.pg_clipfrac_lower,
+            pg_clipfrac_high: diag.pg_clipfrac_high,
+            pg_clipfrac_low: diag.pg_clipfrac_low,
+            ppo_kl: diag.ppo_kl,
+            clip_bias_norm: cb.norm,
+            clip_bias_grad_norm: agg.grad_norm,
+            clip_bias_scale: agg.reported_scale,
+            clip_bias_weight_sum: agg.cb_weight_sum,
+            clip_bias_share_sum: agg.cb_share_sum,
+            clip_bias_num_clipped: cb.n_clipped,
+            turn_rule: turns.rule,
+            num_turns: turns.turns.len(),
+            turn_kl_entropy: diag.turn_kl_entropy,
+            single_turn_count: diag.single_turn_count,
+        },
+    })
+}
+
+/// A policy loss's inputs after the checks: shapes and NaN/inf verified, the constants detached
+/// and cast to `logp`'s dtype, and the plain-number rows the diagnostics read.
+struct CheckedInput<'a> {
+    /// Current-policy log-probs (differentiable).
+    logp: &'a Tensor,
+    /// Behaviour log-probs, detached, in `logp`'s dtype.
+    old: Tensor,
+    /// Advantages, detached, in `logp`'s dtype.
+    adv: Tensor,
+    /// Loss mask, detached, in `logp`'s dtype.
+    mask: Tensor,
+    /// `(B, L)`.
+    dims: (usize, usize),
+    /// Advantages per row and token.
+    adv_rows: Vec<Vec<f64>>,
+    /// Loss mask per row and token.
+    mask_rows: Vec<Vec<f64>>,
+    /// `logp − old_logp` per row and token.
+    logr_rows: Vec<Vec<f64>>,
+    /// The batch's turns (explicit turn ids, or runs of the mask).
+    turns: TurnSegments,
+}
+
+impl<'a> CheckedInput<'a> {
+    /// Inputs: shapes, NaN/inf, constants detached and cast to logp's dtype.
+    fn new(name: &str, input: &PolicyLossInput<'a>) -> Result<Self> {
+        let dtype = input.logp.dtype();
+        let logp_rows = finite_rows(name, "logp", input.logp, None)?;
+        let dims = (logp_rows.len(), logp_rows.first().map_or(0, Vec::len));
+        let old_rows = finite_rows(name, "old_logp", input.old_logp, Some(dims))?;
+        let adv_rows = finite_rows(name, "advantages", input.advantages, Some(dims))?;
+        let mask_rows = finite_rows(name, "loss_mask", input.loss_mask, Some(dims))?;
+        let turn_rows = match input.turn_id {
+            Some(t) => Some(finite_rows(name, "turn_id", t, Some(dims))?),
+            None => None,
+        };
+        let logp = input.logp;
+        let old = input.old_logp.detach().to_dtype(dtype)?;
+        let adv = input.advantages.detach().to_dtype(dtype)?;
+        let mask = input.loss_mask.detach().to_dtype(dtype)?;
+        let logr_rows: Vec<Vec<f64>> = logp_rows
+            .iter()
+            .zip(&old_rows)
+            .map(|(p, o)| p.iter().zip(o).map(|(p, o)| p - o).collect())
+            .collect();
+        let turns = TurnSegments::from_rows(name, &mask_rows, turn_rows.as_deref())?;
+        Ok(Self {
+            logp,
+            old,
+            adv,
+            mask,
+            dims,
+            adv_rows,
+            mask_rows,
+            logr_rows,
+            turns,
+        })
+    }
+}
+
+/// Clip bounds `[lo, hi]` per token.
+struct ClipBounds {
+    /// Lower bound.
+    lo: Tensor,
+    /// Upper bound.
+    hi: Tensor,
+}
+
+/// The per-token PPO losses of §5.1.
+struct ClippedLoss {
+    /// `l1 = −A·r`.
+    l1: Tensor,
+    /// `l2 = −A·clip(r, lo, hi)`.
+    l2: Tensor,
+    /// `l_clip = max(l1, l2)`.
+    l_clip: Tensor,
+    /// `l3 = −A·c` when the dual clip is on.
+    l3: Option<Tensor>,
+    /// The per-token loss after the dual clip and the importance weights, [B, L].
+    loss_mat: Tensor,
+}
+
+/// The §7 diagnostics of a policy loss, on detached values.
+struct Diagnostics {
+    /// Per row and token: the PPO clip was active on a loss-mask token.
+    clipped: Vec<Vec<bool>>,
+    /// Masked mean of `l2 > l1`.
+    pg_clipfrac: f64,
+    /// Masked mean of the dual clip active (0 without dual clip).
+    pg_clipfrac_lower: f64,
+    /// Masked mean of tokens clipped at the upper bound.
+    pg_clipfrac_high: f64,
+    /// Masked mean of tokens clipped at the lower bound.
+    pg_clipfrac_low: f64,
+    /// Masked mean of `−logr`.
+    ppo_kl: f64,
+    /// Turn KL entropy, when a sample could be scored.
+    turn_kl_entropy: Option<f64>,
+    /// Samples with ≤ 1 turn.
+    single_turn_count: usize,
+}
+
+/// The aggregated loss (§5.7) and the clip-bias figures the aggregation produced.
+struct Aggregated {
+    /// Scalar loss, clip-bias scale included.
+    loss: Tensor,
+    /// Its value.
+    pg_loss: f64,
+    /// ‖∇_θ S‖₂ when the `grad` space is configured.
+    grad_norm: Option<f64>,
+    /// The clip-bias scale reported as `actor/clip_bias_scale`.
+    reported_scale: f64,
+    /// `downweight`: `Σ_i share_i·s_i`; 0 otherwise.
+    cb_weight_sum: f64,
+    /// `downweight`: `Σ_i share_i`; 0 otherwise.
+    cb_share_sum: f64,
+}
+
+/// One call of a policy loss: what every section of [`run`] reads.
+struct LossBody<'a, 'b> {
+    kind: PolicyLossKind,
+    name: &'static str,
+    r: &'b ResolvedPolicyLoss,
+    input: &'b PolicyLossInput<'a>,
+    device: Device,
+    x: CheckedInput<'a>,
+}
+
+impl LossBody<'_, '_> {
+    /// Ratio r: token (§5.1), sequence (§5.3) or turn (§5.4).
+    fn ratio(&self) -> Result<Tensor> {
+        let (r, x) = (self.r, &self.x);
+        Ok(match self.kind.level() {
+            RatioLevel::Token => {
+                // w = exp(clamp(logp − old_logp, ±20))
+                let c = r.log_ratio_clamp;
+                x.logp.sub(&x.old)?.clamp(-c, c)?.exp()?
+            }
+            RatioLevel::Sequence => {
+                let seq = TurnSegments::whole_sequences(&x.mask_rows);
+                segment_ratio(x.logp, &x.old, &x.mask, &seq, r.ratio_form, &self.device)?
+            }
+            RatioLevel::Turn => segment_ratio(
+                x.logp,
+                &x.old,
+                &x.mask,
+                &x.turns,
+                r.ratio_form,
+                &self.device,
+            )?,
+        })
+    }
+
+    /// Channels: every one the loss reads must be given (the config checks that the
+    /// estimator emits them).
+    fn check_channels(&self) -> Result<()> {
+        let name = self.name;
+        for &ch in self.kind.reads() {
+            if self.input.channel(ch).is_none() {
+                return Err(LossError::MissingInput {
+                    loss: name.to_string(),
+                    input: ch.key().to_string(),
+                    why: format!(
+                        "the {name} loss reads the estimator's `{ch}` channel per token, and it was \
+                         not given (an estimator that emits it must run before this loss)"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Clip bounds [lo, hi]: constants, or scaled per token by the clip-scale channel,
+    /// [1 − c·ε_low, 1 + c·ε_high] (A2TGPO, §5.5).
+    fn clip_bounds(&self) -> Result<ClipBounds> {
+        let (name, r, x) = (self.name, self.r, &self.x);
+        let dtype = x.logp.dtype();
+        let clip_scale = self
+            .kind
+            .reads()
+            .contains(&Channel::ClipScale)
+            .then(|| self.input.channel(Channel::ClipScale))
+            .flatten();
+        let (lo, hi) = if let Some(c) = clip_scale {
+            let c_rows = finite_rows(name, "clip_scale", c, Some(x.dims))?;
+            if c_rows.iter().flatten().any(|&v| v < 0.0) {
+                return Err(LossError::InvalidInput {
+                    loss: name.to_string(),
+                    msg: "clip_scale must be ≥ 0".to_string(),
+                });
+            }
+            let c = c.detach().to_dtype(dtype)?;
+            (c.affine(-r.clip_low, 1.0)?, c.affine(r.clip_high, 1.0)?)
+        } else {
+            let ones = x.mask.ones_like()?;
+            (
+                ones.affine(0.0, 1.0 - r.clip_low)?,
+                ones.affine(0.0, 1.0 + r.clip_high)?,
+            )
+        };
+        Ok(ClipBounds { lo, hi })
+    }
+
+    /// PPO clip: l1 = −A·r, l2 = −A·clip(r, lo, hi), l_clip = max(l1, l2) (§5.1); the dual
+    /// clip; then truncated importance sampling.
+    fn clipped_loss(&self, ratio: &Tensor, bounds: &ClipBounds) -> Result<ClippedLoss> {
+        let (name, r, x) = (self.name, self.r, &self.x);
+        let neg_adv = x.adv.neg()?;
+        let l1 = neg_adv.mul(ratio)?;
+        let l2 = neg_adv.mul(&ratio.maximum(&bounds.lo)?.minimum(&bounds.hi)?)?;
+        let l_clip = l1.maximum(&l2)?;
+
+        // --- Dual clip: for A < 0, loss_t = min(l_clip, −A·c) (§5.1, token losses only).
+        let (loss_mat, l3) = match r.clip_ratio_c {
+            Some(c) => {
+                let l3 = neg_adv.affine(c, 0.0)?;
+                let dual = l_clip.minimum(&l3)?;
+                (x.adv.lt(0.0)?.where_cond(&dual, &l_clip)?, Some(l3))
+            }
+            None => (l_clip.clone(), None),
+        };
+        // --- Truncated importance sampling: each token's loss times its constant weight.
+        let loss_mat = match self.input.is_weights {
+            Some(w) => {
+                let w_rows = finite_rows(name, "is_weights", w, Some(x.dims))?;
+                if w_rows.iter().flatten().any(|&v| v < 0.0) {
+                    return Err(LossError::InvalidInput {
+                        loss: name.to_string(),
+                        msg: "is_weights must be ≥ 0".to_string(),
+                    });
+                }
+                loss_mat.mul(&w.detach().to_dtype(x.logp.dtype())?)?
+            }
+            None => loss_mat,
+        };
+        Ok(ClippedLoss {
+            l1,
+            l2,
+            l_clip,
+            l3,
+            loss_mat,
+        })
+    }
+
+    /// Diagnostics (§7) on detached values.
+    fn diagnostics(
+        &self,
+        ratio: &Tensor,
+        bounds: &ClipBounds,
+        pieces: &ClippedLoss,
+    ) -> Result<Diagnostics> {
+        let (r, x) = (self.r, &self.x);
+        let (dims, adv_rows, mask_rows) = (x.dims, &x.adv_rows, &x.mask_rows);
+        let (l1_rows, l2_rows, lc_rows) = (
+            rows_of(&pieces.l1)?,
+            rows_of(&pieces.l2)?,
+            rows_of(&pieces.l_clip)?,
+        );
+        let indicator = |f: &dyn Fn(usize, usize) -> bool| -> Vec<Vec<f64>> {
+            (0..dims.0)
+                .map(|i| (0..dims.1).map(|t| f64::from(u8::from(f(i, t)))).collect())
+                .collect()
+        };
+        let clipped: Vec<Vec<bool>> = (0..dims.0)
+            .map(|i| {
+                (0..dims.1)
+                    .map(|t| mask_rows[i][t] > 0.0 && l2_rows[i][t] > l1_rows[i][t])
+                    .collect()
+            })
+            .collect();
+        let pg_clipfrac =
+            masked_mean_rows(&indicator(&|i, t| l2_rows[i][t] > l1_rows[i][t]), mask_rows);
+        let (ratio_rows_d, lo_rows, hi_rows) =
+            (rows_of(ratio)?, rows_of(&bounds.lo)?, rows_of(&bounds.hi)?);
+        let pg_clipfrac_high = masked_mean_rows(
+            &indicator(&|i, t| adv_rows[i][t] > 0.0 && ratio_rows_d[i][t] > hi_rows[i][t]),
+            mask_rows,
+        );
+        let pg_clipfrac_low = masked_mean_rows(
+            &indicator(&|i, t| adv_rows[i][t] < 0.0 && ratio_rows_d[i][t] < lo_rows[i][t]),
+            mask_rows,
+        );
+        let pg_clipfrac_lower = match &pieces.l3 {
+            Some(l3) => {
+                let l3_rows = rows_of(l3)?;
+                masked_mean_rows(
+                    &indicator(&|i, t| lc_rows[i][t] > l3_rows[i][t] && adv_rows[i][t] < 0.0),
+                    mask_rows,
+                )
+            }
+            None => 0.0,
+        };
+        let kl_rows: Vec<Vec<f64>> = x
+            .logr_rows
+            .iter()
+            .map(|row| {
+                row.iter()
+                    .map(|v| -v.clamp(-r.log_ratio_clamp, r.log_ratio_clamp))
+                    .collect()
+            })
+            .collect();
+        let ppo_kl = masked_mean_rows(&kl_rows, mask_rows);
+        let (turn_kl_entropy, single_turn_count) = turn_kl_entropy(&x.logr_rows, &x.turns);
+        Ok(Diagnostics {
+            clipped,
             pg_clipfrac,
             pg_clipfrac_lower,
             pg_clipfrac_high,
             pg_clipfrac_low,
             ppo_kl,
-            clip_bias_norm: cb.norm,
-            clip_bias_grad_norm: grad_norm,
-            clip_bias_scale: reported_scale,
-            clip_bias_weight_sum: cb_weight_sum,
-            clip_bias_share_sum: cb_share_sum,
-            clip_bias_num_clipped: cb.n_clipped,
-            turn_rule: turns.rule,
-            num_turns: turns.turns.len(),
             turn_kl_entropy,
             single_turn_count,
-        },
-    })
+        })
+    }
+
+    /// Clipping-bias correction (§5.6): C from the token ratio (Alg. 1) or the clipped one.
+    fn clip_bias(&self, ratio_rows: &[Vec<f64>], bounds: &ClipBounds) -> Result<ClipBiasResult> {
+        let (r, x) = (self.r, &self.x);
+        let cb_cfg = r.clip_bias.unwrap_or_default();
+        Ok(
+            if cb_cfg.ratio == ClipBiasRatio::Token && self.kind.level() != RatioLevel::Token {
+                let c = r.log_ratio_clamp;
+                let token_ratio: Vec<Vec<f64>> = x
+                    .logr_rows
+                    .iter()
+                    .map(|row| row.iter().map(|v| v.clamp(-c, c).exp()).collect())
+                    .collect();
+                let bound = |b: f64| vec![vec![b; x.dims.1]; x.dims.0];
+                clip_bias(
+                    &token_ratio,
+                    &x.adv_rows,
+                    &x.mask_rows,
+                    &bound(1.0 - r.clip_low),
+                    &bound(1.0 + r.clip_high),
+                    &cb_cfg,
+                )
+            } else {
+                clip_bias(
+                    ratio_rows,
+                    &x.adv_rows,
+                    &x.mask_rows,
+                    &rows_of(&bounds.lo)?,
+                    &rows_of(&bounds.hi)?,
+                    &cb_cfg,
+                )
+            },
+        )
+    }
+
+    /// Aggregate (§5.7) with the per-sequence weights, times the clip-bias scale.
+    fn aggregate(
+        &self,
+        loss_mat: &Tensor,
+        ratio: &Tensor,
+        ratio_rows: &[Vec<f64>],
+        cb: &ClipBiasResult,
+    ) -> Result<Aggregated> {
+        let (name, r, input, mask_rows) = (self.name, self.r, self.input, &self.x.mask_rows);
+        let agg_opts = AggOptions {
+            norm_constant: r.loss_scale_factor,
+            denominators: input.denominators,
+        };
+        let mut weights = agg_row_weights(mask_rows, r.agg_mode, &agg_opts)?;
+        let grad_norm = match r.clip_bias {
+            Some(c) if c.norm_space == ClipBiasSpace::Grad => {
+                let params = input.params.ok_or_else(|| LossError::MissingInput {
+                    loss: name.to_string(),
+                    input: "params".to_string(),
+                    why: "clip_bias.norm_space = grad needs the model parameters".to_string(),
+                })?;
+                let g = clip_bias_grad_norm(ratio, ratio_rows, cb, params)?;
+                check_finite_values(name, "clip_bias_grad_norm", std::iter::once(g))?;
+                Some(g)
+            }
+            _ => None,
+        };
+        let (mut cb_weight_sum, mut cb_share_sum) = (0.0, 0.0);
+        let (scale, reported_scale) = match r.clip_bias {
+            None => (1.0, 1.0),
+            Some(c) if c.rule == ClipBiasRule::Downweight => {
+                // The loss rows carry the weights; nothing else is scaled (§5.6: the mix of the
+                // samples' gradients is what survives AdamW). s̄ is a diagnostic over the rows
+                // that have a gradient to weight (G_i ≠ 0): a row whose advantages are all 0 (an
+                // uninformative GRPO group) has weight 1 and would otherwise dilute it.
+                let signal = cb.sample_signal.iter();
+                for (i, ((w, s), &has)) in weights
+                    .iter_mut()
+                    .zip(cb.sample_weights())
+                    .zip(signal)
+                    .enumerate()
+                {
+                    if has {
+                        let share = *w * mask_rows[i].iter().sum::<f64>();
+                        cb_share_sum += share;
+                        cb_weight_sum += share * s;
+                    }
+                    *w *= s;
+                }
+                let mean = if cb_share_sum > 0.0 {
+                    cb_weight_sum / cb_share_sum
+                } else {
+                    1.0
+                };
+                (1.0, mean)
+            }
+            Some(c) if c.norm_scope == ClipBiasScope::Minibatch => {
+                let s = match (input.clip_bias_scale, grad_norm) {
+                    (Some(s), _) => s,
+                    (None, Some(g)) => c.scale_of(g),
+                    (None, None) => cb.scale,
+                };
+                check_finite_values(name, "clip_bias_scale", std::iter::once(s))?;
+                (s, s)
+            }
+            Some(_) => {
+                for (w, s) in weights.iter_mut().zip(&cb.sample_scales) {
+                    *w *= s;
+                }
+                let n = cb.sample_scales.len().max(1) as f64;
+                (1.0, cb.sample_scales.iter().sum::<f64>() / n)
+            }
+        };
+        let loss =
+            weighted_sum(loss_mat, &self.x.mask, &weights, &self.device)?.affine(scale, 0.0)?;
+        let pg_loss = finite_scalar(name, "loss", &loss)?;
+        Ok(Aggregated {
+            loss,
+            pg_loss,
+            grad_norm,
+            reported_scale,
+            cb_weight_sum,
+            cb_share_sum,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -1229,137 +1229,250 @@ pub fn step_turn_with(
     tds: Option<&mut TdsTracker>,
     stats: &mut RolloutStats,
 ) -> Result<()> {
-    let active: Vec<usize> = (0..states.len())
-        .filter(|&i| !states[i].is_done())
-        .collect();
-    if active.is_empty() {
+    let Some(batch) = TurnBatch::new(policy, states, decoding, control, stats)? else {
         return Ok(());
-    }
-    let (contexts, truncated): (Vec<Vec<u32>>, Vec<bool>) = active
-        .iter()
-        .map(|&i| states[i].context_window(control.memory_window))
-        .unzip();
-    let seeds: Vec<u64> = active
-        .iter()
-        .map(|&i| turn_seed(states[i].seed(), states[i].turns()))
-        .collect();
-    // Each episode's own budget: the turn limit, cut to the response room that episode has
-    // left (another episode's length never cuts its turn).
-    let budgets: Vec<usize> = active
-        .iter()
-        .map(|&i| {
-            let room = decoding
-                .max_response_tokens
-                .saturating_sub(states[i].response_len())
-                .max(1);
-            decoding.max_turn_tokens.min(room)
-        })
-        .collect();
-    let params = SamplingParams {
-        temperature: decoding.temperature,
-        top_p: decoding.top_p,
-        top_k: decoding.top_k,
-        max_new_tokens: decoding.max_turn_tokens,
-        stop_token_ids: policy.stop_ids.to_vec(),
-        stop_strings: policy.stop_strings.to_vec(),
-        top_logprobs: 0,
     };
-    // Each episode's cached context: the turn prefills only what follows it (the observation).
-    let mut prefixes: Vec<Option<PrefixKv>> =
-        active.iter().map(|&i| states[i].live.kv.take()).collect();
-    if policy.remote.is_none() {
-        share_prompts(policy, &contexts, &mut prefixes)?;
-        for (ctx, p) in contexts.iter().zip(&prefixes) {
-            if let Some(p) = p {
-                let common = ctx
-                    .iter()
-                    .zip(p.tokens())
-                    .take_while(|(a, b)| a == b)
-                    .count();
-                stats.cached_context_tokens += common.min(ctx.len() - 1);
-            }
-        }
-    }
     let mut outs = generate_turns(
-        policy, &contexts, &prefixes, &seeds, &params, &budgets, control,
+        policy,
+        &batch.contexts,
+        &batch.prefixes,
+        &batch.seeds,
+        &batch.params,
+        &batch.budgets,
+        control,
     )?;
-    let mut regenerations = vec![0usize; active.len()];
-    let mut gaps: Vec<(Option<f64>, Option<f64>)> = vec![(None, None); active.len()];
-    if let Some(tracker) = tds.filter(|_| control.tds.enabled) {
-        let rows = states.len();
-        let tds_err = |e| anyhow!("turn-level resampling: {e}");
-        let score = |tracker: &TdsTracker, row: usize, out: &TurnOutput| {
-            tracker
-                .score(row, sampled_stats(out))
-                .map_err(|e| anyhow!("turn-level resampling: {e}"))
-        };
-        let mut attempts: Vec<Option<AttemptScore>> = active
+    let resampled = match tds.filter(|_| control.tds.enabled) {
+        Some(tracker) => resample_flagged(
+            policy,
+            &batch,
+            control,
+            tracker,
+            states.len(),
+            &mut outs,
+            stats,
+        )?,
+        None => TurnResampling::none(batch.active.len()),
+    };
+    apply_turns(policy, states, decoding, &batch, outs, &resampled, stats)
+}
+
+/// The generation inputs of one turn of the states that are not done ([`step_turn_with`]).
+struct TurnBatch {
+    /// Indices (into the states) of the states that are not done.
+    active: Vec<usize>,
+    /// Per active state: its context (windowed by the memory window).
+    contexts: Vec<Vec<u32>>,
+    /// Per active state: whether the memory window cut its context.
+    truncated: Vec<bool>,
+    /// Per active state: the turn's sampling seed.
+    seeds: Vec<u64>,
+    /// Per active state: the turn's token budget.
+    budgets: Vec<usize>,
+    /// The sampling parameters.
+    params: SamplingParams,
+    /// Per active state: its cached context (or a shared prompt's cache).
+    prefixes: Vec<Option<PrefixKv>>,
+}
+
+impl TurnBatch {
+    /// The inputs of the states of `states` that are not done (`None` when all are), taking
+    /// each one's cached context; the cached tokens go to `stats`.
+    fn new(
+        policy: &Policy<'_>,
+        states: &mut [&mut EpisodeState],
+        decoding: &Decoding,
+        control: &RolloutControl,
+        stats: &mut RolloutStats,
+    ) -> Result<Option<Self>> {
+        let active: Vec<usize> = (0..states.len())
+            .filter(|&i| !states[i].is_done())
+            .collect();
+        if active.is_empty() {
+            return Ok(None);
+        }
+        let (contexts, truncated): (Vec<Vec<u32>>, Vec<bool>) = active
             .iter()
-            .zip(&outs)
-            .map(|(&i, o)| score(tracker, i, o))
-            .collect::<Result<_>>()?;
-        let finite = |g: f64| Some(g).filter(|g| g.is_finite());
-        for (j, &i) in active.iter().enumerate() {
-            gaps[j].0 = attempts[j]
-                .as_ref()
-                .and_then(|a| finite(tracker.gap(i, a.phi)));
-        }
-        let scores = |attempts: &[Option<AttemptScore>]| {
-            let mut v = vec![None; rows];
-            for (j, &i) in active.iter().enumerate() {
-                v[i] = attempts[j].as_ref().map(|a| a.phi);
-            }
-            v
+            .map(|&i| states[i].context_window(control.memory_window))
+            .unzip();
+        let seeds: Vec<u64> = active
+            .iter()
+            .map(|&i| turn_seed(states[i].seed(), states[i].turns()))
+            .collect();
+        // Each episode's own budget: the turn limit, cut to the response room that episode has
+        // left (another episode's length never cuts its turn).
+        let budgets: Vec<usize> = active
+            .iter()
+            .map(|&i| {
+                let room = decoding
+                    .max_response_tokens
+                    .saturating_sub(states[i].response_len())
+                    .max(1);
+                decoding.max_turn_tokens.min(room)
+            })
+            .collect();
+        let params = SamplingParams {
+            temperature: decoding.temperature,
+            top_p: decoding.top_p,
+            top_k: decoding.top_k,
+            max_new_tokens: decoding.max_turn_tokens,
+            stop_token_ids: policy.stop_ids.to_vec(),
+            stop_strings: policy.stop_strings.to_vec(),
+            top_logprobs: 0,
         };
-        let mut attempt = 0usize;
-        loop {
-            let flags = tracker.flag(&scores(&attempts)).map_err(tds_err)?;
-            let redo: Vec<usize> = (0..active.len()).filter(|&j| flags[active[j]]).collect();
-            if redo.is_empty() {
-                break;
-            }
-            attempt += 1;
-            let ctx: Vec<Vec<u32>> = redo.iter().map(|&j| contexts[j].clone()).collect();
-            let sd: Vec<u64> = redo
-                .iter()
-                .map(|&j| attempt_seed(seeds[j], attempt))
-                .collect();
-            let bd: Vec<usize> = redo.iter().map(|&j| budgets[j]).collect();
-            let pre: Vec<Option<PrefixKv>> = redo.iter().map(|&j| prefixes[j].clone()).collect();
-            let fresh = generate_turns(policy, &ctx, &pre, &sd, &params, &bd, control)?;
-            for (&j, o) in redo.iter().zip(fresh) {
-                stats.tds_discarded_tokens += outs[j].completion.tokens.len();
-                attempts[j] = score(tracker, active[j], &o)?;
-                outs[j] = o;
-                regenerations[j] += 1;
-            }
-            tracker.record_attempt(&flags);
-        }
-        for (j, &i) in active.iter().enumerate() {
-            outs[j].score = attempts[j].as_ref().map(|a| a.phi);
-            gaps[j].1 = attempts[j]
-                .as_ref()
-                .and_then(|a| finite(tracker.gap(i, a.phi)));
-            if gaps[j].0.is_some() && gaps[j].1.is_some() && control.tds.max_try > 0 {
-                stats.tds_budget_exhausted += usize::from(regenerations[j] == control.tds.max_try);
+        // Each episode's cached context: the turn prefills only what follows it (the
+        // observation).
+        let mut prefixes: Vec<Option<PrefixKv>> =
+            active.iter().map(|&i| states[i].live.kv.take()).collect();
+        if policy.remote.is_none() {
+            share_prompts(policy, &contexts, &mut prefixes)?;
+            for (ctx, p) in contexts.iter().zip(&prefixes) {
+                if let Some(p) = p {
+                    let common = ctx
+                        .iter()
+                        .zip(p.tokens())
+                        .take_while(|(a, b)| a == b)
+                        .count();
+                    stats.cached_context_tokens += common.min(ctx.len() - 1);
+                }
             }
         }
-        let mut kept = vec![None; rows];
-        for (j, &i) in active.iter().enumerate() {
-            kept[i] = attempts[j].take();
-        }
-        tracker.finish_turn(&kept).map_err(tds_err)?;
+        Ok(Some(Self {
+            active,
+            contexts,
+            truncated,
+            seeds,
+            budgets,
+            params,
+            prefixes,
+        }))
     }
+}
+
+/// What TDS did to each active row's turn ([`step_turn_with`]).
+struct TurnResampling {
+    /// Regenerations of the turn.
+    regenerations: Vec<usize>,
+    /// The gap of the first attempt and of the kept one (finite ones only).
+    gaps: Vec<(Option<f64>, Option<f64>)>,
+}
+
+impl TurnResampling {
+    /// No TDS: no regeneration, no gaps, for `n` rows.
+    fn none(n: usize) -> Self {
+        Self {
+            regenerations: vec![0usize; n],
+            gaps: vec![(None, None); n],
+        }
+    }
+}
+
+/// TDS: scores each active row's turn `outs`, regenerates the turns `tracker` flags (fresh
+/// attempt seeds) until none is flagged, and records the kept scores (`rows` is the number of
+/// states). The discarded tokens and exhausted budgets go to `stats`.
+fn resample_flagged(
+    policy: &Policy<'_>,
+    batch: &TurnBatch,
+    control: &RolloutControl,
+    tracker: &mut TdsTracker,
+    rows: usize,
+    outs: &mut [TurnOutput],
+    stats: &mut RolloutStats,
+) -> Result<TurnResampling> {
+    let active = &batch.active;
+    let TurnResampling {
+        mut regenerations,
+        mut gaps,
+    } = TurnResampling::none(active.len());
+    let tds_err = |e| anyhow!("turn-level resampling: {e}");
+    let score = |tracker: &TdsTracker, row: usize, out: &TurnOutput| {
+        tracker
+            .score(row, sampled_stats(out))
+            .map_err(|e| anyhow!("turn-level resampling: {e}"))
+    };
+    let mut attempts: Vec<Option<AttemptScore>> = active
+        .iter()
+        .zip(outs.iter())
+        .map(|(&i, o)| score(tracker, i, o))
+        .collect::<Result<_>>()?;
+    let finite = |g: f64| Some(g).filter(|g| g.is_finite());
+    for (j, &i) in active.iter().enumerate() {
+        gaps[j].0 = attempts[j]
+            .as_ref()
+            .and_then(|a| finite(tracker.gap(i, a.phi)));
+    }
+    let scores = |attempts: &[Option<AttemptScore>]| {
+        let mut v = vec![None; rows];
+        for (j, &i) in active.iter().enumerate() {
+            v[i] = attempts[j].as_ref().map(|a| a.phi);
+        }
+        v
+    };
+    let mut attempt = 0usize;
+    loop {
+        let flags = tracker.flag(&scores(&attempts)).map_err(tds_err)?;
+        let redo: Vec<usize> = (0..active.len()).filter(|&j| flags[active[j]]).collect();
+        if redo.is_empty() {
+            break;
+        }
+        attempt += 1;
+        let ctx: Vec<Vec<u32>> = redo.iter().map(|&j| batch.contexts[j].clone()).collect();
+        let sd: Vec<u64> = redo
+            .iter()
+            .map(|&j| attempt_seed(batch.seeds[j], attempt))
+            .collect();
+        let bd: Vec<usize> = redo.iter().map(|&j| batch.budgets[j]).collect();
+        let pre: Vec<Option<PrefixKv>> = redo.iter().map(|&j| batch.prefixes[j].clone()).collect();
+        let fresh = generate_turns(policy, &ctx, &pre, &sd, &batch.params, &bd, control)?;
+        for (&j, o) in redo.iter().zip(fresh) {
+            stats.tds_discarded_tokens += outs[j].completion.tokens.len();
+            attempts[j] = score(tracker, active[j], &o)?;
+            outs[j] = o;
+            regenerations[j] += 1;
+        }
+        tracker.record_attempt(&flags);
+    }
+    for (j, &i) in active.iter().enumerate() {
+        outs[j].score = attempts[j].as_ref().map(|a| a.phi);
+        gaps[j].1 = attempts[j]
+            .as_ref()
+            .and_then(|a| finite(tracker.gap(i, a.phi)));
+        if gaps[j].0.is_some() && gaps[j].1.is_some() && control.tds.max_try > 0 {
+            stats.tds_budget_exhausted += usize::from(regenerations[j] == control.tds.max_try);
+        }
+    }
+    let mut kept = vec![None; rows];
+    for (j, &i) in active.iter().enumerate() {
+        kept[i] = attempts[j].take();
+    }
+    tracker.finish_turn(&kept).map_err(tds_err)?;
+    Ok(TurnResampling {
+        regenerations,
+        gaps,
+    })
+}
+
+/// Applies each active row's turn `outs` to its state (with what the rollout control did,
+/// also recorded in `stats`), keeping its cache for the next turn unless it is done.
+fn apply_turns(
+    policy: &Policy<'_>,
+    states: &mut [&mut EpisodeState],
+    decoding: &Decoding,
+    batch: &TurnBatch,
+    outs: Vec<TurnOutput>,
+    resampled: &TurnResampling,
+    stats: &mut RolloutStats,
+) -> Result<()> {
+    let (active, gaps) = (&batch.active, &resampled.gaps);
     for (j, out) in outs.into_iter().enumerate() {
         let record = TurnControl {
-            context_tokens: contexts[j].len(),
-            memory_truncated: truncated[j],
+            context_tokens: batch.contexts[j].len(),
+            memory_truncated: batch.truncated[j],
             tti_trigger: out.tti_trigger,
             forced_tokens: out.forced.iter().filter(|&&f| f).count(),
             turn_score: out.score,
             first_gap: gaps[j].0,
             kept_gap: gaps[j].1,
-            regenerations: regenerations[j],
+            regenerations: resampled.regenerations[j],
             weight_version: out.weight_version,
             staleness: out.weight_version.map(|v| policy.version.saturating_sub(v)),
         };

@@ -18,8 +18,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use anyhow::{Context, Result, bail, ensure};
 use turnwise_core::advantage::{RolloutTree, TreeNode};
-use turnwise_core::control::SplitMix64;
 use turnwise_core::control::tree_expansion::{ExpansionTree, ForkRule, NodeId};
+use turnwise_core::control::{SplitMix64, TreeExpansionSettings};
 use turnwise_env::env::Environment;
 
 use super::{Decoding, Episode, EpisodeSpec, EpisodeState, Policy, step_turn, turn_seed};
@@ -184,91 +184,36 @@ pub fn run_trees(
     settings.validate().map_err(err)?;
     ensure!(cfg.tree_count > 0, "rollout.tree_count must be at least 1");
     let templates: Vec<EpisodeSpec> = specs.into_iter().step_by(group_size.max(1)).collect();
-    let mut trees: Vec<ExpansionTree> = Vec::new();
-    // Per tree: its prompt and its index among the prompt's trees.
-    let mut owner: Vec<(usize, usize)> = Vec::new();
-    let mut snapshots: Vec<HashMap<NodeId, EpisodeState>> = Vec::new();
-    let mut frontier: Vec<Branch> = Vec::new();
-    let mut counter = 0usize;
-    for (p, spec) in templates.iter().enumerate() {
-        for j in 0..cfg.tree_count {
-            let t = trees.len();
-            let tree = ExpansionTree::with_initial_rollouts(settings.initial_rollouts);
-            let mut snaps = HashMap::new();
-            snaps.insert(tree.root(), EpisodeState::start(spec.clone(), make_env()?)?);
-            let children = tree.node(tree.root()).map_err(err)?.children.clone();
-            for node in children {
-                let mut state = snaps[&tree.root()].fork(policy, make_env()?)?;
-                state.set_seed(turn_seed(seed ^ spec.seed, counter));
-                state.set_id(format!("{}-t{j}-n{}", spec.id, node.0));
-                counter += 1;
-                snaps.insert(node, state.fork(policy, make_env()?)?);
-                frontier.push(Branch {
-                    tree: t,
-                    node,
-                    state,
-                });
-            }
-            trees.push(tree);
-            owner.push((p, j));
-            snapshots.push(snaps);
-        }
-    }
-    let mut leaves: Vec<(usize, NodeId, Episode)> = Vec::new();
-    run_frontier(
+    let mut forest = Forest {
         policy,
-        &mut frontier,
-        &mut trees,
-        &mut snapshots,
-        &mut leaves,
         make_env,
         decoding,
-    )?;
+        seed,
+        templates,
+        trees: Vec::new(),
+        owner: Vec::new(),
+        snapshots: Vec::new(),
+        frontier: Vec::new(),
+        leaves: Vec::new(),
+        counter: 0,
+        forks: Vec::new(),
+    };
+    forest.plant(cfg.tree_count, settings.initial_rollouts)?;
+    forest.run_frontier()?;
     let mut rng = SplitMix64::new(seed ^ 0x7472_6565);
-    // (tree, selected, new, entropy of selected, resume position), arena ids.
-    let mut forks: Vec<(usize, NodeId, NodeId, f64, usize)> = Vec::new();
     for _ in 0..settings.expansion_iterations {
-        for t in 0..trees.len() {
-            let entropies: Vec<f64> = trees[t].nodes().iter().map(|n| n.entropy).collect();
-            let pairs = trees[t].expand(&settings, &mut rng).map_err(err)?;
-            let (p, j) = owner[t];
-            for (selected, new) in pairs {
-                let source = resume_source(&trees[t], settings.fork, selected, new)?;
-                let snap = snapshots[t]
-                    .get(&source)
-                    .context("a forked node has no snapshot")?;
-                let resume_at = trees[t].node(new).map_err(err)?.turn_start;
-                ensure!(
-                    snap.response_len() == resume_at,
-                    "tree {t}: the fork of node {} resumes at {} tokens but its source state \
-                     holds {}",
-                    selected.0,
-                    resume_at,
-                    snap.response_len()
-                );
-                let mut state = snap.fork(policy, make_env()?)?;
-                state.set_seed(turn_seed(seed ^ templates[p].seed, counter));
-                state.set_id(format!("{}-t{j}-n{}", templates[p].id, new.0));
-                counter += 1;
-                snapshots[t].insert(new, state.fork(policy, make_env()?)?);
-                forks.push((t, selected, new, entropies[selected.0], resume_at));
-                frontier.push(Branch {
-                    tree: t,
-                    node: new,
-                    state,
-                });
-            }
-        }
-        run_frontier(
-            policy,
-            &mut frontier,
-            &mut trees,
-            &mut snapshots,
-            &mut leaves,
-            make_env,
-            decoding,
-        )?;
+        forest.fork_all(&settings, &mut rng)?;
+        forest.run_frontier()?;
     }
+    let Forest {
+        templates,
+        mut trees,
+        owner,
+        snapshots,
+        mut leaves,
+        forks,
+        ..
+    } = forest;
     drop(snapshots);
     // Tree-GRPO: keep k leaves per tree.
     if let Some(k) = cfg.tree_leaves {
@@ -284,6 +229,163 @@ pub fn run_trees(
         leaves.len(),
         cfg.tree_count * cfg.leaves_per_tree()
     );
+    Ok(advantage_layout(
+        &trees,
+        &owner,
+        leaves,
+        forks,
+        templates.len(),
+    ))
+}
+
+/// A fork of an expansion iteration in arena ids: (tree, selected, new, entropy of selected,
+/// resume position).
+type ArenaFork = (usize, NodeId, NodeId, f64, usize);
+
+/// The trees of one [`run_trees`] call while they grow: every tree's bookkeeping, its
+/// turn-start snapshots, the live branches and the finished leaves.
+struct Forest<'a, 'p> {
+    policy: &'a Policy<'p>,
+    make_env: &'a dyn Fn() -> Result<Box<dyn Environment>>,
+    decoding: &'a Decoding,
+    seed: u64,
+    /// The first spec of each prompt: the template of its trees.
+    templates: Vec<EpisodeSpec>,
+    trees: Vec<ExpansionTree>,
+    /// Per tree: its prompt and its index among the prompt's trees.
+    owner: Vec<(usize, usize)>,
+    /// Per tree: the state at the start of each node's turn.
+    snapshots: Vec<HashMap<NodeId, EpisodeState>>,
+    /// The live branches.
+    frontier: Vec<Branch>,
+    /// Finished chains: (tree, leaf node, episode).
+    leaves: Vec<(usize, NodeId, Episode)>,
+    /// Branches started so far (each one's sampling seed index).
+    counter: usize,
+    /// Every fork so far.
+    forks: Vec<ArenaFork>,
+}
+
+impl Forest<'_, '_> {
+    /// Plants `tree_count` trees per prompt, each with `initial_rollouts` chains on the
+    /// frontier.
+    fn plant(&mut self, tree_count: usize, initial_rollouts: usize) -> Result<()> {
+        let (policy, make_env) = (self.policy, self.make_env);
+        for (p, spec) in self.templates.iter().enumerate() {
+            for j in 0..tree_count {
+                let t = self.trees.len();
+                let tree = ExpansionTree::with_initial_rollouts(initial_rollouts);
+                let mut snaps = HashMap::new();
+                snaps.insert(tree.root(), EpisodeState::start(spec.clone(), make_env()?)?);
+                let children = tree.node(tree.root()).map_err(err)?.children.clone();
+                for node in children {
+                    let mut state = snaps[&tree.root()].fork(policy, make_env()?)?;
+                    state.set_seed(turn_seed(self.seed ^ spec.seed, self.counter));
+                    state.set_id(format!("{}-t{j}-n{}", spec.id, node.0));
+                    self.counter += 1;
+                    snaps.insert(node, state.fork(policy, make_env()?)?);
+                    self.frontier.push(Branch {
+                        tree: t,
+                        node,
+                        state,
+                    });
+                }
+                self.trees.push(tree);
+                self.owner.push((p, j));
+                self.snapshots.push(snaps);
+            }
+        }
+        Ok(())
+    }
+
+    /// One expansion iteration's picks: `settings` picks the nodes of every tree to fork, and
+    /// each fork starts a branch on the frontier from its source node's snapshot.
+    fn fork_all(&mut self, settings: &TreeExpansionSettings, rng: &mut SplitMix64) -> Result<()> {
+        let (policy, make_env) = (self.policy, self.make_env);
+        for t in 0..self.trees.len() {
+            let entropies: Vec<f64> = self.trees[t].nodes().iter().map(|n| n.entropy).collect();
+            let pairs = self.trees[t].expand(settings, rng).map_err(err)?;
+            let (p, j) = self.owner[t];
+            for (selected, new) in pairs {
+                let source = resume_source(&self.trees[t], settings.fork, selected, new)?;
+                let snap = self.snapshots[t]
+                    .get(&source)
+                    .context("a forked node has no snapshot")?;
+                let resume_at = self.trees[t].node(new).map_err(err)?.turn_start;
+                ensure!(
+                    snap.response_len() == resume_at,
+                    "tree {t}: the fork of node {} resumes at {} tokens but its source state \
+                     holds {}",
+                    selected.0,
+                    resume_at,
+                    snap.response_len()
+                );
+                let mut state = snap.fork(policy, make_env()?)?;
+                state.set_seed(turn_seed(self.seed ^ self.templates[p].seed, self.counter));
+                state.set_id(format!("{}-t{j}-n{}", self.templates[p].id, new.0));
+                self.counter += 1;
+                self.snapshots[t].insert(new, state.fork(policy, make_env()?)?);
+                self.forks
+                    .push((t, selected, new, entropies[selected.0], resume_at));
+                self.frontier.push(Branch {
+                    tree: t,
+                    node: new,
+                    state,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs every live branch of every tree, batched turn by turn, until each has finished as a
+    /// leaf; each turn is recorded as a node (with its snapshot for later forks).
+    fn run_frontier(&mut self) -> Result<()> {
+        let (policy, make_env) = (self.policy, self.make_env);
+        let (frontier, trees) = (&mut self.frontier, &mut self.trees);
+        while !frontier.is_empty() {
+            let mut refs: Vec<&mut EpisodeState> =
+                frontier.iter_mut().map(|b| &mut b.state).collect();
+            step_turn(policy, &mut refs, self.decoding)?;
+            let mut next = Vec::with_capacity(frontier.len());
+            for mut b in frontier.drain(..) {
+                let tree = &mut trees[b.tree];
+                let lps = b.state.last_turn_logprobs();
+                // A finished chain's last node ends where its response ends (a length cut may
+                // leave an observation after the last agent turn).
+                let end = if b.state.is_done() {
+                    b.state.response_len()
+                } else {
+                    b.state.agent_end()
+                };
+                tree.record_generation(b.node, &lps, end).map_err(err)?;
+                if b.state.is_done() {
+                    tree.mark_leaf(b.node).map_err(err)?;
+                    self.leaves.push((b.tree, b.node, b.state.finish()));
+                } else {
+                    let child = tree
+                        .add_tool_child(b.node, b.state.response_len())
+                        .map_err(err)?;
+                    self.snapshots[b.tree].insert(child, b.state.fork(policy, make_env()?)?);
+                    b.node = child;
+                    next.push(b);
+                }
+            }
+            *frontier = next;
+        }
+        Ok(())
+    }
+}
+
+/// The grown trees in the core's advantage layout: reachable nodes in breadth-first order
+/// (parents first), the kept leaves' episodes sorted by tree and node, and the forks in that
+/// numbering.
+fn advantage_layout(
+    trees: &[ExpansionTree],
+    owner: &[(usize, usize)],
+    leaves: Vec<(usize, NodeId, Episode)>,
+    forks: Vec<ArenaFork>,
+    prompts: usize,
+) -> TreeRollout {
     // Core advantage layout: reachable nodes in breadth-first order (parents first).
     let mut maps: Vec<HashMap<NodeId, usize>> = Vec::with_capacity(trees.len());
     let mut out_trees: Vec<RolloutTree> = Vec::with_capacity(trees.len());
@@ -337,56 +439,14 @@ pub fn run_trees(
             resume_at,
         })
         .collect();
-    Ok(TreeRollout {
+    TreeRollout {
         episodes,
         groups,
         trees: TreeBatch {
             trees: out_trees,
             leaf_of,
             forks,
-            prompts: templates.len(),
+            prompts,
         },
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_frontier(
-    policy: &Policy<'_>,
-    frontier: &mut Vec<Branch>,
-    trees: &mut [ExpansionTree],
-    snapshots: &mut [HashMap<NodeId, EpisodeState>],
-    leaves: &mut Vec<(usize, NodeId, Episode)>,
-    make_env: &dyn Fn() -> Result<Box<dyn Environment>>,
-    decoding: &Decoding,
-) -> Result<()> {
-    while !frontier.is_empty() {
-        let mut refs: Vec<&mut EpisodeState> = frontier.iter_mut().map(|b| &mut b.state).collect();
-        step_turn(policy, &mut refs, decoding)?;
-        let mut next = Vec::with_capacity(frontier.len());
-        for mut b in frontier.drain(..) {
-            let tree = &mut trees[b.tree];
-            let lps = b.state.last_turn_logprobs();
-            // A finished chain's last node ends where its response ends (a length cut may leave
-            // an observation after the last agent turn).
-            let end = if b.state.is_done() {
-                b.state.response_len()
-            } else {
-                b.state.agent_end()
-            };
-            tree.record_generation(b.node, &lps, end).map_err(err)?;
-            if b.state.is_done() {
-                tree.mark_leaf(b.node).map_err(err)?;
-                leaves.push((b.tree, b.node, b.state.finish()));
-            } else {
-                let child = tree
-                    .add_tool_child(b.node, b.state.response_len())
-                    .map_err(err)?;
-                snapshots[b.tree].insert(child, b.state.fork(policy, make_env()?)?);
-                b.node = child;
-                next.push(b);
-            }
-        }
-        *frontier = next;
     }
-    Ok(())
 }

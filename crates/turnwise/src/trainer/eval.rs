@@ -10,9 +10,9 @@ use turnwise_core::reward::{RewardInput, em, squad_f1, sub_em};
 use turnwise_env::world::Split;
 
 use super::Trainer;
-use crate::rollout::{EpisodeSpec, RolloutControl, run_chains_with};
+use crate::rollout::{Episode, EpisodeSpec, RolloutControl, run_chains_with};
 use crate::run::PairedGain;
-use crate::task::TaskSet;
+use crate::task::{QaItem, TaskSet};
 use turnwise_core::trajectory::{Trajectory, TurnAction};
 
 /// Results of one evaluation.
@@ -452,6 +452,36 @@ impl Trainer {
         );
         let questions: Vec<_> = self.task.questions(split).into_iter().take(n).collect();
         let nq = questions.len();
+        let specs = self.eval_specs(&questions, seed, samples)?;
+        // The question of each episode, in the episodes' order.
+        let questions: Vec<_> = questions
+            .iter()
+            .flat_map(|&q| std::iter::repeat_n(q, samples))
+            .collect();
+        let episodes = self.eval_episodes(&specs, temperature, split)?;
+        let mut tally = EvalTally::new(
+            EvalResult {
+                split: split.name().to_owned(),
+                n: nq,
+                samples,
+                ..EvalResult::default()
+            },
+            self.task.scored_by_return(),
+            episodes.len(),
+        );
+        self.score_eval_episodes(&mut tally, &episodes, &questions, samples)?;
+        Ok(tally.finish(episodes.len(), samples))
+    }
+
+    /// The episodes of an evaluation: `samples` per question, a question's samples
+    /// consecutive; sample `j` of question `i` is seeded by episode index `i + j·nq`.
+    fn eval_specs(
+        &self,
+        questions: &[&QaItem],
+        seed: u64,
+        samples: usize,
+    ) -> Result<Vec<EpisodeSpec>> {
+        let nq = questions.len();
         let mut specs = Vec::with_capacity(nq * samples);
         for (i, q) in questions.iter().enumerate() {
             let prompt_ids = self.tokenizer.encode(&self.task.prompt(q)?)?;
@@ -469,11 +499,17 @@ impl Trainer {
                 });
             }
         }
-        // The question of each episode, in the episodes' order.
-        let questions: Vec<_> = questions
-            .iter()
-            .flat_map(|q| std::iter::repeat_n(q, samples))
-            .collect();
+        Ok(specs)
+    }
+
+    /// Plays the evaluation episodes `specs` at `temperature`: through the agent program when
+    /// there is one, else as rollout chains, 64 at a time.
+    fn eval_episodes(
+        &self,
+        specs: &[EpisodeSpec],
+        temperature: f64,
+        split: Split,
+    ) -> Result<Vec<Episode>> {
         let policy = self.rollout_policy();
         let env = self.make_env();
         let mut decoding = self.decoding(temperature);
@@ -486,12 +522,11 @@ impl Trainer {
             ..RolloutControl::default()
         };
         let mut episodes = Vec::new();
-        if let Some(out) = self.run_harness(&specs, &decoding, split.name()) {
+        if let Some(out) = self.run_harness(specs, &decoding, split.name()) {
             // The agent program's episodes: per question its last trajectory (the one with its
             // answer); a failed episode is an empty one, scored as no answer.
             let out = out?;
-            let mut last: Vec<Option<crate::rollout::Episode>> =
-                specs.iter().map(|_| None).collect();
+            let mut last: Vec<Option<Episode>> = specs.iter().map(|_| None).collect();
             for (ep, (&src, &fin)) in out
                 .episodes
                 .into_iter()
@@ -504,7 +539,7 @@ impl Trainer {
             episodes = specs
                 .iter()
                 .zip(last)
-                .map(|(spec, ep)| ep.unwrap_or_else(|| crate::rollout::Episode::empty(spec)))
+                .map(|(spec, ep)| ep.unwrap_or_else(|| Episode::empty(spec)))
                 .collect();
         } else {
             for chunk in specs.chunks(64) {
@@ -513,21 +548,25 @@ impl Trainer {
                 );
             }
         }
-        let mut r = EvalResult {
-            split: split.name().to_owned(),
-            n: nq,
-            samples,
-            ..EvalResult::default()
-        };
-        let mut turns_total = 0usize;
-        let mut fmt_ok = 0usize;
-        let mut dumped = Vec::with_capacity(episodes.len());
+        Ok(episodes)
+    }
+
+    /// Scores each episode against its question (`questions[k]` for `episodes[k]`) into
+    /// `tally`: EM, F1 and SubEM of the answer its agent wrote (a game's: whether it won),
+    /// reward parts, tool calls, turns, tokens, format validity, and its [`EvalEpisode`].
+    fn score_eval_episodes(
+        &self,
+        tally: &mut EvalTally,
+        episodes: &[Episode],
+        questions: &[&QaItem],
+        samples: usize,
+    ) -> Result<()> {
         let format = self.config.task.format.grammar();
-        let game = self.task.scored_by_return();
+        let game = tally.game;
         // A composite reward's parts (the two-turn rubrics), as training logs them; other
         // rewards have none and are not scored again.
         let has_parts = !game && !self.config.reward.part_names().is_empty();
-        let parts_of = |ep: &crate::rollout::Episode, golds: &[String]| -> Result<Vec<_>> {
+        let parts_of = |ep: &Episode, golds: &[String]| -> Result<Vec<_>> {
             if !has_parts {
                 return Ok(Vec::new());
             }
@@ -536,8 +575,8 @@ impl Trainer {
                 .score_episode(&self.config.reward, ep, golds)?
                 .parts)
         };
-        let (mut won, mut won_turns, mut invalid) = (0usize, 0usize, 0usize);
-        for (k, (ep, q)) in episodes.iter().zip(&questions).enumerate() {
+        let r = &mut tally.r;
+        for (k, (ep, q)) in episodes.iter().zip(questions).enumerate() {
             let golds = &q.golden_answers;
             // The rewards' extraction: an answer the agent wrote inside one of its own turns,
             // never text of an observation or the prompt.
@@ -555,10 +594,10 @@ impl Trainer {
                 None => (0.0, 0.0, 0.0),
             };
             if ep.won {
-                won += 1;
-                won_turns += ep.trajectory.num_turns();
+                tally.won += 1;
+                tally.won_turns += ep.trajectory.num_turns();
             }
-            invalid += ep
+            tally.invalid += ep
                 .trajectory
                 .turns
                 .iter()
@@ -574,15 +613,15 @@ impl Trainer {
             r.tool_calls += ep.trajectory.search_count() as f64;
             r.turns += ep.trajectory.num_turns() as f64;
             r.agent_tokens += ep.trajectory.agent_token_count() as f64;
-            turns_total += ep.trajectory.turns.len();
-            fmt_ok += ep.trajectory.turns.iter().filter(|t| t.format_ok).count();
+            tally.turns_total += ep.trajectory.turns.len();
+            tally.fmt_ok += ep.trajectory.turns.iter().filter(|t| t.format_ok).count();
             // Hop count 0 means unknown (Search-R1 data without a `hops` field): no breakdown.
             if q.hops() > 0 {
                 let h = r.em_by_hops.entry(q.hops()).or_insert((0.0, 0));
                 h.0 += e;
                 h.1 += 1;
             }
-            dumped.push(EvalEpisode {
+            tally.dumped.push(EvalEpisode {
                 question_id: q.id.clone(),
                 sample: k % samples,
                 question: q.text.clone(),
@@ -595,7 +634,58 @@ impl Trainer {
                 trajectory: ep.trajectory.clone(),
             });
         }
-        let n = episodes.len().max(1) as f64;
+        Ok(())
+    }
+}
+
+/// The sums of an evaluation's scored episodes ([`Trainer::evaluate_samples`]).
+struct EvalTally {
+    /// The figures, summed until [`Self::finish`] turns them into means.
+    r: EvalResult,
+    /// Whether the task is a game (scored by its return).
+    game: bool,
+    /// Agent turns over every episode.
+    turns_total: usize,
+    /// Agent turns in the format.
+    fmt_ok: usize,
+    /// Episodes won.
+    won: usize,
+    /// Turns of the episodes won.
+    won_turns: usize,
+    /// Invalid actions.
+    invalid: usize,
+    /// One [`EvalEpisode`] per episode scored.
+    dumped: Vec<EvalEpisode>,
+}
+
+impl EvalTally {
+    fn new(r: EvalResult, game: bool, episodes: usize) -> Self {
+        Self {
+            r,
+            game,
+            turns_total: 0,
+            fmt_ok: 0,
+            won: 0,
+            won_turns: 0,
+            invalid: 0,
+            dumped: Vec::with_capacity(episodes),
+        }
+    }
+
+    /// The means over the `episodes` episodes (`samples` per question), the standard error
+    /// and pass@k over the questions, and a game's own figures.
+    fn finish(self, episodes: usize, samples: usize) -> (EvalResult, Vec<EvalEpisode>) {
+        let Self {
+            mut r,
+            game,
+            turns_total,
+            fmt_ok,
+            won,
+            won_turns,
+            invalid,
+            dumped,
+        } = self;
+        let n = episodes.max(1) as f64;
         r.em /= n;
         r.f1 /= n;
         r.sub_em /= n;
@@ -641,7 +731,7 @@ impl Trainer {
             // Counted per episode: the questions are every `samples` of them.
             v.1 /= samples;
         }
-        Ok((r, dumped))
+        (r, dumped)
     }
 }
 

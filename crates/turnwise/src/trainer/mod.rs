@@ -917,74 +917,9 @@ impl Trainer {
         // silently with the checkpoint's other shape (a model from `model.init_from` has the
         // source's shape, whatever these keys say).
         if config.model.init_from.is_none() {
-            let want = fresh_model_config(&config, ck.config.vocab_size);
-            let m = &config.model;
-            for (key, asked, has) in [
-                ("model.hidden_size", m.hidden_size, ck.config.hidden_size),
-                (
-                    "model.num_layers",
-                    m.num_layers,
-                    ck.config.num_hidden_layers,
-                ),
-                (
-                    "model.num_heads",
-                    m.num_heads,
-                    ck.config.num_attention_heads,
-                ),
-                (
-                    "model.num_kv_heads",
-                    m.num_kv_heads,
-                    ck.config.num_key_value_heads,
-                ),
-                (
-                    "model.intermediate_size",
-                    m.intermediate_size,
-                    ck.config.intermediate_size,
-                ),
-                (
-                    "model.max_position_embeddings",
-                    want.max_position_embeddings,
-                    ck.config.max_position_embeddings,
-                ),
-            ] {
-                if asked != has {
-                    bail!(
-                        "{key} = {asked} in the config, but the checkpoint {} was trained with \
-                         {has}: a run's architecture cannot change on resume (restore {key} = \
-                         {has}, or start a new run)",
-                        dir.display()
-                    );
-                }
-            }
+            check_resumed_shape(&config, &ck.config, dir)?;
         }
-        let lora = match (config.model.lora.to_lora_config(), ck.lora) {
-            (None, None) => None,
-            (Some(want), Some(adapters)) => {
-                if want != adapters.config {
-                    bail!(
-                        "the checkpoint {} holds LoRA adapters {:?}, but the config asks for {:?} \
-                         (model.lora)",
-                        dir.display(),
-                        adapters.config,
-                        want
-                    );
-                }
-                let dropout = LoraDropout::new(want.dropout, config.seed ^ LORA_DROPOUT_SEED);
-                dropout.set_calls(ck.state.extra[LORA_DROPOUT_CALLS].as_u64().unwrap_or(0));
-                Some(LoraState { adapters, dropout })
-            }
-            (Some(want), None) => bail!(
-                "the config asks for LoRA (model.lora.rank = {}), but the checkpoint {} holds no \
-                 adapters ({ADAPTER_DIR}/): it is a full fine-tuning checkpoint",
-                want.rank,
-                dir.display()
-            ),
-            (None, Some(_)) => bail!(
-                "the checkpoint {} holds LoRA adapters ({ADAPTER_DIR}/), but model.lora.rank is 0 \
-                 in the config",
-                dir.display()
-            ),
-        };
+        let lora = resumed_lora(&config, ck.lora, &ck.state, dir)?;
         let mut t = Self::assemble(
             config,
             task,
@@ -996,18 +931,34 @@ impl Trainer {
             step,
         )?;
         t.hf_meta = hf_meta;
-        if let Some(s) = ck.state.rng_states.get("data") {
-            t.rng = TurnRng::from_state(*s);
+        t.restore_counters(&ck.state);
+        let mut reference_tensors = None;
+        if let Some(rd) = reference_dir {
+            let (reference, tensors) = t.load_reference(rd)?;
+            t.reference = Some(reference);
+            reference_tensors = tensors;
         }
-        if let Some(n) = ck.state.extra["consecutive_bad_critic_updates"].as_u64() {
-            t.consecutive_bad_critic = n as usize;
+        if t.config.critic.enabled {
+            t.restore_critic(dir, &ck.state, reference_dir, reference_tensors)?;
         }
-        if let Some(n) = ck.state.extra["consecutive_bad_updates"].as_u64() {
-            t.consecutive_bad = n as usize;
+        Ok(t)
+    }
+
+    /// Restores what [`Trainer::save`] keeps of the loop's state besides the weights: the data
+    /// RNG, the counters of consecutive bad updates and the KL controller's β.
+    fn restore_counters(&mut self, state: &TrainerState) {
+        if let Some(s) = state.rng_states.get("data") {
+            self.rng = TurnRng::from_state(*s);
+        }
+        if let Some(n) = state.extra["consecutive_bad_critic_updates"].as_u64() {
+            self.consecutive_bad_critic = n as usize;
+        }
+        if let Some(n) = state.extra["consecutive_bad_updates"].as_u64() {
+            self.consecutive_bad = n as usize;
         }
         if let (Some(ctrl), Some(bits)) = (
-            t.kl_ctrl.as_mut(),
-            ck.state.extra["kl_ctrl_value_bits"].as_u64(),
+            self.kl_ctrl.as_mut(),
+            state.extra["kl_ctrl_value_bits"].as_u64(),
         ) {
             let beta = f64::from_bits(bits);
             match ctrl {
@@ -1015,74 +966,84 @@ impl Trainer {
                 KlController::Adaptive(c) => c.value = beta,
             }
         }
-        let load_reference_tensors = |rd: &Path| {
-            turnwise_model::model::weights::load_hf(rd, DType::F32, &Device::Cpu)
-                .with_context(|| format!("loading the reference model {}", rd.display()))
-        };
-        let mut reference_tensors = None;
-        if let Some(rd) = reference_dir {
-            let adapter_dir = rd.join(ADAPTER_DIR);
-            t.reference = Some(match &t.lora {
-                // The warm-started adapters on the shared frozen base.
-                Some(_) if is_adapter_folder(&adapter_dir) => {
-                    let (lc, adapters) = load_peft_adapter(&adapter_dir, DType::F32, &Device::Cpu)
-                        .with_context(|| {
-                            format!("loading the reference adapters {}", adapter_dir.display())
-                        })?;
-                    let adapters = t.placement.tensors(adapters)?;
-                    Transformer::from_tensors(
-                        &t.model_config,
-                        &varmap_tensors(&t.varmap, true),
-                        "reference",
-                    )?
-                    .with_lora(&lc, &adapters, None)?
-                }
-                _ => {
-                    let (mc, tensors) = load_reference_tensors(rd)?;
-                    let tensors = t.placement.tensors(tensors)?;
-                    let m = Transformer::from_tensors(&mc, &tensors, "reference")?;
-                    reference_tensors = Some(tensors);
-                    m
-                }
-            });
-        }
-        if t.config.critic.enabled {
-            use crate::update::critic::{CRITIC_WEIGHTS_FILE, CriticModel};
-            if dir.join(CRITIC_WEIGHTS_FILE).is_file() {
-                let steps = ck.state.extra["critic_optimizer_steps"]
-                    .as_u64()
+    }
+
+    /// The reference policy of a resumed run, from the warm-started model `rd`: its adapters on
+    /// the shared frozen base (a LoRA run whose warm start has adapters), else its full
+    /// weights, which are returned too (placed) for a critic that must be rebuilt from them.
+    fn load_reference(&self, rd: &Path) -> Result<(Transformer, Option<HashMap<String, Tensor>>)> {
+        let adapter_dir = rd.join(ADAPTER_DIR);
+        Ok(match &self.lora {
+            // The warm-started adapters on the shared frozen base.
+            Some(_) if is_adapter_folder(&adapter_dir) => {
+                let (lc, adapters) = load_peft_adapter(&adapter_dir, DType::F32, &Device::Cpu)
                     .with_context(|| {
-                        format!(
-                            "{}/trainer_state.json has a critic but no critic_optimizer_steps",
-                            dir.display()
-                        )
+                        format!("loading the reference adapters {}", adapter_dir.display())
                     })?;
-                t.critic = Some(CriticModel::load(
-                    &t.model_config,
-                    dir,
-                    steps,
-                    critic_adamw(&t.config),
-                    &t.placement,
-                )?);
-            } else if let Some(rd) = reference_dir {
-                let tensors = match reference_tensors.take() {
-                    Some(t) => t,
-                    None => t.placement.tensors(load_reference_tensors(rd)?.1)?,
-                };
-                tracing::warn!(
-                    checkpoint = %dir.display(),
-                    "the checkpoint holds no critic: it restarts from the warm-started weights, \
-                     so the resumed run is not exact"
-                );
-                t.critic = Some(CriticModel::from_policy(
-                    &t.model_config,
-                    &tensors,
-                    t.config.seed ^ 0xc41,
-                    critic_adamw(&t.config),
-                )?);
+                let adapters = self.placement.tensors(adapters)?;
+                let m = Transformer::from_tensors(
+                    &self.model_config,
+                    &varmap_tensors(&self.varmap, true),
+                    "reference",
+                )?
+                .with_lora(&lc, &adapters, None)?;
+                (m, None)
             }
+            _ => {
+                let (mc, tensors) = load_reference_tensors(rd)?;
+                let tensors = self.placement.tensors(tensors)?;
+                let m = Transformer::from_tensors(&mc, &tensors, "reference")?;
+                (m, Some(tensors))
+            }
+        })
+    }
+
+    /// The critic of a resumed run: the checkpoint's `dir` (with its optimizer's step count
+    /// from `state`), or, for a checkpoint written before critics were saved, rebuilt from the
+    /// warm-started weights of `reference_dir` (`reference_tensors` when already loaded) with a
+    /// warning.
+    fn restore_critic(
+        &mut self,
+        dir: &Path,
+        state: &TrainerState,
+        reference_dir: Option<&Path>,
+        mut reference_tensors: Option<HashMap<String, Tensor>>,
+    ) -> Result<()> {
+        use crate::update::critic::{CRITIC_WEIGHTS_FILE, CriticModel};
+        if dir.join(CRITIC_WEIGHTS_FILE).is_file() {
+            let steps = state.extra["critic_optimizer_steps"]
+                .as_u64()
+                .with_context(|| {
+                    format!(
+                        "{}/trainer_state.json has a critic but no critic_optimizer_steps",
+                        dir.display()
+                    )
+                })?;
+            self.critic = Some(CriticModel::load(
+                &self.model_config,
+                dir,
+                steps,
+                critic_adamw(&self.config),
+                &self.placement,
+            )?);
+        } else if let Some(rd) = reference_dir {
+            let tensors = match reference_tensors.take() {
+                Some(t) => t,
+                None => self.placement.tensors(load_reference_tensors(rd)?.1)?,
+            };
+            tracing::warn!(
+                checkpoint = %dir.display(),
+                "the checkpoint holds no critic: it restarts from the warm-started weights, \
+                 so the resumed run is not exact"
+            );
+            self.critic = Some(CriticModel::from_policy(
+                &self.model_config,
+                &tensors,
+                self.config.seed ^ 0xc41,
+                critic_adamw(&self.config),
+            )?);
         }
-        Ok(t)
+        Ok(())
     }
 
     /// Exports the current weights as a complete Hugging Face folder (config.json,
@@ -1160,6 +1121,85 @@ fn chat_template_of(
 ) -> Result<Option<turnwise_model::tokenizer::ChatTemplate>> {
     meta.chat_template()
         .with_context(|| format!("reading the chat template of {}", dir.display()))
+}
+
+/// Refuses to resume a fresh model (one not from `model.init_from`) whose configured shape is
+/// not the checkpoint's `ck`: a run's architecture cannot change on resume (the error names
+/// the key).
+fn check_resumed_shape(config: &TrainConfig, ck: &ModelConfig, dir: &Path) -> Result<()> {
+    let want = fresh_model_config(config, ck.vocab_size);
+    let m = &config.model;
+    for (key, asked, has) in [
+        ("model.hidden_size", m.hidden_size, ck.hidden_size),
+        ("model.num_layers", m.num_layers, ck.num_hidden_layers),
+        ("model.num_heads", m.num_heads, ck.num_attention_heads),
+        ("model.num_kv_heads", m.num_kv_heads, ck.num_key_value_heads),
+        (
+            "model.intermediate_size",
+            m.intermediate_size,
+            ck.intermediate_size,
+        ),
+        (
+            "model.max_position_embeddings",
+            want.max_position_embeddings,
+            ck.max_position_embeddings,
+        ),
+    ] {
+        if asked != has {
+            bail!(
+                "{key} = {asked} in the config, but the checkpoint {} was trained with \
+                 {has}: a run's architecture cannot change on resume (restore {key} = \
+                 {has}, or start a new run)",
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The LoRA state of a resumed run: the checkpoint's adapters when the config asks for the
+/// same LoRA (with the dropout stream where `state` left it); refuses a checkpoint whose
+/// adapters the config does not ask for, or the other way round.
+fn resumed_lora(
+    config: &TrainConfig,
+    adapters: Option<LoraAdapters>,
+    state: &TrainerState,
+    dir: &Path,
+) -> Result<Option<LoraState>> {
+    Ok(match (config.model.lora.to_lora_config(), adapters) {
+        (None, None) => None,
+        (Some(want), Some(adapters)) => {
+            if want != adapters.config {
+                bail!(
+                    "the checkpoint {} holds LoRA adapters {:?}, but the config asks for {:?} \
+                     (model.lora)",
+                    dir.display(),
+                    adapters.config,
+                    want
+                );
+            }
+            let dropout = LoraDropout::new(want.dropout, config.seed ^ LORA_DROPOUT_SEED);
+            dropout.set_calls(state.extra[LORA_DROPOUT_CALLS].as_u64().unwrap_or(0));
+            Some(LoraState { adapters, dropout })
+        }
+        (Some(want), None) => bail!(
+            "the config asks for LoRA (model.lora.rank = {}), but the checkpoint {} holds no \
+             adapters ({ADAPTER_DIR}/): it is a full fine-tuning checkpoint",
+            want.rank,
+            dir.display()
+        ),
+        (None, Some(_)) => bail!(
+            "the checkpoint {} holds LoRA adapters ({ADAPTER_DIR}/), but model.lora.rank is 0 \
+             in the config",
+            dir.display()
+        ),
+    })
+}
+
+/// The warm-started model `rd`'s configuration and full weights (f32, on the CPU).
+fn load_reference_tensors(rd: &Path) -> Result<(ModelConfig, HashMap<String, Tensor>)> {
+    turnwise_model::model::weights::load_hf(rd, DType::F32, &Device::Cpu)
+        .with_context(|| format!("loading the reference model {}", rd.display()))
 }
 
 /// Logs how prompts are made and the prompt of the first question.

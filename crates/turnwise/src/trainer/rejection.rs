@@ -12,8 +12,9 @@ use turnwise_model::optim::AdamW;
 use turnwise_model::rng::TurnRng;
 
 use super::{Trainer, adamw, shuffle};
+use crate::config::RsftConfig;
 use crate::rollout::{Episode, EpisodeSpec, RolloutControl, run_chains_with, turn_seed};
-use crate::task::TaskSet;
+use crate::task::{QaItem, TaskSet};
 use crate::update::{Row, sft_step};
 
 /// Episodes rolled out together in one batch.
@@ -145,11 +146,59 @@ impl Trainer {
         // Sample.
         let t0 = std::time::Instant::now();
         let base_seed = rng.next_u64();
-        let mut specs = Vec::with_capacity(questions.len() * c.rollouts_per_question);
+        let specs = self.rsft_specs(&questions, base_seed, c.rollouts_per_question)?;
+        let total = specs.len();
+        let mut report = RsftReport {
+            questions: questions.len(),
+            sampled: total,
+            ..RsftReport::default()
+        };
+        let rows = self.rsft_sample(&c, &specs, &questions, &mut report, on_progress)?;
+        report.sampling_seconds = t0.elapsed().as_secs_f64();
+        let per_epoch = rows.len().div_ceil(c.batch_size) as u64;
+        let steps = per_epoch * c.epochs as u64;
+        on_progress(RsftProgress::Filtered {
+            kept: rows.len(),
+            sampled: total,
+            steps,
+        });
+        tracing::info!(
+            kept = rows.len(),
+            sampled = total,
+            threshold = c.threshold,
+            "rejection sampling done"
+        );
+        if rows.is_empty() {
+            tracing::warn!(
+                threshold = c.threshold,
+                sampled = total,
+                "no rollout reached the rejection threshold: the fine-tuning is skipped"
+            );
+            return Ok(report);
+        }
+
+        // Fine-tune.
+        let t1 = std::time::Instant::now();
+        let opt = self.rsft_train(&c, &rows, &mut rng, steps, &mut report, on_progress)?;
+        report.training_seconds = t1.elapsed().as_secs_f64();
+        // The RL optimizer's f32 master copies (bf16 weights) follow the fine-tuned weights.
+        self.optimizer.sync_masters(Some(&opt))?;
+        Ok(report)
+    }
+
+    /// The rollouts of rejection sampling: `per_question` of each of `questions`, seeded from
+    /// `base_seed`.
+    fn rsft_specs(
+        &self,
+        questions: &[&QaItem],
+        base_seed: u64,
+        per_question: usize,
+    ) -> Result<Vec<EpisodeSpec>> {
+        let mut specs = Vec::with_capacity(questions.len() * per_question);
         for (g, q) in questions.iter().enumerate() {
             let prompt_ids = self.tokenizer.encode(&self.task.prompt(q)?)?;
-            for k in 0..c.rollouts_per_question {
-                let i = g * c.rollouts_per_question + k;
+            for k in 0..per_question {
+                let i = g * per_question + k;
                 specs.push(EpisodeSpec {
                     id: format!("rsft-{}-{k}", q.id),
                     prompt_uid: format!("{g}:{}", q.id),
@@ -159,6 +208,20 @@ impl Trainer {
                 });
             }
         }
+        Ok(specs)
+    }
+
+    /// Rolls out `specs` (with the RL rollouts' control) in chunks, scores each rollout against
+    /// its question of `questions` and returns the supervised rows of those at or above the
+    /// threshold; the sampling figures go into `report`.
+    fn rsft_sample(
+        &self,
+        c: &RsftConfig,
+        specs: &[EpisodeSpec],
+        questions: &[&QaItem],
+        report: &mut RsftReport,
+        on_progress: &mut dyn FnMut(RsftProgress),
+    ) -> Result<Vec<Row>> {
         let total = specs.len();
         let decoding = self.decoding(c.temperature);
         // The RL rollouts' control (T2PO thinking intervention, turn resampling, memory
@@ -168,11 +231,6 @@ impl Trainer {
             self.config.task.format,
             &self.tokenizer,
         )?;
-        let mut report = RsftReport {
-            questions: questions.len(),
-            sampled: total,
-            ..RsftReport::default()
-        };
         let mut rows = Vec::new();
         let mut covered = vec![false; questions.len()];
         let mut done = 0;
@@ -207,36 +265,26 @@ impl Trainer {
         report.kept = rows.len();
         report.kept_fraction = rows.len() as f64 / n;
         report.questions_covered = covered.iter().filter(|&&c| c).count();
-        report.sampling_seconds = t0.elapsed().as_secs_f64();
-        let per_epoch = rows.len().div_ceil(c.batch_size) as u64;
-        let steps = per_epoch * c.epochs as u64;
-        on_progress(RsftProgress::Filtered {
-            kept: rows.len(),
-            sampled: total,
-            steps,
-        });
-        tracing::info!(
-            kept = rows.len(),
-            sampled = total,
-            threshold = c.threshold,
-            "rejection sampling done"
-        );
-        if rows.is_empty() {
-            tracing::warn!(
-                threshold = c.threshold,
-                sampled = total,
-                "no rollout reached the rejection threshold: the fine-tuning is skipped"
-            );
-            return Ok(report);
-        }
+        Ok(rows)
+    }
 
-        // Fine-tune.
-        let t1 = std::time::Instant::now();
+    /// Fine-tunes the policy on `rows` for `c.epochs` epochs of `c.batch_size` rows (order
+    /// shuffled by `rng`, `steps` updates in all) with a fresh AdamW, which it returns; the
+    /// training figures go into `report`.
+    fn rsft_train(
+        &mut self,
+        c: &RsftConfig,
+        rows: &[Row],
+        rng: &mut TurnRng,
+        steps: u64,
+        report: &mut RsftReport,
+        on_progress: &mut dyn FnMut(RsftProgress),
+    ) -> Result<AdamW> {
         let mut opt = AdamW::new(self.trainable_vars(), adamw(&self.config, 0.1))?;
         let mut step = 0u64;
         for epoch in 1..=c.epochs {
             let mut order: Vec<usize> = (0..rows.len()).collect();
-            shuffle(&mut order, &mut rng);
+            shuffle(&mut order, rng);
             let (mut sum, mut count) = (0.0, 0usize);
             for batch in order.chunks(c.batch_size) {
                 let refs: Vec<&Row> = batch.iter().map(|&i| &rows[i]).collect();
@@ -268,10 +316,7 @@ impl Trainer {
                 f64::NAN
             });
         }
-        report.training_seconds = t1.elapsed().as_secs_f64();
-        // The RL optimizer's f32 master copies (bf16 weights) follow the fine-tuned weights.
-        self.optimizer.sync_masters(Some(&opt))?;
-        Ok(report)
+        Ok(opt)
     }
 
     /// The run's reward of one episode (what an RL step would score it).

@@ -16,13 +16,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use anyhow::Result;
-use turnwise_core::reward::overlong_penalty;
+use turnwise_core::reward::{RewardOutput, overlong_penalty};
 
 use super::Trainer;
 use crate::config::{FilterMetric, RolloutStrategy};
 use crate::rollout::tree::TreeBatch;
 use crate::rollout::{Episode, EpisodeSpec, RolloutControl, RolloutStats, run_chains_with};
 use crate::task::TaskSet;
+use crate::trainer::harness::HarnessRollout;
 
 /// One episode through the step: the rollout, and what the reward, DAPO's overlong shaping and
 /// the information-gain probes made of it. The group filter, the estimators, the metrics and the
@@ -196,6 +197,25 @@ impl StepBatch {
     }
 }
 
+/// The episodes one generation round played ([`Trainer::generate_round`]), each with its
+/// prompt group, gold answers and question text.
+struct RoundEpisodes {
+    /// The episodes, in generation order.
+    episodes: Vec<Episode>,
+    /// Each episode's prompt group within the round.
+    groups: Vec<usize>,
+    /// Each episode's question's gold answers.
+    golds: Vec<Vec<String>>,
+    /// Each episode's question text.
+    questions: Vec<String>,
+    /// Tree bookkeeping of tree rollouts.
+    trees: Option<TreeBatch>,
+    /// Rollout-control totals of chain rollouts.
+    stats: RolloutStats,
+    /// The agent program's rollout (`rollout.backend = "harness"`).
+    harness: Option<HarnessRollout>,
+}
+
 impl Trainer {
     /// One generation round: rollouts of the RL training questions `picks` (indices into
     /// `task.rl_questions()`), `rollout.group_size` per question with fresh seeds from the
@@ -210,9 +230,65 @@ impl Trainer {
         group_offset: usize,
     ) -> Result<StepBatch> {
         let t0 = Instant::now();
-        let cfg = self.config.clone();
-        let r = &cfg.rollout;
         let base_seed = self.rng.next_u64();
+        let specs = self.round_specs(picks, round, group_offset, base_seed)?;
+        let RoundEpisodes {
+            mut episodes,
+            groups,
+            golds,
+            questions,
+            trees,
+            stats,
+            harness,
+        } = self.play_round(specs, base_seed)?;
+
+        // Rewards, and DAPO's overlong shaping of the score (spec §2.7).
+        let mut batch = StepBatch::default();
+        let (outs, penalties) =
+            self.score_round(&mut batch, &mut episodes, &golds, &questions, harness)?;
+        batch.gen_seconds = t0.elapsed().as_secs_f64();
+
+        // Information gain.
+        let t1 = Instant::now();
+        let mut gains = self.probe_round(&mut batch, &episodes, &golds)?;
+        batch.ig_seconds = t1.elapsed().as_secs_f64();
+        batch.episodes = episodes
+            .into_iter()
+            .zip(outs)
+            .zip(penalties)
+            .zip(groups.into_iter().zip(golds))
+            .map(
+                |(((episode, out), overlong), (group, golds))| ScoredEpisode {
+                    score: out.score + overlong,
+                    reward_score: out.score,
+                    em: out.em,
+                    format_ok: out.format_ok,
+                    reward_parts: out.parts,
+                    turn_rewards: out.turn_rewards,
+                    overlong,
+                    info_gain: gains.as_mut().and_then(Iterator::next),
+                    episode,
+                    group,
+                    golds,
+                },
+            )
+            .collect();
+        batch.trees = trees;
+        batch.stats = stats;
+        batch.rounds = 1;
+        Ok(batch)
+    }
+
+    /// The episodes of one generation round ([`Trainer::generate_round`]): `group_size` per
+    /// pick, seeded from `base_seed`.
+    fn round_specs(
+        &self,
+        picks: &[usize],
+        round: usize,
+        group_offset: usize,
+        base_seed: u64,
+    ) -> Result<Vec<EpisodeSpec>> {
+        let r = &self.config.rollout;
         let train = self.task.rl_questions();
         let mut specs = Vec::new();
         for (g, &qi) in picks.iter().enumerate() {
@@ -232,6 +308,15 @@ impl Trainer {
                 });
             }
         }
+        Ok(specs)
+    }
+
+    /// Plays the episodes `specs` of a round: through the agent program (harness), as chains,
+    /// or as trees (seeded from `base_seed`); each episode comes with its prompt group, gold
+    /// answers and question.
+    fn play_round(&self, specs: Vec<EpisodeSpec>, base_seed: u64) -> Result<RoundEpisodes> {
+        let cfg = &self.config;
+        let r = &cfg.rollout;
         let decoding = self.decoding(r.temperature);
         let mut groups: Vec<usize> = (0..specs.len()).map(|i| i / r.group_size).collect();
         let golds: Vec<Vec<String>> = specs.iter().map(|s| s.task.answers.clone()).collect();
@@ -241,7 +326,7 @@ impl Trainer {
             .collect();
         let mut stats = RolloutStats::default();
         let mut harness = None;
-        let (mut episodes, trees) = match r.strategy {
+        let (episodes, trees) = match r.strategy {
             RolloutStrategy::Chain if self.harness_enabled() => {
                 let mut out = self
                     .run_harness(&specs, &decoding, "train")
@@ -293,22 +378,42 @@ impl Trainer {
                 })
                 .unzip(),
         };
+        Ok(RoundEpisodes {
+            episodes,
+            groups,
+            golds,
+            questions,
+            trees,
+            stats,
+            harness,
+        })
+    }
 
-        // Rewards, and DAPO's overlong shaping of the score (spec §2.7).
+    /// The reward of each episode of a round (with the judge's rescoring and a harness
+    /// program's own reward, whose stats go into `batch`), and DAPO's overlong penalty, both
+    /// written into the episodes' trajectories. Returns the reward outputs and the penalties.
+    fn score_round(
+        &self,
+        batch: &mut StepBatch,
+        episodes: &mut [Episode],
+        golds: &[Vec<String>],
+        questions: &[String],
+        harness: Option<HarnessRollout>,
+    ) -> Result<(Vec<RewardOutput>, Vec<f64>)> {
+        let cfg = &self.config;
         let overlong_cfg = cfg
             .overlong_buffer
             .enable
-            .then(|| cfg.overlong_buffer.to_core(r.max_response_tokens));
-        let mut batch = StepBatch::default();
+            .then(|| cfg.overlong_buffer.to_core(cfg.rollout.max_response_tokens));
         // The reward reads the agent's turns only (never the prompt or a notice's text); a
         // game's is the environment's return. The judge, when on, rescores the turns.
         let mut outs = episodes
             .iter()
-            .zip(&golds)
+            .zip(golds)
             .map(|(ep, gold)| self.task.score_episode(&cfg.reward, ep, gold))
             .collect::<Result<Vec<_>>>()?;
         if let Some(judge) = &self.judge {
-            batch.judge = Some(judge.rescore(&episodes, &questions, &golds, &mut outs)?);
+            batch.judge = Some(judge.rescore(episodes, questions, golds, &mut outs)?);
         }
         // A harness episode's score: the program's reward when it gives one; a program whose
         // history was re-rendered gave several trajectories, each trained with the score of its
@@ -334,55 +439,37 @@ impl Trainer {
             ep.trajectory.turn_rewards = out.turn_rewards.clone();
             penalties.push(penalty);
         }
-        batch.gen_seconds = t0.elapsed().as_secs_f64();
+        Ok((outs, penalties))
+    }
 
-        // Information gain.
-        let t1 = Instant::now();
-        let mut gains = None;
-        if r.info_gain {
-            let first: Vec<String> = golds
-                .iter()
-                .map(|g| g.first().cloned().unwrap_or_default())
-                .collect();
-            let probed = crate::rollout::info_gain::probe(
-                &self.sampler,
-                &self.tokenizer,
-                cfg.task.format,
-                &episodes,
-                &first,
-            )?;
-            batch.probes = Some(ProbeCounts {
-                probes: probed.probes,
-                failures: probed.failures,
-            });
-            gains = Some(probed.gains.into_iter());
+    /// The information gain of each process turn of a round's episodes (IGPO, A2TGPO), probed
+    /// against each episode's first gold answer, when `rollout.info_gain` is on; the probe
+    /// counts go into `batch`.
+    fn probe_round(
+        &self,
+        batch: &mut StepBatch,
+        episodes: &[Episode],
+        golds: &[Vec<String>],
+    ) -> Result<Option<std::vec::IntoIter<Vec<f64>>>> {
+        if !self.config.rollout.info_gain {
+            return Ok(None);
         }
-        batch.ig_seconds = t1.elapsed().as_secs_f64();
-        batch.episodes = episodes
-            .into_iter()
-            .zip(outs)
-            .zip(penalties)
-            .zip(groups.into_iter().zip(golds))
-            .map(
-                |(((episode, out), overlong), (group, golds))| ScoredEpisode {
-                    score: out.score + overlong,
-                    reward_score: out.score,
-                    em: out.em,
-                    format_ok: out.format_ok,
-                    reward_parts: out.parts,
-                    turn_rewards: out.turn_rewards,
-                    overlong,
-                    info_gain: gains.as_mut().and_then(Iterator::next),
-                    episode,
-                    group,
-                    golds,
-                },
-            )
+        let first: Vec<String> = golds
+            .iter()
+            .map(|g| g.first().cloned().unwrap_or_default())
             .collect();
-        batch.trees = trees;
-        batch.stats = stats;
-        batch.rounds = 1;
-        Ok(batch)
+        let probed = crate::rollout::info_gain::probe(
+            &self.sampler,
+            &self.tokenizer,
+            self.config.task.format,
+            episodes,
+            &first,
+        )?;
+        batch.probes = Some(ProbeCounts {
+            probes: probed.probes,
+            failures: probed.failures,
+        });
+        Ok(Some(probed.gains.into_iter()))
     }
 
     /// The batch of one step: the first round, then, under DAPO dynamic sampling, refill rounds

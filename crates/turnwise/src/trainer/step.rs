@@ -236,18 +236,7 @@ impl Trainer {
             Some((old, reference)) => (Some(old), Some(reference)),
             None => (None, None),
         };
-        let reference = match (&self.reference, cfg.actor.use_kl_loss, ref_logp) {
-            (Some(_), true, Some(reference)) => Some(reference),
-            (Some(m), true, None) => Some(logprobs_no_grad_with(
-                m,
-                rows,
-                temperature,
-                64,
-                cfg.optim.share_prefix,
-            )?),
-            (None, true, _) => bail!("the KL term needs a reference model (freeze_reference)"),
-            _ => None,
-        };
+        let reference = self.reference_logprobs(cfg, rows, ref_logp)?;
         let upd = ActorUpdate {
             loss: &cfg.actor,
             temperature,
@@ -259,28 +248,9 @@ impl Trainer {
             rollout_is_cap: (cfg.optim.rollout_is_cap > 0.0).then_some(cfg.optim.rollout_is_cap),
             share_prefix: cfg.optim.share_prefix,
         };
-        // Behaviour log-probs: recomputed by the trainer with the rollout weights, or the ones
-        // the rollout recorded (`optim.old_logprobs`; already there with KL in the reward), or,
-        // for an on-policy update, taken from the update's own forward pass.
         let from_rollout = cfg.optim.old_logprobs == OldLogprobs::Rollout;
         self.report_on_policy_fallback(cfg, &upd, rows.len(), metrics);
-        let old = match old_logp {
-            _ if is_on_policy(&upd, rows.len()) => None,
-            Some(old) => Some(old),
-            None if from_rollout => Some(rollout_logprobs(rows)?),
-            None => {
-                let t = Instant::now();
-                let old = logprobs_no_grad_with(
-                    &self.sampler,
-                    rows,
-                    temperature,
-                    64,
-                    cfg.optim.share_prefix,
-                )?;
-                metrics.insert("timing_s/old_log_prob".into(), t.elapsed().as_secs_f64());
-                Some(old)
-            }
-        };
+        let old = self.behaviour_logprobs(cfg, &upd, rows, old_logp, metrics)?;
         let mut rng = TurnRng::seed_from_u64(self.rng.next_u64());
         let mut order = |n: usize| {
             let mut v: Vec<usize> = (0..n).collect();
@@ -321,41 +291,8 @@ impl Trainer {
         if let Some(trainer_logp) = trainer_logp {
             metrics.extend(logprob_mismatch_metrics(rows, &trainer_logp)?);
         }
-        if let (Some(critic), Some(values)) = (self.critic.as_mut(), values) {
-            let vcfg = turnwise_model::loss::value::ValueLossConfig {
-                cliprange_value: cfg.critic.cliprange_value,
-                ..Default::default()
-            };
-            let cm = critic.update(
-                rows,
-                values,
-                &CriticUpdate {
-                    loss: &vcfg,
-                    lr: cfg.critic.lr,
-                    grad_clip: cfg.optim.grad_clip,
-                    epochs: cfg.optim.ppo_epochs,
-                    mini_batch: cfg.optim.mini_batch_size,
-                    share_prefix: cfg.optim.share_prefix,
-                },
-                &mut order,
-            )?;
-            let critic_failed = cm.get(CRITIC_APPLIED) == Some(&0.0)
-                && cm.get(CRITIC_SKIPPED).is_some_and(|&s| s > 0.0);
-            metrics.extend(cm);
-            if critic_failed {
-                self.consecutive_bad_critic += 1;
-                if self.consecutive_bad_critic >= cfg.optim.max_bad_updates {
-                    bail!(
-                        "{} consecutive steps had only non-finite critic losses or \
-                         gradients, so the critic stopped learning (and with it the \
-                         advantages); stopping (lower critic.lr, or raise \
-                         optim.max_bad_updates to tolerate more)",
-                        self.consecutive_bad_critic
-                    );
-                }
-            } else {
-                self.consecutive_bad_critic = 0;
-            }
+        if let Some(values) = values {
+            self.update_critic(cfg, rows, values, &mut order, metrics)?;
         }
         metrics.insert("actor/skipped_updates".into(), stats.skipped as f64);
         metrics.insert("actor/optimizer_steps".into(), stats.applied as f64);
@@ -372,6 +309,112 @@ impl Trainer {
             self.consecutive_bad = 0;
         }
         Ok(stats.row_clips)
+    }
+
+    /// The reference log-probs of `rows` for the KL loss (`actor.use_kl_loss`): the ones
+    /// computed for KL in the reward (`ref_logp`) when there are some, else the reference
+    /// model's; `None` without the KL loss.
+    fn reference_logprobs(
+        &self,
+        cfg: &TrainConfig,
+        rows: &[Row],
+        ref_logp: Option<Vec<Vec<f32>>>,
+    ) -> Result<Option<Vec<Vec<f32>>>> {
+        Ok(match (&self.reference, cfg.actor.use_kl_loss, ref_logp) {
+            (Some(_), true, Some(reference)) => Some(reference),
+            (Some(m), true, None) => Some(logprobs_no_grad_with(
+                m,
+                rows,
+                cfg.rollout.temperature,
+                64,
+                cfg.optim.share_prefix,
+            )?),
+            (None, true, _) => bail!("the KL term needs a reference model (freeze_reference)"),
+            _ => None,
+        })
+    }
+
+    /// Behaviour log-probs: recomputed by the trainer with the rollout weights, or the ones
+    /// the rollout recorded (`optim.old_logprobs`; already there with KL in the reward, as
+    /// `old_logp`), or, for an on-policy update, taken from the update's own forward pass
+    /// (`None`). A recomputation's time goes into `metrics`.
+    fn behaviour_logprobs(
+        &self,
+        cfg: &TrainConfig,
+        upd: &ActorUpdate<'_>,
+        rows: &[Row],
+        old_logp: Option<Vec<Vec<f32>>>,
+        metrics: &mut BTreeMap<String, f64>,
+    ) -> Result<Option<Vec<Vec<f32>>>> {
+        let from_rollout = cfg.optim.old_logprobs == OldLogprobs::Rollout;
+        Ok(match old_logp {
+            _ if is_on_policy(upd, rows.len()) => None,
+            Some(old) => Some(old),
+            None if from_rollout => Some(rollout_logprobs(rows)?),
+            None => {
+                let t = Instant::now();
+                let old = logprobs_no_grad_with(
+                    &self.sampler,
+                    rows,
+                    cfg.rollout.temperature,
+                    64,
+                    cfg.optim.share_prefix,
+                )?;
+                metrics.insert("timing_s/old_log_prob".into(), t.elapsed().as_secs_f64());
+                Some(old)
+            }
+        })
+    }
+
+    /// The critic's update on `rows` (`values`: its values before the update) when the run has
+    /// a critic; its metrics go into `metrics`. Stops the run after `optim.max_bad_updates`
+    /// steps in a row whose critic updates were all non-finite.
+    fn update_critic(
+        &mut self,
+        cfg: &TrainConfig,
+        rows: &[Row],
+        values: &[Vec<f32>],
+        order: &mut dyn FnMut(usize) -> Vec<usize>,
+        metrics: &mut BTreeMap<String, f64>,
+    ) -> Result<()> {
+        let Some(critic) = self.critic.as_mut() else {
+            return Ok(());
+        };
+        let vcfg = turnwise_model::loss::value::ValueLossConfig {
+            cliprange_value: cfg.critic.cliprange_value,
+            ..Default::default()
+        };
+        let cm = critic.update(
+            rows,
+            values,
+            &CriticUpdate {
+                loss: &vcfg,
+                lr: cfg.critic.lr,
+                grad_clip: cfg.optim.grad_clip,
+                epochs: cfg.optim.ppo_epochs,
+                mini_batch: cfg.optim.mini_batch_size,
+                share_prefix: cfg.optim.share_prefix,
+            },
+            order,
+        )?;
+        let critic_failed = cm.get(CRITIC_APPLIED) == Some(&0.0)
+            && cm.get(CRITIC_SKIPPED).is_some_and(|&s| s > 0.0);
+        metrics.extend(cm);
+        if critic_failed {
+            self.consecutive_bad_critic += 1;
+            if self.consecutive_bad_critic >= cfg.optim.max_bad_updates {
+                bail!(
+                    "{} consecutive steps had only non-finite critic losses or \
+                     gradients, so the critic stopped learning (and with it the \
+                     advantages); stopping (lower critic.lr, or raise \
+                     optim.max_bad_updates to tolerate more)",
+                    self.consecutive_bad_critic
+                );
+            }
+        } else {
+            self.consecutive_bad_critic = 0;
+        }
+        Ok(())
     }
 }
 

@@ -470,25 +470,273 @@ pub(crate) fn minibatch_denominators(rows: &[Row], idx: &[usize]) -> AggDenomina
 
 /// What one piece of a mini-batch contributes ([`minibatch_gradient`]).
 enum PieceOutcome {
-    /// Its gradient (the mini-batch loss's share), metrics and clip-bias figures.
-    Done {
-        grads: Gradients,
-        metrics: BTreeMap<String, f64>,
-        clip_bias_sq: f64,
-        clip_bias_clipped: f64,
-        /// Its `downweight` sums `Σ share_i·s_i` and `Σ share_i` (§5.6).
-        clip_bias_weights: (f64, f64),
-        /// Its loss tokens (the weight of its token-mean metrics).
-        tokens: f64,
-        /// Its samples with a loss token (the weight of its sample-mean metrics).
-        seqs: f64,
-        /// Per row of the piece (row index, per response token): the PPO clip was active.
-        clipped: Vec<(usize, Vec<bool>)>,
-        /// On-policy: per row of the piece, the forward pass's log-probs.
-        forward_logp: Vec<(usize, Vec<f32>)>,
-    },
+    /// Its gradient, metrics and clip-bias figures.
+    Done(PieceGradient),
     /// Its loss could not be computed, or was not finite: the mini-batch is skipped.
     Failed,
+}
+
+/// The contribution of one piece of a mini-batch whose loss was finite.
+struct PieceGradient {
+    /// Its gradient (the mini-batch loss's share).
+    grads: Gradients,
+    /// Its metrics (verl names).
+    metrics: BTreeMap<String, f64>,
+    /// `(‖C_piece‖ · B_piece)²` (§5.6).
+    clip_bias_sq: f64,
+    /// Its clipped tokens of §5.6.
+    clip_bias_clipped: f64,
+    /// Its `downweight` sums `Σ share_i·s_i` and `Σ share_i` (§5.6).
+    clip_bias_weights: (f64, f64),
+    /// Its loss tokens (the weight of its token-mean metrics).
+    tokens: f64,
+    /// Its samples with a loss token (the weight of its sample-mean metrics).
+    seqs: f64,
+    /// Per row of the piece (row index, per response token): the PPO clip was active.
+    clipped: Vec<(usize, Vec<bool>)>,
+    /// On-policy: per row of the piece, the forward pass's log-probs.
+    forward_logp: Vec<(usize, Vec<f32>)>,
+}
+
+/// What every piece of one mini-batch reads ([`minibatch_gradient`]).
+struct PieceContext<'a, 'c> {
+    policy: &'a Transformer,
+    vars: &'a [(String, Var)],
+    rows: &'a [Row],
+    old_logp: Option<&'a [Vec<f32>]>,
+    ref_logp: Option<&'a [Vec<f32>]>,
+    cfg: &'a ActorUpdate<'c>,
+    /// The mini-batch's loss denominators.
+    denominators: AggDenominators,
+    /// The mini-batch's §5.6 clip-bias scale, when computed beforehand.
+    cb_scale: Option<f64>,
+}
+
+impl PieceContext<'_, '_> {
+    /// The forward and backward pass of the piece `piece_idx` (row indices): its share of the
+    /// mini-batch loss's gradient, its metrics, clip-bias figures and per-row clips.
+    fn gradient(&self, piece_idx: &[usize]) -> Result<PieceOutcome> {
+        let (policy, rows, cfg) = (self.policy, self.rows, self.cfg);
+        let (inp, logp, entropy) = micro_input(
+            policy,
+            cfg.share_prefix,
+            rows,
+            piece_idx,
+            self.old_logp,
+            self.ref_logp,
+            |p| response_logprobs(policy, p, cfg.temperature),
+        )?;
+        let shared_tokens = if policy.draws_dropout() {
+            0.0
+        } else {
+            inp.packed.shared_tokens() as f64
+        };
+        let packed = &inp.packed;
+        let mut pin = loss_input(&logp, &inp.old, packed, self.denominators);
+        if let Some(scale) = self.cb_scale {
+            pin = pin.with_clip_bias_scale(scale);
+        }
+        let tis = cfg
+            .rollout_is_cap
+            .map(|cap| truncated_is_weights(rows, piece_idx, &inp.old, &packed.loss_mask, cap))
+            .transpose()?;
+        if let Some((w, _)) = &tis {
+            pin = pin.with_is_weights(w);
+        }
+        let input = ActorLossInput {
+            policy: pin,
+            ref_logp: inp.reference.as_ref(),
+            entropy: Some(&entropy),
+        };
+        let out = match compute_actor_loss(&input, cfg.loss) {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!(error = %e, "skipping a mini-batch whose loss failed");
+                return Ok(PieceOutcome::Failed);
+            }
+        };
+        let value = f64::from(out.loss.to_dtype(DType::F32)?.to_scalar::<f32>()?);
+        if !value.is_finite() {
+            tracing::warn!(loss = value, "non-finite loss: skipping this update");
+            return Ok(PieceOutcome::Failed);
+        }
+        let seqs = sequences_with_loss(rows, piece_idx);
+        let tokens = loss_tokens(rows, piece_idx);
+        let mut acc = GradAccumulator::new();
+        acc.add(&out.loss.backward()?, self.vars, 1.0)
+            .context("accumulating gradients")?;
+        let clipped = per_response(rows, piece_idx, out.clipped);
+        // On-policy the forward pass ran with the weights the rollout sampled from: what the
+        // sampler–trainer mismatch compares against the recorded log-probs.
+        let forward_logp = match self.old_logp {
+            Some(_) => Vec::new(),
+            None => per_response(
+                rows,
+                piece_idx,
+                inp.old.to_dtype(DType::F32)?.to_vec2::<f32>()?,
+            ),
+        };
+        let mut metrics = out.metrics.to_map();
+        if let Some((_, m)) = tis {
+            metrics.extend(m);
+        }
+        metrics.insert("actor/shared_prefix_tokens".into(), shared_tokens);
+        Ok(PieceOutcome::Done(PieceGradient {
+            grads: acc.take(),
+            metrics,
+            clip_bias_sq: (out.metrics.policy.clip_bias_norm * seqs).powi(2),
+            clip_bias_clipped: out.metrics.policy.clip_bias_num_clipped as f64,
+            clip_bias_weights: (
+                out.metrics.policy.clip_bias_weight_sum,
+                out.metrics.policy.clip_bias_share_sum,
+            ),
+            tokens,
+            seqs,
+            clipped,
+            forward_logp,
+        }))
+    }
+}
+
+/// Per row of `idx` (row index, values): its padded per-token `values` cut to the row's
+/// response length.
+fn per_response<T>(rows: &[Row], idx: &[usize], values: Vec<Vec<T>>) -> Vec<(usize, Vec<T>)> {
+    idx.iter()
+        .zip(values)
+        .map(|(&i, mut v)| {
+            v.truncate(rows[i].response.len());
+            (i, v)
+        })
+        .collect()
+}
+
+/// The running sums of a mini-batch's pieces ([`minibatch_gradient`]).
+struct MiniBatchSums {
+    /// The summed gradient.
+    acc: GradAccumulator,
+    /// Per metric: the sum (additive ones) or the token-weighted sum, and the weights.
+    sums: BTreeMap<String, (f64, f64)>,
+    /// `Σ (‖C_piece‖ · B_piece)²`.
+    cb_sq: f64,
+    /// Clipped tokens of §5.6.
+    cb_clipped: f64,
+    /// `downweight`: `Σ share_i·s_i`.
+    cb_weight: f64,
+    /// `downweight`: `Σ share_i`.
+    cb_share: f64,
+    /// Per row: the PPO clip was active.
+    clipped_rows: Vec<(usize, Vec<bool>)>,
+    /// On-policy: per row, the forward pass's log-probs.
+    forward_rows: Vec<(usize, Vec<f32>)>,
+}
+
+impl MiniBatchSums {
+    fn new(rows: usize) -> Self {
+        Self {
+            acc: GradAccumulator::new(),
+            sums: BTreeMap::new(),
+            cb_sq: 0.0,
+            cb_clipped: 0.0,
+            cb_weight: 0.0,
+            cb_share: 0.0,
+            clipped_rows: Vec::with_capacity(rows),
+            forward_rows: Vec::new(),
+        }
+    }
+
+    /// Adds one piece's gradient, metrics and clip-bias figures.
+    fn add(&mut self, piece: PieceGradient) -> Result<()> {
+        let PieceGradient {
+            grads,
+            metrics,
+            clip_bias_sq,
+            clip_bias_clipped,
+            clip_bias_weights,
+            tokens,
+            seqs,
+            clipped,
+            forward_logp,
+        } = piece;
+        self.clipped_rows.extend(clipped);
+        self.forward_rows.extend(forward_logp);
+        self.cb_sq += clip_bias_sq;
+        self.cb_clipped += clip_bias_clipped;
+        self.cb_weight += clip_bias_weights.0;
+        self.cb_share += clip_bias_weights.1;
+        for (k, v) in metrics {
+            if k == "actor/clip_bias_norm" || k == "actor/clip_bias_num_clipped" {
+                continue;
+            }
+            let e = self.sums.entry(k.clone()).or_insert((0.0, 0.0));
+            if v.is_finite() {
+                if ADDITIVE.contains(&k.as_str()) {
+                    e.0 += v;
+                } else {
+                    // A mean over samples, or over tokens.
+                    let w = if k == "actor/turn_kl_entropy" {
+                        seqs
+                    } else {
+                        tokens.max(1e-9)
+                    };
+                    e.0 += v * w;
+                    e.1 += w;
+                }
+            }
+        }
+        self.acc.add_gradients(grads)?;
+        Ok(())
+    }
+
+    /// The mini-batch's gradient and metrics: the sums' means, and the clip-bias figures over
+    /// the whole mini-batch `mb` of `rows`.
+    fn finish(
+        mut self,
+        rows: &[Row],
+        mb: &[usize],
+        denominators: AggDenominators,
+    ) -> MiniBatchGradient {
+        let mut metrics: BTreeMap<String, f64> = self
+            .sums
+            .into_iter()
+            .map(|(k, (s, c))| {
+                (
+                    k.clone(),
+                    if ADDITIVE.contains(&k.as_str()) {
+                        s
+                    } else if c > 0.0 {
+                        s / c
+                    } else {
+                        f64::NAN
+                    },
+                )
+            })
+            .collect();
+        metrics.insert(
+            "actor/clip_bias_norm".into(),
+            self.cb_sq.sqrt() / denominators.sequences,
+        );
+        metrics.insert("actor/clip_bias_num_clipped".into(), self.cb_clipped);
+        // The share of the mini-batch's tokens whose forward and backward a shared prefix saved.
+        if let Some(&shared) = metrics.get("actor/shared_prefix_tokens") {
+            let total: usize = mb.iter().map(|&i| row_len(&rows[i])).sum();
+            metrics.insert(
+                "actor/shared_prefix_frac".into(),
+                shared / total.max(1) as f64,
+            );
+        }
+        let (cb_weight, cb_share) = (self.cb_weight, self.cb_share);
+        let mean_weight = (cb_share > 0.0).then(|| (cb_weight / cb_share).clamp(0.0, 1.0));
+        if let Some(s) = mean_weight {
+            metrics.insert("actor/clip_bias_scale".into(), s);
+        }
+        MiniBatchGradient {
+            grads: self.acc.take(),
+            metrics,
+            clip_bias_mean_weight: mean_weight,
+            clipped: self.clipped_rows,
+            forward_logp: self.forward_rows,
+        }
+    }
 }
 
 /// The gradient of the mini-batch `mb` (row indices) of `rows`: micro-batches of
@@ -524,189 +772,28 @@ pub fn minibatch_gradient(
         .collect();
     let pieces: Vec<Vec<usize>> = micro_batches.iter().flatten().cloned().collect();
     let cb_scale = minibatch_clip_bias_scale(policy, rows, &pieces, old_logp, cfg, denominators)?;
-    let piece = |piece_idx: &[usize]| -> Result<PieceOutcome> {
-        let (inp, logp, entropy) = micro_input(
-            policy,
-            cfg.share_prefix,
-            rows,
-            piece_idx,
-            old_logp,
-            ref_logp,
-            |p| response_logprobs(policy, p, cfg.temperature),
-        )?;
-        let shared_tokens = if policy.draws_dropout() {
-            0.0
-        } else {
-            inp.packed.shared_tokens() as f64
-        };
-        let packed = &inp.packed;
-        let mut pin = loss_input(&logp, &inp.old, packed, denominators);
-        if let Some(scale) = cb_scale {
-            pin = pin.with_clip_bias_scale(scale);
-        }
-        let tis = cfg
-            .rollout_is_cap
-            .map(|cap| truncated_is_weights(rows, piece_idx, &inp.old, &packed.loss_mask, cap))
-            .transpose()?;
-        if let Some((w, _)) = &tis {
-            pin = pin.with_is_weights(w);
-        }
-        let input = ActorLossInput {
-            policy: pin,
-            ref_logp: inp.reference.as_ref(),
-            entropy: Some(&entropy),
-        };
-        let out = match compute_actor_loss(&input, cfg.loss) {
-            Ok(o) => o,
-            Err(e) => {
-                tracing::warn!(error = %e, "skipping a mini-batch whose loss failed");
-                return Ok(PieceOutcome::Failed);
-            }
-        };
-        let value = f64::from(out.loss.to_dtype(DType::F32)?.to_scalar::<f32>()?);
-        if !value.is_finite() {
-            tracing::warn!(loss = value, "non-finite loss: skipping this update");
-            return Ok(PieceOutcome::Failed);
-        }
-        let seqs = sequences_with_loss(rows, piece_idx);
-        let tokens = loss_tokens(rows, piece_idx);
-        let mut acc = GradAccumulator::new();
-        acc.add(&out.loss.backward()?, vars, 1.0)
-            .context("accumulating gradients")?;
-        let clipped = piece_idx
-            .iter()
-            .zip(out.clipped)
-            .map(|(&i, mut c)| {
-                c.truncate(rows[i].response.len());
-                (i, c)
-            })
-            .collect();
-        // On-policy the forward pass ran with the weights the rollout sampled from: what the
-        // sampler–trainer mismatch compares against the recorded log-probs.
-        let forward_logp = match old_logp {
-            Some(_) => Vec::new(),
-            None => piece_idx
-                .iter()
-                .zip(inp.old.to_dtype(DType::F32)?.to_vec2::<f32>()?)
-                .map(|(&i, mut lp)| {
-                    lp.truncate(rows[i].response.len());
-                    (i, lp)
-                })
-                .collect(),
-        };
-        let mut metrics = out.metrics.to_map();
-        if let Some((_, m)) = tis {
-            metrics.extend(m);
-        }
-        metrics.insert("actor/shared_prefix_tokens".into(), shared_tokens);
-        Ok(PieceOutcome::Done {
-            grads: acc.take(),
-            metrics,
-            clip_bias_sq: (out.metrics.policy.clip_bias_norm * seqs).powi(2),
-            clip_bias_clipped: out.metrics.policy.clip_bias_num_clipped as f64,
-            clip_bias_weights: (
-                out.metrics.policy.clip_bias_weight_sum,
-                out.metrics.policy.clip_bias_share_sum,
-            ),
-            tokens,
-            seqs,
-            clipped,
-            forward_logp,
-        })
+    let ctx = PieceContext {
+        policy,
+        vars,
+        rows,
+        old_logp,
+        ref_logp,
+        cfg,
+        denominators,
+        cb_scale,
     };
-    let mut acc = GradAccumulator::new();
-    // Per metric: the sum (additive ones) or the token-weighted sum, and the weights.
-    let mut sums: BTreeMap<String, (f64, f64)> = BTreeMap::new();
-    let (mut cb_sq, mut cb_clipped) = (0.0, 0.0);
-    let (mut cb_weight, mut cb_share) = (0.0, 0.0);
-    let mut clipped_rows = Vec::with_capacity(mb.len());
-    let mut forward_rows = Vec::new();
+    let mut sums = MiniBatchSums::new(mb.len());
     // One micro-batch at a time (its shards side by side), so that at most one micro-batch of
     // activations is alive.
     for shards in &micro_batches {
-        for outcome in shard::map_chunks(shards.len(), shards, |s| piece(s))? {
-            let PieceOutcome::Done {
-                grads,
-                metrics,
-                clip_bias_sq,
-                clip_bias_clipped,
-                clip_bias_weights,
-                tokens,
-                seqs,
-                clipped,
-                forward_logp,
-            } = outcome
-            else {
+        for outcome in shard::map_chunks(shards.len(), shards, |s| ctx.gradient(s))? {
+            let PieceOutcome::Done(piece) = outcome else {
                 return Ok(None);
             };
-            clipped_rows.extend(clipped);
-            forward_rows.extend(forward_logp);
-            cb_sq += clip_bias_sq;
-            cb_clipped += clip_bias_clipped;
-            cb_weight += clip_bias_weights.0;
-            cb_share += clip_bias_weights.1;
-            for (k, v) in metrics {
-                if k == "actor/clip_bias_norm" || k == "actor/clip_bias_num_clipped" {
-                    continue;
-                }
-                let e = sums.entry(k.clone()).or_insert((0.0, 0.0));
-                if v.is_finite() {
-                    if ADDITIVE.contains(&k.as_str()) {
-                        e.0 += v;
-                    } else {
-                        // A mean over samples, or over tokens.
-                        let w = if k == "actor/turn_kl_entropy" {
-                            seqs
-                        } else {
-                            tokens.max(1e-9)
-                        };
-                        e.0 += v * w;
-                        e.1 += w;
-                    }
-                }
-            }
-            acc.add_gradients(grads)?;
+            sums.add(piece)?;
         }
     }
-    let mut metrics: BTreeMap<String, f64> = sums
-        .into_iter()
-        .map(|(k, (s, c))| {
-            (
-                k.clone(),
-                if ADDITIVE.contains(&k.as_str()) {
-                    s
-                } else if c > 0.0 {
-                    s / c
-                } else {
-                    f64::NAN
-                },
-            )
-        })
-        .collect();
-    metrics.insert(
-        "actor/clip_bias_norm".into(),
-        cb_sq.sqrt() / denominators.sequences,
-    );
-    metrics.insert("actor/clip_bias_num_clipped".into(), cb_clipped);
-    // The share of the mini-batch's tokens whose forward and backward a shared prefix saved.
-    if let Some(&shared) = metrics.get("actor/shared_prefix_tokens") {
-        let total: usize = mb.iter().map(|&i| row_len(&rows[i])).sum();
-        metrics.insert(
-            "actor/shared_prefix_frac".into(),
-            shared / total.max(1) as f64,
-        );
-    }
-    let mean_weight = (cb_share > 0.0).then(|| (cb_weight / cb_share).clamp(0.0, 1.0));
-    if let Some(s) = mean_weight {
-        metrics.insert("actor/clip_bias_scale".into(), s);
-    }
-    Ok(Some(MiniBatchGradient {
-        grads: acc.take(),
-        metrics,
-        clip_bias_mean_weight: mean_weight,
-        clipped: clipped_rows,
-        forward_logp: forward_rows,
-    }))
+    Ok(Some(sums.finish(rows, &mb, denominators)))
 }
 
 /// PPO epochs over `rows` with behaviour log-probs `old_logp` (and reference log-probs
