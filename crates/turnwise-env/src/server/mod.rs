@@ -587,6 +587,36 @@ async fn retrieve_handler(
     request: Request,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
+    let body = read_body(&state, request).await?;
+    let request = parse_request(&body, &state.config).inspect_err(|e| state.log_rejection(e))?;
+    if request.queries.is_empty() {
+        // Search-R1's trainer posts every turn, searches or not; its server answers this.
+        return Ok(axum::Json(json!({ "result": [] })).into_response());
+    }
+    let _permit = acquire_slot(&state).await?;
+    let (n_queries, topk, return_scores) =
+        (request.queries.len(), request.topk, request.return_scores);
+    let body = answer(&state, request).await?;
+    tracing::debug!(
+        queries = n_queries,
+        topk,
+        return_scores,
+        elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+        "served /retrieve"
+    );
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response())
+}
+
+/// The request's body, within the body limit and the read timeout (a declared length above
+/// the limit is refused before any byte is read).
+async fn read_body(state: &AppState, request: Request) -> Result<Bytes, ApiError> {
     let timeout = state.config.read_timeout;
     let too_large = || {
         ApiError::new(
@@ -612,8 +642,8 @@ async fn retrieve_handler(
         state.log_rejection(&e);
         return Err(e);
     }
-    let body = match tokio::time::timeout(timeout, Bytes::from_request(request, &())).await {
-        Ok(Ok(body)) => body,
+    match tokio::time::timeout(timeout, Bytes::from_request(request, &())).await {
+        Ok(Ok(body)) => Ok(body),
         Ok(Err(rejection)) => {
             let status = rejection.status();
             let e = if status == StatusCode::PAYLOAD_TOO_LARGE {
@@ -626,7 +656,7 @@ async fn retrieve_handler(
                 )
             };
             state.log_rejection(&e);
-            return Err(e);
+            Err(e)
         }
         Err(_) => {
             let e = ApiError::new(
@@ -639,17 +669,16 @@ async fn retrieve_handler(
             )
             .closing();
             state.log_rejection(&e);
-            return Err(e);
+            Err(e)
         }
-    };
-    let request = parse_request(&body, &state.config).inspect_err(|e| state.log_rejection(e))?;
-    if request.queries.is_empty() {
-        // Search-R1's trainer posts every turn, searches or not; its server answers this.
-        return Ok(axum::Json(json!({ "result": [] })).into_response());
     }
+}
 
-    let _permit = match state.slots.try_acquire() {
-        Ok(permit) => permit,
+/// A slot among the server's `max_in_flight` retrievals, waiting for one when they are all
+/// taken unless `max_queued` requests already wait.
+async fn acquire_slot(state: &AppState) -> Result<tokio::sync::SemaphorePermit<'_>, ApiError> {
+    match state.slots.try_acquire() {
+        Ok(permit) => Ok(permit),
         Err(_) => {
             let waiting = state.waiting.fetch_add(1, Ordering::SeqCst);
             let _guard = WaitGuard(&state.waiting);
@@ -668,10 +697,14 @@ async fn retrieve_handler(
                     None,
                     "retrieval server is shutting down",
                 )
-            })?
+            })
         }
-    };
+    }
+}
 
+/// The retriever's answer to `request`, encoded within the response limit, on the blocking
+/// pool (retrieval and encoding are both CPU work).
+async fn answer(state: &AppState, request: RetrieveRequest) -> Result<Vec<u8>, ApiError> {
     let n_queries = request.queries.len();
     let topk = request.topk;
     let retriever = Arc::clone(&state.retriever);
@@ -681,8 +714,6 @@ async fn retrieve_handler(
         ..
     } = request;
     let limit = state.config.max_response_bytes;
-    // Retrieval and the answer's encoding both run on the blocking pool: a large answer is
-    // CPU work too.
     let answered = tokio::task::spawn_blocking(move || -> Result<Vec<u8>, AnswerError> {
         let hits = retriever
             .retrieve(&queries, topk)
@@ -726,41 +757,26 @@ async fn retrieve_handler(
             format!("retriever panicked: {e}"),
         )
     })?;
-    let body = match answered {
-        Ok(body) => body,
+    match answered {
+        Ok(body) => Ok(body),
         Err(AnswerError::Retrieval(e @ RetrievalError::BadQuery { .. })) => {
             let e = ApiError::invalid("queries", e.to_string());
             state.log_rejection(&e);
-            return Err(e);
+            Err(e)
         }
         Err(AnswerError::Retrieval(e)) => {
             tracing::error!(error = %e, "retrieval failed");
-            return Err(ApiError::new(
+            Err(ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 None,
                 e.to_string(),
-            ));
+            ))
         }
         Err(AnswerError::Api(e)) => {
             state.log_rejection(&e);
-            return Err(e);
+            Err(e)
         }
-    };
-    tracing::debug!(
-        queries = n_queries,
-        topk,
-        return_scores,
-        elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
-        "served /retrieve"
-    );
-    Ok((
-        [(
-            axum::http::header::CONTENT_TYPE,
-            axum::http::HeaderValue::from_static("application/json"),
-        )],
-        body,
-    )
-        .into_response())
+    }
 }
 
 /// Why an answer could not be made on the blocking pool.

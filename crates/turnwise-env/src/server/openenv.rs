@@ -421,68 +421,18 @@ async fn send(socket: &mut WebSocket, value: &Value, timeout: std::time::Duratio
 /// One WebSocket session: its own environment, until `close` or the connection ends.
 async fn session(mut socket: WebSocket, state: Arc<EnvState>) {
     let idle = state.config.idle_timeout;
-    let Ok(_permit) = state.sessions.clone().try_acquire_owned() else {
-        let max = state.config.max_sessions;
-        let e = json!({"type": "error", "data": {
-            "message": format!("server at capacity: {max} sessions of {max} active"),
-            "code": "CAPACITY_REACHED",
-            "active_sessions": max,
-            "max_sessions": max,
-        }});
-        send(&mut socket, &e, idle).await;
+    let Some((_permit, mut env)) = open_session(&mut socket, &state).await else {
         let _ = tokio::time::timeout(idle, socket.send(Message::Close(None))).await;
         return;
-    };
-    let source = Arc::clone(&state.source);
-    let made = tokio::task::spawn_blocking(move || source.new_env()).await;
-    let mut env = match made {
-        Ok(Ok(env)) => env,
-        Ok(Err(m)) => {
-            send(
-                &mut socket,
-                &SessionError::new("FACTORY_ERROR", m).to_json(),
-                idle,
-            )
-            .await;
-            let _ = tokio::time::timeout(idle, socket.send(Message::Close(None))).await;
-            return;
-        }
-        Err(e) => {
-            let e = SessionError::new("FACTORY_ERROR", format!("the factory panicked: {e}"));
-            send(&mut socket, &e.to_json(), idle).await;
-            let _ = tokio::time::timeout(idle, socket.send(Message::Close(None))).await;
-            return;
-        }
     };
     let mut current: Option<Current> = None;
     // The idle deadline moves with each message, not with pings.
     let mut deadline = tokio::time::Instant::now() + idle;
     loop {
-        let received = match tokio::time::timeout_at(deadline, socket.recv()).await {
-            Ok(Some(received)) => received,
-            Ok(None) => break,
-            Err(_) => {
-                tracing::debug!(
-                    idle_secs = idle.as_secs_f64(),
-                    "closing an idle OpenEnv session"
-                );
-                let e = SessionError::new(
-                    "SESSION_TIMEOUT",
-                    format!(
-                        "no message for {:.0} s: the session is closed and its capacity freed \
-                         (turnwise serve-env --idle-timeout-secs)",
-                        idle.as_secs_f64()
-                    ),
-                );
-                send(&mut socket, &e.to_json(), idle).await;
-                break;
-            }
-        };
-        let text = match received {
-            Ok(Message::Text(t)) => t.as_str().to_owned(),
-            Ok(Message::Binary(b)) => String::from_utf8_lossy(&b).into_owned(),
-            Ok(Message::Ping(_) | Message::Pong(_)) => continue,
-            Ok(Message::Close(_)) | Err(_) => break,
+        let text = match next_text(&mut socket, deadline, idle).await {
+            Received::Text(t) => t,
+            Received::Skip => continue,
+            Received::End => break,
         };
         deadline = tokio::time::Instant::now() + idle;
         let message: Value = match serde_json::from_str(&text) {
@@ -516,67 +466,17 @@ async fn session(mut socket: WebSocket, state: Arc<EnvState>) {
                 })
             }
             "step" => {
-                let turn = match data.get("message") {
-                    Some(Value::String(t)) => Ok(t.clone()),
-                    Some(other) => Err(SessionError::new(
-                        "VALIDATION_ERROR",
-                        format!("message must be a string, got {other}"),
-                    )),
-                    None => Err(SessionError::new(
-                        "VALIDATION_ERROR",
-                        "the action must be {\"message\": \"the agent's turn text\"}",
-                    )),
+                let (back, answer) = step_env(env, current.as_mut(), data).await;
+                let Some(back) = back else {
+                    // The environment panicked and is gone: the session ends.
+                    let e = answer.err().map_or(Value::Null, |e| e.to_json());
+                    send(&mut socket, &e, idle).await;
+                    break;
                 };
-                match (current.as_mut(), turn) {
-                    (None, _) => Err(SessionError::new(
-                        "EXECUTION_ERROR",
-                        "step before reset: send {\"type\": \"reset\"} first",
-                    )),
-                    (Some(c), _) if c.done => Err(SessionError::new(
-                        "EXECUTION_ERROR",
-                        "the episode is over: send {\"type\": \"reset\"} for the next one",
-                    )),
-                    (Some(_), Err(e)) => Err(e),
-                    (Some(c), Ok(turn)) => {
-                        let joined = tokio::task::spawn_blocking(move || {
-                            let mut env = env;
-                            let r = env.step(&turn);
-                            (env, r)
-                        })
-                        .await;
-                        let Ok((back, result)) = joined else {
-                            // The environment panicked and is gone: the session ends.
-                            let e = SessionError::new(
-                                "SESSION_ERROR",
-                                "the environment's step panicked",
-                            );
-                            send(&mut socket, &e.to_json(), idle).await;
-                            break;
-                        };
-                        env = back;
-                        result
-                            .map(|step| {
-                                c.steps += 1;
-                                c.done = step.done;
-                                let obs =
-                                    observation_message(c, &step.observation.text, "", Some(&step));
-                                json!({"type": "observation", "data": obs})
-                            })
-                            .map_err(|e| SessionError::new("EXECUTION_ERROR", e.to_string()))
-                    }
-                }
+                env = back;
+                answer
             }
-            "state" => Ok(json!({"type": "state", "data": match &current {
-                Some(c) => json!({
-                    "episode_id": c.episode_id,
-                    "step_count": c.steps,
-                    "question_id": c.question_id,
-                    "split": c.split.name(),
-                    "index": c.index,
-                    "done": c.done,
-                }),
-                None => json!({"episode_id": null, "step_count": 0}),
-            }})),
+            "state" => Ok(json!({"type": "state", "data": state_data(current.as_ref())})),
             "close" => break,
             other => Err(SessionError::new(
                 "UNKNOWN_TYPE",
@@ -590,6 +490,154 @@ async fn session(mut socket: WebSocket, state: Arc<EnvState>) {
         deadline = tokio::time::Instant::now() + idle;
     }
     let _ = tokio::time::timeout(idle, socket.send(Message::Close(None))).await;
+}
+
+/// A session's slot and environment; `None`, after telling the client why, when the server is
+/// at capacity or the factory failed (the caller closes the connection).
+async fn open_session(
+    socket: &mut WebSocket,
+    state: &Arc<EnvState>,
+) -> Option<(tokio::sync::OwnedSemaphorePermit, Box<dyn Environment>)> {
+    let idle = state.config.idle_timeout;
+    let Ok(permit) = state.sessions.clone().try_acquire_owned() else {
+        let max = state.config.max_sessions;
+        let e = json!({"type": "error", "data": {
+            "message": format!("server at capacity: {max} sessions of {max} active"),
+            "code": "CAPACITY_REACHED",
+            "active_sessions": max,
+            "max_sessions": max,
+        }});
+        send(socket, &e, idle).await;
+        return None;
+    };
+    let source = Arc::clone(&state.source);
+    let error = match tokio::task::spawn_blocking(move || source.new_env()).await {
+        Ok(Ok(env)) => return Some((permit, env)),
+        Ok(Err(m)) => SessionError::new("FACTORY_ERROR", m),
+        Err(e) => SessionError::new("FACTORY_ERROR", format!("the factory panicked: {e}")),
+    };
+    send(socket, &error.to_json(), idle).await;
+    None
+}
+
+/// What the next message of a session is.
+enum Received {
+    /// A text (or binary, read as UTF-8) message.
+    Text(String),
+    /// A ping or pong: nothing to answer.
+    Skip,
+    /// The connection closed, failed, or stayed idle past its deadline (the client was told).
+    End,
+}
+
+/// The next message of `socket`, waiting until `deadline`.
+async fn next_text(
+    socket: &mut WebSocket,
+    deadline: tokio::time::Instant,
+    idle: std::time::Duration,
+) -> Received {
+    let received = match tokio::time::timeout_at(deadline, socket.recv()).await {
+        Ok(Some(received)) => received,
+        Ok(None) => return Received::End,
+        Err(_) => {
+            tracing::debug!(
+                idle_secs = idle.as_secs_f64(),
+                "closing an idle OpenEnv session"
+            );
+            let e = SessionError::new(
+                "SESSION_TIMEOUT",
+                format!(
+                    "no message for {:.0} s: the session is closed and its capacity freed \
+                     (turnwise serve-env --idle-timeout-secs)",
+                    idle.as_secs_f64()
+                ),
+            );
+            send(socket, &e.to_json(), idle).await;
+            return Received::End;
+        }
+    };
+    match received {
+        Ok(Message::Text(t)) => Received::Text(t.as_str().to_owned()),
+        Ok(Message::Binary(b)) => Received::Text(String::from_utf8_lossy(&b).into_owned()),
+        Ok(Message::Ping(_) | Message::Pong(_)) => Received::Skip,
+        Ok(Message::Close(_)) | Err(_) => Received::End,
+    }
+}
+
+/// A `step` message: the episode's next turn on `env`, and the environment back (`None` when
+/// its step panicked and it is gone).
+async fn step_env(
+    env: Box<dyn Environment>,
+    current: Option<&mut Current>,
+    data: &Map<String, Value>,
+) -> (Option<Box<dyn Environment>>, Result<Value, SessionError>) {
+    let turn = match data.get("message") {
+        Some(Value::String(t)) => Ok(t.clone()),
+        Some(other) => Err(SessionError::new(
+            "VALIDATION_ERROR",
+            format!("message must be a string, got {other}"),
+        )),
+        None => Err(SessionError::new(
+            "VALIDATION_ERROR",
+            "the action must be {\"message\": \"the agent's turn text\"}",
+        )),
+    };
+    let refused = |m: &str| Err(SessionError::new("EXECUTION_ERROR", m));
+    let (c, turn) = match (current, turn) {
+        (None, _) => {
+            return (
+                Some(env),
+                refused("step before reset: send {\"type\": \"reset\"} first"),
+            );
+        }
+        (Some(c), _) if c.done => {
+            return (
+                Some(env),
+                refused("the episode is over: send {\"type\": \"reset\"} for the next one"),
+            );
+        }
+        (Some(_), Err(e)) => return (Some(env), Err(e)),
+        (Some(c), Ok(turn)) => (c, turn),
+    };
+    let joined = tokio::task::spawn_blocking(move || {
+        let mut env = env;
+        let r = env.step(&turn);
+        (env, r)
+    })
+    .await;
+    let Ok((back, result)) = joined else {
+        return (
+            None,
+            Err(SessionError::new(
+                "SESSION_ERROR",
+                "the environment's step panicked",
+            )),
+        );
+    };
+    let answer = result
+        .map(|step| {
+            c.steps += 1;
+            c.done = step.done;
+            let obs = observation_message(c, &step.observation.text, "", Some(&step));
+            json!({"type": "observation", "data": obs})
+        })
+        .map_err(|e| SessionError::new("EXECUTION_ERROR", e.to_string()));
+    (Some(back), answer)
+}
+
+/// The `data` of a `state` answer: the current episode's, or an empty one before any reset.
+fn state_data(current: Option<&Current>) -> Value {
+    match current {
+        Some(c) => json!({
+            "episode_id": c.episode_id,
+            "step_count": c.steps,
+            "question_id": c.question_id,
+            "split": c.split.name(),
+            "index": c.index,
+            "done": c.done,
+        }),
+        None => json!({"episode_id": null, "step_count": 0}),
+    }
 }
 
 /// `POST /reset`: one reset on a fresh environment, as OpenEnv 0.3's stateless HTTP route.
