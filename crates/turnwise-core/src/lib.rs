@@ -22,6 +22,7 @@ pub mod advantage;
 pub mod control;
 pub mod grammar;
 pub mod info_gain;
+pub mod metric_keys;
 pub mod pip;
 pub mod range;
 pub mod reward;

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use turnwise_core::metric_keys as mk;
 use turnwise_env::world::Split;
 
 use crate::config::TrainConfig;
@@ -289,8 +290,10 @@ fn warm_start_phase(
                 if let Some(bar) = &bar {
                     bar.set_message(format!("loss {mean:.4}"));
                 }
-                let m =
-                    BTreeMap::from([("sft/loss".to_string(), mean), ("sft/lr".to_string(), s.lr)]);
+                let m = BTreeMap::from([
+                    (mk::sft::LOSS.to_string(), mean),
+                    (mk::sft::LR.to_string(), s.lr),
+                ]);
                 log.write(s.step, "sft", &m)?;
             }
         }
@@ -466,15 +469,15 @@ pub const WEIGHTS_DIR: &str = "weights";
 /// The metrics phase of the run's timing lines.
 const TIMING_PHASE: &str = "timing";
 /// Seconds of the warm start (and rejection fine-tuning), logged once at step 0.
-const WARM_START_SECONDS: &str = "timing_s/warm_start";
+const WARM_START_SECONDS: &str = mk::timing::WARM_START;
 /// Seconds spent building the task, tokenizer and model before the warm start.
-const SETUP_SECONDS: &str = "timing_s/setup";
+const SETUP_SECONDS: &str = mk::timing::SETUP;
 /// The model's parameter count, logged on the step-0 timing line.
-pub const PARAMETERS: &str = "model/parameters";
+pub const PARAMETERS: &str = mk::perf::MODEL_PARAMETERS;
 /// How many of them the optimizer trains (the LoRA adapters' with LoRA), on the same line.
-pub const TRAINABLE_PARAMETERS: &str = "model/trainable_parameters";
+pub const TRAINABLE_PARAMETERS: &str = mk::perf::MODEL_TRAINABLE_PARAMETERS;
 /// Seconds of one evaluation (one split, one decoding), logged on its eval line.
-const EVAL_SECONDS: &str = "timing_s/eval";
+const EVAL_SECONDS: &str = mk::timing::EVAL;
 
 /// Writes the checkpoint of the trainer's step, marks it complete and prunes old ones.
 fn save_checkpoint(trainer: &Trainer, cfg: &TrainConfig, dir: &RunDir) -> Result<()> {
@@ -529,9 +532,9 @@ pub fn rejection_phase(
                 bar.set_message(format!("epoch {epoch} loss {loss:.4}"));
             }
             let m = BTreeMap::from([
-                ("rsft/loss".to_string(), loss),
-                ("rsft/lr".to_string(), lr),
-                ("rsft/epoch".to_string(), epoch as f64),
+                (mk::sft::RSFT_LOSS.to_string(), loss),
+                (mk::sft::RSFT_LR.to_string(), lr),
+                (mk::sft::RSFT_EPOCH.to_string(), epoch as f64),
             ]);
             if let Some(log) = log.as_deref_mut()
                 && let Err(e) = log.write(step, "rsft", &m)
@@ -1092,14 +1095,14 @@ fn rl_phase(
     while trainer.step < cfg.run.steps {
         let mut out = trainer.rl_step()?;
         if let Some(secs) = trainer.sync_remote(&dir.root().join(WEIGHTS_DIR))? {
-            out.metrics.insert("timing_s/weight_sync".into(), secs);
+            out.metrics.insert(mk::timing::WEIGHT_SYNC.into(), secs);
         }
         let step = trainer.step;
         bar.set_position(step);
         log.write(step, "train", &out.metrics)?;
         dir.write_samples(step, &out.samples)?;
         let line = step_line(step, cfg.run.steps, &out.metrics);
-        let em = out.metrics.get("train/em").copied().unwrap_or(f64::NAN);
+        let em = out.metrics.get(mk::train::EM).copied().unwrap_or(f64::NAN);
         let what = if trainer.task.scored_by_return() {
             "success"
         } else {
@@ -1153,30 +1156,30 @@ fn step_line(step: u64, steps: u64, m: &BTreeMap<String, f64>) -> String {
         Some(v) => format!("{v:.prec$}"),
         None => "-".into(),
     };
-    let update = if g("actor/pg_loss").is_some() {
+    let update = if g(mk::actor::PG_LOSS).is_some() {
         format!(
             "pg_loss {:+.4} clipfrac {} entropy {} grad {}",
-            g("actor/pg_loss").unwrap_or(0.0),
-            f("actor/pg_clipfrac", 3),
-            f("actor/entropy", 3),
-            f("actor/grad_norm", 3),
+            g(mk::actor::PG_LOSS).unwrap_or(0.0),
+            f(mk::actor::PG_CLIPFRAC, 3),
+            f(mk::actor::ENTROPY, 3),
+            f(mk::actor::GRAD_NORM, 3),
         )
     } else {
         "no update (no group carried signal)".into()
     };
     // A game's EM is its success rate, shown with its invalid-action rate.
-    let em = match g("train/invalid_actions") {
-        Some(v) => format!("success {} invalid {v:.3}", f("train/em", 3)),
-        None => format!("em {}", f("train/em", 3)),
+    let em = match g(mk::train::INVALID_ACTIONS) {
+        Some(v) => format!("success {} invalid {v:.3}", f(mk::train::EM, 3)),
+        None => format!("em {}", f(mk::train::EM, 3)),
     };
     format!(
         "rl {step:>4}/{steps} score {} {em} kept {} {update} len {} ({} s: gen {}, update {})",
-        f("critic/score/mean", 3),
-        f("batch/kept_rollouts", 0),
-        f("response_length/mean", 0),
-        f("timing_s/step", 1),
-        f("timing_s/gen", 1),
-        f("timing_s/update", 1),
+        f(mk::critic::SCORE_MEAN, 3),
+        f(mk::batch::KEPT_ROLLOUTS, 0),
+        f(mk::length::RESPONSE_MEAN, 0),
+        f(mk::timing::STEP, 1),
+        f(mk::timing::GEN, 1),
+        f(mk::timing::UPDATE, 1),
     )
 }
 
@@ -1229,7 +1232,7 @@ fn summary_from_log(dir: &RunDir, cfg: &TrainConfig) -> Result<RunSummary> {
         }
     }
     let sft_seconds = sum(TIMING_PHASE, WARM_START_SECONDS);
-    let rl_seconds = sum("train", "timing_s/step");
+    let rl_seconds = sum("train", mk::timing::STEP);
     let total_seconds =
         sum(TIMING_PHASE, SETUP_SECONDS) + sft_seconds + rl_seconds + sum("eval", EVAL_SECONDS);
     Ok(RunSummary {

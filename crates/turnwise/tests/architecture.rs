@@ -638,3 +638,132 @@ fn path_between(
     }
     None
 }
+
+/// The first segments of `metrics.jsonl` keys: a string literal that starts with one of them
+/// and a `/`, and holds only `[a-z0-9_/]` after it, is a metric key.
+const METRIC_PREFIXES: [&str; 25] = [
+    "actor",
+    "critic",
+    "batch",
+    "rollout",
+    "tree",
+    "rsft",
+    "sft",
+    "judge",
+    "harness",
+    "info_gain",
+    "env",
+    "reward",
+    "train",
+    "timing_s",
+    "perf",
+    "response_length",
+    "prompt_length",
+    "num_turns",
+    "tool_call_counts",
+    "gigpo",
+    "eval",
+    "model",
+    "mt_grpo",
+    "mt_ppo",
+    "a2tgpo",
+];
+
+/// Where a metric key may be written as a literal: the keys' module itself, and the
+/// estimators' own files (a method's keys are part of the method, item 1 of issue 53). The
+/// benchmarks' result keys (`bench.rs`) go to a benchmark's JSON, not to `metrics.jsonl`.
+const METRIC_KEY_HOMES: [&str; 3] = [
+    "turnwise-core/src/metric_keys.rs",
+    "turnwise-core/src/advantage/",
+    "turnwise/src/bench.rs",
+];
+
+/// The metric-key literals of `code`, with their byte offsets: string literals (between two
+/// unescaped `"`) that [`METRIC_PREFIXES`] calls keys. A literal with a `{` (a `format!`
+/// family) is not one.
+fn metric_key_literals(code: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let bytes = code.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'"' && (i == 0 || bytes[i - 1] != b'\\') {
+            let start = i + 1;
+            let mut j = start;
+            while j < bytes.len() && !(bytes[j] == b'"' && bytes[j - 1] != b'\\') {
+                j += 1;
+            }
+            let lit = &code[start..j.min(code.len())];
+            let is_key = lit.split_once('/').is_some_and(|(head, rest)| {
+                METRIC_PREFIXES.contains(&head)
+                    && rest
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_/".contains(c))
+            });
+            if is_key {
+                out.push((start, lit.to_string()));
+            }
+            i = j + 1;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Every `metrics.jsonl` key is named once, in `turnwise_core::metric_keys` (or in its
+/// estimator's own file): the writers and the readers (report, plots, study, `runs`) use the
+/// constant, so a renamed key cannot leave a reader behind.
+#[test]
+fn metric_keys_are_named_once() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut found = Vec::new();
+    for krate in CRATES {
+        for file in rust_files(&crates.join(krate).join("src")) {
+            let rel = file
+                .strip_prefix(&crates)
+                .unwrap()
+                .to_string_lossy()
+                .to_string();
+            if METRIC_KEY_HOMES.iter().any(|h| rel.starts_with(h)) {
+                continue;
+            }
+            let code = non_test_code(&file);
+            for (at, key) in metric_key_literals(&code) {
+                found.push(format!("{rel}:{}: \"{key}\"", line_at(&code, at)));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "metric keys written as literals (name them in turnwise_core::metric_keys and use the \
+         constant):\n{}",
+        found.join("\n")
+    );
+    // The keys' module names each key once.
+    let all: Vec<&str> = turnwise_core::metric_keys::all().collect();
+    let unique: BTreeSet<&str> = all.iter().copied().collect();
+    assert_eq!(unique.len(), all.len());
+}
+
+#[test]
+fn the_metric_key_guard_reads_literals() {
+    let keys = |code: &str| -> Vec<String> {
+        metric_key_literals(code)
+            .into_iter()
+            .map(|(_, k)| k)
+            .collect()
+    };
+    assert_eq!(
+        keys(r#"m.insert("actor/pg_loss".into(), x); y == "timing_s/";"#),
+        ["actor/pg_loss", "timing_s/"]
+    );
+    assert_eq!(
+        keys(r#"&["critic/score/mean", "eval/test/greedy/em"]"#),
+        ["critic/score/mean", "eval/test/greedy/em"]
+    );
+    // Families, paths, other strings and escaped quotes are not keys.
+    assert!(
+        keys(r#"format!("reward/{name}"); "crates/turnwise"; "a/b"; "\"actor/x\"""#).is_empty()
+    );
+    assert!(keys(r#""application/json" "actor/Upper""#).is_empty());
+}

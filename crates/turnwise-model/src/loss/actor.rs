@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
+use turnwise_core::metric_keys as mk;
 use turnwise_core::range::{Range, RangeErrors};
 
 use super::agg::AggOptions;
@@ -117,16 +118,16 @@ impl ActorLossMetrics {
     pub fn to_map(&self) -> BTreeMap<String, f64> {
         let mut m = self.policy.to_map();
         if let Some(k) = self.kl_loss {
-            m.insert("actor/kl_loss".to_string(), k);
-            m.insert("actor/kl_coef".to_string(), self.kl_coef);
+            m.insert(mk::actor::KL_LOSS.to_string(), k);
+            m.insert(mk::actor::KL_COEF.to_string(), self.kl_coef);
         }
         if let Some(h) = self.entropy {
-            m.insert("actor/entropy_agg".to_string(), h);
+            m.insert(mk::actor::ENTROPY_AGG.to_string(), h);
         }
         if let Some(h) = self.entropy_token_mean {
-            m.insert("actor/entropy".to_string(), h);
+            m.insert(mk::actor::ENTROPY.to_string(), h);
         }
-        m.insert("actor/loss".to_string(), self.total_loss);
+        m.insert(mk::actor::LOSS.to_string(), self.total_loss);
         m
     }
 }

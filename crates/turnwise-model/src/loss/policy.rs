@@ -38,6 +38,7 @@ use std::str::FromStr;
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 use turnwise_core::advantage::Channel;
+use turnwise_core::metric_keys as mk;
 
 use super::agg::{AggDenominators, AggOptions, LossAggMode, agg_row_weights, weighted_sum};
 use super::clip_bias::{
@@ -610,34 +611,37 @@ impl PolicyLossMetrics {
     /// Metrics keyed by their logged names (`actor/pg_clipfrac`, …).
     pub fn to_map(&self) -> BTreeMap<String, f64> {
         let mut m = BTreeMap::new();
-        m.insert("actor/pg_loss".to_string(), self.pg_loss);
-        m.insert("actor/pg_clipfrac".to_string(), self.pg_clipfrac);
+        m.insert(mk::actor::PG_LOSS.to_string(), self.pg_loss);
+        m.insert(mk::actor::PG_CLIPFRAC.to_string(), self.pg_clipfrac);
         m.insert(
-            "actor/pg_clipfrac_lower".to_string(),
+            mk::actor::PG_CLIPFRAC_LOWER.to_string(),
             self.pg_clipfrac_lower,
         );
-        m.insert("actor/pg_clipfrac_high".to_string(), self.pg_clipfrac_high);
-        m.insert("actor/pg_clipfrac_low".to_string(), self.pg_clipfrac_low);
-        m.insert("actor/ppo_kl".to_string(), self.ppo_kl);
-        m.insert("actor/clip_bias_norm".to_string(), self.clip_bias_norm);
-        m.insert("actor/clip_bias_scale".to_string(), self.clip_bias_scale);
+        m.insert(
+            mk::actor::PG_CLIPFRAC_HIGH.to_string(),
+            self.pg_clipfrac_high,
+        );
+        m.insert(mk::actor::PG_CLIPFRAC_LOW.to_string(), self.pg_clipfrac_low);
+        m.insert(mk::actor::PPO_KL.to_string(), self.ppo_kl);
+        m.insert(mk::actor::CLIP_BIAS_NORM.to_string(), self.clip_bias_norm);
+        m.insert(mk::actor::CLIP_BIAS_SCALE.to_string(), self.clip_bias_scale);
         if let Some(g) = self.clip_bias_grad_norm {
-            m.insert("actor/clip_bias_grad_norm".to_string(), g);
+            m.insert(mk::actor::CLIP_BIAS_GRAD_NORM.to_string(), g);
         }
         m.insert(
-            "actor/clip_bias_num_clipped".to_string(),
+            mk::actor::CLIP_BIAS_NUM_CLIPPED.to_string(),
             self.clip_bias_num_clipped as f64,
         );
-        m.insert("actor/num_turns".to_string(), self.num_turns as f64);
+        m.insert(mk::actor::NUM_TURNS.to_string(), self.num_turns as f64);
         m.insert(
-            "actor/turn_rule_explicit".to_string(),
+            mk::actor::TURN_RULE_EXPLICIT.to_string(),
             f64::from(u8::from(self.turn_rule == TurnRule::ExplicitTurnId)),
         );
         if let Some(h) = self.turn_kl_entropy {
-            m.insert("actor/turn_kl_entropy".to_string(), h);
+            m.insert(mk::actor::TURN_KL_ENTROPY.to_string(), h);
         }
         m.insert(
-            "actor/single_turn_count".to_string(),
+            mk::actor::SINGLE_TURN_COUNT.to_string(),
             self.single_turn_count as f64,
         );
         m

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
+use turnwise_core::metric_keys as mk;
 
 use super::agg::{AggDenominators, AggOptions, LossAggMode, agg_row_weights, weighted_sum};
 use super::{LossError, Result, finite_rows, finite_scalar, masked_mean_rows};
@@ -54,9 +55,9 @@ impl ValueLossMetrics {
     /// Metrics keyed by their logged names.
     pub fn to_map(&self) -> BTreeMap<String, f64> {
         BTreeMap::from([
-            ("critic/vf_loss".to_string(), self.vf_loss),
-            ("critic/vf_clipfrac".to_string(), self.vf_clipfrac),
-            ("critic/vpred_mean".to_string(), self.vpred_mean),
+            (mk::critic::VF_LOSS.to_string(), self.vf_loss),
+            (mk::critic::VF_CLIPFRAC.to_string(), self.vf_clipfrac),
+            (mk::critic::VPRED_MEAN.to_string(), self.vpred_mean),
         ])
     }
 }

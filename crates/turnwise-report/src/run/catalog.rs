@@ -12,6 +12,8 @@ use super::metrics::{MetricsLog, read_metrics};
 use super::svg::{LineChart, Series};
 use super::{RunDir, RunError, RunResult};
 
+use turnwise_core::metric_keys as mk;
+
 /// What `turnwise runs` shows of one run directory.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunInfo {
@@ -92,28 +94,28 @@ fn flatten(key: String, value: &toml::Value, out: &mut BTreeMap<String, String>)
 
 /// The training metrics a listing or a comparison summarises (mean of the last ten steps).
 pub const SUMMARY_KEYS: &[&str] = &[
-    "train/em",
-    "critic/score/mean",
-    "actor/pg_clipfrac",
-    "actor/entropy",
+    mk::train::EM,
+    mk::critic::SCORE_MEAN,
+    mk::actor::PG_CLIPFRAC,
+    mk::actor::ENTROPY,
 ];
 
 /// The charts of `turnwise compare`: `(file stem, title, metric)`, one curve per run.
 pub const COMPARE_CHARTS: &[(&str, &str, &str)] = &[
-    ("train_em", "training EM per RL step", "train/em"),
-    ("score", "mean reward per RL step", "critic/score/mean"),
+    ("train_em", "training EM per RL step", mk::train::EM),
+    ("score", "mean reward per RL step", mk::critic::SCORE_MEAN),
     (
         "clipfrac",
         "clipped fraction per RL step",
-        "actor/pg_clipfrac",
+        mk::actor::PG_CLIPFRAC,
     ),
-    ("entropy", "policy entropy per RL step", "actor/entropy"),
+    ("entropy", "policy entropy per RL step", mk::actor::ENTROPY),
     (
         "validation_greedy_em",
         "validation greedy EM",
-        "eval/validation/greedy/em",
+        mk::eval::VALIDATION_GREEDY_EM,
     ),
-    ("test_greedy_em", "test greedy EM", "eval/test/greedy/em"),
+    ("test_greedy_em", "test greedy EM", mk::eval::TEST_GREEDY_EM),
 ];
 
 /// The run directories at `root`: `root` itself when it is one (it holds `config.toml`), else
@@ -184,7 +186,7 @@ impl RunInfo {
         // From +0.0: the `sum` of no steps is -0.0, printed "-0".
         let rl_seconds = train
             .iter()
-            .filter_map(|r| r.get("timing_s/step"))
+            .filter_map(|r| r.get(mk::timing::STEP))
             .fold(0.0, |a, b| a + b);
         let mut test_em = BTreeMap::new();
         let test_n = ["greedy", "sampled"].iter().find_map(|mode| {
@@ -307,8 +309,8 @@ pub fn runs_table(runs: &[RunInfo]) -> String {
             r.checkpoint
                 .map(|c| c.to_string())
                 .unwrap_or_else(|| "-".into()),
-            num(r.recent.get("train/em"), 3),
-            num(r.recent.get("critic/score/mean"), 3),
+            num(r.recent.get(mk::train::EM), 3),
+            num(r.recent.get(mk::critic::SCORE_MEAN), 3),
             format!("{} -> {}", pct(b), pct(a)),
             age(r.last_time, now),
         );

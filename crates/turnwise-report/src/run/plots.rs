@@ -8,6 +8,8 @@ use super::metrics::MetricsLog;
 use super::svg::{LineChart, Series};
 use super::{RunError, RunResult};
 
+use turnwise_core::metric_keys as mk;
+
 /// One curve of a [`PlotSpec`]: the first of `keys` with data is drawn.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SeriesSpec {
@@ -70,78 +72,84 @@ pub fn default_plot_specs() -> Vec<PlotSpec> {
         PlotSpec::new("reward", "Reward").series(
             "train",
             &[
-                "critic/score/mean",
-                "critic/rewards/mean",
-                "train/reward",
-                "reward/mean",
+                mk::critic::SCORE_MEAN,
+                mk::critic::REWARDS_MEAN,
+                mk::train::REWARD,
+                mk::reward::MEAN,
             ],
         ),
         PlotSpec::new("em", "Exact match")
-            .series("train", &["train/em", "critic/em/mean", "reward/em"])
-            .series("validation (greedy)", &["eval/validation/greedy/em"])
+            .series(
+                "train",
+                &[mk::train::EM, mk::critic::EM_MEAN, mk::reward::EM],
+            )
+            .series("validation (greedy)", &[mk::eval::VALIDATION_GREEDY_EM])
             .series(
                 "test (greedy)",
-                &["eval/test/greedy/em", "eval/greedy/em", "eval/em"],
+                &[mk::eval::TEST_GREEDY_EM, mk::eval::GREEDY_EM, mk::eval::EM],
             )
             .series(
                 "test (sampled)",
-                &["eval/test/sampled/em", "eval/sampled/em"],
+                &[mk::eval::TEST_SAMPLED_EM, mk::eval::SAMPLED_EM],
             ),
         PlotSpec::new("f1", "F1")
-            .series("train", &["train/f1"])
-            .series("validation (greedy)", &["eval/validation/greedy/f1"])
+            .series("train", &[mk::train::F1])
+            .series("validation (greedy)", &[mk::eval::VALIDATION_GREEDY_F1])
             .series(
                 "test (greedy)",
-                &["eval/test/greedy/f1", "eval/greedy/f1", "eval/f1"],
+                &[mk::eval::TEST_GREEDY_F1, mk::eval::GREEDY_F1, mk::eval::F1],
             )
             .series(
                 "test (sampled)",
-                &["eval/test/sampled/f1", "eval/sampled/f1"],
+                &[mk::eval::TEST_SAMPLED_F1, mk::eval::SAMPLED_F1],
             ),
-        PlotSpec::new("entropy", "Policy entropy").series("entropy", &["actor/entropy"]),
+        PlotSpec::new("entropy", "Policy entropy").series("entropy", &[mk::actor::ENTROPY]),
         PlotSpec::new("kl", "KL divergence")
-            .series("ppo_kl (old‖new)", &["actor/ppo_kl"])
-            .series("kl_loss (ref)", &["actor/kl_loss"]),
+            .series("ppo_kl (old‖new)", &[mk::actor::PPO_KL])
+            .series("kl_loss (ref)", &[mk::actor::KL_LOSS]),
         PlotSpec::new("clipfrac", "Clip fraction")
-            .series("clipped", &["actor/pg_clipfrac"])
-            .series("dual clip (A<0)", &["actor/pg_clipfrac_lower"]),
+            .series("clipped", &[mk::actor::PG_CLIPFRAC])
+            .series("dual clip (A<0)", &[mk::actor::PG_CLIPFRAC_LOWER]),
         PlotSpec::new("response_length", "Response length (tokens)")
-            .series("mean", &["response_length/mean"])
-            .series("agent tokens", &["response_length/agent_mean"]),
+            .series("mean", &[mk::length::RESPONSE_MEAN])
+            .series("agent tokens", &[mk::length::RESPONSE_AGENT_MEAN]),
         PlotSpec::new("turns", "Turns per trajectory")
-            .series("train", &["env/turns/mean", "num_turns/mean"])
+            .series("train", &[mk::env::TURNS_MEAN, mk::env::NUM_TURNS_MEAN])
             .series(
                 "validation (greedy)",
                 &[
-                    "eval/validation/greedy/turns",
-                    "eval/greedy/turns",
-                    "eval/turns",
+                    mk::eval::VALIDATION_GREEDY_TURNS,
+                    mk::eval::GREEDY_TURNS,
+                    mk::eval::TURNS,
                 ],
             ),
         PlotSpec::new("tool_calls", "Tool calls per trajectory")
-            .series("train", &["env/tool_calls/mean", "tool_call_counts/mean"])
+            .series(
+                "train",
+                &[mk::env::TOOL_CALLS_MEAN, mk::env::TOOL_CALL_COUNTS_MEAN],
+            )
             .series(
                 "validation (greedy)",
                 &[
-                    "eval/validation/greedy/tool_calls",
-                    "eval/greedy/tool_calls",
-                    "eval/tool_calls",
+                    mk::eval::VALIDATION_GREEDY_TOOL_CALLS,
+                    mk::eval::GREEDY_TOOL_CALLS,
+                    mk::eval::TOOL_CALLS,
                 ],
             ),
         PlotSpec::new("grad_norm", "Gradient norm (before clipping)")
-            .series("grad_norm", &["actor/grad_norm"]),
-        PlotSpec::new("pg_loss", "Policy loss").series("pg_loss", &["actor/pg_loss"]),
+            .series("grad_norm", &[mk::actor::GRAD_NORM]),
+        PlotSpec::new("pg_loss", "Policy loss").series("pg_loss", &[mk::actor::PG_LOSS]),
         PlotSpec::new("advantages", "Advantages (loss-masked tokens)")
-            .series("max", &["critic/advantages/max"])
-            .series("mean", &["critic/advantages/mean"])
-            .series("min", &["critic/advantages/min"]),
-        PlotSpec::new("sft_loss", "Warm-start loss").series("loss", &["sft/loss"]),
+            .series("max", &[mk::critic::ADVANTAGES_MAX])
+            .series("mean", &[mk::critic::ADVANTAGES_MEAN])
+            .series("min", &[mk::critic::ADVANTAGES_MIN]),
+        PlotSpec::new("sft_loss", "Warm-start loss").series("loss", &[mk::sft::LOSS]),
         PlotSpec::new("rsft_loss", "Rejection-sampling fine-tuning loss")
-            .series("loss", &["rsft/loss"]),
+            .series("loss", &[mk::sft::RSFT_LOSS]),
         PlotSpec::new("step_time", "Seconds per step")
-            .series("step", &["timing_s/step"])
-            .series("generation", &["timing_s/gen"])
-            .series("update", &["timing_s/update"]),
+            .series("step", &[mk::timing::STEP])
+            .series("generation", &[mk::timing::GEN])
+            .series("update", &[mk::timing::UPDATE]),
     ]
 }
 

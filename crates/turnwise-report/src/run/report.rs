@@ -9,6 +9,7 @@ use super::metrics::{MetricsLog, PairedGain, read_metrics};
 use super::plots::{PlotFile, default_plot_specs, write_plots};
 use super::{RunError, RunResult};
 use turnwise_core::advantage::{AdvantageConfig, ESTIMATORS, Estimator};
+use turnwise_core::metric_keys as mk;
 
 /// Which way a metric improves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,47 +24,59 @@ enum Better {
 const MAIN: &[(&str, &[&str], Better)] = &[
     (
         "reward",
-        &["critic/score/mean", "critic/rewards/mean", "train/reward"],
+        &[
+            mk::critic::SCORE_MEAN,
+            mk::critic::REWARDS_MEAN,
+            mk::train::REWARD,
+        ],
         Better::Higher,
     ),
-    ("train EM", &["train/em", "critic/em/mean"], Better::Higher),
+    (
+        "train EM",
+        &[mk::train::EM, mk::critic::EM_MEAN],
+        Better::Higher,
+    ),
     (
         "train invalid actions",
-        &["train/invalid_actions"],
+        &[mk::train::INVALID_ACTIONS],
         Better::Lower,
     ),
-    ("train format ok", &["train/format_ok"], Better::Higher),
-    ("entropy", &["actor/entropy"], Better::Neither),
-    ("KL (old‖new)", &["actor/ppo_kl"], Better::Neither),
-    ("KL loss (ref)", &["actor/kl_loss"], Better::Neither),
-    ("clip fraction", &["actor/pg_clipfrac"], Better::Neither),
-    ("policy loss", &["actor/pg_loss"], Better::Neither),
-    ("grad norm", &["actor/grad_norm"], Better::Neither),
+    ("train format ok", &[mk::train::FORMAT_OK], Better::Higher),
+    ("entropy", &[mk::actor::ENTROPY], Better::Neither),
+    ("KL (old‖new)", &[mk::actor::PPO_KL], Better::Neither),
+    ("KL loss (ref)", &[mk::actor::KL_LOSS], Better::Neither),
+    ("clip fraction", &[mk::actor::PG_CLIPFRAC], Better::Neither),
+    ("policy loss", &[mk::actor::PG_LOSS], Better::Neither),
+    ("grad norm", &[mk::actor::GRAD_NORM], Better::Neither),
     (
         "explained variance",
-        &["critic/vf_explained_var"],
+        &[mk::critic::VF_EXPLAINED_VAR],
         Better::Higher,
     ),
     (
         "response length",
-        &["response_length/mean"],
+        &[mk::length::RESPONSE_MEAN],
         Better::Neither,
     ),
     (
         "turns",
-        &["env/turns/mean", "num_turns/mean"],
+        &[mk::env::TURNS_MEAN, mk::env::NUM_TURNS_MEAN],
         Better::Neither,
     ),
     (
         "tool calls",
-        &["env/tool_calls/mean", "tool_call_counts/mean"],
+        &[mk::env::TOOL_CALLS_MEAN, mk::env::TOOL_CALL_COUNTS_MEAN],
         Better::Neither,
     ),
-    ("warm-start loss", &["sft/loss"], Better::Lower),
-    ("rejection-sampling loss", &["rsft/loss"], Better::Lower),
+    ("warm-start loss", &[mk::sft::LOSS], Better::Lower),
+    (
+        "rejection-sampling loss",
+        &[mk::sft::RSFT_LOSS],
+        Better::Lower,
+    ),
     (
         "rejection-sampling kept",
-        &["rsft/kept_fraction"],
+        &[mk::sft::RSFT_KEPT_FRACTION],
         Better::Neither,
     ),
 ];
@@ -159,7 +172,7 @@ enum EvalKey {
 }
 
 fn parse_eval_key(key: &str) -> Option<(String, EvalKey)> {
-    let parts: Vec<&str> = key.strip_prefix("eval/")?.split('/').collect();
+    let parts: Vec<&str> = key.strip_prefix(mk::eval::PREFIX)?.split('/').collect();
     let (&last, head) = parts.split_last()?;
     if last.is_empty() {
         return None;
@@ -182,42 +195,42 @@ fn parse_eval_key(key: &str) -> Option<(String, EvalKey)> {
 const LOSS_MECHANISM: &[(&str, &[&str], Better)] = &[
     (
         "clipped at the upper bound",
-        &["actor/pg_clipfrac_high"],
+        &[mk::actor::PG_CLIPFRAC_HIGH],
         Better::Neither,
     ),
     (
         "clipped at the lower bound",
-        &["actor/pg_clipfrac_low"],
+        &[mk::actor::PG_CLIPFRAC_LOW],
         Better::Neither,
     ),
     (
         "dual-clipped",
-        &["actor/pg_clipfrac_lower"],
+        &[mk::actor::PG_CLIPFRAC_LOWER],
         Better::Neither,
     ),
     (
         "clipping-bias scale",
-        &["actor/clip_bias_scale"],
+        &[mk::actor::CLIP_BIAS_SCALE],
         Better::Neither,
     ),
     (
         "clipping-bias mean weight, off-policy mini-batches",
-        &["actor/clip_bias_scale_offpolicy"],
+        &[mk::actor::CLIP_BIAS_SCALE_OFFPOLICY],
         Better::Neither,
     ),
     (
         "clipping-bias clipped tokens",
-        &["actor/clip_bias_num_clipped"],
+        &[mk::actor::CLIP_BIAS_NUM_CLIPPED],
         Better::Neither,
     ),
     (
         "KL in the reward",
-        &["actor/reward_kl_penalty"],
+        &[mk::actor::REWARD_KL_PENALTY],
         Better::Neither,
     ),
     (
         "KL-in-reward coefficient",
-        &["actor/reward_kl_penalty_coeff"],
+        &[mk::actor::REWARD_KL_PENALTY_COEFF],
         Better::Neither,
     ),
 ];
@@ -225,68 +238,80 @@ const LOSS_MECHANISM: &[(&str, &[&str], Better)] = &[
 /// The rollout's and the reward's mechanisms, shown after the estimator's (whose metrics each
 /// estimator declares, [`Estimator::metric_docs`]).
 const ROLLOUT_MECHANISM: &[(&str, &[&str], Better)] = &[
-    ("tree leaves per prompt", &["tree/leaves"], Better::Neither),
-    ("tree depth", &["tree/depth/mean"], Better::Neither),
-    ("fork entropy", &["tree/fork_entropy/mean"], Better::Neither),
+    (
+        "tree leaves per prompt",
+        &[mk::tree::LEAVES],
+        Better::Neither,
+    ),
+    ("tree depth", &[mk::tree::DEPTH_MEAN], Better::Neither),
+    (
+        "fork entropy",
+        &[mk::tree::FORK_ENTROPY_MEAN],
+        Better::Neither,
+    ),
     (
         "trees per group",
-        &["tree/labels_per_group"],
+        &[mk::tree::LABELS_PER_GROUP],
         Better::Neither,
     ),
     (
         "two-turn: tool executed",
-        &["reward/tool_execution"],
+        &[mk::reward::TOOL_EXECUTION],
         Better::Higher,
     ),
     (
         "two-turn: gold in the result",
-        &["reward/search_result_presence"],
+        &[mk::reward::SEARCH_RESULT_PRESENCE],
         Better::Higher,
     ),
     (
         "two-turn: exact match",
-        &["reward/exact_match"],
+        &[mk::reward::EXACT_MATCH],
         Better::Higher,
     ),
     (
         "penalised steps",
-        &["gigpo/penalised_steps"],
+        &[mk::gigpo::PENALISED_STEPS],
         Better::Neither,
     ),
     (
         "thinking interventions",
-        &["rollout/tti_triggered"],
+        &[mk::rollout::TTI_TRIGGERED],
         Better::Neither,
     ),
     (
         "turn regenerations",
-        &["rollout/tds_regenerations"],
+        &[mk::rollout::TDS_REGENERATIONS],
         Better::Neither,
     ),
     (
         "turns accepted on the first draw (TDS)",
-        &["rollout/tds_accepted_first_share"],
+        &[mk::rollout::TDS_ACCEPTED_FIRST_SHARE],
         Better::Neither,
     ),
     (
         "turns that spent the resampling budget (TDS)",
-        &["rollout/tds_budget_exhausted_share"],
+        &[mk::rollout::TDS_BUDGET_EXHAUSTED_SHARE],
         Better::Neither,
     ),
     (
         "first-draw turn gap Γ, median (TDS)",
-        &["rollout/tds_gap_p50"],
+        &[mk::rollout::TDS_GAP_P50],
         Better::Neither,
     ),
     (
         "filtered groups",
-        &["batch/filtered_groups"],
+        &[mk::batch::FILTERED_GROUPS],
         Better::Neither,
     ),
-    ("refill rounds", &["batch/refill_rounds"], Better::Neither),
+    (
+        "refill rounds",
+        &[mk::batch::REFILL_ROUNDS],
+        Better::Neither,
+    ),
     (
         "overlong penalty",
-        &["reward/overlong_penalty/mean"],
+        &[mk::reward::OVERLONG_PENALTY_MEAN],
         Better::Neither,
     ),
 ];
@@ -315,7 +340,7 @@ fn mechanism_rows() -> Vec<(&'static str, &'static [&'static str], Better)> {
 fn is_game(log: &MetricsLog) -> bool {
     log.keys()
         .iter()
-        .any(|k| k.starts_with("eval/") && k.ends_with("/invalid_actions"))
+        .any(|k| k.starts_with(mk::eval::PREFIX) && k.ends_with("/invalid_actions"))
 }
 
 /// The label of an evaluation column: a game's `em` is its success rate.
@@ -342,13 +367,15 @@ fn mechanism_on(key: &str, config: Option<&toml::Table>) -> bool {
         parts.try_fold(first, |at, part| at.get(part))
     };
     let flag = |path: &str| get(path).and_then(toml::Value::as_bool) == Some(true);
-    if key.starts_with("actor/clip_bias_") {
+    if key.starts_with(mk::actor::CLIP_BIAS_PREFIX) {
         get("actor.policy.clip_bias").is_some()
-    } else if key.starts_with("batch/filtered_groups") || key.starts_with("batch/refill_rounds") {
+    } else if key.starts_with(mk::batch::FILTERED_GROUPS)
+        || key.starts_with(mk::batch::REFILL_ROUNDS)
+    {
         flag("rollout.filter_zero_variance_groups")
-    } else if key.starts_with("actor/reward_kl_penalty") {
+    } else if key.starts_with(mk::actor::REWARD_KL_PENALTY) {
         flag("algorithm.use_kl_in_reward")
-    } else if key.starts_with("reward/overlong_penalty") {
+    } else if key.starts_with(mk::reward::OVERLONG_PENALTY) {
         flag("overlong_buffer.enable")
     } else {
         true
@@ -589,7 +616,7 @@ fn write_timing(out: &mut String, log: &MetricsLog) {
     let keys: Vec<&str> = log
         .keys()
         .into_iter()
-        .filter(|k| k.starts_with("timing_s/"))
+        .filter(|k| k.starts_with(mk::timing::PREFIX))
         .collect();
     let times: Vec<f64> = log.records.iter().filter_map(|r| r.time).collect();
     if keys.is_empty() && times.len() < 2 {
@@ -615,7 +642,7 @@ fn write_timing(out: &mut String, log: &MetricsLog) {
     if keys.is_empty() {
         return;
     }
-    let total_step: f64 = log.series("timing_s/step").iter().map(|p| p.1).sum();
+    let total_step: f64 = log.series(mk::timing::STEP).iter().map(|p| p.1).sum();
     let _ = writeln!(
         out,
         "| phase | mean per step | total | share of step time |\n|---|---|---|---|"

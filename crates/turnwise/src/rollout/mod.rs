@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, anyhow, bail};
 use turnwise_core::control::{AttemptScore, TdsSettings, TdsTracker, TtiController, TtiSettings};
+use turnwise_core::metric_keys as mk;
 use turnwise_core::trajectory::{
     AgentSegment, EnvSegment, FinishReason, Segment, Trajectory, TurnAction, TurnRecord,
 };
@@ -827,44 +828,44 @@ impl RolloutStats {
         let mut m = BTreeMap::new();
         let turns = self.turns.max(1) as f64;
         if control.tti.enabled {
-            m.insert("rollout/tti_triggered".into(), self.tti_triggered as f64);
+            m.insert(mk::rollout::TTI_TRIGGERED.into(), self.tti_triggered as f64);
             m.insert(
-                "rollout/tti_trigger_rate".into(),
+                mk::rollout::TTI_TRIGGER_RATE.into(),
                 self.tti_triggered as f64 / turns,
             );
-            m.insert("rollout/forced_tokens".into(), self.forced_tokens as f64);
+            m.insert(mk::rollout::FORCED_TOKENS.into(), self.forced_tokens as f64);
         }
         if control.tds.enabled {
             m.insert(
-                "rollout/tds_regenerations".into(),
+                mk::rollout::TDS_REGENERATIONS.into(),
                 self.tds_regenerations as f64,
             );
             m.insert(
-                "rollout/tds_regenerations_per_turn".into(),
+                mk::rollout::TDS_REGENERATIONS_PER_TURN.into(),
                 self.tds_regenerations as f64 / turns,
             );
             m.insert(
-                "rollout/tds_regenerated_turns".into(),
+                mk::rollout::TDS_REGENERATED_TURNS.into(),
                 self.tds_regenerated_turns as f64,
             );
             m.insert(
-                "rollout/tds_max_regenerations".into(),
+                mk::rollout::TDS_MAX_REGENERATIONS.into(),
                 self.tds_max_regenerations as f64,
             );
             m.insert(
-                "rollout/tds_discarded_tokens".into(),
+                mk::rollout::TDS_DISCARDED_TOKENS.into(),
                 self.tds_discarded_tokens as f64,
             );
             let eligible = self.tds_first_gaps.len();
-            m.insert("rollout/tds_eligible_turns".into(), eligible as f64);
+            m.insert(mk::rollout::TDS_ELIGIBLE_TURNS.into(), eligible as f64);
             if eligible > 0 {
                 let share = |n: usize| n as f64 / eligible as f64;
                 m.insert(
-                    "rollout/tds_accepted_first_share".into(),
+                    mk::rollout::TDS_ACCEPTED_FIRST_SHARE.into(),
                     share(self.tds_accepted_first),
                 );
                 m.insert(
-                    "rollout/tds_budget_exhausted_share".into(),
+                    mk::rollout::TDS_BUDGET_EXHAUSTED_SHARE.into(),
                     share(self.tds_budget_exhausted),
                 );
                 let sorted = |v: &[f64]| {
@@ -877,34 +878,34 @@ impl RolloutStats {
                     m.insert(format!("rollout/tds_gap_{key}"), quantile(&first, q));
                 }
                 m.insert(
-                    "rollout/tds_kept_gap_p50".into(),
+                    mk::rollout::TDS_KEPT_GAP_P50.into(),
                     quantile(&sorted(&self.tds_kept_gaps), 0.5),
                 );
             }
         }
         if control.memory_window.is_some() {
             m.insert(
-                "rollout/memory_truncated_turns".into(),
+                mk::rollout::MEMORY_TRUNCATED_TURNS.into(),
                 self.memory_truncated_turns as f64,
             );
             m.insert(
-                "rollout/context_tokens/mean".into(),
+                mk::rollout::CONTEXT_TOKENS_MEAN.into(),
                 self.context_tokens as f64 / turns,
             );
         }
         if self.cached_context_tokens > 0 {
             m.insert(
-                "rollout/cached_context_fraction".into(),
+                mk::rollout::CACHED_CONTEXT_FRACTION.into(),
                 self.cached_context_tokens as f64 / self.context_tokens.max(1) as f64,
             );
         }
         if self.versioned_turns > 0 {
             m.insert(
-                "rollout/weight_staleness/mean".into(),
+                mk::rollout::WEIGHT_STALENESS_MEAN.into(),
                 self.staleness_sum as f64 / self.versioned_turns as f64,
             );
             m.insert(
-                "rollout/weight_staleness/max".into(),
+                mk::rollout::WEIGHT_STALENESS_MAX.into(),
                 self.staleness_max as f64,
             );
         }

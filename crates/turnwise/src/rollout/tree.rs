@@ -20,6 +20,7 @@ use anyhow::{Context, Result, bail, ensure};
 use turnwise_core::advantage::{RolloutTree, TreeNode};
 use turnwise_core::control::tree_expansion::{ExpansionTree, ForkRule, NodeId};
 use turnwise_core::control::{SplitMix64, TreeExpansionSettings};
+use turnwise_core::metric_keys as mk;
 use turnwise_env::env::Environment;
 
 use super::{Decoding, Episode, EpisodeSpec, EpisodeState, Policy, step_turn, turn_seed};
@@ -101,27 +102,27 @@ impl TreeBatch {
         let mut m = BTreeMap::new();
         let prompts = self.prompts.max(1) as f64;
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-        m.insert("tree/leaves".into(), self.leaf_of.len() as f64 / prompts);
+        m.insert(mk::tree::LEAVES.into(), self.leaf_of.len() as f64 / prompts);
         let mut labels: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
         for &(t, _) in &self.leaf_of {
             labels.entry(self.trees[t].group).or_default().insert(t);
         }
         let per_group: Vec<f64> = labels.values().map(|s| s.len() as f64).collect();
-        m.insert("tree/labels_per_group".into(), mean(&per_group));
+        m.insert(mk::tree::LABELS_PER_GROUP.into(), mean(&per_group));
         let depths: Vec<f64> = self
             .leaf_of
             .iter()
             .map(|&(t, n)| (self.trees[t].path_to(n).len() - 1) as f64)
             .collect();
-        m.insert("tree/depth/mean".into(), mean(&depths));
+        m.insert(mk::tree::DEPTH_MEAN.into(), mean(&depths));
         m.insert(
-            "tree/depth/max".into(),
+            mk::tree::DEPTH_MAX.into(),
             depths.iter().copied().fold(0.0, f64::max),
         );
-        m.insert("tree/forks".into(), self.forks.len() as f64 / prompts);
+        m.insert(mk::tree::FORKS.into(), self.forks.len() as f64 / prompts);
         if !self.forks.is_empty() {
             let h: Vec<f64> = self.forks.iter().map(|f| f.entropy).collect();
-            m.insert("tree/fork_entropy/mean".into(), mean(&h));
+            m.insert(mk::tree::FORK_ENTROPY_MEAN.into(), mean(&h));
         }
         m
     }

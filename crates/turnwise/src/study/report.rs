@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
+use turnwise_core::metric_keys as mk;
 
 use super::stats::{
     BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, Interval, mean, paired_bootstrap, t_interval,
@@ -565,13 +566,13 @@ fn mean_cell(xs: &[f64], digits: usize) -> String {
 /// The curves a report draws: a metrics key, its title and file stem.
 const CURVES: &[(&str, &str, &str)] = &[
     (
-        "critic/score/mean",
+        mk::critic::SCORE_MEAN,
         "reward (mean score of a step's rollouts)",
         "reward",
     ),
-    ("train/em", "training EM (a step's rollouts)", "train-em"),
+    (mk::train::EM, "training EM (a step's rollouts)", "train-em"),
     (
-        "eval/validation/greedy/em",
+        mk::eval::VALIDATION_GREEDY_EM,
         "validation EM, greedy (eval.every)",
         "validation-em",
     ),
@@ -584,7 +585,7 @@ type Curve = (Vec<(f64, f64)>, Vec<(f64, f64, f64)>);
 fn seed_band(runs: &[RunData], key: &str) -> Curve {
     let mut by_step: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
     for r in runs {
-        let phase = if key.starts_with("eval/") {
+        let phase = if key.starts_with(mk::eval::PREFIX) {
             "eval"
         } else {
             "train"
@@ -1104,7 +1105,7 @@ fn costs_section(arms: &[ArmData]) -> String {
         let train_tokens: Vec<f64> = a
             .runs
             .iter()
-            .filter_map(|r| train_mean(&r.metrics, "response_length/agent_mean"))
+            .filter_map(|r| train_mean(&r.metrics, mk::length::RESPONSE_AGENT_MEAN))
             .collect();
         let rl: Vec<f64> = a
             .runs
@@ -1178,24 +1179,24 @@ fn stability_section(arms: &[ArmData]) -> String {
         let skipped: Vec<f64> = a
             .runs
             .iter()
-            .filter(|r| r.metrics.has("actor/skipped_updates"))
+            .filter(|r| r.metrics.has(mk::actor::SKIPPED_UPDATES))
             .map(|r| {
                 r.metrics
                     .phase("train")
-                    .filter_map(|x| x.get("actor/skipped_updates"))
+                    .filter_map(|x| x.get(mk::actor::SKIPPED_UPDATES))
                     .sum()
             })
             .collect();
         let clip: Vec<f64> = a
             .runs
             .iter()
-            .filter_map(|r| train_mean(&r.metrics, "actor/pg_clipfrac"))
+            .filter_map(|r| train_mean(&r.metrics, mk::actor::PG_CLIPFRAC))
             .collect();
         let ends = |first: bool| -> Vec<f64> {
             a.runs
                 .iter()
                 .filter_map(|r| {
-                    let s = r.metrics.series("actor/entropy");
+                    let s = r.metrics.series(mk::actor::ENTROPY);
                     if first { s.first() } else { s.last() }.map(|p| p.1)
                 })
                 .collect()
@@ -1205,7 +1206,7 @@ fn stability_section(arms: &[ArmData]) -> String {
             .iter()
             .filter_map(|r| {
                 r.metrics
-                    .series("actor/ppo_kl")
+                    .series(mk::actor::PPO_KL)
                     .into_iter()
                     .map(|p| p.1)
                     .reduce(f64::max)

@@ -8,6 +8,7 @@ use turnwise_core::advantage::{
     place_turn_rewards,
 };
 use turnwise_core::control::filter_groups;
+use turnwise_core::metric_keys as mk;
 use turnwise_model::loss::policy::PolicyLossKind;
 use turnwise_model::loss::{KlEstimator, apply_kl_in_reward};
 
@@ -352,7 +353,7 @@ pub fn compute(
     }
     let mut metrics = BTreeMap::new();
     if episodes.is_empty() {
-        metrics.insert("critic/advantages/mean".into(), 0.0);
+        metrics.insert(mk::critic::ADVANTAGES_MEAN.into(), 0.0);
         return Ok(AdvantageRows {
             rows: Vec::new(),
             metrics,
@@ -375,7 +376,7 @@ pub fn compute(
             None => r.outcome + r.turn_rewards.iter().sum::<f64>(),
         })
         .collect();
-    insert_mean_max_min(&mut metrics, "critic/rewards", &rewards);
+    insert_mean_max_min(&mut metrics, mk::critic::REWARDS, &rewards);
     let batch = advantage_batch(rollouts, trees, episodes)?;
     let out = cfg
         .advantage
@@ -383,10 +384,10 @@ pub fn compute(
         .with_context(|| format!("estimator {name}"))?;
     let details = episode_details(cfg, &batch, &out);
     let (rows, trained) = training_rows(cfg, episodes, &batch, &out)?;
-    insert_mean_max_min(&mut metrics, "critic/advantages", &trained);
+    insert_mean_max_min(&mut metrics, mk::critic::ADVANTAGES, &trained);
     metrics.extend(cfg.advantage.metrics(&batch, &out));
     if cfg.advantage.step_samples().is_some() {
-        metrics.insert("gigpo/penalised_steps".into(), penalised as f64);
+        metrics.insert(mk::gigpo::PENALISED_STEPS.into(), penalised as f64);
     }
     Ok(AdvantageRows {
         rows,

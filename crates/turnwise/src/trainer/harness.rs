@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::{Value, json};
+use turnwise_core::metric_keys as mk;
 use turnwise_core::trajectory::{
     AgentSegment, EnvSegment, FinishReason, Segment, Trajectory, TurnAction, TurnRecord,
 };
@@ -191,8 +192,8 @@ impl HarnessStats {
     /// The `harness/*` metrics.
     pub fn metrics(&self) -> BTreeMap<String, f64> {
         let mut m = BTreeMap::new();
-        m.insert("harness/episodes".into(), self.episodes as f64);
-        m.insert("harness/failed".into(), self.failed() as f64);
+        m.insert(mk::harness::EPISODES.into(), self.episodes as f64);
+        m.insert(mk::harness::FAILED.into(), self.failed() as f64);
         for kind in [
             FailureKind::Crash,
             FailureKind::Timeout,
@@ -203,32 +204,32 @@ impl HarnessStats {
             let n = self.failures.iter().filter(|f| f.kind == kind).count();
             m.insert(format!("harness/failed/{}", kind.name()), n as f64);
         }
-        m.insert("harness/segments".into(), self.segments as f64);
-        m.insert("harness/requests".into(), self.records as f64);
+        m.insert(mk::harness::SEGMENTS.into(), self.segments as f64);
+        m.insert(mk::harness::REQUESTS.into(), self.records as f64);
         if self.followups > 0 {
             m.insert(
-                "harness/append_rate".into(),
+                mk::harness::APPEND_RATE.into(),
                 self.appended as f64 / self.followups as f64,
             );
         }
-        m.insert("harness/spliced".into(), self.spliced as f64);
+        m.insert(mk::harness::SPLICED.into(), self.spliced as f64);
         m.insert(
-            "harness/retokenization_differs".into(),
+            mk::harness::RETOKENIZATION_DIFFERS.into(),
             self.retokenization_differs as f64,
         );
         if !self.program_seconds.is_empty() {
             let n = self.program_seconds.len() as f64;
             m.insert(
-                "harness/program_seconds/mean".into(),
+                mk::harness::PROGRAM_SECONDS_MEAN.into(),
                 self.program_seconds.iter().sum::<f64>() / n,
             );
             m.insert(
-                "harness/program_seconds/max".into(),
+                mk::harness::PROGRAM_SECONDS_MAX.into(),
                 self.program_seconds.iter().copied().fold(0.0, f64::max),
             );
         }
         if let Some(rate) = self.tool_parse_rate() {
-            m.insert("harness/tool_calls/parse_rate".into(), rate);
+            m.insert(mk::harness::TOOL_CALLS_PARSE_RATE.into(), rate);
             for (turn, (offered, parsed)) in &self.tool_turns {
                 m.insert(
                     format!("harness/tool_calls/parse_rate/turn_{turn}"),

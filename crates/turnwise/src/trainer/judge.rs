@@ -41,6 +41,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
+use turnwise_core::metric_keys as mk;
 use turnwise_core::reward::RewardOutput;
 use turnwise_env::client::{ClientConfig, RetryPolicy};
 use turnwise_env::judge::{JudgeConfig, LlmJudge};
@@ -417,28 +418,28 @@ impl JudgeCalibration {
     /// The `judge/calibration/…` metrics.
     pub fn metrics(&self) -> BTreeMap<String, f64> {
         let mut m = BTreeMap::new();
-        m.insert("judge/calibration/rollouts".into(), self.rollouts as f64);
-        m.insert("judge/calibration/episodes".into(), self.judged as f64);
-        m.insert("judge/calibration/failures".into(), self.failures as f64);
-        m.insert("judge/calibration/turns".into(), self.turns as f64);
-        m.insert("judge/calibration/requests".into(), self.requests as f64);
-        m.insert("timing_s/judge_calibration".into(), self.seconds);
+        m.insert(mk::judge::CALIBRATION_ROLLOUTS.into(), self.rollouts as f64);
+        m.insert(mk::judge::CALIBRATION_EPISODES.into(), self.judged as f64);
+        m.insert(mk::judge::CALIBRATION_FAILURES.into(), self.failures as f64);
+        m.insert(mk::judge::CALIBRATION_TURNS.into(), self.turns as f64);
+        m.insert(mk::judge::CALIBRATION_REQUESTS.into(), self.requests as f64);
+        m.insert(mk::timing::JUDGE_CALIBRATION.into(), self.seconds);
         if let Some(a) = self.agreement() {
             let t = self.turns as f64;
-            m.insert("judge/calibration/rubric_agreement".into(), a);
+            m.insert(mk::judge::CALIBRATION_RUBRIC_AGREEMENT.into(), a);
             m.insert(
-                "judge/calibration/sign_agreement".into(),
+                mk::judge::CALIBRATION_SIGN_AGREEMENT.into(),
                 self.sign_agreeing_turns as f64 / t,
             );
         }
         if self.scored_turns > 0 {
             let scored = self.scored_turns as f64;
             m.insert(
-                "judge/calibration/judge_score/mean".into(),
+                mk::judge::CALIBRATION_JUDGE_SCORE_MEAN.into(),
                 self.judge_sum / scored,
             );
             m.insert(
-                "judge/calibration/rubric_score/mean".into(),
+                mk::judge::CALIBRATION_RUBRIC_SCORE_MEAN.into(),
                 self.rules_sum / scored,
             );
         }
@@ -502,22 +503,22 @@ impl JudgeStats {
     /// The `judge/…` metrics.
     pub fn metrics(&self) -> BTreeMap<String, f64> {
         let mut m = BTreeMap::new();
-        m.insert("judge/episodes".into(), self.episodes as f64);
-        m.insert("judge/failures".into(), self.failures as f64);
+        m.insert(mk::judge::EPISODES.into(), self.episodes as f64);
+        m.insert(mk::judge::FAILURES.into(), self.failures as f64);
         if self.episodes > 0 {
             m.insert(
-                "judge/failure_rate".into(),
+                mk::judge::FAILURE_RATE.into(),
                 self.failures as f64 / self.episodes as f64,
             );
         }
-        m.insert("judge/requests".into(), self.requests as f64);
-        m.insert("judge/cache_hits".into(), self.cache_hits as f64);
-        m.insert("timing_s/judge".into(), self.seconds);
+        m.insert(mk::judge::REQUESTS.into(), self.requests as f64);
+        m.insert(mk::judge::CACHE_HITS.into(), self.cache_hits as f64);
+        m.insert(mk::timing::JUDGE.into(), self.seconds);
         if self.turns > 0 {
             let t = self.turns as f64;
-            m.insert("judge/turn_score/mean".into(), self.score_sum / t);
+            m.insert(mk::judge::TURN_SCORE_MEAN.into(), self.score_sum / t);
             m.insert(
-                "judge/rubric_agreement".into(),
+                mk::judge::RUBRIC_AGREEMENT.into(),
                 self.agreeing_turns as f64 / t,
             );
         }

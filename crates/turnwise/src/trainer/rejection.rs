@@ -8,6 +8,7 @@
 //! [`crate::config::RsftConfig`].
 
 use anyhow::{Context, Result, bail};
+use turnwise_core::metric_keys as mk;
 use turnwise_model::optim::AdamW;
 use turnwise_model::rng::TurnRng;
 
@@ -89,27 +90,30 @@ impl RsftReport {
     /// The summary as metrics (`rsft/...`), for the run's metrics file.
     pub fn to_metrics(&self) -> std::collections::BTreeMap<String, f64> {
         let mut m = std::collections::BTreeMap::new();
-        m.insert("rsft/questions".into(), self.questions as f64);
-        m.insert("rsft/sampled".into(), self.sampled as f64);
-        m.insert("rsft/kept".into(), self.kept as f64);
-        m.insert("rsft/kept_fraction".into(), self.kept_fraction);
+        m.insert(mk::sft::RSFT_QUESTIONS.into(), self.questions as f64);
+        m.insert(mk::sft::RSFT_SAMPLED.into(), self.sampled as f64);
+        m.insert(mk::sft::RSFT_KEPT.into(), self.kept as f64);
+        m.insert(mk::sft::RSFT_KEPT_FRACTION.into(), self.kept_fraction);
         m.insert(
-            "rsft/questions_covered".into(),
+            mk::sft::RSFT_QUESTIONS_COVERED.into(),
             self.questions_covered as f64,
         );
-        m.insert("rsft/score_mean".into(), self.score_mean);
-        m.insert("rsft/em_mean".into(), self.em_mean);
-        m.insert("rsft/format_ok".into(), self.format_ok);
-        m.insert("rsft/steps".into(), self.steps as f64);
-        m.insert("rsft/skipped_steps".into(), self.skipped_steps as f64);
+        m.insert(mk::sft::RSFT_SCORE_MEAN.into(), self.score_mean);
+        m.insert(mk::sft::RSFT_EM_MEAN.into(), self.em_mean);
+        m.insert(mk::sft::RSFT_FORMAT_OK.into(), self.format_ok);
+        m.insert(mk::sft::RSFT_STEPS.into(), self.steps as f64);
+        m.insert(
+            mk::sft::RSFT_SKIPPED_STEPS.into(),
+            self.skipped_steps as f64,
+        );
         if let Some(&l) = self.epoch_loss.first() {
-            m.insert("rsft/loss_first_epoch".into(), l);
+            m.insert(mk::sft::RSFT_LOSS_FIRST_EPOCH.into(), l);
         }
         if let Some(&l) = self.epoch_loss.last() {
-            m.insert("rsft/loss_last_epoch".into(), l);
+            m.insert(mk::sft::RSFT_LOSS_LAST_EPOCH.into(), l);
         }
-        m.insert("timing_s/rsft_sampling".into(), self.sampling_seconds);
-        m.insert("timing_s/rsft_training".into(), self.training_seconds);
+        m.insert(mk::timing::RSFT_SAMPLING.into(), self.sampling_seconds);
+        m.insert(mk::timing::RSFT_TRAINING.into(), self.training_seconds);
         m
     }
 }

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use anyhow::Result;
+use turnwise_core::metric_keys as mk;
 use turnwise_core::reward::{RewardOutput, overlong_penalty};
 
 use super::Trainer;
@@ -535,10 +536,10 @@ impl Trainer {
         }
         let total = all.num_groups();
         let mut metrics = BTreeMap::new();
-        metrics.insert("batch/informative_groups".into(), useful.len() as f64);
-        metrics.insert("batch/refill_rounds".into(), (all.rounds - 1) as f64);
+        metrics.insert(mk::batch::INFORMATIVE_GROUPS.into(), useful.len() as f64);
+        metrics.insert(mk::batch::REFILL_ROUNDS.into(), (all.rounds - 1) as f64);
         let dropped = if filter { total - useful.len() } else { 0 };
-        metrics.insert("batch/filtered_groups".into(), dropped as f64);
+        metrics.insert(mk::batch::FILTERED_GROUPS.into(), dropped as f64);
         if !filter {
             self.report_zero_signal(&all, &mut metrics);
             return Ok((all, None, metrics));
@@ -571,7 +572,7 @@ impl Trainer {
         if !super::advantage::informative_groups(&on_score, &trained.episodes).is_empty() {
             return;
         }
-        metrics.insert("batch/zero_signal".into(), 1.0);
+        metrics.insert(mk::batch::ZERO_SIGNAL.into(), 1.0);
         let groups: BTreeSet<usize> = trained.episodes.iter().map(|e| e.group).collect();
         let which = match groups.len() {
             0 => "no group is left to train on".to_string(),

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use turnwise_core::metric_keys as mk;
 use turnwise_core::trajectory::TurnAction;
 use turnwise_model::rng::TurnRng;
 
@@ -81,20 +82,20 @@ impl Trainer {
         // Metrics of the batch and its advantages.
         let mut metrics = BTreeMap::new();
         if let Some(s) = old_logprob_seconds {
-            metrics.insert("timing_s/old_log_prob".into(), s);
+            metrics.insert(mk::timing::OLD_LOG_PROB.into(), s);
         }
         if let (Some(kl), Some(beta), Some(ctrl)) = (adv.reward_kl, kl_beta, self.kl_ctrl.as_mut())
         {
             // verl logs the coefficient used for this batch, then updates the controller.
-            metrics.insert("actor/reward_kl_penalty".into(), kl);
-            metrics.insert("actor/reward_kl_penalty_coeff".into(), beta);
+            metrics.insert(mk::actor::REWARD_KL_PENALTY.into(), kl);
+            metrics.insert(mk::actor::REWARD_KL_PENALTY_COEFF.into(), beta);
             ctrl.update(kl, rows.len());
         }
         metrics.extend(generated_metrics(&cfg, &all, self.task.scored_by_return()));
-        metrics.insert("batch/kept_rollouts".into(), batch.episodes.len() as f64);
+        metrics.insert(mk::batch::KEPT_ROLLOUTS.into(), batch.episodes.len() as f64);
         // What the update trains on: trajectory rows, or their step samples.
-        metrics.insert("batch/trajectory_rows".into(), trajectory_rows as f64);
-        metrics.insert("batch/train_rows".into(), rows.len() as f64);
+        metrics.insert(mk::batch::TRAJECTORY_ROWS.into(), trajectory_rows as f64);
+        metrics.insert(mk::batch::TRAIN_ROWS.into(), rows.len() as f64);
         metrics.extend(batch_metrics);
         if cfg.rollout.strategy == RolloutStrategy::Chain {
             let control =
@@ -135,13 +136,13 @@ impl Trainer {
         self.step += 1;
 
         // The step's metrics and samples.
-        metrics.insert("timing_s/gen".into(), all.gen_seconds);
-        metrics.insert("timing_s/info_gain".into(), all.ig_seconds);
-        metrics.insert("timing_s/update".into(), t2.elapsed().as_secs_f64());
+        metrics.insert(mk::timing::GEN.into(), all.gen_seconds);
+        metrics.insert(mk::timing::INFO_GAIN.into(), all.ig_seconds);
+        metrics.insert(mk::timing::UPDATE.into(), t2.elapsed().as_secs_f64());
         let samples = samples::sample_records(&self.tokenizer, &all, trained_samples)
             .context("the step's samples")?;
         let step_seconds = t0.elapsed().as_secs_f64();
-        metrics.insert("timing_s/step".into(), step_seconds);
+        metrics.insert(mk::timing::STEP.into(), step_seconds);
         // verl's `perf/throughput`: the step's prompt and response tokens (every generated
         // episode, refill rounds included) per second of the whole step, on this process.
         let tokens: usize = all
@@ -150,7 +151,7 @@ impl Trainer {
             .map(|e| e.episode.trajectory.prompt_ids.len() + e.episode.trajectory.response_len())
             .sum();
         if step_seconds > 0.0 {
-            metrics.insert("perf/throughput".into(), tokens as f64 / step_seconds);
+            metrics.insert(mk::perf::THROUGHPUT.into(), tokens as f64 / step_seconds);
         }
         Ok(StepOutput {
             metrics,
@@ -205,7 +206,7 @@ impl Trainer {
         if rows == 0 || is_on_policy(upd, full) || !is_on_policy(upd, rows) {
             return;
         }
-        metrics.insert("actor/on_policy_fallback".into(), 1.0);
+        metrics.insert(mk::actor::ON_POLICY_FALLBACK.into(), 1.0);
         tracing::warn!(
             "step {}: {rows} rows to train on, at most one mini-batch of \
              optim.mini_batch_size = {}: this step takes 1 on-policy optimizer step instead of \
@@ -275,7 +276,7 @@ impl Trainer {
             // verl's `timing_s/update_actor`: the actor's update alone (the behaviour log-probs'
             // recomputation and the critic's update are timed apart).
             metrics.insert(
-                "timing_s/update_actor".into(),
+                mk::timing::UPDATE_ACTOR.into(),
                 actor_start.elapsed().as_secs_f64(),
             );
         }
@@ -294,8 +295,8 @@ impl Trainer {
         if let Some(values) = values {
             self.update_critic(cfg, rows, values, &mut order, metrics)?;
         }
-        metrics.insert("actor/skipped_updates".into(), stats.skipped as f64);
-        metrics.insert("actor/optimizer_steps".into(), stats.applied as f64);
+        metrics.insert(mk::actor::SKIPPED_UPDATES.into(), stats.skipped as f64);
+        metrics.insert(mk::actor::OPTIMIZER_STEPS.into(), stats.applied as f64);
         if stats.skipped > 0 && stats.applied == 0 {
             self.consecutive_bad += 1;
             if self.consecutive_bad >= cfg.optim.max_bad_updates {
@@ -360,7 +361,7 @@ impl Trainer {
                     64,
                     cfg.optim.share_prefix,
                 )?;
-                metrics.insert("timing_s/old_log_prob".into(), t.elapsed().as_secs_f64());
+                metrics.insert(mk::timing::OLD_LOG_PROB.into(), t.elapsed().as_secs_f64());
                 Some(old)
             }
         })
@@ -458,18 +459,18 @@ fn generated_metrics(
         eps.iter().map(f).collect()
     };
     let scores = of(&|e| e.score);
-    metrics.insert("critic/score/mean".into(), mean(&scores));
+    metrics.insert(mk::critic::SCORE_MEAN.into(), mean(&scores));
     metrics.insert(
-        "critic/score/max".into(),
+        mk::critic::SCORE_MAX.into(),
         scores.iter().copied().fold(f64::NEG_INFINITY, f64::max),
     );
     metrics.insert(
-        "critic/score/min".into(),
+        mk::critic::SCORE_MIN.into(),
         scores.iter().copied().fold(f64::INFINITY, f64::min),
     );
-    metrics.insert("train/em".into(), mean(&of(&|e| e.em)));
+    metrics.insert(mk::train::EM.into(), mean(&of(&|e| e.em)));
     let format_ok = eps.iter().filter(|e| e.format_ok).count();
-    metrics.insert("train/format_ok".into(), format_ok as f64 / n);
+    metrics.insert(mk::train::FORMAT_OK.into(), format_ok as f64 / n);
     // The parts of a composite reward (the two-turn rubrics), each a batch mean.
     let mut parts: BTreeMap<&str, f64> = BTreeMap::new();
     for (name, v) in eps.iter().flat_map(|e| &e.reward_parts) {
@@ -480,29 +481,29 @@ fn generated_metrics(
     }
     if cfg.overlong_buffer.enable {
         let overlong = of(&|e| e.overlong);
-        metrics.insert("reward/overlong_penalty/mean".into(), mean(&overlong));
+        metrics.insert(mk::reward::OVERLONG_PENALTY_MEAN.into(), mean(&overlong));
         let hit = overlong.iter().filter(|&&p| p < 0.0).count();
-        metrics.insert("reward/overlong_penalty/frac".into(), hit as f64 / n);
+        metrics.insert(mk::reward::OVERLONG_PENALTY_FRAC.into(), hit as f64 / n);
     }
     let lens = of(&|e| e.episode.trajectory.response_len() as f64);
-    metrics.insert("response_length/mean".into(), mean(&lens));
+    metrics.insert(mk::length::RESPONSE_MEAN.into(), mean(&lens));
     // verl's names: the longest and shortest response, and the share that reached the response
     // budget (`rollout.max_response_tokens`); the prompts' lengths.
     let max = |v: &[f64]| v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
-    metrics.insert("response_length/max".into(), max(&lens));
-    metrics.insert("response_length/min".into(), min(&lens));
+    metrics.insert(mk::length::RESPONSE_MAX.into(), max(&lens));
+    metrics.insert(mk::length::RESPONSE_MIN.into(), min(&lens));
     let budget = cfg.rollout.max_response_tokens as f64;
     let clipped = lens.iter().filter(|&&l| l >= budget).count();
-    metrics.insert("response_length/clip_ratio".into(), clipped as f64 / n);
+    metrics.insert(mk::length::RESPONSE_CLIP_RATIO.into(), clipped as f64 / n);
     let prompts = of(&|e| e.episode.trajectory.prompt_ids.len() as f64);
-    metrics.insert("prompt_length/mean".into(), mean(&prompts));
-    metrics.insert("prompt_length/max".into(), max(&prompts));
-    metrics.insert("prompt_length/min".into(), min(&prompts));
+    metrics.insert(mk::length::PROMPT_MEAN.into(), mean(&prompts));
+    metrics.insert(mk::length::PROMPT_MAX.into(), max(&prompts));
+    metrics.insert(mk::length::PROMPT_MIN.into(), min(&prompts));
     let agent = of(&|e| e.episode.trajectory.agent_token_count() as f64);
-    metrics.insert("response_length/agent_mean".into(), mean(&agent));
+    metrics.insert(mk::length::RESPONSE_AGENT_MEAN.into(), mean(&agent));
     let turns = of(&|e| e.episode.trajectory.num_turns() as f64);
-    metrics.insert("env/turns/mean".into(), mean(&turns));
+    metrics.insert(mk::env::TURNS_MEAN.into(), mean(&turns));
     if scored_by_return {
         // A game (or an OpenEnv server) has no searches; its invalid-action rate over the
         // batch's turns instead.
@@ -515,22 +516,22 @@ fn generated_metrics(
             (n + t.len(), bad + b)
         });
         metrics.insert(
-            "train/invalid_actions".into(),
+            mk::train::INVALID_ACTIONS.into(),
             invalid as f64 / turns.max(1) as f64,
         );
     } else {
         let searches = of(&|e| e.episode.trajectory.search_count() as f64);
-        metrics.insert("env/tool_calls/mean".into(), mean(&searches));
+        metrics.insert(mk::env::TOOL_CALLS_MEAN.into(), mean(&searches));
     }
     if let Some(p) = &all.probes {
-        metrics.insert("info_gain/probes".into(), p.probes as f64);
-        metrics.insert("info_gain/probe_failures".into(), p.failures as f64);
+        metrics.insert(mk::info_gain::PROBES.into(), p.probes as f64);
+        metrics.insert(mk::info_gain::PROBE_FAILURES.into(), p.failures as f64);
         let gains: Vec<f64> = eps
             .iter()
             .flat_map(|e| e.info_gain.iter().flatten())
             .copied()
             .collect();
-        metrics.insert("info_gain/mean".into(), mean(&gains));
+        metrics.insert(mk::info_gain::MEAN.into(), mean(&gains));
     }
     metrics
 }
@@ -558,7 +559,9 @@ fn logprob_mismatch_metrics(
         })
         .collect();
     let m = logprob_mismatch(&pairs).context("the sampler–trainer log-prob mismatch")?;
-    Ok(m.metrics("rollout/logprob_mismatch").into_iter().collect())
+    Ok(m.metrics(mk::rollout::LOGPROB_MISMATCH)
+        .into_iter()
+        .collect())
 }
 
 /// The log-probs each of `rows` recorded when the rollout sampled its tokens

@@ -7,6 +7,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
+use turnwise_core::metric_keys as mk;
 use turnwise_model::ModelConfig;
 use turnwise_model::device::Placement;
 use turnwise_model::loss::value::{ValueLossConfig, explained_variance, value_loss};
@@ -196,7 +197,7 @@ impl CriticModel {
             .collect();
         let mut out = BTreeMap::new();
         if let Some(ev) = explained_variance(&returns, &values, &masks) {
-            out.insert("critic/vf_explained_var".to_string(), ev);
+            out.insert(mk::critic::VF_EXPLAINED_VAR.to_string(), ev);
         }
         let (mut applied, mut skipped) = (0usize, 0usize);
         for _ in 0..cfg.epochs.max(1) {
@@ -257,7 +258,7 @@ impl CriticModel {
                     acc.add_gradients(grads)?;
                     for (k, v) in metrics {
                         // The loss is additive over shards; the rest are means over tokens.
-                        let share = if k == "critic/vf_loss" {
+                        let share = if k == mk::critic::VF_LOSS {
                             v
                         } else {
                             v * tokens / denominators.tokens
@@ -288,7 +289,7 @@ impl CriticModel {
                     e.0 += v;
                     e.1 += 1;
                 }
-                let e = sums.entry("critic/grad_norm".into()).or_insert((0.0, 0));
+                let e = sums.entry(mk::critic::GRAD_NORM.into()).or_insert((0.0, 0));
                 e.0 += norm;
                 e.1 += 1;
             }
@@ -301,9 +302,9 @@ impl CriticModel {
 }
 
 /// The metric counting a critic update's optimizer steps that were applied.
-pub const CRITIC_APPLIED: &str = "critic/applied_updates";
+pub const CRITIC_APPLIED: &str = mk::critic::APPLIED_UPDATES;
 /// The metric counting a critic update's mini-batches skipped for a non-finite loss or gradient.
-pub const CRITIC_SKIPPED: &str = "critic/skipped_updates";
+pub const CRITIC_SKIPPED: &str = mk::critic::SKIPPED_UPDATES;
 
 /// Settings of one critic update ([`CriticModel::update`]).
 pub struct CriticUpdate<'a> {

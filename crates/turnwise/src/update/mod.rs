@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
+use turnwise_core::metric_keys as mk;
 use turnwise_model::Transformer;
 use turnwise_model::loss::actor::{ActorLossConfig, ActorLossInput, compute_actor_loss};
 use turnwise_model::loss::agg::AggDenominators;
@@ -258,13 +259,13 @@ pub fn is_on_policy(cfg: &ActorUpdate<'_>, n: usize) -> bool {
 /// mini-batch, then averaged over mini-batches like the others. The other metrics are means
 /// over tokens, averaged over the pieces weighted by their loss tokens.
 const ADDITIVE: [&str; 7] = [
-    "actor/shared_prefix_tokens",
-    "actor/pg_loss",
-    "actor/kl_loss",
-    "actor/entropy_agg",
-    "actor/loss",
-    "actor/num_turns",
-    "actor/single_turn_count",
+    mk::actor::SHARED_PREFIX_TOKENS,
+    mk::actor::PG_LOSS,
+    mk::actor::KL_LOSS,
+    mk::actor::ENTROPY_AGG,
+    mk::actor::LOSS,
+    mk::actor::NUM_TURNS,
+    mk::actor::SINGLE_TURN_COUNT,
 ];
 
 /// The gradient of one mini-batch and its metrics ([`minibatch_gradient`]).
@@ -367,8 +368,8 @@ fn truncated_is_weights(
     }
     let metrics = if n > 0.0 {
         BTreeMap::from([
-            ("actor/tis_weight_mean".to_string(), sum / n),
-            ("actor/tis_capped_frac".to_string(), capped / n),
+            (mk::actor::TIS_WEIGHT_MEAN.to_string(), sum / n),
+            (mk::actor::TIS_CAPPED_FRAC.to_string(), capped / n),
         ])
     } else {
         BTreeMap::new()
@@ -580,7 +581,7 @@ impl PieceContext<'_, '_> {
         if let Some((_, m)) = tis {
             metrics.extend(m);
         }
-        metrics.insert("actor/shared_prefix_tokens".into(), shared_tokens);
+        metrics.insert(mk::actor::SHARED_PREFIX_TOKENS.into(), shared_tokens);
         Ok(PieceOutcome::Done(PieceGradient {
             grads: acc.take(),
             metrics,
@@ -664,7 +665,7 @@ impl MiniBatchSums {
         self.cb_weight += clip_bias_weights.0;
         self.cb_share += clip_bias_weights.1;
         for (k, v) in metrics {
-            if k == "actor/clip_bias_norm" || k == "actor/clip_bias_num_clipped" {
+            if k == mk::actor::CLIP_BIAS_NORM || k == mk::actor::CLIP_BIAS_NUM_CLIPPED {
                 continue;
             }
             let e = self.sums.entry(k.clone()).or_insert((0.0, 0.0));
@@ -673,7 +674,7 @@ impl MiniBatchSums {
                     e.0 += v;
                 } else {
                     // A mean over samples, or over tokens.
-                    let w = if k == "actor/turn_kl_entropy" {
+                    let w = if k == mk::actor::TURN_KL_ENTROPY {
                         seqs
                     } else {
                         tokens.max(1e-9)
@@ -712,22 +713,22 @@ impl MiniBatchSums {
             })
             .collect();
         metrics.insert(
-            "actor/clip_bias_norm".into(),
+            mk::actor::CLIP_BIAS_NORM.into(),
             self.cb_sq.sqrt() / denominators.sequences,
         );
-        metrics.insert("actor/clip_bias_num_clipped".into(), self.cb_clipped);
+        metrics.insert(mk::actor::CLIP_BIAS_NUM_CLIPPED.into(), self.cb_clipped);
         // The share of the mini-batch's tokens whose forward and backward a shared prefix saved.
-        if let Some(&shared) = metrics.get("actor/shared_prefix_tokens") {
+        if let Some(&shared) = metrics.get(mk::actor::SHARED_PREFIX_TOKENS) {
             let total: usize = mb.iter().map(|&i| row_len(&rows[i])).sum();
             metrics.insert(
-                "actor/shared_prefix_frac".into(),
+                mk::actor::SHARED_PREFIX_FRAC.into(),
                 shared / total.max(1) as f64,
             );
         }
         let (cb_weight, cb_share) = (self.cb_weight, self.cb_share);
         let mean_weight = (cb_share > 0.0).then(|| (cb_weight / cb_share).clamp(0.0, 1.0));
         if let Some(s) = mean_weight {
-            metrics.insert("actor/clip_bias_scale".into(), s);
+            metrics.insert(mk::actor::CLIP_BIAS_SCALE.into(), s);
         }
         MiniBatchGradient {
             grads: self.acc.take(),
@@ -869,7 +870,7 @@ pub fn actor_update(
                 stats.skipped += 1;
                 continue;
             }
-            let pg_clipfrac = g.metrics.get("actor/pg_clipfrac").copied();
+            let pg_clipfrac = g.metrics.get(mk::actor::PG_CLIPFRAC).copied();
             for (k, v) in g.metrics {
                 let e = sums.entry(k).or_insert((0.0, 0));
                 if v.is_finite() {
@@ -877,14 +878,14 @@ pub fn actor_update(
                     e.1 += 1;
                 }
             }
-            let mut per_position = vec![("actor/grad_norm".to_string(), norm)];
+            let mut per_position = vec![(mk::actor::GRAD_NORM.to_string(), norm)];
             if let Some(f) = pg_clipfrac {
                 per_position.push((format!("actor/pg_clipfrac_mb{mb_index}"), f));
             }
             if let Some(s) = g.clip_bias_mean_weight {
                 per_position.push((format!("actor/clip_bias_scale_mb{mb_index}"), s));
                 if stats.applied > 0 {
-                    per_position.push(("actor/clip_bias_scale_offpolicy".to_string(), s));
+                    per_position.push((mk::actor::CLIP_BIAS_SCALE_OFFPOLICY.to_string(), s));
                 }
             }
             for (key, v) in per_position {
@@ -915,6 +916,6 @@ pub fn actor_update(
         .into_iter()
         .map(|(k, (s, c))| (k, if c > 0 { s / c as f64 } else { f64::NAN }))
         .collect();
-    stats.metrics.insert("actor/lr".into(), cfg.lr);
+    stats.metrics.insert(mk::actor::LR.into(), cfg.lr);
     Ok(stats)
 }
