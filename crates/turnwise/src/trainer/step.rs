@@ -18,7 +18,7 @@ use super::sampling::StepBatch;
 use super::{StepOutput, Trainer, advantage, shuffle};
 use crate::config::{OldLogprobs, RolloutStrategy, TrainConfig, TrainSamples};
 use crate::rollout::RolloutControl;
-use crate::update::critic::{CRITIC_APPLIED, CRITIC_SKIPPED, CriticUpdate};
+use crate::update::critic::CriticUpdate;
 use crate::update::{
     ActorUpdate, Row, UpdateStats, actor_update, is_on_policy, logprobs_no_grad_with,
 };
@@ -398,8 +398,10 @@ impl Trainer {
             },
             order,
         )?;
-        let critic_failed = cm.get(CRITIC_APPLIED) == Some(&0.0)
-            && cm.get(CRITIC_SKIPPED).is_some_and(|&s| s > 0.0);
+        let critic_failed = cm.get(mk::critic::APPLIED_UPDATES) == Some(&0.0)
+            && cm
+                .get(mk::critic::SKIPPED_UPDATES)
+                .is_some_and(|&s| s > 0.0);
         metrics.extend(cm);
         if critic_failed {
             self.consecutive_bad_critic += 1;

@@ -162,8 +162,8 @@ impl CriticModel {
     /// `ppo_mini_batch_size`). Metrics: the means over the mini-batches of `critic/vf_loss`,
     /// `critic/vf_clipfrac`, `critic/vpred_mean`, `critic/grad_norm`, and
     /// `critic/vf_explained_var` of the rollout's values against the returns (verl
-    /// `compute_data_metrics`, spec §7), and the counts [`CRITIC_APPLIED`] and
-    /// [`CRITIC_SKIPPED`] (mini-batches whose loss or gradient was not finite).
+    /// `compute_data_metrics`, spec §7), and the counts [`mk::critic::APPLIED_UPDATES`] and
+    /// [`mk::critic::SKIPPED_UPDATES`] (mini-batches whose loss or gradient was not finite).
     pub fn update(
         &mut self,
         rows: &[Row],
@@ -295,16 +295,11 @@ impl CriticModel {
             }
         }
         out.extend(sums.into_iter().map(|(k, (s, c))| (k, s / c.max(1) as f64)));
-        out.insert(CRITIC_APPLIED.into(), applied as f64);
-        out.insert(CRITIC_SKIPPED.into(), skipped as f64);
+        out.insert(mk::critic::APPLIED_UPDATES.into(), applied as f64);
+        out.insert(mk::critic::SKIPPED_UPDATES.into(), skipped as f64);
         Ok(out)
     }
 }
-
-/// The metric counting a critic update's optimizer steps that were applied.
-pub const CRITIC_APPLIED: &str = mk::critic::APPLIED_UPDATES;
-/// The metric counting a critic update's mini-batches skipped for a non-finite loss or gradient.
-pub const CRITIC_SKIPPED: &str = mk::critic::SKIPPED_UPDATES;
 
 /// Settings of one critic update ([`CriticModel::update`]).
 pub struct CriticUpdate<'a> {
