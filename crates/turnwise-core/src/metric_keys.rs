@@ -104,15 +104,13 @@ pub mod critic {
         SCORE_MAX = "critic/score/max";
         /// Smallest episode score.
         SCORE_MIN = "critic/score/min";
-        /// What the rewards' statistics start with: the reward each rollout gives the
-        /// estimator (its token rewards' sum, KL in the reward included; else its outcome plus
-        /// its turn rewards), as `/mean`, `/max`, `/min`.
-        REWARDS = "critic/rewards";
-        /// Mean reward as the estimator receives it.
+        /// Mean reward as the estimator receives it (a rollout's token rewards' sum, KL in the
+        /// reward included; else its outcome plus its turn rewards).
         REWARDS_MEAN = "critic/rewards/mean";
-        /// What the advantages' statistics start with: every loss token's advantage, as
-        /// `/mean`, `/max`, `/min`.
-        ADVANTAGES = "critic/advantages";
+        /// Largest reward as the estimator receives it.
+        REWARDS_MAX = "critic/rewards/max";
+        /// Smallest reward as the estimator receives it.
+        REWARDS_MIN = "critic/rewards/min";
         /// Mean advantage over loss tokens.
         ADVANTAGES_MEAN = "critic/advantages/mean";
         /// Largest advantage.
@@ -270,8 +268,12 @@ pub mod rollout {
         TDS_ACCEPTED_FIRST_SHARE = "rollout/tds_accepted_first_share";
         /// Turn resampling: share of eligible turns that used the whole budget.
         TDS_BUDGET_EXHAUSTED_SHARE = "rollout/tds_budget_exhausted_share";
-        /// Turn resampling: median gap Γ of first draws (`rollout/tds_gap_{quantile}`).
+        /// Turn resampling: 10 % quantile of the first draws' gap Γ.
+        TDS_GAP_P10 = "rollout/tds_gap_p10";
+        /// Turn resampling: median gap Γ of first draws (the distribution η is calibrated on).
         TDS_GAP_P50 = "rollout/tds_gap_p50";
+        /// Turn resampling: 90 % quantile of the first draws' gap Γ.
+        TDS_GAP_P90 = "rollout/tds_gap_p90";
         /// Turn resampling: median gap Γ of the kept draws.
         TDS_KEPT_GAP_P50 = "rollout/tds_kept_gap_p50";
         /// Turns the memory window dropped from the context.

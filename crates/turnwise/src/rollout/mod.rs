@@ -874,8 +874,12 @@ impl RolloutStats {
                     v
                 };
                 let first = sorted(&self.tds_first_gaps);
-                for (key, q) in [("p10", 0.1), ("p50", 0.5), ("p90", 0.9)] {
-                    m.insert(format!("rollout/tds_gap_{key}"), quantile(&first, q));
+                for (key, q) in [
+                    (mk::rollout::TDS_GAP_P10, 0.1),
+                    (mk::rollout::TDS_GAP_P50, 0.5),
+                    (mk::rollout::TDS_GAP_P90, 0.9),
+                ] {
+                    m.insert(key.into(), quantile(&first, q));
                 }
                 m.insert(
                     mk::rollout::TDS_KEPT_GAP_P50.into(),

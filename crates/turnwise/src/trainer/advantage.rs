@@ -376,7 +376,15 @@ pub fn compute(
             None => r.outcome + r.turn_rewards.iter().sum::<f64>(),
         })
         .collect();
-    insert_mean_max_min(&mut metrics, mk::critic::REWARDS, &rewards);
+    insert_mean_max_min(
+        &mut metrics,
+        [
+            mk::critic::REWARDS_MEAN,
+            mk::critic::REWARDS_MAX,
+            mk::critic::REWARDS_MIN,
+        ],
+        &rewards,
+    );
     let batch = advantage_batch(rollouts, trees, episodes)?;
     let out = cfg
         .advantage
@@ -384,7 +392,15 @@ pub fn compute(
         .with_context(|| format!("estimator {name}"))?;
     let details = episode_details(cfg, &batch, &out);
     let (rows, trained) = training_rows(cfg, episodes, &batch, &out)?;
-    insert_mean_max_min(&mut metrics, mk::critic::ADVANTAGES, &trained);
+    insert_mean_max_min(
+        &mut metrics,
+        [
+            mk::critic::ADVANTAGES_MEAN,
+            mk::critic::ADVANTAGES_MAX,
+            mk::critic::ADVANTAGES_MIN,
+        ],
+        &trained,
+    );
     metrics.extend(cfg.advantage.metrics(&batch, &out));
     if cfg.advantage.step_samples().is_some() {
         metrics.insert(mk::gigpo::PENALISED_STEPS.into(), penalised as f64);
@@ -397,20 +413,20 @@ pub fn compute(
     })
 }
 
-/// `{prefix}/mean`, `/max` and `/min` of `values` (verl's `critic/*` statistics), nothing when
-/// there are none.
-fn insert_mean_max_min(metrics: &mut BTreeMap<String, f64>, prefix: &str, values: &[f64]) {
+/// The mean, largest and smallest of `values` under `keys` in that order (verl's `critic/*`
+/// statistics), nothing when there are none.
+fn insert_mean_max_min(metrics: &mut BTreeMap<String, f64>, keys: [&str; 3], values: &[f64]) {
     if values.is_empty() {
         return;
     }
     let n = values.len() as f64;
-    metrics.insert(format!("{prefix}/mean"), values.iter().sum::<f64>() / n);
+    metrics.insert(keys[0].into(), values.iter().sum::<f64>() / n);
     metrics.insert(
-        format!("{prefix}/max"),
+        keys[1].into(),
         values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
     );
     metrics.insert(
-        format!("{prefix}/min"),
+        keys[2].into(),
         values.iter().copied().fold(f64::INFINITY, f64::min),
     );
 }
