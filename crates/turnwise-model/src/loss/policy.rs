@@ -734,9 +734,11 @@ fn run(
     body.check_channels()?;
     let bounds = body.clip_bounds()?;
     let clipped = body.clipped_loss(&ratio, &bounds)?;
-    let diag = body.diagnostics(&ratio, &bounds, &clipped)?;
+    // The ratio and its bounds on the host, once for the diagnostics and the clipping bias.
     let ratio_rows = rows_of(&ratio)?;
-    let cb = body.clip_bias(&ratio_rows, &bounds)?;
+    let (lo_rows, hi_rows) = (rows_of(&bounds.lo)?, rows_of(&bounds.hi)?);
+    let diag = body.diagnostics(&ratio_rows, (&lo_rows, &hi_rows), &clipped)?;
+    let cb = body.clip_bias(&ratio_rows, (&lo_rows, &hi_rows))?;
     let agg = body.aggregate(&clipped.loss_mat, &ratio, &ratio_rows, &cb)?;
     let turns = &body.x.turns;
 
@@ -1014,8 +1016,8 @@ impl LossBody<'_, '_> {
     /// Diagnostics (§7) on detached values.
     fn diagnostics(
         &self,
-        ratio: &Tensor,
-        bounds: &ClipBounds,
+        ratio_rows_d: &[Vec<f64>],
+        (lo_rows, hi_rows): (&[Vec<f64>], &[Vec<f64>]),
         pieces: &ClippedLoss,
     ) -> Result<Diagnostics> {
         let (r, x) = (self.r, &self.x);
@@ -1039,8 +1041,6 @@ impl LossBody<'_, '_> {
             .collect();
         let pg_clipfrac =
             masked_mean_rows(&indicator(&|i, t| l2_rows[i][t] > l1_rows[i][t]), mask_rows);
-        let (ratio_rows_d, lo_rows, hi_rows) =
-            (rows_of(ratio)?, rows_of(&bounds.lo)?, rows_of(&bounds.hi)?);
         let pg_clipfrac_high = masked_mean_rows(
             &indicator(&|i, t| adv_rows[i][t] > 0.0 && ratio_rows_d[i][t] > hi_rows[i][t]),
             mask_rows,
@@ -1083,7 +1083,11 @@ impl LossBody<'_, '_> {
     }
 
     /// Clipping-bias correction (§5.6): C from the token ratio (Alg. 1) or the clipped one.
-    fn clip_bias(&self, ratio_rows: &[Vec<f64>], bounds: &ClipBounds) -> Result<ClipBiasResult> {
+    fn clip_bias(
+        &self,
+        ratio_rows: &[Vec<f64>],
+        (lo_rows, hi_rows): (&[Vec<f64>], &[Vec<f64>]),
+    ) -> Result<ClipBiasResult> {
         let (r, x) = (self.r, &self.x);
         let cb_cfg = r.clip_bias.unwrap_or_default();
         Ok(
@@ -1108,8 +1112,8 @@ impl LossBody<'_, '_> {
                     ratio_rows,
                     &x.adv_rows,
                     &x.mask_rows,
-                    &rows_of(&bounds.lo)?,
-                    &rows_of(&bounds.hi)?,
+                    lo_rows,
+                    hi_rows,
                     &cb_cfg,
                 )
             },
