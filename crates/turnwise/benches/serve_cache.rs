@@ -15,9 +15,13 @@
 //!
 //! 3. **Speculative decoding** (`--speculative-draft 4` against 0) on a continuation that copies
 //!    its prompt: one sequence and 8 concurrent ones, greedy.
+//! 4. **Batch-invariant serving** (`--batch-invariant`) against the default kernels: n = 1,
+//!    n = 16 and the 4-turn chat; and whether the invariant chat's answers from the prefix
+//!    cache equal a cacheless invariant server's, token and log-prob.
 //!
 //! `TURNWISE_SERVE_BENCH_SHAPE=P,M` changes the prompt and answer lengths; `TURNWISE_BENCH_QUICK=1`
-//! runs one repetition of each (else the median of 3).
+//! runs one repetition of each (else the median of 3); `TURNWISE_SERVE_BENCH_ONLY=invariant` runs
+//! part 4 alone.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -148,6 +152,10 @@ fn main() {
         Err(_) => (1_000, 64),
     };
     let path = model_path();
+    if std::env::var("TURNWISE_SERVE_BENCH_ONLY").is_ok_and(|v| v == "invariant") {
+        batch_invariant(&path, p, m, reps);
+        return;
+    }
     let server = start(&path, turnwise::serve::DEFAULT_PREFIX_CACHE_BYTES);
     // The same server with the shared prompt copied into every row (no cascade attention).
     let copied = start_cfg(
@@ -344,4 +352,89 @@ fn main() {
             e["drafted_tokens"]
         );
     }
+    drop(servers);
+    batch_invariant(&path, p, m, reps);
+}
+
+/// Part 4: batch-invariant serving (`--batch-invariant`) beside the default kernels: n = 1 and
+/// n = 16 on a `p`-token prompt, and the 4-turn chat with the prefix cache. Also checks the
+/// property: the invariant server's chat answers, served from its cache, are those of an
+/// invariant server without a cache, token for token and log-prob for log-prob.
+fn batch_invariant(path: &std::path::Path, p: usize, m: usize, reps: usize) {
+    println!();
+    println!("| batch-invariant | default kernels: s | `--batch-invariant`: s | ratio |");
+    println!("|---|---:|---:|---:|");
+    let cfg = |invariant: bool, prefix_cache: u64| ServeConfig {
+        batch_invariant: invariant,
+        prefix_cache,
+        ..ServeConfig::default()
+    };
+    let cache = turnwise::serve::DEFAULT_PREFIX_CACHE_BYTES;
+    let servers = [
+        start_cfg(path, cfg(false, cache)),
+        start_cfg(path, cfg(true, cache)),
+    ];
+    for s in &servers {
+        generate(s, &prompt(64, 996), 1, 4, 0);
+    }
+    let mut salt = 20_000;
+    for (name, n) in [("n = 1", 1usize), ("n = 16, one request", 16)] {
+        let mut row = Vec::new();
+        for s in &servers {
+            let mut secs = Vec::new();
+            for _ in 0..reps {
+                salt += 1;
+                let ids = prompt(p, salt);
+                let t = Instant::now();
+                generate(s, &ids, n, m, 1);
+                secs.push(t.elapsed().as_secs_f64());
+            }
+            row.push(median(secs));
+        }
+        println!(
+            "| {name} ({p}-token prompt) | {:.2} | {:.2} | {:.2}× |",
+            row[0],
+            row[1],
+            row[1] / row[0]
+        );
+    }
+    // The chat: each server's 4 turns timed; the invariant one's answers kept.
+    let chat = |s: &PolicyServer| -> (f64, Vec<Value>) {
+        let mut history = prompt(500, 8_000);
+        let (mut secs, mut answers) = (0.0, Vec::new());
+        for turn in 0..4 {
+            let t = Instant::now();
+            let v = post(
+                &format!("{}/generate", s.url()),
+                &json!({"input_ids": &history, "return_logprob": true, "sampling_params": {
+                    "max_new_tokens": 32, "temperature": 1.0, "ignore_eos": true,
+                    "sampling_seed": turn}}),
+            );
+            secs += t.elapsed().as_secs_f64();
+            let ids: Vec<u32> = v["output_ids"]
+                .as_array()
+                .expect("output ids")
+                .iter()
+                .map(|x| x.as_u64().expect("id") as u32)
+                .collect();
+            answers.push(v["meta_info"]["output_token_logprobs"].clone());
+            history.extend(ids);
+            history.extend(prompt(100, 9_000 + turn as u32));
+        }
+        (secs, answers)
+    };
+    let (fast, _) = chat(&servers[0]);
+    let (inv, cached_answers) = chat(&servers[1]);
+    println!(
+        "| 4-turn chat, prefix cache on (500-token prompt, 32-token answers) | {fast:.2} | {inv:.2} | {:.2}× |",
+        inv / fast
+    );
+    drop(servers);
+    let cold = start_cfg(path, cfg(true, 0));
+    let (_, cold_answers) = chat(&cold);
+    println!(
+        "batch-invariant chat answers from the prefix cache equal a cacheless server's \
+         (tokens and log-probs): {}",
+        cached_answers == cold_answers
+    );
 }

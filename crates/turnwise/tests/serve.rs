@@ -1030,8 +1030,13 @@ fn server_info(server: &PolicyServer) -> Value {
 
 /// Greedy `/generate` of `prompt`: its output ids and log-probs.
 fn greedy_ids(server: &PolicyServer, prompt: &[u32], max_new: usize) -> (Vec<u32>, Vec<f32>) {
+    greedy_ids_at(&server.url(), prompt, max_new)
+}
+
+/// [`greedy_ids`] from the server at `url`.
+fn greedy_ids_at(url: &str, prompt: &[u32], max_new: usize) -> (Vec<u32>, Vec<f32>) {
     let (status, v) = post(
-        &format!("{}/generate", server.url()),
+        &format!("{url}/generate"),
         &json!({"input_ids": prompt, "return_logprob": true,
                 "sampling_params": {"max_new_tokens": max_new, "temperature": 0,
                                     "ignore_eos": true}}),
@@ -1095,6 +1100,59 @@ fn a_chats_later_turns_prefill_only_their_new_tokens() {
     assert!(pc["hit_rate"].as_f64().unwrap() > 0.5, "{info}");
     assert!(pc["bytes"].as_u64().unwrap() > 0, "{info}");
     assert!(server_info(&cold)["prefix_cache"].is_null());
+    cached.shutdown().unwrap();
+    cold.shutdown().unwrap();
+}
+
+/// `--batch-invariant`: the 4-turn chat's answers from the prefix cache, with another client's
+/// requests running beside them on the cached server, are a cacheless server's to the bit
+/// (ids and log-probs, which the JSON writes exactly), although the cache prefills only the
+/// new tokens.
+#[test]
+fn a_batch_invariant_servers_cached_answers_are_a_cold_prefills_bits() {
+    let server = |prefix_cache: u64| {
+        let cfg = ServeConfig {
+            prefix_cache,
+            batch_invariant: true,
+            ..config(1024)
+        };
+        PolicyServer::start(load_served(&fixture()).unwrap(), &cfg).unwrap()
+    };
+    let (cached, cold) = (server(1 << 30), server(0));
+    let mut prompt = long_prompt(60);
+    for turn in 0..4u32 {
+        let before = prefill_tokens(&cached);
+        let (out, lps) = std::thread::scope(|s| {
+            // Another client's longer prompt shares the batch with the chat's turn.
+            let url = cached.url();
+            let other: Vec<u32> = (0..90 + turn).map(|i| (i * 7 + 11) % 290 + 4).collect();
+            s.spawn(move || greedy_ids_at(&url, &other, 12));
+            greedy_ids(&cached, &prompt, 8)
+        });
+        let grew = prefill_tokens(&cached) - before;
+        let (out0, lps0) = greedy_ids(&cold, &prompt, 8);
+        assert_eq!(out, out0, "turn {turn}");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&lps),
+            bits(&lps0),
+            "turn {turn}: log-probs {lps:?} against {lps0:?}"
+        );
+        if turn > 0 {
+            // The chat's new tokens and the other client's prompt (its own blocks, cached
+            // from the turn before, or not).
+            let bound = 5 + 1 + 15 + 90 + turn as u64;
+            assert!(grew <= bound, "turn {turn}: prefilled {grew}");
+        }
+        prompt.extend(out);
+        prompt.extend((0..5).map(|i| 100 + 10 * turn + i));
+    }
+    assert!(
+        server_info(&cached)["prefix_cache"]["hits"]
+            .as_u64()
+            .unwrap()
+            >= 3
+    );
     cached.shutdown().unwrap();
     cold.shutdown().unwrap();
 }

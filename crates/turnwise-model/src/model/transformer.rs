@@ -43,6 +43,14 @@ impl Adapter {
             Some(d) => d.apply(x)?,
             None => x.clone(),
         };
+        // Batch-invariant sampling: both products by the few-row kernel (`gemm`'s sums depend
+        // on the number of rows).
+        if ops::batch_invariant()
+            && let Some(h) = ops::infer::linear(&x, &self.a, usize::MAX)?
+            && let Some(y) = ops::infer::linear(&h, &self.b, usize::MAX)?
+        {
+            return Ok((y * self.scale)?);
+        }
         Ok((x.matmul(&self.a.t()?)?.matmul(&self.b.t()?)? * self.scale)?)
     }
 }
@@ -240,7 +248,12 @@ impl Attention {
         let q = q.reshape((b, self.num_kv_heads, groups * t, d))?;
         // [B, T, H, D]: the fused tiles (no [B, KV, G·T, T_total] scores), or scores, masked
         // softmax and product.
+        let invariant = ops::batch_invariant()
+            && q.dtype() == DType::F32
+            && q.device().is_cpu()
+            && ![&q, &k, &v].iter().any(|x| x.track_op());
         let out = match &mask.bias {
+            _ if invariant => ops::invariant::attention(&q, &k, &v, &mask.vis, &shared)?,
             _ if !shared.is_empty() => {
                 ops::attention::attention_with_shared(&q, &k, &v, &mask.vis, &shared)?
             }

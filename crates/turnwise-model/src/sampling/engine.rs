@@ -502,6 +502,16 @@ pub struct EngineConfig {
     /// sequences (a mixed group would copy every prompt per row).
     #[serde(default)]
     pub shared_prefix_attention: bool,
+    /// Batch-invariant inference ([`crate::model::ops::with_batch_invariant`]) for every
+    /// forward the engine runs: a sequence's logits and keys and values are the same bits
+    /// whatever else the batch holds, however its prompt is split into chunks, whether its
+    /// prefix comes from the [`PrefixCache`], a shared prompt (cascade) or its own prefill, and
+    /// whether its tokens are decoded one per step or verified as drafts. Costs prefill speed:
+    /// every linear layer runs the few-row kernel instead of `gemm` above
+    /// [`crate::model::ops::infer::LINEAR_MAX_ROWS`] rows, and attention the invariant
+    /// kernel. `false`: the fastest kernels, whose sums depend on those shapes (1e-6).
+    #[serde(default)]
+    pub batch_invariant: bool,
 }
 
 fn default_prefill_chunk() -> usize {
@@ -518,6 +528,7 @@ impl Default for EngineConfig {
             prefix_cache: None,
             speculative: None,
             shared_prefix_attention: false,
+            batch_invariant: false,
         }
     }
 }
@@ -1113,7 +1124,8 @@ impl<'a> SamplingEngine<'a> {
                 "a previous step failed; the engine's state is inconsistent",
             ));
         }
-        let r = self.step_inner(hook);
+        let invariant = self.config.batch_invariant;
+        let r = crate::model::ops::with_batch_invariant(invariant, || self.step_inner(hook));
         if r.is_err() {
             self.poisoned = true;
         }

@@ -62,6 +62,12 @@ pub struct Args {
     /// attention); answers equal those of a copy per sequence up to float rounding.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     shared_prefix_attention: bool,
+    /// Batch-invariant inference: a request's logits, log-probs and tokens are the same bits
+    /// whatever else the server runs beside it, and a prompt served from the prefix cache
+    /// gets the bits of a cold prefill (every layer runs kernels whose sums do not depend on
+    /// the batch; long prompts prefill more slowly).
+    #[arg(long)]
+    batch_invariant: bool,
     /// The weight version reported until the first `/update_weights_from_disk`.
     #[arg(long, default_value = "0")]
     weight_version: String,
@@ -107,6 +113,7 @@ pub fn exec(args: Args) -> Result<()> {
         prefix_cache_mb,
         speculative_draft,
         shared_prefix_attention,
+        batch_invariant,
         max_guided_choices,
         max_guided_choice_bytes,
         max_sessions,
@@ -149,6 +156,7 @@ pub fn exec(args: Args) -> Result<()> {
         })?,
         speculative_draft,
         shared_prefix_attention,
+        batch_invariant,
         weight_version,
         placement: turnwise_model::device::Placement { device, dtype },
         max_guided_choices,

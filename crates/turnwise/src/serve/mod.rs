@@ -118,6 +118,11 @@ pub struct ServeConfig {
     /// answers equal those of a copy per sequence up to float rounding, and the batch holds one
     /// copy of the prompt instead of `n`.
     pub shared_prefix_attention: bool,
+    /// Batch-invariant inference ([`EngineConfig::batch_invariant`], `--batch-invariant`; off
+    /// by default): a request's logits, log-probs and tokens are the same bits whatever else
+    /// the server is running, and a prompt served from the prefix cache gets the bits of a
+    /// cold prefill. Long prompts prefill more slowly.
+    pub batch_invariant: bool,
     /// The weight version reported until the first reload.
     pub weight_version: String,
     /// Where the served model lives (`--device`, `--dtype`); reloaded weights and merged LoRA
@@ -160,6 +165,7 @@ impl Default for ServeConfig {
             prefix_cache: DEFAULT_PREFIX_CACHE_BYTES,
             speculative_draft: 0,
             shared_prefix_attention: true,
+            batch_invariant: false,
             weight_version: "0".into(),
             placement: Placement::cpu(),
             max_guided_choices: DEFAULT_MAX_GUIDED_CHOICES,
@@ -464,6 +470,7 @@ fn build_app(
                 ..SpeculativeConfig::default()
             }),
             shared_prefix_attention: config.shared_prefix_attention,
+            batch_invariant: config.batch_invariant,
         },
         Arc::clone(&shared),
     )

@@ -136,6 +136,18 @@ impl KeyVisibility {
             .collect()
     }
 
+    /// Whether key `j` of batch row `b` is real (not padding).
+    #[inline]
+    pub(crate) fn real(&self, b: usize, j: usize) -> bool {
+        self.mask[b * self.total + j] != 0
+    }
+
+    /// Real keys of batch row `b` before key `j` (`j <= total`).
+    #[inline]
+    pub(crate) fn real_before(&self, b: usize, j: usize) -> usize {
+        self.prefix[b * (self.total + 1) + j] as usize
+    }
+
     /// Whether query `p` (absolute position) of batch row `b` sees key `j`.
     #[inline]
     fn visible(&self, b: usize, p: usize, j: usize) -> bool {

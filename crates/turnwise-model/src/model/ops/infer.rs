@@ -128,14 +128,19 @@ pub fn linear_many(
             _ => return Ok(None),
         }
     }
+    // Batch-invariant inference runs every row count here (the portable dot products on a
+    // CPU without the kernels): `gemm`'s sums depend on the number of rows.
+    let invariant = super::batch_invariant();
     let isa_rows = match kernel_isa() {
+        _ if invariant => usize::MAX,
         KernelIsa::Avx2 => AVX2_MAX_ROWS,
         _ => usize::MAX,
     };
+    let max_rows = if invariant { usize::MAX } else { max_rows };
     if m == 0
         || m > max_rows.min(isa_rows)
         || ws.is_empty()
-        || kernel_isa() == KernelIsa::Portable
+        || (kernel_isa() == KernelIsa::Portable && !invariant)
         || !plain_f32_cpu(x)
     {
         return Ok(None);
@@ -272,6 +277,22 @@ pub(crate) fn matmul_xwt_many(
         });
     }
     Ok(ys)
+}
+
+/// `y = x wᵀ` (`x: [m, k]`, `w: [n, k]`, `y: [m, n]`, row-major) on the calling thread, with
+/// the tiles of `isa`: each `y[i, j]` is the same fixed-order dot product of `x[i]` and `w[j]`
+/// whatever `m`, `n` or the tile it falls in (what [`super::invariant::attention`] builds its
+/// scores from).
+pub(crate) fn xwt_into(
+    x: &[f32],
+    w: &[f32],
+    (m, n, k): (usize, usize, usize),
+    y: &mut [f32],
+    isa: KernelIsa,
+) {
+    assert!(x.len() >= m * k && w.len() >= n * k && y.len() >= m * n);
+    // SAFETY: the lengths are checked above, and `y` is borrowed mutably for the whole call.
+    unsafe { columns(x, w, m, n, k, 0, n, SyncPtr(y.as_mut_ptr()), isa) };
 }
 
 /// A raw output pointer shared by tasks that write disjoint elements.

@@ -44,6 +44,7 @@
 pub mod attention;
 pub mod head;
 pub mod infer;
+pub mod invariant;
 pub mod linear;
 pub mod logprob;
 pub mod rms_norm;
@@ -71,6 +72,35 @@ pub use swiglu::swiglu;
 
 thread_local! {
     static FORCE_COMPOSED: Cell<bool> = const { Cell::new(false) };
+    static BATCH_INVARIANT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with batch-invariant inference set to `on` on this thread: while on, a detached
+/// model's forward computes each position's outputs as a fixed function of that position's
+/// own inputs and of the keys and values it sees, whatever else the call holds. Every linear
+/// layer (the output head and LoRA adapters included) runs the few-row kernel of [`infer`],
+/// whose output `y[i, j]` is one fixed-order dot product of `x[i]` and `w[j]` for any number of
+/// rows, instead of `gemm` above [`infer::LINEAR_MAX_ROWS`] rows; attention runs
+/// [`invariant::attention`], which sums each query's visible keys in their order, skipping
+/// padding, whatever the batch's padding, chunking, companions or cascade. So a prompt
+/// prefilled whole, in chunks, after a cached prefix, beside other rows or one token at a
+/// time gives the same bits. The gradient-tracking (training) path ignores it. Nests;
+/// restores the previous setting even if `f` panics.
+pub fn with_batch_invariant<R>(on: bool, f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            BATCH_INVARIANT.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(BATCH_INVARIANT.with(|c| c.replace(on)));
+    f()
+}
+
+/// Whether [`with_batch_invariant`] is on for this thread (and the fused CPU kernels are not
+/// turned off: the composed ops have no invariant form).
+pub fn batch_invariant() -> bool {
+    BATCH_INVARIANT.with(Cell::get) && !FORCE_COMPOSED.with(Cell::get) && !composed_by_env()
 }
 
 /// Whether `TURNWISE_COMPOSED_OPS` (set to anything but `0` or empty) turns the fused CPU

@@ -916,3 +916,56 @@ fn attention_with_shared_keys_equals_them_copied_per_row() {
         }
     }
 }
+
+/// The batch-invariant attention computes softmax attention: it equals the shared keys copied
+/// into each row before its own and the fused kernel over them (f32, 1e-5), for decoding and
+/// prefilling, over left-padded rows and a masked column inside a row (a rejected draft), with
+/// no shared keys, one group or two; a padded query row gets zeros.
+#[test]
+fn invariant_attention_equals_the_reference() {
+    use super::attention::{SharedKeys, attention_shared_materialised};
+    let dev = Device::Cpu;
+    let (b, kv, g, d) = (4, 2, 3, 16);
+    for (t, past) in [(1usize, 9usize), (5, 0), (70, 12)] {
+        let total = past + t;
+        let mut mask = Vec::new();
+        for r in 0..b {
+            // Row r's first r + 1 cached columns are padding; row 1 has a masked cached
+            // column at 4.
+            let hole = |j: usize| r == 1 && j == 4 && j < past;
+            mask.extend((0..total).map(|j| u8::from((j > r || j >= past) && !hole(j))));
+        }
+        let vis = KeyVisibility::from_mask(mask.clone(), b, total, past).unwrap();
+        let randn =
+            |shape: (usize, usize, usize, usize)| Tensor::randn(0f32, 1.0, shape, &dev).unwrap();
+        let q = (randn((b, kv, g * t, d)) * 0.5).unwrap();
+        let (k, v) = (randn((b, kv, total, d)), randn((b, kv, total, d)));
+        let group = |p: usize, flags: [bool; 4]| SharedKeys {
+            k: randn((1, kv, p, d)),
+            v: randn((1, kv, p, d)),
+            rows: flags.to_vec().into(),
+        };
+        let cases = [
+            vec![],
+            vec![group(150, [true, false, true, true])],
+            vec![
+                group(150, [true, false, true, false]),
+                group(40, [false, false, false, true]),
+            ],
+        ];
+        for shared in &cases {
+            let got = super::invariant::attention(&q, &k, &v, &vis, shared).unwrap();
+            let want = attention_shared_materialised(&q, &k, &v, &vis, shared).unwrap();
+            let diff = crate::model::tests::max_abs_diff(&got, &want);
+            assert!(diff < 1e-5, "t {t}, {} groups: {diff}", shared.len());
+        }
+    }
+    // A padded query (its own column masked) gets zeros.
+    let vis = KeyVisibility::from_mask(vec![1, 1, 0, 1, 1, 1], 2, 3, 1).unwrap();
+    let q = Tensor::ones((2, 1, 2, 4), DType::F32, &dev).unwrap();
+    let k = Tensor::ones((2, 1, 3, 4), DType::F32, &dev).unwrap();
+    let got = super::invariant::attention(&q, &k, &k, &vis, &[]).unwrap();
+    let rows = got.flatten_to(2).unwrap().to_vec2::<f32>().unwrap();
+    assert_eq!(rows[1], vec![0.0; 4], "{rows:?}");
+    assert_eq!(rows[0], vec![1.0; 4], "{rows:?}");
+}

@@ -385,10 +385,40 @@ mod tests {
             .fold(0.0, f32::max)
     }
 
-    /// What a cache hit may differ from a cold prefill by: float rounding (the tiles of a
-    /// prefill of fewer rows round differently), far below what one stale or shifted block
-    /// does to the logits (about 1e-1 on these models).
+    /// What a cache hit may differ from a cold prefill by with the fastest kernels: float
+    /// rounding (the tiles of a prefill of fewer rows round differently), far below what one
+    /// stale or shifted block does to the logits (about 1e-1 on these models). Under
+    /// [`EngineConfig::batch_invariant`] it may differ by nothing.
     const ROUNDING: f32 = 1e-5;
+
+    /// Checks a cached run's logits against a cold run's: bit for bit when `invariant`, else to
+    /// [`ROUNDING`]. Returns the largest difference.
+    fn same_logits(cached: &[Vec<f32>], cold: &[Vec<f32>], invariant: bool, what: &str) -> f32 {
+        assert_eq!(cached.len(), cold.len(), "{what}: steps");
+        let d = worst(cached, cold);
+        if invariant {
+            for (step, (a, b)) in cached.iter().zip(cold).enumerate() {
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert!(
+                    bits(a) == bits(b),
+                    "{what}: step {step}'s logits are not a cold prefill's bits (batch-invariant; {d} away)"
+                );
+            }
+        } else {
+            assert!(
+                d < ROUNDING,
+                "{what}: logits {d} away from a cold prefill's"
+            );
+        }
+        d
+    }
+
+    fn engine_config(invariant: bool) -> EngineConfig {
+        EngineConfig {
+            batch_invariant: invariant,
+            ..EngineConfig::default()
+        }
+    }
 
     /// Runs `prompt` alone to the end of its turn in `engine`; returns its sequence and the
     /// logits it saw.
@@ -406,7 +436,7 @@ mod tests {
         (seq, seen.0.remove(&id).unwrap_or_default())
     }
 
-    fn cached(model: &Transformer, max_bytes: u64) -> SamplingEngine<'_> {
+    fn cached(model: &Transformer, max_bytes: u64, invariant: bool) -> SamplingEngine<'_> {
         SamplingEngine::new(
             model,
             None,
@@ -415,7 +445,7 @@ mod tests {
                     block_tokens: 16,
                     max_bytes,
                 }),
-                ..EngineConfig::default()
+                ..engine_config(invariant)
             },
         )
     }
@@ -428,15 +458,19 @@ mod tests {
     /// prompt, its completion and a new message) and a prompt that shares nothing: each sees
     /// the logits that an engine with nothing cached computes for it, to float rounding, at
     /// every step, and the same tokens; the cache served the shared whole blocks and only them.
+    /// Batch-invariant, the logits are the cold prefill's bits.
     #[test]
     fn cache_hits_see_the_logits_of_a_cold_prefill() {
-        for cfg in tiny_configs() {
+        for (cfg, invariant) in tiny_configs()
+            .into_iter()
+            .flat_map(|c| [(c.clone(), false), (c, true)])
+        {
             let model = detached(&cfg, 11);
             let shared: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 90 + 1).collect();
             let a: Vec<u32> = shared.iter().copied().chain([5, 9, 11, 2]).collect();
             let b: Vec<u32> = shared.iter().copied().chain([60, 61]).collect();
             let foreign: Vec<u32> = (0..37).map(|i| (i * 13 + 5) % 90 + 1).collect();
-            let mut engine = cached(&model, 1 << 30);
+            let mut engine = cached(&model, 1 << 30, invariant);
             let (sa, la) = run(&mut engine, &a, 6);
             // The next turn: everything so far and a new message.
             let c: Vec<u32> = sa.tokens.iter().copied().chain([30, 31, 32, 33]).collect();
@@ -450,16 +484,15 @@ mod tests {
                 (&c, &sc, &lc),
                 (&foreign, &sf, &lf),
             ] {
-                let mut cold = SamplingEngine::new(&model, None, EngineConfig::default());
+                let mut cold = SamplingEngine::new(&model, None, engine_config(invariant));
                 let (s0, l0) = run(&mut cold, prompt, 6);
                 assert_eq!(seq.tokens, s0.tokens, "{:?}", cfg.architecture);
-                let d = worst(seen, &l0);
-                assert!(
-                    d < ROUNDING,
-                    "{:?}: a prompt of {} tokens saw logits {d} away from a cold prefill's",
+                let what = format!(
+                    "{:?}, a prompt of {} tokens, batch-invariant {invariant}",
                     cfg.architecture,
                     prompt.len()
                 );
+                same_logits(seen, &l0, invariant, &what);
             }
             // b reuses the 2 whole blocks of the shared 40 tokens; c the 3 whole blocks of a's
             // 49 tokens (prompt and completion but the last); the foreign prompt nothing.
@@ -472,10 +505,16 @@ mod tests {
 
     /// A cache of 5 blocks under a stream of prompts from three shared openings and foreign
     /// ones in random order: blocks are evicted, some hits happen, the cache never holds more
-    /// than its size, and every prompt sees the cold engine's logits (to rounding) (no evicted,
-    /// stale or foreign block is ever served).
+    /// than its size, and every prompt sees the cold engine's logits (to rounding; bit for bit
+    /// batch-invariant) (no evicted, stale or foreign block is ever served).
     #[test]
     fn eviction_under_a_small_cache_never_serves_a_stale_or_foreign_block() {
+        for invariant in [false, true] {
+            eviction_run(invariant);
+        }
+    }
+
+    fn eviction_run(invariant: bool) {
         let cfg = ModelConfig::tiny_qwen2(96);
         let model = detached(&cfg, 5);
         let mut rng = TurnRng::seed_from_u64(3);
@@ -484,7 +523,7 @@ mod tests {
             .map(|o| (0..32).map(|i| (i * 5 + o * 17) % 90 + 1).collect())
             .collect();
         let max = 5 * block_bytes(&cfg);
-        let mut engine = cached(&model, max);
+        let mut engine = cached(&model, max, invariant);
         for _ in 0..24 {
             let prompt: Vec<u32> = match draw(4) {
                 3 => (0..20 + draw(30)).map(|_| draw(90) + 1).collect(),
@@ -500,14 +539,10 @@ mod tests {
                 }
             };
             let (seq, seen) = run(&mut engine, &prompt, 3);
-            let mut cold = SamplingEngine::new(&model, None, EngineConfig::default());
+            let mut cold = SamplingEngine::new(&model, None, engine_config(invariant));
             let (s0, l0) = run(&mut cold, &prompt, 3);
             assert_eq!(seq.tokens, s0.tokens);
-            let d = worst(&seen, &l0);
-            assert!(
-                d < ROUNDING,
-                "prompt {prompt:?}: logits {d} away from a cold prefill's"
-            );
+            same_logits(&seen, &l0, invariant, &format!("prompt {prompt:?}"));
             assert!(engine.prefix_cache_stats().unwrap().bytes <= max);
         }
         let stats = engine.prefix_cache_stats().unwrap();

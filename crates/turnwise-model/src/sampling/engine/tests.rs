@@ -872,3 +872,112 @@ fn a_single_turn_sequence_keeps_no_cache_but_feeds_the_prefix_cache() {
         "resumed: all but the prefix cache's two blocks"
     );
 }
+
+/// Batch-invariant ([`EngineConfig::batch_invariant`]), a sequence records the same bits
+/// (tokens, log-probs, entropies, confidences, top log-probs) however the engine runs it:
+/// alone with its prompt prefilled whole; in chunks of 5 tokens; beside rows of other lengths
+/// that join and leave (padding on both sides); as the first of 4 samples of its prompt held
+/// once under the cascade; with its tokens drafted and verified several at a time; and from
+/// the prefix cache after an earlier run of the prompt. With the fastest kernels some of these
+/// differ in the last bits, which the test checks too (so it cannot pass for want of any
+/// difference to find).
+#[test]
+fn batch_invariant_sequences_record_the_same_bits_however_the_batch_runs() {
+    let unit: Vec<u32> = (0..9).map(|i| (i * 11 + 4) % 90 + 1).collect();
+    // Longer than `LINEAR_MAX_ROWS`: prefilled whole, its linear layers run `gemm` unless
+    // batch-invariant.
+    let prompt: Vec<u32> = unit.iter().cycle().take(130).copied().collect();
+    for cfg in tiny_configs() {
+        let (_vm, model) = detached(&cfg, DType::F32, 41);
+        let run = |invariant: bool, variant: &str| -> Sequence {
+            let mut config = EngineConfig {
+                batch_invariant: invariant,
+                prefill_chunk: 0,
+                ..EngineConfig::with_max_batch_size(0)
+            };
+            match variant {
+                "chunks" => config.prefill_chunk = 5,
+                "cascade" => {
+                    config.share_prompts = true;
+                    config.shared_prefix_attention = true;
+                }
+                "speculative" => {
+                    config.speculative = Some(SpeculativeConfig {
+                        max_draft: 4,
+                        ngram_max: 3,
+                        ngram_min: 1,
+                    })
+                }
+                "cache" => config.prefix_cache = Some(PrefixCacheConfig::with_max_bytes(1 << 30)),
+                _ => {}
+            }
+            let mut eng = SamplingEngine::new(&model, None, config);
+            if variant == "cache" {
+                eng.add_sequence(prompt.clone(), free(3), 5).unwrap();
+                eng.run_until_stop(None).unwrap();
+            }
+            let other = |eng: &mut SamplingEngine<'_>, len: u32, seed: u64| {
+                let p: Vec<u32> = (0..len).map(|i| (i * 7 + seed as u32) % 90).collect();
+                eng.add_sequence(p, free(3 + len as usize % 7), seed)
+                    .unwrap()
+            };
+            if variant == "company" {
+                other(&mut eng, 60, 1);
+                other(&mut eng, 3, 2);
+                eng.step(None).unwrap();
+            }
+            let id = eng.add_sequence(prompt.clone(), free(24), 77).unwrap();
+            if variant == "cascade" {
+                for s in 0..3 {
+                    eng.add_sequence(prompt.clone(), free(24), 100 + s).unwrap();
+                }
+            }
+            if variant == "company" {
+                eng.step(None).unwrap();
+                other(&mut eng, 17, 3);
+                other(&mut eng, 71, 4);
+            }
+            eng.run_until_stop(None).unwrap();
+            if variant == "cache" {
+                let stats = eng.prefix_cache_stats().unwrap();
+                assert!(stats.hit_tokens >= 32, "{stats:?}");
+            }
+            eng.sequence(id).unwrap().clone()
+        };
+        let bits = |s: &Sequence| {
+            let f = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let top: Vec<(u32, u32)> = s
+                .top_logprobs
+                .iter()
+                .flatten()
+                .map(|&(t, l)| (t, l.to_bits()))
+                .collect();
+            (
+                s.tokens.clone(),
+                f(&s.logprobs),
+                f(&s.entropies),
+                f(&s.confidences),
+                top,
+            )
+        };
+        let variants = ["chunks", "company", "cascade", "speculative", "cache"];
+        let base = bits(&run(true, "alone"));
+        for v in variants {
+            assert!(
+                bits(&run(true, v)) == base,
+                "{:?}: batch-invariant, the sequence run {v} recorded other bits than alone",
+                cfg.architecture
+            );
+        }
+        let fast = bits(&run(false, "alone"));
+        let differs = variants
+            .iter()
+            .filter(|v| bits(&run(false, v)) != fast)
+            .count();
+        assert!(
+            differs > 0,
+            "{:?}: with the fastest kernels every variant gave the same bits",
+            cfg.architecture
+        );
+    }
+}
