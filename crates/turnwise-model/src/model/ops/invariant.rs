@@ -31,6 +31,8 @@ use super::simd::exp_f32;
 
 /// Query rows (of one batch row and key head) per task.
 const TILE_Q: usize = 64;
+/// Rows of one shared group per task: their queries read the group's keys and values once.
+const SHARED_ROWS: usize = 8;
 
 /// Keys or values `[B, KV, n, D]` in their storage, rows of `D` contiguous and consecutive.
 #[derive(Clone, Copy)]
@@ -156,156 +158,255 @@ pub fn attention(
         .collect::<Result<_>>()?;
     let isa = kernel_isa();
     let tiles = gt.div_ceil(TILE_Q);
-    let tasks: Vec<(usize, usize, usize)> = (0..b)
-        .flat_map(|r| (0..kv).flat_map(move |h| (0..tiles).map(move |c| (r, h, c))))
+    // Tasks: the rows a shared group flags, in chunks of `SHARED_ROWS` (their queries score
+    // the group's keys in one product and read its values once per key); every other row
+    // alone. Each for one key head and one tile of its queries.
+    let mut sets: Vec<(Option<usize>, Vec<usize>)> = Vec::new();
+    for (gi, _) in shared_rows.iter().enumerate() {
+        let rows: Vec<usize> = (0..b).filter(|&r| group_of[r] == Some(gi)).collect();
+        sets.extend(rows.chunks(SHARED_ROWS).map(|c| (Some(gi), c.to_vec())));
+    }
+    sets.extend(
+        (0..b)
+            .filter(|&r| group_of[r].is_none())
+            .map(|r| (None, vec![r])),
+    );
+    let tasks: Vec<(usize, usize, usize)> = (0..sets.len())
+        .flat_map(|si| (0..kv).flat_map(move |h| (0..tiles).map(move |c| (si, h, c))))
         .collect();
-    let outs: Vec<Vec<f32>> = tasks
+    let outs: Vec<Vec<Vec<f32>>> = tasks
         .par_iter()
-        .map(|&(r, h, c)| {
-            // The row's visible list: its group's shared keys, then its real columns in order.
-            let mut segs = Vec::new();
-            let mut len = 0;
-            if let Some(gi) = group_of[r] {
+        .map(|&(si, h, c)| {
+            let (group, rows) = &sets[si];
+            let sh = group.map(|gi| {
                 let (sk, sv, p) = &shared_rows[gi];
-                segs.push(Segment {
-                    start: 0,
-                    k: sk.rows(0, h, 0, *p),
-                    v: sv.rows(0, h, 0, *p),
-                });
-                len = *p;
-            }
-            let shared_len = len;
-            let mut j = 0;
-            while j < total {
-                if !vis.real(r, j) {
-                    j += 1;
-                    continue;
-                }
-                let j0 = j;
-                while j < total && vis.real(r, j) {
-                    j += 1;
-                }
-                segs.push(Segment {
-                    start: len,
-                    k: ks.rows(r, h, j0, j),
-                    v: vs.rows(r, h, j0, j),
-                });
-                len += j - j0;
-            }
-            let rows = c * TILE_Q..((c + 1) * TILE_Q).min(gt);
-            // How many of the list each query row sees (0: a padded query).
-            let seen: Vec<usize> = rows
-                .clone()
-                .map(|gi| {
-                    let col = past + gi % t;
-                    if vis.real(r, col) {
-                        shared_len + vis.real_before(r, col + 1)
-                    } else {
-                        0
+                (sk.rows(0, h, 0, *p), sv.rows(0, h, 0, *p))
+            });
+            let shared_len = sh.map_or(0, |(k, _)| k.len() / d);
+            let qrows = c * TILE_Q..((c + 1) * TILE_Q).min(gt);
+            let queries: Vec<RowQueries> = rows
+                .iter()
+                .map(|&r| {
+                    // The row's own real columns in order, after the shared keys.
+                    let mut own = Vec::new();
+                    let mut j = 0;
+                    while j < total {
+                        if !vis.real(r, j) {
+                            j += 1;
+                            continue;
+                        }
+                        let j0 = j;
+                        while j < total && vis.real(r, j) {
+                            j += 1;
+                        }
+                        own.push(Segment {
+                            start: shared_len + vis.real_before(r, j0),
+                            k: ks.rows(r, h, j0, j),
+                            v: vs.rows(r, h, j0, j),
+                        });
+                    }
+                    // How many of the list each query row sees (0: a padded query).
+                    let seen = qrows
+                        .clone()
+                        .map(|gi| {
+                            let col = past + gi % t;
+                            if vis.real(r, col) {
+                                shared_len + vis.real_before(r, col + 1)
+                            } else {
+                                0
+                            }
+                        })
+                        .collect();
+                    let q0 = ((r * kv + h) * gt + qrows.start) * d;
+                    RowQueries {
+                        q: &qs[q0..q0 + qrows.len() * d],
+                        seen,
+                        own,
                     }
                 })
                 .collect();
-            let q0 = ((r * kv + h) * gt + rows.start) * d;
-            let qt = &qs[q0..q0 + rows.len() * d];
-            tile(qt, &segs, &seen, d, isa)
+            block(&queries, sh, d, isa)
         })
         .collect();
     let mut out = vec![0f32; b * t * kv * g * d];
-    for (&(r, h, c), o) in tasks.iter().zip(outs) {
-        for (n, gi) in (c * TILE_Q..((c + 1) * TILE_Q).min(gt)).enumerate() {
-            let (gg, i) = (gi / t, gi % t);
-            let at = ((r * t + i) * kv * g + h * g + gg) * d;
-            out[at..at + d].copy_from_slice(&o[n * d..(n + 1) * d]);
+    for (&(si, h, c), os) in tasks.iter().zip(outs) {
+        for (&r, o) in sets[si].1.iter().zip(os) {
+            for (n, gi) in (c * TILE_Q..((c + 1) * TILE_Q).min(gt)).enumerate() {
+                let (gg, i) = (gi / t, gi % t);
+                let at = ((r * t + i) * kv * g + h * g + gg) * d;
+                out[at..at + d].copy_from_slice(&o[n * d..(n + 1) * d]);
+            }
         }
     }
     drop((qg, kg, vg, sg));
     Tensor::from_vec(out, (b, t, kv * g, d), q.device())
 }
 
-/// The outputs `[rows, D]` of the query rows `q` (`rows × D`), row `i` seeing the first
-/// `seen[i]` keys of the list `segs` describes.
-fn tile(q: &[f32], segs: &[Segment], seen: &[usize], d: usize, isa: KernelIsa) -> Vec<f32> {
-    let m = seen.len();
-    let n = seen.iter().copied().max().unwrap_or(0);
-    let mut out = vec![0f32; m * d];
-    if n == 0 {
-        return out;
-    }
-    // Scores `[m, n]`: each segment's keys against every query row, by the fixed-order kernel.
-    let mut scores = vec![0f32; m * n];
-    let mut part = Vec::new();
-    for s in segs.iter().filter(|s| s.start < n) {
-        let len = (s.k.len() / d).min(n - s.start);
-        part.resize(m * len, 0.0);
-        xwt_into(q, s.k, (m, len, d), &mut part, isa);
-        for i in 0..m {
-            scores[i * n + s.start..i * n + s.start + len]
-                .copy_from_slice(&part[i * len..(i + 1) * len]);
-        }
-    }
-    for i in 0..m {
-        if seen[i] > 0 {
-            softmax_values(
-                &mut scores[i * n..i * n + seen[i]],
-                segs,
-                d,
-                &mut out[i * d..(i + 1) * d],
-                isa,
-            );
-        }
-    }
-    out
+/// One batch row's queries in a task: `q` (`rows × D`), how many of the row's visible list
+/// each sees (`seen`, 0 for a padded query), and the row's own keys in the list (after the
+/// shared keys, if any).
+struct RowQueries<'a> {
+    q: &'a [f32],
+    seen: Vec<usize>,
+    own: Vec<Segment<'a>>,
 }
 
-/// `o = Σⱼ softmax(s)ⱼ vⱼ` over the list's first `s.len()` values, in list order.
-fn softmax_values(s: &mut [f32], segs: &[Segment], d: usize, o: &mut [f32], isa: KernelIsa) {
+/// The outputs (`rows × D` each) of `rows`' queries, the rows all seeing `shared` (keys and
+/// values, `P × D` each) first if given.
+fn block(
+    rows: &[RowQueries],
+    shared: Option<(&[f32], &[f32])>,
+    d: usize,
+    isa: KernelIsa,
+) -> Vec<Vec<f32>> {
+    // Scores `[m, n]` per row, `n` the most any of its queries sees: each key against every
+    // query, by the fixed-order kernel; the shared keys against all the rows' queries at once.
+    let mut scores: Vec<(Vec<f32>, usize)> = rows
+        .iter()
+        .map(|r| {
+            let n = r.seen.iter().copied().max().unwrap_or(0);
+            (vec![0f32; r.seen.len() * n], n)
+        })
+        .collect();
+    let mut part = Vec::new();
+    if let Some((sk, _)) = shared {
+        let p = sk.len() / d;
+        let m: usize = rows.iter().map(|r| r.seen.len()).sum();
+        let qs: Vec<f32> = rows.iter().flat_map(|r| r.q.iter().copied()).collect();
+        part.resize(m * p, 0.0);
+        xwt_into(&qs, sk, (m, p, d), &mut part, isa);
+        let mut at = 0;
+        for (r, (sc, n)) in rows.iter().zip(scores.iter_mut()) {
+            let len = p.min(*n);
+            for i in 0..r.seen.len() {
+                sc[i * *n..i * *n + len].copy_from_slice(&part[(at + i) * p..(at + i) * p + len]);
+            }
+            at += r.seen.len();
+        }
+    }
+    for (r, (sc, n)) in rows.iter().zip(scores.iter_mut()) {
+        let m = r.seen.len();
+        for s in r.own.iter().filter(|s| s.start < *n) {
+            let len = (s.k.len() / d).min(*n - s.start);
+            part.resize(m * len, 0.0);
+            xwt_into(r.q, s.k, (m, len, d), &mut part, isa);
+            for i in 0..m {
+                sc[i * *n + s.start..i * *n + s.start + len]
+                    .copy_from_slice(&part[i * len..(i + 1) * len]);
+            }
+        }
+    }
+    let mut outs: Vec<Vec<f32>> = rows.iter().map(|r| vec![0f32; r.seen.len() * d]).collect();
+    softmax_values(rows, &mut scores, shared.map(|(_, v)| v), d, &mut outs, isa);
+    outs
+}
+
+/// Each query's `o = Σⱼ softmax(s)ⱼ vⱼ` over the first `seen` entries of its visible list, in
+/// list order: `scores` holds the scores and becomes the unnormalised probabilities.
+fn softmax_values(
+    rows: &[RowQueries],
+    scores: &mut [(Vec<f32>, usize)],
+    shared: Option<&[f32]>,
+    d: usize,
+    outs: &mut [Vec<f32>],
+    isa: KernelIsa,
+) {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f")]
-        unsafe fn avx512(s: &mut [f32], segs: &[Segment], d: usize, o: &mut [f32]) {
-            body(s, segs, d, o)
+        unsafe fn avx512(
+            rows: &[RowQueries],
+            scores: &mut [(Vec<f32>, usize)],
+            shared: Option<&[f32]>,
+            d: usize,
+            outs: &mut [Vec<f32>],
+        ) {
+            body(rows, scores, shared, d, outs)
         }
         #[target_feature(enable = "avx2")]
-        unsafe fn avx2(s: &mut [f32], segs: &[Segment], d: usize, o: &mut [f32]) {
-            body(s, segs, d, o)
+        unsafe fn avx2(
+            rows: &[RowQueries],
+            scores: &mut [(Vec<f32>, usize)],
+            shared: Option<&[f32]>,
+            d: usize,
+            outs: &mut [Vec<f32>],
+        ) {
+            body(rows, scores, shared, d, outs)
         }
         match isa.min(KernelIsa::detected()) {
             // SAFETY: the CPU has the features (`detected` checked them).
-            KernelIsa::Avx512 => return unsafe { avx512(s, segs, d, o) },
+            KernelIsa::Avx512 => return unsafe { avx512(rows, scores, shared, d, outs) },
             // SAFETY: as above.
-            KernelIsa::Avx2 => return unsafe { avx2(s, segs, d, o) },
+            KernelIsa::Avx2 => return unsafe { avx2(rows, scores, shared, d, outs) },
             KernelIsa::Portable => {}
         }
     }
     let _ = isa;
-    body(s, segs, d, o)
+    body(rows, scores, shared, d, outs)
 }
 
-/// [`softmax_values`]'s arithmetic (multiplies and adds, never fused, so any vector width
-/// gives the same bits).
+/// [`softmax_values`]'s arithmetic: multiplies and adds, never fused, so any vector width gives
+/// the same bits; each output element sums its terms in list order (the shared values read
+/// once for all the rows' queries, each query's terms still in order).
 #[inline(always)]
-fn body(s: &mut [f32], segs: &[Segment], d: usize, o: &mut [f32]) {
-    let n = s.len();
-    let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
-    for x in s.iter_mut() {
-        *x = exp_f32(*x - m);
-        sum += *x;
+fn body(
+    rows: &[RowQueries],
+    scores: &mut [(Vec<f32>, usize)],
+    shared: Option<&[f32]>,
+    d: usize,
+    outs: &mut [Vec<f32>],
+) {
+    let mut sums: Vec<Vec<f32>> = Vec::with_capacity(rows.len());
+    for (r, (sc, n)) in rows.iter().zip(scores.iter_mut()) {
+        let mut row_sums = vec![0f32; r.seen.len()];
+        for (i, &seen) in r.seen.iter().enumerate() {
+            let s = &mut sc[i * *n..i * *n + seen];
+            let m = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for x in s.iter_mut() {
+                *x = exp_f32(*x - m);
+                sum += *x;
+            }
+            row_sums[i] = sum;
+        }
+        sums.push(row_sums);
     }
-    o.fill(0.0);
-    for seg in segs.iter().filter(|seg| seg.start < n) {
-        let len = (seg.v.len() / d).min(n - seg.start);
-        for (p, vj) in s[seg.start..seg.start + len]
-            .iter()
-            .zip(seg.v.chunks_exact(d))
-        {
-            for (a, &x) in o.iter_mut().zip(vj) {
-                *a += *p * x;
+    if let Some(sv) = shared {
+        for (j, vj) in sv.chunks_exact(d).enumerate() {
+            for ((r, (sc, n)), o) in rows.iter().zip(scores.iter()).zip(outs.iter_mut()) {
+                for (i, &seen) in r.seen.iter().enumerate() {
+                    if j < seen {
+                        let p = sc[i * *n + j];
+                        for (a, &x) in o[i * d..(i + 1) * d].iter_mut().zip(vj) {
+                            *a += p * x;
+                        }
+                    }
+                }
             }
         }
     }
-    let inv = 1.0 / sum;
-    for a in o.iter_mut() {
-        *a *= inv;
+    for ((r, (sc, n)), o) in rows.iter().zip(scores.iter()).zip(outs.iter_mut()) {
+        for (i, &seen) in r.seen.iter().enumerate() {
+            let oi = &mut o[i * d..(i + 1) * d];
+            for seg in r.own.iter().filter(|seg| seg.start < seen) {
+                let len = (seg.v.len() / d).min(seen - seg.start);
+                let ps = &sc[i * *n + seg.start..i * *n + seg.start + len];
+                for (p, vj) in ps.iter().zip(seg.v.chunks_exact(d)) {
+                    for (a, &x) in oi.iter_mut().zip(vj) {
+                        *a += *p * x;
+                    }
+                }
+            }
+        }
+    }
+    for ((r, o), row_sums) in rows.iter().zip(outs.iter_mut()).zip(&sums) {
+        for (i, &seen) in r.seen.iter().enumerate() {
+            if seen > 0 {
+                let inv = 1.0 / row_sums[i];
+                for a in o[i * d..(i + 1) * d].iter_mut() {
+                    *a *= inv;
+                }
+            }
+        }
     }
 }
