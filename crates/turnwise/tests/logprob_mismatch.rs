@@ -170,3 +170,36 @@ fn rollout_old_logprobs_skip_the_recomputation_and_train_alike() {
     let cos = dot / (norm(&da) * norm(&db));
     assert!(cos > 0.99, "weight changes point apart: cos {cos}");
 }
+
+/// `rollout.batch_invariant`: the trainer's rollouts (tokens and the log-probs they record) are
+/// the same bits sampled on one thread and on two (one sampling shard, or two with other
+/// batch-mates and padding), so a run's rollouts do not depend on the machine's cores. With
+/// the default kernels they differ (checked, so the test cannot pass for want of a difference).
+#[test]
+fn batch_invariant_rollouts_do_not_depend_on_the_cores() {
+    let rows = |t: &Trainer, threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| common::sampled_rows(t, 8))
+            .into_iter()
+            .map(|r| {
+                let lps: Vec<u32> = r.sampled_logprobs.iter().map(|x| x.to_bits()).collect();
+                (r.response, lps)
+            })
+            .collect::<Vec<_>>()
+    };
+    let invariant = trainer("grpo", &["rollout.batch_invariant=true"]);
+    assert!(invariant.rollout_policy().model.is_batch_invariant());
+    assert!(!invariant.sampler.is_batch_invariant());
+    assert!(
+        rows(&invariant, 1) == rows(&invariant, 2),
+        "batch-invariant rollouts changed with the number of threads"
+    );
+    let fast = trainer("grpo", &[]);
+    assert!(
+        rows(&fast, 1) != rows(&fast, 2),
+        "the default kernels sampled the same bits on 1 and 2 threads"
+    );
+}

@@ -305,6 +305,8 @@ pub struct Transformer {
     norm: Tensor,
     lm_head: Option<Tensor>,
     inv_freq: Vec<f64>,
+    /// Run every forward batch-invariant ([`Self::with_batch_invariant`]).
+    batch_invariant: bool,
 }
 
 impl Transformer {
@@ -392,6 +394,7 @@ impl Transformer {
             embed,
             layers,
             lm_head,
+            batch_invariant: false,
             inv_freq: (0..config.head_dim / 2)
                 .map(|i| {
                     1.0 / config
@@ -615,6 +618,19 @@ impl Transformer {
         ids: &Tensor,
         positions: &Tensor,
         key_mask: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        let on = self.batch_invariant || ops::batch_invariant();
+        ops::with_batch_invariant(on, || {
+            self.forward_hidden_inner(ids, positions, key_mask, cache)
+        })
+    }
+
+    fn forward_hidden_inner(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        key_mask: &Tensor,
         mut cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
         let (b, t) = ids.dims2().map_err(|_| {
@@ -701,8 +717,27 @@ impl Transformer {
         }
     }
 
+    /// This model (sharing its tensors) with every detached forward batch-invariant when `on`
+    /// ([`ops::with_batch_invariant`]): [`Self::forward_hidden`] and [`Self::logits`] give each
+    /// position the same bits whatever else the batch holds, on whichever thread they run (the
+    /// sampling shards of a rollout, for one). Forwards that track gradients are unaffected.
+    pub fn with_batch_invariant(mut self, on: bool) -> Self {
+        self.batch_invariant = on;
+        self
+    }
+
+    /// Whether [`Self::with_batch_invariant`] turned batch-invariant forwards on.
+    pub fn is_batch_invariant(&self) -> bool {
+        self.batch_invariant
+    }
+
     /// Projects hidden states `[.., hidden]` to vocabulary logits `[.., V]`.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        let on = self.batch_invariant || ops::batch_invariant();
+        ops::with_batch_invariant(on, || self.logits_inner(hidden))
+    }
+
+    fn logits_inner(&self, hidden: &Tensor) -> Result<Tensor> {
         let w = self.lm_head.as_ref().unwrap_or(&self.embed);
         Linear {
             weight: w.clone(),

@@ -676,3 +676,56 @@ fn sharded_puts_every_shards_outputs_back_in_row_order() {
     });
     assert_eq!(err, Err("shard of row 1".to_string()));
 }
+
+/// `Transformer::with_batch_invariant`: a batch's sampled completions (tokens, log-probs,
+/// entropies, top log-probs) are the same bits on one thread (one shard: all 16 rows padded
+/// together) and on four (four shards of 4 rows each, other padding): what a run samples no
+/// longer depends on the machine's cores. The default model's completions differ between the
+/// two (checked, so the test cannot pass for want of a difference).
+#[test]
+fn batch_invariant_generation_does_not_depend_on_the_shards() {
+    let cfg = ModelConfig::tiny_qwen2(96);
+    let model = detached(&cfg, DType::F32, 13);
+    let prompts: Vec<Vec<u32>> = (0..16u32)
+        .map(|i| (0..5 + 7 * i).map(|j| (j * 11 + i * 5) % 90 + 1).collect())
+        .collect();
+    let seeds: Vec<u64> = (0..16).collect();
+    let params = SamplingParams {
+        temperature: 1.0,
+        max_new_tokens: 24,
+        top_logprobs: 2,
+        ..Default::default()
+    };
+    let run = |m: &Transformer, threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let out = pool.install(|| {
+            assert_eq!(generation_shards(m, prompts.len()), threads);
+            generate(m, &prompts, &seeds, &params, None).unwrap()
+        });
+        let f = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        out.iter()
+            .map(|c| {
+                let top: Vec<(u32, u32)> = c
+                    .top_logprobs
+                    .iter()
+                    .flatten()
+                    .map(|&(t, l)| (t, l.to_bits()))
+                    .collect();
+                (c.tokens.clone(), f(&c.logprobs), f(&c.entropies), top)
+            })
+            .collect::<Vec<_>>()
+    };
+    let invariant = model.clone().with_batch_invariant(true);
+    assert!(invariant.is_batch_invariant() && !model.is_batch_invariant());
+    assert!(
+        run(&invariant, 1) == run(&invariant, 4),
+        "batch-invariant completions changed with the number of shards"
+    );
+    assert!(
+        run(&model, 1) != run(&model, 4),
+        "the default kernels gave the same bits on 1 and 4 shards"
+    );
+}

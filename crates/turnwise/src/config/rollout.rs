@@ -114,6 +114,14 @@ pub struct RolloutConfig {
     /// `rollout::RolloutControl`). Evaluation applies it too: the agent is evaluated with the
     /// context it trained on.
     pub memory_window: Option<usize>,
+    /// Sample the local rollouts (and evaluations) batch-invariant: every forward of the
+    /// trainer's sampling engine computes each position from its own inputs and the keys it
+    /// sees in a fixed order (`turnwise serve --batch-invariant`'s kernels), so a rollout's
+    /// tokens and log-probs do not depend on the other rollouts it was batched with, on the
+    /// number of sampling shards (the machine's cores) or on its group's shared prompt. A run
+    /// then samples the same rollouts on a 2-core laptop and a 64-core server. Costs
+    /// prefill speed (long prompts); the update's passes are unaffected. Default false.
+    pub batch_invariant: bool,
     /// Where turns are generated: `local` (the trainer's own sampling engine, default) or
     /// `remote` (SGLang, vLLM or `turnwise serve` servers over HTTP; see [`RemoteConfig`]).
     pub backend: RolloutBackend,
@@ -394,6 +402,7 @@ impl Default for RolloutConfig {
             tti: TtiConfig::default(),
             tds: TdsConfig::default(),
             memory_window: None,
+            batch_invariant: false,
             backend: RolloutBackend::Local,
             remote: RemoteConfig::default(),
             harness: HarnessConfig::default(),

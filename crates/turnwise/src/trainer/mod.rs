@@ -60,6 +60,9 @@ pub struct Trainer {
     pub policy: Transformer,
     /// The same weights without a graph, for rollouts.
     pub sampler: Transformer,
+    /// The sampler (its tensors) as the rollouts and evaluations run it: batch-invariant
+    /// under `rollout.batch_invariant`.
+    pub rollout_model: Transformer,
     /// Frozen reference policy for the KL term.
     pub reference: Option<Transformer>,
     /// The critic (PPO family).
@@ -423,6 +426,9 @@ impl Trainer {
             true => Some(judge::TurnJudge::start(&config.judge).context("[judge]")?),
             false => None,
         };
+        let rollout_model = sampler
+            .clone()
+            .with_batch_invariant(config.rollout.batch_invariant);
         let kl_ctrl = match config.algorithm.use_kl_in_reward {
             true => Some(config.algorithm.kl_ctrl.build()?),
             false => None,
@@ -435,6 +441,7 @@ impl Trainer {
             varmap,
             lora,
             policy,
+            rollout_model,
             sampler,
             reference: None,
             critic: None,
@@ -516,7 +523,7 @@ impl Trainer {
     /// The rollout policy.
     pub fn rollout_policy(&self) -> Policy<'_> {
         Policy {
-            model: &self.sampler,
+            model: &self.rollout_model,
             tokenizer: &self.tokenizer,
             stop_ids: &self.stop_ids,
             stop_strings: &self.stop_strings,
