@@ -228,7 +228,7 @@ pub fn fused_attention_wanted(device: &Device, dtype: DType) -> bool {
 }
 
 /// Checks the shapes of an attention call and returns `(B, KV, G, T, total, D)`.
-fn dims(q: &Tensor, k: &Tensor, v: &Tensor, t: usize) -> Result<[usize; 6]> {
+pub(crate) fn dims(q: &Tensor, k: &Tensor, v: &Tensor, t: usize) -> Result<[usize; 6]> {
     let (b, kv, gt, d) = q.dims4()?;
     let (bk, kvk, total, dk) = k.dims4()?;
     if (bk, kvk, dk) != (b, kv, d) || v.dims() != k.dims() || t == 0 || !gt.is_multiple_of(t) {
@@ -324,24 +324,7 @@ pub fn attention_with_shared(
     shared: &[SharedKeys],
 ) -> Result<Tensor> {
     let [b, kv, g, t, total, d] = dims(q, k, v, vis.queries())?;
-    let mut seen = vec![false; b];
-    for sh in shared {
-        let (sb, skv, _, sd) = sh.k.dims4()?;
-        if (sb, skv, sd) != (1, kv, d) || sh.v.dims() != sh.k.dims() || sh.rows.len() != b {
-            candle_core::bail!(
-                "attention: shared keys {:?}, values {:?} for {} rows do not fit q {:?}",
-                sh.k.dims(),
-                sh.v.dims(),
-                sh.rows.len(),
-                q.dims()
-            );
-        }
-        for (r, &f) in sh.rows.iter().enumerate() {
-            if f && std::mem::replace(&mut seen[r], true) {
-                candle_core::bail!("attention: batch row {r} is flagged by two shared groups");
-            }
-        }
-    }
+    shared_groups(q, shared)?;
     if vis.batch != b || vis.total != total {
         candle_core::bail!(
             "attention: key visibility for [{}, {}], keys {:?}",
@@ -397,6 +380,32 @@ pub fn attention_with_shared(
         DType::F64 => go!(f64),
         dt => candle_core::bail!("attention: unsupported dtype {dt:?}"),
     })
+}
+
+/// Checks `shared`'s groups against the queries `q: [B, KV, G·T, D]` (keys and values
+/// `[1, KV, P, D]`, one flag per batch row, a row flagged by one group at most) and returns
+/// the group that flags each batch row.
+pub(crate) fn shared_groups(q: &Tensor, shared: &[SharedKeys]) -> Result<Vec<Option<usize>>> {
+    let (b, kv, _, d) = q.dims4()?;
+    let mut group_of = vec![None; b];
+    for (i, sh) in shared.iter().enumerate() {
+        let (sb, skv, _, sd) = sh.k.dims4()?;
+        if (sb, skv, sd) != (1, kv, d) || sh.v.dims() != sh.k.dims() || sh.rows.len() != b {
+            candle_core::bail!(
+                "attention: shared keys {:?}, values {:?} for {} rows do not fit q {:?}",
+                sh.k.dims(),
+                sh.v.dims(),
+                sh.rows.len(),
+                q.dims()
+            );
+        }
+        for (r, &f) in sh.rows.iter().enumerate() {
+            if f && group_of[r].replace(i).is_some() {
+                candle_core::bail!("attention: batch row {r} is flagged by two shared groups");
+            }
+        }
+    }
+    Ok(group_of)
 }
 
 /// The CPU storages and layouts behind `guards` (an error naming `what` for a tensor elsewhere).

@@ -95,29 +95,18 @@ pub fn attention(
     vis: &KeyVisibility,
     shared: &[SharedKeys],
 ) -> Result<Tensor> {
-    let (b, kv, gt, d) = q.dims4()?;
-    let (t, total, past) = (vis.queries(), vis.total(), vis.past());
-    if t == 0 || gt % t != 0 || k.dims() != [b, kv, total, d] || v.dims() != k.dims() {
+    let [b, kv, g, t, total, d] = super::attention::dims(q, k, v, vis.queries())?;
+    let (gt, past) = (g * t, vis.past());
+    if vis.batch() != b || vis.total() != total {
         candle_core::bail!(
-            "invariant attention: q {:?}, k {:?}, v {:?} for {t} queries over {total} keys",
-            q.dims(),
-            k.dims(),
-            v.dims()
+            "invariant attention: key visibility for [{}, {}], keys {:?}",
+            vis.batch(),
+            vis.total(),
+            k.dims()
         );
     }
-    let g = gt / t;
     // Each row's shared keys, if a group flags it.
-    let mut group_of: Vec<Option<usize>> = vec![None; b];
-    for (i, sh) in shared.iter().enumerate() {
-        if sh.k.dims()[0] != 1 || sh.k.dims()[1] != kv || sh.k.dims()[3] != d {
-            candle_core::bail!("invariant attention: shared keys {:?}", sh.k.dims());
-        }
-        for (r, &f) in sh.rows.iter().enumerate().take(b) {
-            if f && group_of[r].replace(i).is_some() {
-                candle_core::bail!("attention: batch row {r} is flagged by two shared groups");
-            }
-        }
-    }
+    let group_of = super::attention::shared_groups(q, shared)?;
     let q = q.contiguous()?;
     let (k, v) = (rows_contiguous(k)?, rows_contiguous(v)?);
     let shared: Vec<(Tensor, Tensor)> = shared
