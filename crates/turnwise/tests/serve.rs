@@ -1119,6 +1119,10 @@ fn a_batch_invariant_servers_cached_answers_are_a_cold_prefills_bits() {
         PolicyServer::start(load_served(&fixture()).unwrap(), &cfg).unwrap()
     };
     let (cached, cold) = (server(1 << 30), server(0));
+    assert_eq!(server_info(&cached)["batch_invariant"], true);
+    let plain = start_with(0);
+    assert_eq!(server_info(&plain)["batch_invariant"], false);
+    plain.shutdown().unwrap();
     let mut prompt = long_prompt(60);
     for turn in 0..4u32 {
         let before = prefill_tokens(&cached);

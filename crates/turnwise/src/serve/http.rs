@@ -1532,6 +1532,7 @@ async fn server_info(State(app): State<Arc<App>>) -> axum::Json<Value> {
         "max_queue": app.shared.max_queue,
         "memory_budget_bytes": app.shared.memory_budget,
         "prefill_chunk": app.shared.prefill_chunk,
+        "batch_invariant": app.shared.batch_invariant,
         "engine": engine,
         "prefix_cache": engine.prefix_cache.map(|s| {
             let mut v = serde_json::to_value(s).unwrap_or_default();

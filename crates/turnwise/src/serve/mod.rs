@@ -452,7 +452,8 @@ fn build_app(
             path.clone(),
             config.max_queue,
         )
-        .with_memory(config.memory_budget, config.prefill_chunk),
+        .with_memory(config.memory_budget, config.prefill_chunk)
+        .with_batch_invariant(config.batch_invariant),
     );
     let (worker, engine) = WorkerHandle::spawn(
         transformer,

@@ -153,6 +153,9 @@ pub struct Shared {
     pub memory_budget: Option<u64>,
     /// The engine's prefill chunk in tokens (`--prefill-chunk-tokens`).
     pub prefill_chunk: usize,
+    /// Whether the engine runs batch-invariant (`--batch-invariant`), reported by
+    /// `/get_server_info`.
+    pub batch_invariant: bool,
     /// What the engine has done.
     pub stats: Mutex<EngineCounters>,
 }
@@ -192,6 +195,7 @@ impl Shared {
             max_queue,
             memory_budget: None,
             prefill_chunk: 0,
+            batch_invariant: false,
             stats: Mutex::new(EngineCounters::default()),
         }
     }
@@ -200,6 +204,12 @@ impl Shared {
     pub fn with_memory(mut self, memory_budget: u64, prefill_chunk: usize) -> Self {
         self.memory_budget = Some(memory_budget);
         self.prefill_chunk = prefill_chunk;
+        self
+    }
+
+    /// The same, reporting whether the engine runs batch-invariant.
+    pub fn with_batch_invariant(mut self, on: bool) -> Self {
+        self.batch_invariant = on;
         self
     }
 
