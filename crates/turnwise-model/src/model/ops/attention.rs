@@ -131,7 +131,7 @@ impl KeyVisibility {
         let t = self.queries();
         (0..self.batch)
             .flat_map(|b| (0..t).map(move |q| (b, q)))
-            .filter(|&(b, q)| self.mask[b * self.total + self.past + q] != 0)
+            .filter(|&(b, q)| self.real(b, self.past + q))
             .map(|(b, q)| (b * t + q) as u32)
             .collect()
     }
@@ -142,12 +142,6 @@ impl KeyVisibility {
         self.mask[b * self.total + j] != 0
     }
 
-    /// Real keys of batch row `b` before key `j` (`j <= total`).
-    #[inline]
-    pub(crate) fn real_before(&self, b: usize, j: usize) -> usize {
-        self.prefix[b * (self.total + 1) + j] as usize
-    }
-
     /// Whether query `p` (absolute position) of batch row `b` sees key `j`.
     #[inline]
     fn visible(&self, b: usize, p: usize, j: usize) -> bool {
@@ -156,7 +150,7 @@ impl KeyVisibility {
 
     /// Real keys of row `b` in `[j0, j1)`.
     #[inline]
-    fn real_in(&self, b: usize, j0: usize, j1: usize) -> usize {
+    pub(crate) fn real_in(&self, b: usize, j0: usize, j1: usize) -> usize {
         if j1 <= j0 {
             return 0;
         }

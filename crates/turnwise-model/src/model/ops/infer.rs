@@ -131,14 +131,13 @@ pub fn linear_many(
     // Batch-invariant inference runs every row count here (the portable dot products on a
     // CPU without the kernels): `gemm`'s sums depend on the number of rows.
     let invariant = super::batch_invariant();
-    let isa_rows = match kernel_isa() {
+    let max_rows = match kernel_isa() {
         _ if invariant => usize::MAX,
-        KernelIsa::Avx2 => AVX2_MAX_ROWS,
-        _ => usize::MAX,
+        KernelIsa::Avx2 => max_rows.min(AVX2_MAX_ROWS),
+        _ => max_rows,
     };
-    let max_rows = if invariant { usize::MAX } else { max_rows };
     if m == 0
-        || m > max_rows.min(isa_rows)
+        || m > max_rows
         || ws.is_empty()
         || (kernel_isa() == KernelIsa::Portable && !invariant)
         || !plain_f32_cpu(x)

@@ -27,7 +27,7 @@ use rayon::prelude::*;
 
 use super::attention::{KeyVisibility, SharedKeys};
 use super::infer::{KernelIsa, kernel_isa, xwt_into};
-use super::simd::exp_f32;
+use super::simd::{exp_f32, isa_kernel};
 
 /// Query rows (of one batch row and key head) per task.
 const TILE_Q: usize = 64;
@@ -68,15 +68,15 @@ impl<'a> HeadRows<'a> {
     }
 }
 
-/// Runs `tensor` made contiguous where its rows are not.
+/// `x` itself where its rows of `D` are contiguous and consecutive, else a contiguous copy.
 fn rows_contiguous(x: &Tensor) -> Result<Tensor> {
     let (dims, st) = (x.dims(), x.stride());
     let ok = dims.len() == 4 && (dims[2] <= 1 || st[2] == dims[3]) && (dims[3] <= 1 || st[3] == 1);
     if ok { Ok(x.clone()) } else { x.contiguous() }
 }
 
-/// One run of keys a query row may see: `len` rows of a key and a value head starting at
-/// position `start` of the row's visible list.
+/// One run of keys a query row may see: rows of a key and a value head (`k`, `v`, `D` values
+/// each) that start at position `start` of the row's visible list.
 struct Segment<'a> {
     start: usize,
     k: &'a [f32],
@@ -145,6 +145,25 @@ pub fn attention(
             ))
         })
         .collect::<Result<_>>()?;
+    // Each row's runs of real columns, in order: its own part of every visible list.
+    let runs: Vec<Vec<(usize, usize)>> = (0..b)
+        .map(|r| {
+            let mut out = Vec::new();
+            let mut j = 0;
+            while j < total {
+                let j0 = j;
+                while j < total && vis.real(r, j) {
+                    j += 1;
+                }
+                if j > j0 {
+                    out.push((j0, j));
+                } else {
+                    j += 1;
+                }
+            }
+            out
+        })
+        .collect();
     let isa = kernel_isa();
     let tiles = gt.div_ceil(TILE_Q);
     // Tasks: the rows a shared group flags, in chunks of `SHARED_ROWS` (their queries score
@@ -177,30 +196,21 @@ pub fn attention(
                 .iter()
                 .map(|&r| {
                     // The row's own real columns in order, after the shared keys.
-                    let mut own = Vec::new();
-                    let mut j = 0;
-                    while j < total {
-                        if !vis.real(r, j) {
-                            j += 1;
-                            continue;
-                        }
-                        let j0 = j;
-                        while j < total && vis.real(r, j) {
-                            j += 1;
-                        }
-                        own.push(Segment {
-                            start: shared_len + vis.real_before(r, j0),
-                            k: ks.rows(r, h, j0, j),
-                            v: vs.rows(r, h, j0, j),
-                        });
-                    }
+                    let own = runs[r]
+                        .iter()
+                        .map(|&(j0, j1)| Segment {
+                            start: shared_len + vis.real_in(r, 0, j0),
+                            k: ks.rows(r, h, j0, j1),
+                            v: vs.rows(r, h, j0, j1),
+                        })
+                        .collect();
                     // How many of the list each query row sees (0: a padded query).
                     let seen = qrows
                         .clone()
                         .map(|gi| {
                             let col = past + gi % t;
                             if vis.real(r, col) {
-                                shared_len + vis.real_before(r, col + 1)
+                                shared_len + vis.real_in(r, 0, col + 1)
                             } else {
                                 0
                             }
@@ -227,7 +237,6 @@ pub fn attention(
             }
         }
     }
-    drop((qg, kg, vg, sg));
     Tensor::from_vec(out, (b, t, kv * g, d), q.device())
 }
 
@@ -286,53 +295,21 @@ fn block(
         }
     }
     let mut outs: Vec<Vec<f32>> = rows.iter().map(|r| vec![0f32; r.seen.len() * d]).collect();
-    softmax_values(rows, &mut scores, shared.map(|(_, v)| v), d, &mut outs, isa);
+    softmax_values(isa, rows, &mut scores, shared.map(|(_, v)| v), d, &mut outs);
     outs
 }
 
-/// Each query's `o = Σⱼ softmax(s)ⱼ vⱼ` over the first `seen` entries of its visible list, in
-/// list order: `scores` holds the scores and becomes the unnormalised probabilities.
-fn softmax_values(
-    rows: &[RowQueries],
-    scores: &mut [(Vec<f32>, usize)],
-    shared: Option<&[f32]>,
-    d: usize,
-    outs: &mut [Vec<f32>],
-    isa: KernelIsa,
-) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f")]
-        unsafe fn avx512(
-            rows: &[RowQueries],
-            scores: &mut [(Vec<f32>, usize)],
-            shared: Option<&[f32]>,
-            d: usize,
-            outs: &mut [Vec<f32>],
-        ) {
-            body(rows, scores, shared, d, outs)
-        }
-        #[target_feature(enable = "avx2")]
-        unsafe fn avx2(
-            rows: &[RowQueries],
-            scores: &mut [(Vec<f32>, usize)],
-            shared: Option<&[f32]>,
-            d: usize,
-            outs: &mut [Vec<f32>],
-        ) {
-            body(rows, scores, shared, d, outs)
-        }
-        match isa.min(KernelIsa::detected()) {
-            // SAFETY: the CPU has the features (`detected` checked them).
-            KernelIsa::Avx512 => return unsafe { avx512(rows, scores, shared, d, outs) },
-            // SAFETY: as above.
-            KernelIsa::Avx2 => return unsafe { avx2(rows, scores, shared, d, outs) },
-            KernelIsa::Portable => {}
-        }
-    }
-    let _ = isa;
-    body(rows, scores, shared, d, outs)
-}
+isa_kernel!(
+    /// Each query's `o = Σⱼ softmax(s)ⱼ vⱼ` over the first `seen` entries of its visible list,
+    /// in list order: `scores` holds the scores and becomes the unnormalised probabilities.
+    fn softmax_values(
+        rows: &[RowQueries],
+        scores: &mut [(Vec<f32>, usize)],
+        shared: Option<&[f32]>,
+        d: usize,
+        outs: &mut [Vec<f32>],
+    ) => body
+);
 
 /// [`softmax_values`]'s arithmetic: multiplies and adds, never fused, so any vector width gives
 /// the same bits; each output element sums its terms in list order (the shared values read

@@ -69,6 +69,7 @@ macro_rules! isa_kernel {
         }
     };
 }
+pub(super) use isa_kernel;
 
 /// The float types with these kernels: `f32` vectorised, `f64` the scalar reference.
 pub(crate) trait ExpKernels: Real {
